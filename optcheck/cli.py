@@ -1,0 +1,45 @@
+"""The ``optcheck`` command line: a click group whose commands live in
+``optcheck/commands/``. Exit codes: ``optcheck.exitcodes``."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from optcheck import __version__
+from optcheck.commands import register_all
+from optcheck.errors import InputError
+from optcheck.exitcodes import USAGE
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="optcheck")
+def cli() -> None:
+    """Soak tester and consistency checker for deep-learning optimizers.
+
+    \b
+    optcheck soak --steps 20000          soak the built-in GPT on the default corpus
+    optcheck check RUN/snapshots.jsonl   re-run the rules over a recorded stream
+    optcheck rules / explain OC101       the rule catalogue
+    optcheck scenarios                   the faults --inject can plant
+    """
+
+
+register_all(cli)
+
+
+def main() -> None:
+    """Console-script entry point: InputError anywhere becomes one line and exit 2."""
+    try:
+        rc = cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(USAGE if e.exit_code == 2 or isinstance(e, click.UsageError) else e.exit_code)
+    except InputError as e:
+        click.echo(f"optcheck: error: {e}", err=True)
+        sys.exit(USAGE)
+    sys.exit(rc or 0)

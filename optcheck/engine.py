@@ -1,0 +1,70 @@
+"""Runs the rule catalogue over a stream of snapshots, as they arrive.
+
+A condition that persists (a stale parameter stays stale) is reported once, at
+the first snapshot that shows it; it is reported again only if it clears and
+comes back. This is the one place rules are called, for a live soak, a
+``Monitor`` and ``optcheck check`` alike.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from optcheck.findings import Finding
+from optcheck.rules import Rule, RuleConfig, RuleContext, catalogue
+
+
+class RuleEngine:
+    """Feed snapshots in step order with :meth:`feed`; get the new findings back.
+
+    Args:
+        config: rule knobs (:class:`optcheck.rules.RuleConfig`).
+        rules: rule classes to run (default: the whole catalogue).
+        history_limit: snapshots kept for rules that look back (memory trends);
+            older ones are dropped, the first one is always kept.
+    """
+
+    def __init__(self, config: RuleConfig | None = None, rules: Iterable[type[Rule]] | None = None,
+                 history_limit: int = 50_000):
+        self.config = config or RuleConfig()
+        self.rules = [cls() for cls in (rules if rules is not None else catalogue())]
+        self.history: list[dict] = []
+        self.history_limit = history_limit
+        self.memo: dict[str, dict] = {}
+        self._active: dict[str, set[str]] = {}
+        self.findings: list[Finding] = []
+
+    def feed(self, snap: dict) -> list[Finding]:
+        """Run every rule on ``snap``; return the findings not reported before."""
+        previous = self.history[-1] if self.history else None
+        self.history.append(snap)
+        if len(self.history) > self.history_limit:
+            del self.history[1]
+        ctx = RuleContext(previous=previous, history=self.history, config=self.config, memo=self.memo)
+        new: list[Finding] = []
+        for rule in self.rules:
+            ctx.memo.setdefault(rule.code, {})
+            found = list(rule.check(snap, ctx))
+            keys = {f.key for f in found}
+            active = self._active.get(rule.code, set())
+            new.extend(f for f in found if f.key not in active)
+            self._active[rule.code] = keys
+        self.findings.extend(new)
+        return new
+
+    def add(self, finding: Finding) -> bool:
+        """Record a finding made outside the rules (a worker-side check); False if already active."""
+        active = self._active.setdefault(finding.code, set())
+        if finding.key and finding.key in active:
+            return False
+        active.add(finding.key)
+        self.findings.append(finding)
+        return True
+
+
+def check_stream(snapshots: Iterable[dict], config: RuleConfig | None = None) -> list[Finding]:
+    """All findings of a recorded snapshot stream, in order."""
+    engine = RuleEngine(config)
+    for snap in snapshots:
+        engine.feed(snap)
+    return engine.findings

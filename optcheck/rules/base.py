@@ -1,0 +1,100 @@
+"""The rule interface and the catalogue registry.
+
+A rule is a class with a stable ``code`` ("OC101"), a ``symbol``
+("stale-param"), a one-line ``message``, a ``severity``, and a docstring that is
+its documentation (``optcheck explain OC101`` prints it): what it means, what will
+fail next, how to fix it. ``check`` reads snapshots only and returns findings; it
+never prints. Codes are never reused (``RETIRED`` lists the ones taken back).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterable
+
+from optcheck.findings import Finding
+
+RETIRED: dict[str, str] = {}
+
+
+@dataclass
+class RuleConfig:
+    """Knobs the rules read.
+
+    Attributes:
+        grad_starved_snapshots: OC202 fires after this many consecutive snapshots
+            without a gradient (snapshots, not steps).
+        memory_budget_bytes: OC401 projects the step at which RSS exceeds this
+            (bytes; None = no projection).
+        memory_warmup_fraction: OC401 ignores this leading fraction of snapshots.
+        memory_min_snapshots: OC401 needs this many snapshots after warm-up.
+        memory_alpha: OC401 significance level of the trend test.
+        memory_min_growth_bytes_per_1k_steps: OC401 ignores slopes below this.
+    """
+
+    grad_starved_snapshots: int = 3
+    memory_budget_bytes: int | None = None
+    memory_warmup_fraction: float = 0.2
+    memory_min_snapshots: int = 12
+    memory_alpha: float = 0.001
+    memory_min_growth_bytes_per_1k_steps: float = 8 * 2**20
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RuleContext:
+    """What a rule sees besides the current snapshot.
+
+    Attributes:
+        previous: the previous snapshot of the same run, or None.
+        history: every snapshot so far, current one last (read-only).
+        config: the :class:`RuleConfig`.
+        memo: per-rule scratch space, ``memo[code]`` is a dict kept across calls.
+    """
+
+    previous: dict | None
+    history: list[dict]
+    config: RuleConfig
+    memo: dict[str, dict]
+
+
+class Rule:
+    """Base class of every rule. Subclasses set the class attributes and ``check``."""
+
+    code: ClassVar[str] = ""
+    symbol: ClassVar[str] = ""
+    severity: ClassVar[str] = "error"
+    message: ClassVar[str] = ""
+    family: ClassVar[str] = ""
+
+    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def finding(self, snap: dict, message: str, *, subjects: Iterable[str] = (), key: str = "",
+                next_failure: str = "", **detail: Any) -> Finding:
+        """Build a finding of this rule at ``snap``'s step; ``key`` dedups a persisting condition."""
+        subjects = list(subjects)
+        return Finding(
+            code=self.code, symbol=self.symbol, severity=self.severity, step=snap["step"],
+            phase=snap.get("phase", "post-step"), message=message, subjects=subjects,
+            next_failure=next_failure, detail=detail, backend=snap.get("backend", ""),
+            run=snap.get("run", ""), key=key or ",".join(subjects),
+        )
+
+    @classmethod
+    def doc(cls) -> str:
+        return inspect.cleandoc(cls.__doc__ or "")
+
+
+REGISTRY: dict[str, type[Rule]] = {}
+
+
+def register(cls: type[Rule]) -> type[Rule]:
+    """Class decorator: add a rule to the catalogue. Raises ValueError on a reused code."""
+    if not cls.code or not cls.symbol:
+        raise ValueError(f"{cls.__name__} has no code or symbol")
+    if cls.code in REGISTRY or cls.code in RETIRED:
+        raise ValueError(f"rule code {cls.code} is already taken")
+    REGISTRY[cls.code] = cls
+    return cls

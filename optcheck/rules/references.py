@@ -1,0 +1,367 @@
+"""Reference rules OC101–OC108: do the model, the param groups and the optimizer
+state still talk about the same tensors?
+
+Each rule compares up to three sets of one snapshot — the model's parameters,
+the param-group members and the optimizer-state keys — and, for OC104, the
+model's parameters against the previous snapshot. Two identities are compared
+(``optcheck.snapshot``): ``ref`` (the key the optimizer state uses) answers "will
+the state lookup throw"; ``data_ptr`` answers "is the optimizer still training
+the model's tensor". Comparing handles alone is wrong on TorchSharp: after
+``model.to(Float64)`` with an eager optimizer, 29 handles change but 27 still share
+the model's data (``shared/fixtures/torchsharp/…-eager-to-float64.jsonl``).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from optcheck.findings import Finding
+from optcheck.rules.base import Rule, RuleContext, register
+from optcheck.snapshot import members
+
+
+def _name_of(snap: dict, member: dict) -> str:
+    """Best name for a param-group member: its own, the model's by ref, by data_ptr, or its ref."""
+    if member.get("name"):
+        return member["name"]
+    for p in snap["params"]:
+        if p["ref"] == member["ref"]:
+            return p["name"]
+    for p in snap["params"]:
+        if member.get("data_ptr") and p["data_ptr"] == member["data_ptr"]:
+            return p["name"]
+    return f"<ref {member['ref']}>"
+
+
+def _lazy_state(snap: dict) -> bool:
+    """True when the optimizer creates per-parameter state at its first step (PyTorch);
+    False when it creates it at construction and looks it up at every step (TorchSharp,
+    ``AdamW.step``: ``_state[param.handle]`` before the null-grad check, DESIGN.md §6)."""
+    opt = snap.get("optimizer") or {}
+    if "state_init" in opt:
+        return opt["state_init"] == "lazy"
+    return snap.get("backend") != "torchsharp"
+
+
+def _state_keys(snap: dict) -> set[int] | None:
+    state = snap.get("state")
+    return None if state is None else {s["ref"] for s in state}
+
+
+def _nonempty(ptr: int | None) -> bool:
+    return bool(ptr)
+
+
+@register
+class StaleParam(Rule):
+    """A param-group member is no longer one of the model's parameters.
+
+    The optimizer holds a tensor that the model's forward no longer uses: neither
+    its ref nor its data pointer is among ``model.named_parameters()``. Every
+    ``step()`` updates that dead tensor; the model's replacement never trains and
+    the loss stalls silently (PyTorch, TorchSharp with an eagerly built parameter
+    list), or, where the optimizer re-walks the model, the state lookup of the
+    replacement throws.
+
+    Typical causes: ``model.load_state_dict(sd, assign=True)``, tying weights, or
+    applying ``parametrizations.weight_norm`` after the optimizer was built.
+
+    Fix: do every change to the model's parameters before building the optimizer,
+    or rebuild the optimizer (and reload its state) after the change.
+    """
+
+    code, symbol, severity, family = "OC101", "stale-param", "error", "references"
+    message = "optimizer steps {n} tensor(s) the model no longer uses: {names}"
+
+    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
+        refs = {p["ref"] for p in snap["params"]}
+        ptrs = {p["data_ptr"] for p in snap["params"] if _nonempty(p["data_ptr"])}
+        stale = [(gi, m) for gi, m in members(snap)
+                 if m["ref"] not in refs and not (_nonempty(m.get("data_ptr")) and m["data_ptr"] in ptrs)]
+        if not stale:
+            return []
+        names = [_name_of(snap, m) for _, m in stale]
+        return [self.finding(
+            snap, self.message.format(n=len(stale), names=", ".join(names)), subjects=names,
+            key=",".join(str(m["ref"]) for _, m in stale),
+            next_failure="these tensors keep being stepped while the model's own parameters of the "
+                         "same names get no updates: the loss stops improving without an error",
+            groups=[gi for gi, _ in stale], refs=[m["ref"] for _, m in stale])]
+
+
+@register
+class UntrackedParam(Rule):
+    """A trainable model parameter is in no param group.
+
+    The model has a parameter with ``requires_grad`` whose ref and data pointer are
+    both absent from every param group: it receives gradients but is never
+    updated.
+
+    Typical causes: a parameter replaced or added after the optimizer was built
+    (``load_state_dict(..., assign=True)``, a new ``nn.Parameter`` assigned to a
+    module, ``register_parameter`` late); an optimizer built from a filtered list
+    that missed it. On TorchSharp, ``Module.to(dtype)`` rebuilds plain
+    ``Parameter`` fields as new tensors that the eager parameter list misses.
+
+    Fix: build the optimizer after the model is final, or ``add_param_group`` for
+    the new parameter (with its state); freeze it (``requires_grad_(False)``) if it
+    is not meant to train.
+    """
+
+    code, symbol, severity, family = "OC102", "untracked-param", "error", "references"
+    message = "{n} trainable parameter(s) in no param group, never updated: {names}"
+
+    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
+        mrefs = {m["ref"] for _, m in members(snap)}
+        mptrs = {m["data_ptr"] for _, m in members(snap) if _nonempty(m.get("data_ptr"))}
+        lost = [p for p in snap["params"] if p["requires_grad"] and p["ref"] not in mrefs
+                and not (_nonempty(p["data_ptr"]) and p["data_ptr"] in mptrs)]
+        if not lost or not snap["groups"]:
+            return []
+        names = [p["name"] for p in lost]
+        return [self.finding(
+            snap, self.message.format(n=len(lost), names=", ".join(names)), subjects=names,
+            key=",".join(f"{p['name']}@{p['ref']}" for p in lost),
+            next_failure="these parameters keep their initial values for the rest of the run",
+            refs=[p["ref"] for p in lost])]
+
+
+@register
+class OrphanState(Rule):
+    """An optimizer-state entry belongs to no param-group member.
+
+    The optimizer holds per-parameter state (moment buffers) under a key that is no
+    longer one of its members: memory held for nothing, and the sign that the
+    members were swapped under it. On TorchSharp, whose ``AdamW`` re-walks the
+    model's current parameters at each step, orphan state goes with members that
+    have no state, and the next ``step()`` throws ``KeyNotFoundException``.
+
+    Fix: do not replace the tensors of a built optimizer; rebuild it and load its
+    state by parameter name.
+    """
+
+    code, symbol, severity, family = "OC103", "orphan-state", "error", "references"
+    message = "{n} optimizer-state entries belong to no param-group member"
+
+    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
+        keys = _state_keys(snap)
+        if keys is None:
+            return []
+        mrefs = {m["ref"] for _, m in members(snap)}
+        orphans = sorted(k for k in keys if k not in mrefs)
+        if not orphans:
+            return []
+        prev_names = {}
+        if ctx.previous is not None:
+            prev_names = {p["ref"]: p["name"] for p in ctx.previous["params"]}
+        names = [prev_names.get(k, f"<ref {k}>") for k in orphans]
+        return [self.finding(
+            snap, self.message.format(n=len(orphans)) + (": " + ", ".join(names) if prev_names else ""),
+            subjects=names, key=",".join(map(str, orphans)),
+            next_failure="the state is never used again; where the optimizer looks up state for its "
+                         "current members, that lookup fails",
+            refs=orphans)]
+
+
+@register
+class RefChurn(Rule):
+    """A parameter's ref changed between snapshots and the optimizer did not follow.
+
+    The model's parameter of the same name is a new object (new ``id`` on PyTorch,
+    new ``Tensor.Handle`` on TorchSharp), and the optimizer neither holds state for
+    the new ref nor steps the same data under another ref. This is the precursor
+    of seed 003's crash: TorchSharp keys optimizer state by handle, so the next
+    ``step()`` throws ``KeyNotFoundException``; PyTorch keeps stepping the old
+    object and the new one never trains.
+
+    A changed ref whose data pointer is still stepped by the optimizer (TorchSharp
+    native modules converted in place) is not reported: that tensor still trains.
+
+    Fix: change dtype/device or load weights before building the optimizer, or
+    rebuild the optimizer afterwards.
+    """
+
+    code, symbol, severity, family = "OC104", "ref-churn", "error", "references"
+    message = "{n} parameter(s) changed identity since step {prev}, the optimizer did not follow: {names}"
+
+    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
+        prev = ctx.previous
+        if prev is None:
+            return []
+        before = {p["name"]: p for p in prev["params"]}
+        keys = _state_keys(snap)
+        lazy = _lazy_state(snap)
+
+        def usable(m: dict) -> bool:
+            return lazy or keys is None or m["ref"] in keys
+
+        tracked_refs = {m["ref"] for _, m in members(snap) if usable(m)}
+        tracked_ptrs = {m["data_ptr"] for _, m in members(snap) if usable(m) and _nonempty(m.get("data_ptr"))}
+        churned = []
+        for p in snap["params"]:
+            old = before.get(p["name"])
+            if old is None or old["ref"] == p["ref"]:
+                continue
+            if p["ref"] in tracked_refs or (_nonempty(p["data_ptr"]) and p["data_ptr"] in tracked_ptrs):
+                continue
+            churned.append((old, p))
+        if not churned:
+            return []
+        names = [p["name"] for _, p in churned]
+        same_data = [p["name"] for old, p in churned if old["data_ptr"] == p["data_ptr"]]
+        return [self.finding(
+            snap, self.message.format(n=len(churned), prev=prev["step"], names=", ".join(names)),
+            subjects=names, key=",".join(f"{p['name']}@{p['ref']}" for _, p in churned),
+            next_failure=("TorchSharp: the next step() throws KeyNotFoundException for the first new handle"
+                          if not lazy else
+                          "the optimizer keeps stepping the old tensors; these parameters stop training"),
+            old_refs=[o["ref"] for o, _ in churned], new_refs=[p["ref"] for _, p in churned],
+            same_data=same_data)]
+
+
+@register
+class NonleafParam(Rule):
+    """An optimizer member is not a leaf tensor.
+
+    Autograd populates ``.grad`` only on leaves; a non-leaf member never gets a
+    gradient, so the optimizer never moves it, and reading its ``.grad`` prints
+    "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed"
+    (seed 003). On TorchSharp 0.100.x (and for plain ``Parameter`` fields in
+    0.99.6), ``Module.to(dtype)`` rebuilds parameters as ``param.to(dtype)``:
+    non-leaf results of an op (DESIGN.md §6; TorchSharp #1148).
+
+    Fix: convert the model before building the optimizer; create parameters with
+    ``Parameter(tensor)`` (a leaf), not as the result of an op.
+    """
+
+    code, symbol, severity, family = "OC105", "nonleaf-param", "error", "references"
+    message = "{n} optimizer member(s) are not leaf tensors and never get a gradient: {names}"
+
+    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
+        bad = [m for _, m in members(snap) if m.get("is_leaf") is False]
+        if not bad:
+            return []
+        names = [_name_of(snap, m) for m in bad]
+        return [self.finding(
+            snap, self.message.format(n=len(bad), names=", ".join(names)), subjects=names,
+            key=",".join(str(m["ref"]) for m in bad),
+            next_failure="their .grad stays empty (with a warning on every read); they never train",
+            refs=[m["ref"] for m in bad])]
+
+
+@register
+class DuplicateParam(Rule):
+    """One tensor is stepped twice: in two param groups, or twice in one.
+
+    Found by data pointer, not by ref: TorchSharp's obvious weight tying
+    (``lm_head.weight = wte.weight``) registers two parameters with two handles on
+    one tensor, so AdamW keeps two moment estimates and applies two updates per
+    step to the tied weight (``shared/fixtures/torchsharp/…-tied.jsonl``).
+
+    Fix: give the optimizer each tensor once (deduplicate by data pointer /
+    storage); in TorchSharp tie by sharing one ``Parameter`` registered once.
+    """
+
+    code, symbol, severity, family = "OC106", "duplicate-param", "error", "references"
+    message = "tensor stepped {k} times per step by the optimizer: {names}"
+
+    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
+        seen: dict[tuple, list[tuple[int, dict]]] = {}
+        for gi, m in members(snap):
+            ident = ("ptr", m["data_ptr"]) if _nonempty(m.get("data_ptr")) else ("ref", m["ref"])
+            seen.setdefault(ident, []).append((gi, m))
+        out = []
+        for ident, dup in seen.items():
+            if len(dup) < 2:
+                continue
+            names = sorted({_name_of(snap, m) for _, m in dup} | {
+                p["name"] for p in snap["params"] if ident[0] == "ptr" and p["data_ptr"] == ident[1]})
+            out.append(self.finding(
+                snap, self.message.format(k=len(dup), names=", ".join(names)), subjects=names,
+                key=f"{ident[0]}:{ident[1]}",
+                next_failure="the tensor gets several updates per step with separate moment estimates "
+                             "(an effectively larger, unscheduled learning rate)",
+                groups=[gi for gi, _ in dup], refs=[m["ref"] for _, m in dup]))
+        return out
+
+
+@register
+class StateMismatch(Rule):
+    """An optimizer-state tensor's shape or dtype differs from its parameter's.
+
+    Moment buffers (``exp_avg``, ``exp_avg_sq``) must match the parameter
+    elementwise. A mismatch means the parameter was converted or resized after the
+    optimizer created its state (``model.double()`` / ``model.to(dtype)`` after the
+    first step, a resized embedding) or the wrong state was loaded: the next
+    ``step()`` raises a dtype/shape error, or silently mixes precisions.
+    Scalar entries (``step``) are ignored.
+
+    Fix: convert or resize the model before building the optimizer, or rebuild
+    it; load optimizer state that belongs to this model.
+    """
+
+    code, symbol, severity, family = "OC107", "state-mismatch", "error", "references"
+    message = "{n} optimizer-state tensor(s) do not match their parameter: {names}"
+
+    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
+        if not snap.get("state"):
+            return []
+        by_ref = {m["ref"]: m for _, m in members(snap)}
+        bad = []
+        for s in snap["state"]:
+            m = by_ref.get(s["ref"])
+            if m is None or "shape" not in m:
+                continue
+            for key, t in (s.get("tensors") or {}).items():
+                shape = t["shape"] if isinstance(t, dict) else t
+                dtype = t.get("dtype") if isinstance(t, dict) else None
+                if not shape:  # scalar (step counter)
+                    continue
+                if len(shape) == len(m["shape"]) and list(shape) != list(m["shape"]):
+                    bad.append((m, key, f"shape {shape} vs {m['shape']}"))
+                elif list(shape) == list(m["shape"]) and dtype and m.get("dtype") and \
+                        dtype.lower() != m["dtype"].lower():
+                    bad.append((m, key, f"dtype {dtype} vs {m['dtype']}"))
+        if not bad:
+            return []
+        names = sorted({_name_of(snap, m) for m, _, _ in bad})
+        return [self.finding(
+            snap, self.message.format(n=len(bad), names=", ".join(names)), subjects=names,
+            key=",".join(f"{m['ref']}:{k}" for m, k, _ in bad),
+            next_failure="the next step() raises a dtype/shape mismatch, or updates in mixed precision",
+            mismatches=[{"name": _name_of(snap, m), "state": k, "what": w} for m, k, w in bad])]
+
+
+@register
+class MissingState(Rule):
+    """A param-group member has no optimizer state where the optimizer expects it.
+
+    Optimizers that create state at construction and look it up at every step
+    (TorchSharp: ``_state[param.handle]`` in ``AdamW.step`` before the null-grad
+    check, DESIGN.md §6) throw when a member has no state: the next ``step()``
+    raises ``KeyNotFoundException`` with the decimal handle of the first such
+    member. PyTorch creates state lazily, so this rule is silent there.
+
+    Fix: build the optimizer after every change to the model's parameters
+    (``Module.to``, ``load``, assigning or registering a ``Parameter``).
+    """
+
+    code, symbol, severity, family = "OC108", "missing-state", "error", "references"
+    message = "{n} optimizer member(s) have no state; next step() throws KeyNotFoundException for key {key}: {names}"
+
+    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
+        keys = _state_keys(snap)
+        if keys is None or _lazy_state(snap):
+            return []
+        missing = [m for _, m in members(snap) if m["ref"] not in keys]
+        if not missing:
+            return []
+        names = [_name_of(snap, m) for m in missing]
+        first = missing[0]["ref"]
+        return [self.finding(
+            snap, self.message.format(n=len(missing), key=first, names=", ".join(names)), subjects=names,
+            key=",".join(str(m["ref"]) for m in missing),
+            next_failure=f"the next step() throws KeyNotFoundException: The given key '{first}' "
+                         f"was not present in the dictionary.",
+            predicted_exception="System.Collections.Generic.KeyNotFoundException",
+            predicted_key=str(first), refs=[m["ref"] for m in missing])]

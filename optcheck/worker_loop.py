@@ -1,0 +1,242 @@
+"""The soak loop every worker runs, whatever its backend. Torch-free.
+
+A worker process is ``python -m optcheck.pytorch.worker`` or
+``python -m optcheck.torchsharp_bridge.worker``; each builds a :class:`Backend`
+and calls :func:`run`. The loop is a thin sequencer:
+
+1. load the corpus; build model and optimizer (``Backend.setup``);
+2. for every step: injections and lifecycle events due at this step; the
+   **pre-step check** (``Backend.fingerprint``: refs, data pointers and, where
+   the optimizer creates state eagerly, state keys — a few µs); if it changed
+   since the last snapshot, a snapshot (``phase="pre-step"``,
+   ``trigger="check"``) *before* the step runs, so a finding names the cause at
+   the step it happened, ahead of whatever the step then throws;
+3. the training step; hazard events force a snapshot at once;
+4. every ``--every`` steps a cadence snapshot, and one at the end.
+
+The worker runs the rules too (cheap, on snapshots only) to decide
+``--stop-on-finding``; the supervisor's engine is the one that reports.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from typing import Any, Protocol
+
+from optcheck.config import SoakConfig
+from optcheck.data import BatchSchedule, Corpus, load_corpus
+from optcheck.engine import RuleEngine
+from optcheck.errors import InputError
+from optcheck.protocol import Stream
+from optcheck.snapshot import SCHEMA
+
+METRICS_BATCH = 200
+
+
+class StepStopped(Exception):
+    """Raised by a backend inside a step to stop it before harm is done (e.g. a
+    saved tensor was written in place and backward would use it silently).
+
+    Attributes:
+        event: the schema-1 event describing why (goes into the next snapshot).
+    """
+
+    def __init__(self, message: str, event: dict):
+        super().__init__(message)
+        self.event = event
+
+
+class Backend(Protocol):
+    """What a backend implements for :func:`run`. Steps are 1-based."""
+
+    name: str
+
+    def setup(self, cfg: SoakConfig, corpus: Corpus) -> None:
+        """Build model, optimizer and probes. Raise InputError for bad input."""
+
+    def versions(self) -> dict[str, str]:
+        """Library versions for the snapshot (python, torch/torchsharp, dotnet, ...)."""
+
+    def threads(self) -> int:
+        """Intra-op threads in use."""
+
+    def inject(self, name: str, step: int) -> dict:
+        """Plant fault scenario ``name`` now; return what was done ({"call": ...}).
+        Raise InputError for a scenario this backend does not have."""
+
+    def lifecycle(self, kind: str, step: int) -> dict:
+        """Run lifecycle event ``kind`` ("eval", "checkpoint", "resume"); return details."""
+
+    def fingerprint(self) -> Any:
+        """A cheap, comparable value that changes when the model's parameters, the
+        optimizer's members or (eager optimizers) its state keys change identity."""
+
+    def train_step(self, step: int, x, y) -> float:
+        """One training step on inputs/targets ``x``, ``y`` (int64, shape (B, T));
+        return the loss. May raise :class:`StepStopped`."""
+
+    def val_loss(self, batches: list) -> float:
+        """Mean loss over held-out ``(x, y)`` batches, without gradients."""
+
+    def has_events(self) -> bool:
+        """True when a hazard probe recorded events since the last snapshot."""
+
+    def snapshot_body(self) -> dict:
+        """The backend part of a snapshot: params, groups, state, optimizer, memory,
+        events (drained), notes."""
+
+    def exception_info(self, exc: BaseException) -> dict:
+        """``{"exc_type", "message", "stack"}`` for an exception out of a step."""
+
+
+class Loop:
+    """State of one soak in one worker process (see module docstring)."""
+
+    def __init__(self, backend: Backend, cfg: SoakConfig, stream: Stream):
+        self.backend, self.cfg, self.stream = backend, cfg, stream
+        self.engine = RuleEngine()
+        self.t0 = time.perf_counter()
+        self.last_snap_t = self.t0
+        self.last_snap_step = 0
+        self.last_loss: float | None = None
+        self.val_loss: float | None = None
+        self.loss_first: float | None = None
+        self.val_first: float | None = None
+        self.metrics: dict[str, list] = {"steps": [], "losses": [], "step_times_s": []}
+        self.pending_events: list[dict] = []
+        self.step = 0
+
+    # -- snapshots ---------------------------------------------------------
+    def take(self, step: int, phase: str, trigger: str) -> list:
+        now = time.perf_counter()
+        body = self.backend.snapshot_body()
+        events = self.pending_events + body.pop("events", [])
+        self.pending_events = []
+        nsteps = step - self.last_snap_step
+        snap = {
+            "schema": SCHEMA, "backend": self.backend.name, "run": self.cfg.run_id,
+            "step": step, "phase": phase, "trigger": trigger,
+            "elapsed_s": round(now - self.t0, 4),
+            "loss": self.last_loss if phase == "post-step" or trigger != "start" else None,
+            "val_loss": self.val_loss,
+            "step_time_s": (now - self.last_snap_t) / nsteps if nsteps > 0 else None,
+            "versions": self.backend.versions(), "threads": self.backend.threads(),
+            **body, "events": events,
+        }
+        self.val_loss = None
+        self.last_snap_t, self.last_snap_step = now, step
+        self.flush_metrics()
+        self.stream.send("snapshot", snapshot=snap)
+        self._fingerprint = self.backend.fingerprint()
+        return self.engine.feed(snap)
+
+    def flush_metrics(self) -> None:
+        if self.metrics["steps"]:
+            self.stream.send("metrics", **self.metrics)
+            self.metrics = {"steps": [], "losses": [], "step_times_s": []}
+
+    def event(self, kind: str, step: int, **detail) -> None:
+        ev = {"kind": kind, "step": step, "where": None, "count": 1, "detail": detail}
+        self.pending_events.append(ev)
+        self.stream.send("lifecycle", step=step, kind=kind, detail=detail)
+
+    # -- the loop ----------------------------------------------------------
+    def due_lifecycle(self, step: int) -> list[str]:
+        c, due = self.cfg, []
+        if c.eval_every and step % c.eval_every == 0:
+            due.append("eval")
+        if c.checkpoint_every and step % c.checkpoint_every == 0:
+            due.append("checkpoint")
+        if c.resume_at and step == c.resume_at:
+            due.append("resume")
+        return due
+
+    def run(self, corpus: Corpus) -> int:
+        cfg, be = self.cfg, self.backend
+        sched = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed)
+        val_sched = BatchSchedule(corpus.val.size, cfg.block_size, cfg.batch_size, cfg.seed, split=1)
+        val_batches = [val_sched.batch(corpus.val, i) for i in range(cfg.val_batches)]
+        self.stream.send("hello", backend=be.name, versions=be.versions(), threads=be.threads(),
+                         pid=os.getpid(), corpus=corpus.describe(), config=dict(steps=cfg.steps, every=cfg.every))
+        self.take(0, "pre-step", "start")
+        injections = {}
+        for inj in cfg.inject:
+            injections.setdefault(inj.step, []).append(inj.name)
+        for step in range(1, cfg.steps + 1):
+            self.step = step
+            for name in injections.get(step, ()):
+                self.event("inject", step, name=name, **be.inject(name, step))
+            for kind in self.due_lifecycle(step):
+                self.event("lifecycle", step, name=kind, **be.lifecycle(kind, step))
+            if be.fingerprint() != self._fingerprint:
+                new = self.take(step, "pre-step", "check")
+                if new and cfg.stop_on_finding:
+                    self.stream.send("stopped", step=step, reason=f"{new[0].code} {new[0].symbol} before step {step} "
+                                                                  f"(--stop-on-finding)")
+                    return 0
+            x, y = sched.batch(corpus.train, step)
+            ts = time.perf_counter()
+            try:
+                loss = be.train_step(step, x, y)
+            except StepStopped as e:
+                self.pending_events.append(e.event)
+                self.take(step, "pre-step", "hazard")
+                self.stream.send("stopped", step=step, reason=str(e))
+                return 0
+            dt = time.perf_counter() - ts
+            self.last_loss = loss
+            if self.loss_first is None:
+                self.loss_first = loss
+            self.metrics["steps"].append(step)
+            self.metrics["losses"].append(loss)
+            self.metrics["step_times_s"].append(round(dt, 6))
+            if cfg.val_every and step % cfg.val_every == 0:
+                self.val_loss = be.val_loss(val_batches)
+                if self.val_first is None:
+                    self.val_first = self.val_loss
+            if be.has_events():
+                self.take(step, "post-step", "hazard")
+            elif step % cfg.every == 0 or step == cfg.steps:
+                self.take(step, "post-step", "final" if step == cfg.steps else "cadence")
+            elif len(self.metrics["steps"]) >= METRICS_BATCH:
+                self.flush_metrics()
+        self.flush_metrics()
+        self.stream.send("done", step=cfg.steps, loss_first=self.loss_first, loss_last=self.last_loss,
+                         val_loss_first=self.val_first, val_loss_last=be.val_loss(val_batches))
+        return 0
+
+
+def run(backend: Backend, cfg: SoakConfig, stream: Stream) -> int:
+    """Run a soak in this process, reporting on ``stream``; return the process exit code.
+
+    Exit codes: 0 finished or stopped on purpose; 2 bad input (an InputError,
+    reported as a crash message with ``exc_type="InputError"``); 1 an exception
+    out of the training code (reported as a crash message with the exception's
+    type — the .NET type for TorchSharp —, message, stack and the step).
+    """
+    loop = Loop(backend, cfg, stream)
+    try:
+        corpus = load_corpus(cfg.data, cfg.vocab_size)
+        backend.setup(cfg, corpus)
+        loop._fingerprint = None
+        return loop.run(corpus)
+    except InputError as e:
+        stream.send("crash", step=loop.step, exc_type="InputError", message=str(e), stack="", input_error=True)
+        return 2
+    except BaseException as e:  # noqa: BLE001 - everything out of the training code is reported
+        loop.flush_metrics()
+        try:
+            info = backend.exception_info(e)
+        except Exception:
+            info = {}
+        info.setdefault("exc_type", f"{type(e).__module__}.{type(e).__qualname__}".removeprefix("builtins."))
+        info.setdefault("message", str(e))
+        info.setdefault("stack", "".join(traceback.format_exception(e)))
+        stream.send("crash", step=loop.step, **info)
+        print(info["stack"], file=sys.stderr)
+        return 1
+    finally:
+        stream.close()
