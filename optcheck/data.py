@@ -169,4 +169,10 @@ class BatchSchedule:
         """Inputs and targets for ``step``: two int64 arrays of shape (B, T)."""
         idx = self.offsets(step)[:, None] + np.arange(self.block_size + 1)[None, :]
         chunk = tokens[idx].astype(np.int64)
-        return chunk[:, :-1], chunk[:, 1:]
+        return np.ascontiguousarray(chunk[:, :-1]), np.ascontiguousarray(chunk[:, 1:])
+
+
+def val_batches(corpus: Corpus, block_size: int, batch_size: int, seed: int, n: int) -> list:
+    """The ``n`` held-out batches every validation pass uses: [(x, y)], each (B, T) int64."""
+    sched = BatchSchedule(corpus.val.size, block_size, batch_size, seed, split=1)
+    return [sched.batch(corpus.val, i) for i in range(n)]

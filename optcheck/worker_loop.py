@@ -27,7 +27,7 @@ import traceback
 from typing import Any, Protocol
 
 from optcheck.config import SoakConfig
-from optcheck.data import BatchSchedule, Corpus, load_corpus
+from optcheck.data import BatchSchedule, Corpus, load_corpus, val_batches
 from optcheck.engine import RuleEngine
 from optcheck.errors import InputError
 from optcheck.protocol import Stream
@@ -157,8 +157,7 @@ class Loop:
     def run(self, corpus: Corpus) -> int:
         cfg, be = self.cfg, self.backend
         sched = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed)
-        val_sched = BatchSchedule(corpus.val.size, cfg.block_size, cfg.batch_size, cfg.seed, split=1)
-        val_batches = [val_sched.batch(corpus.val, i) for i in range(cfg.val_batches)]
+        val = val_batches(corpus, cfg.block_size, cfg.batch_size, cfg.seed, max(1, cfg.val_batches))
         self.stream.send("hello", backend=be.name, versions=be.versions(), threads=be.threads(),
                          pid=os.getpid(), corpus=corpus.describe(), config=dict(steps=cfg.steps, every=cfg.every))
         self.take(0, "pre-step", "start")
@@ -194,7 +193,7 @@ class Loop:
             self.metrics["losses"].append(loss)
             self.metrics["step_times_s"].append(round(dt, 6))
             if cfg.val_every and step % cfg.val_every == 0:
-                self.val_loss = be.val_loss(val_batches)
+                self.val_loss = be.val_loss(val)
                 if self.val_first is None:
                     self.val_first = self.val_loss
             if be.has_events():
@@ -205,7 +204,7 @@ class Loop:
                 self.flush_metrics()
         self.flush_metrics()
         self.stream.send("done", step=cfg.steps, loss_first=self.loss_first, loss_last=self.last_loss,
-                         val_loss_first=self.val_first, val_loss_last=be.val_loss(val_batches))
+                         val_loss_first=self.val_first, val_loss_last=be.val_loss(val))
         return 0
 
 

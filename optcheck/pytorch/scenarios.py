@@ -1,0 +1,99 @@
+"""PyTorch implementations of the fault scenarios in ``optcheck/scenarios.py``.
+
+Each implementation is ``fn(trainer, step) -> dict`` and does to the running
+``Trainer`` exactly what the real-world bug does, returning ``{"call": ...}``:
+the line of user code it stands for. The autograd seeds live in
+``optcheck/pytorch/hazard_scenarios.py`` and register here through
+:data:`IMPLEMENTATIONS` too.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from optcheck import scenarios as catalogue
+
+IMPLEMENTATIONS: dict[str, Callable] = {}
+NEEDS_UNTIED = {"tie-after-optimizer"}
+
+
+def implements(name: str):
+    """Decorator: register ``fn(trainer, step) -> dict`` for scenario ``name``."""
+    def deco(fn):
+        IMPLEMENTATIONS[name] = fn
+        return fn
+    return deco
+
+
+def _load_all() -> None:
+    try:  # the autograd seed scenarios, when present
+        import optcheck.pytorch.hazard_scenarios  # noqa: F401
+    except ImportError:
+        pass
+    try:
+        import optcheck.pytorch.memory_scenarios  # noqa: F401
+    except ImportError:
+        pass
+
+
+def check(name: str) -> None:
+    """Raise InputError unless ``name`` is a scenario PyTorch can inject."""
+    catalogue.get(name, "pytorch")
+    _load_all()
+    if name not in IMPLEMENTATIONS:
+        from optcheck.errors import InputError
+
+        raise InputError(f"scenario {name!r} has no PyTorch implementation yet")
+
+
+def needs_untied(name: str) -> bool:
+    """True when the model must be built with separate embedding and head weights."""
+    return name in NEEDS_UNTIED
+
+
+def apply(name: str, trainer, step: int) -> dict:
+    check(name)
+    return IMPLEMENTATIONS[name](trainer, step)
+
+
+@implements("param-rebind")
+def param_rebind(trainer, step: int) -> dict:
+    # assign=True makes the loaded tensors the module's parameters: new objects, new data
+    state = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.model.load_state_dict(state, assign=True)
+    return {"call": "model.load_state_dict(state_dict, assign=True)"}
+
+
+@implements("tie-after-optimizer")
+def tie_after_optimizer(trainer, step: int) -> dict:
+    trainer.model.wte.weight = trainer.model.lm_head.weight
+    return {"call": "model.wte.weight = model.lm_head.weight"}
+
+
+@implements("param-replaced")
+def param_replaced(trainer, step: int) -> dict:
+    lin = trainer.model.h[0].mlp.c_fc
+    lin.weight = nn.Parameter(lin.weight.detach().clone())
+    return {"call": "model.h[0].mlp.c_fc.weight = nn.Parameter(...)"}
+
+
+@implements("module-to-after-optimizer")
+def module_to(trainer, step: int) -> dict:
+    trainer.model.to(torch.float64)
+    return {"call": "model.to(torch.float64)"}
+
+
+@implements("param-registered-late")
+def param_registered_late(trainer, step: int) -> dict:
+    ln = trainer.model.ln_f
+    ln.register_parameter("gain", nn.Parameter(torch.ones_like(ln.weight)))
+    orig = type(ln).forward
+
+    def forward(x, _ln=ln):  # the new parameter takes part in the forward
+        return orig(_ln, x) * _ln.gain
+
+    ln.forward = forward
+    return {"call": "model.ln_f.register_parameter('gain', nn.Parameter(...))"}

@@ -1,0 +1,217 @@
+"""The PyTorch training step and the PyTorch ``Backend`` of the soak loop.
+
+``Trainer`` owns model, optimizer, schedule and hazard probes; ``TorchBackend``
+adapts it to ``optcheck.worker_loop.Backend``. The step is the ordinary one:
+``zero_grad(set_to_none=True)``, forward, ``backward()``, clip, ``step()`` — so a
+post-step snapshot sees this step's gradients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import os
+import traceback
+from pathlib import Path
+
+import torch
+
+from optcheck.config import SoakConfig
+from optcheck.data import Corpus, val_batches
+from optcheck.pytorch import probe
+from optcheck.pytorch.gpt import GPT, GPTConfig
+
+CENSUS_EVERY = 10  # tensor census on every 10th snapshot (~30 ms each)
+
+
+class NullHazards:
+    """Hazard probes switched off: every hook does nothing (``--no-hazards``)."""
+
+    def step_context(self, step: int):
+        return contextlib.nullcontext()
+
+    def check_loss(self, loss: torch.Tensor, step: int) -> None:
+        pass
+
+    def after_backward(self, step: int) -> None:
+        pass
+
+    def has_events(self) -> bool:
+        return False
+
+    def drain(self) -> list[dict]:
+        return []
+
+    def remove(self) -> None:
+        pass
+
+
+def make_hazards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: SoakConfig):
+    """The hazard probes of ``optcheck/pytorch/hazards.py`` when ``cfg.hazards``, else a NullHazards."""
+    if not cfg.hazards:
+        return NullHazards()
+    try:
+        from optcheck.pytorch.hazards import HazardProbes
+    except ImportError:  # TODO(lead): remove once hazards.py lands
+        return NullHazards()
+
+    return HazardProbes(model, optimizer, allow_inplace=cfg.allow_inplace)
+
+
+def lr_at(cfg: SoakConfig, step: int) -> float:
+    """Linear warm-up for ``warmup_steps``, then cosine decay to ``min_lr`` at ``steps``."""
+    if step <= cfg.warmup_steps:
+        return cfg.lr * step / max(1, cfg.warmup_steps)
+    frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * min(1.0, frac))) * (cfg.lr - cfg.min_lr)
+
+
+class Trainer:
+    """Model + AdamW + step for one soak.
+
+    Attributes:
+        model: the GPT (``optcheck.pytorch.gpt``).
+        optimizer: AdamW with decay / no-decay groups.
+        hazards: hazard probes (or NullHazards).
+        dtype: dtype the batches' float inputs would use (the model's).
+    """
+
+    def __init__(self, cfg: SoakConfig, vocab_size: int, tie_weights: bool = True):
+        self.cfg = cfg
+        torch.manual_seed(cfg.seed)
+        self.gpt_config = GPTConfig(block_size=cfg.block_size, vocab_size=vocab_size, n_layer=cfg.n_layer,
+                                    n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout,
+                                    tie_weights=tie_weights)
+        self.model = GPT(self.gpt_config)
+        self.optimizer = self.build_optimizer(self.model)
+        self.hazards = make_hazards(self.model, self.optimizer, cfg)
+        self.extra_forward = []  # scenario hooks called as f(trainer, logits, loss) -> loss
+        self.work_dir = Path(cfg.work_dir or ".")
+
+    def build_optimizer(self, model: GPT) -> torch.optim.AdamW:
+        c = self.cfg
+        return model.configure_optimizers(c.lr, c.weight_decay, (c.beta1, c.beta2), c.eps)
+
+    def train_step(self, step: int, x, y) -> float:
+        """One step on int64 arrays ``x``, ``y`` of shape (B, T); returns the loss."""
+        xb, yb = torch.from_numpy(x), torch.from_numpy(y)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr_at(self.cfg, step)
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.hazards.step_context(step):
+            logits, loss = self.model(xb, yb)
+            for hook in self.extra_forward:
+                loss = hook(self, logits, loss)
+            self.hazards.check_loss(loss, step)
+            loss.backward()
+        self.hazards.after_backward(step)
+        if self.cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        return float(loss.detach())
+
+    @torch.no_grad()
+    def val_loss(self, batches: list) -> float:
+        was_training = self.model.training
+        self.model.eval()
+        losses = [float(self.model(torch.from_numpy(x), torch.from_numpy(y))[1]) for x, y in batches]
+        self.model.train(was_training)
+        return sum(losses) / len(losses)
+
+    # -- lifecycle events ------------------------------------------------------
+    def checkpoint_path(self) -> Path:
+        return self.work_dir / "checkpoint.pt"
+
+    def lifecycle(self, kind: str, step: int, val_batches: list | None = None) -> dict:
+        """Run ``eval`` (eval mode, no-grad forward, a ``model.to(same device, dtype)``
+        round trip), ``checkpoint`` (save model and optimizer, load them back into the
+        running objects) or ``resume`` (rebuild both from the last checkpoint, as a
+        restarted job does). Returns what was done."""
+        if kind == "eval":
+            p = next(self.model.parameters())
+            loss = self.val_loss(val_batches or [])
+            self.model.to(device=p.device, dtype=p.dtype)
+            return {"call": f"model.eval(); no_grad forward; model.to({p.device}, {probe.dtype_name(p.dtype)})",
+                    "val_loss": loss}
+        if kind == "checkpoint":
+            path = self.checkpoint_path()
+            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                        "step": step}, path)
+            ck = torch.load(path, weights_only=True)
+            self.model.load_state_dict(ck["model"])
+            self.optimizer.load_state_dict(ck["optimizer"])
+            return {"call": "torch.save(model, optimizer); load_state_dict back", "path": str(path)}
+        if kind == "resume":
+            path = self.checkpoint_path()
+            if not path.exists():  # resume before any checkpoint: checkpoint now, as a job would have
+                self.lifecycle("checkpoint", step)
+            ck = torch.load(path, weights_only=True)
+            self.hazards.remove()
+            self.model = GPT(self.gpt_config)
+            self.model.load_state_dict(ck["model"])
+            self.optimizer = self.build_optimizer(self.model)
+            self.optimizer.load_state_dict(ck["optimizer"])
+            self.hazards = make_hazards(self.model, self.optimizer, self.cfg)
+            return {"call": "new GPT + AdamW, load_state_dict from the last checkpoint", "from_step": ck["step"]}
+        raise ValueError(f"unknown lifecycle event {kind!r}")
+
+
+class TorchBackend:
+    """``optcheck.worker_loop.Backend`` for PyTorch."""
+
+    name = "pytorch"
+
+    def __init__(self):
+        self.trainer: Trainer | None = None
+        self.snapshots = 0
+
+    def setup(self, cfg: SoakConfig, corpus: Corpus) -> None:
+        from optcheck.pytorch import scenarios
+
+        torch.set_num_threads(cfg.threads)
+        for inj in cfg.inject:
+            scenarios.check(inj.name)
+        tie = not any(scenarios.needs_untied(i.name) for i in cfg.inject)
+        self.trainer = Trainer(cfg, corpus.vocab_size, tie_weights=tie)
+        self.val_batches = val_batches(corpus, cfg.block_size, cfg.batch_size, cfg.seed, max(1, cfg.val_batches))
+
+    def versions(self) -> dict[str, str]:
+        return probe.versions()
+
+    def threads(self) -> int:
+        return torch.get_num_threads()
+
+    def inject(self, name: str, step: int) -> dict:
+        from optcheck.pytorch import scenarios
+
+        return scenarios.apply(name, self.trainer, step)
+
+    def lifecycle(self, kind: str, step: int) -> dict:
+        return self.trainer.lifecycle(kind, step, self.val_batches)
+
+    def fingerprint(self):
+        return probe.fingerprint(self.trainer.model, self.trainer.optimizer)
+
+    def train_step(self, step: int, x, y) -> float:
+        return self.trainer.train_step(step, x, y)
+
+    def val_loss(self, batches: list) -> float:
+        return self.trainer.val_loss(batches)
+
+    def has_events(self) -> bool:
+        return self.trainer.hazards.has_events()
+
+    def snapshot_body(self) -> dict:
+        census = self.snapshots % CENSUS_EVERY == 0
+        self.snapshots += 1
+        body = probe.snapshot_body(self.trainer.model, self.trainer.optimizer, census=census)
+        body["events"] = self.trainer.hazards.drain()
+        return body
+
+    def exception_info(self, exc: BaseException) -> dict:
+        tb = traceback.extract_tb(exc.__traceback__)
+        where = f"{os.path.basename(tb[-1].filename)}:{tb[-1].lineno}" if tb else None
+        return {"exc_type": type(exc).__qualname__ if type(exc).__module__ == "builtins"
+                else f"{type(exc).__module__}.{type(exc).__qualname__}",
+                "message": str(exc), "stack": "".join(traceback.format_exception(exc)), "where": where}

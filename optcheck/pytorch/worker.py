@@ -1,0 +1,31 @@
+"""PyTorch worker process: ``python -m optcheck.pytorch.worker --config FILE --stream-fd N``.
+
+Started by the supervisor (``optcheck/soak.py``); runs ``optcheck.worker_loop``
+with the PyTorch backend and reports on the pipe ``N``. Exit code 0 finished,
+1 the training raised, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from optcheck.config import SoakConfig
+from optcheck.protocol import Stream
+from optcheck.worker_loop import run
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m optcheck.pytorch.worker")
+    ap.add_argument("--config", required=True, help="SoakConfig as a JSON file")
+    ap.add_argument("--stream-fd", type=int, default=None, help="pipe to the supervisor (default: none)")
+    args = ap.parse_args(argv)
+    cfg = SoakConfig.from_json(Path(args.config).read_text())
+    from optcheck.pytorch.train import TorchBackend
+
+    return run(TorchBackend(), cfg, Stream(args.stream_fd))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
