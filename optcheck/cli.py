@@ -43,3 +43,7 @@ def main() -> None:
         click.echo(f"optcheck: error: {e}", err=True)
         sys.exit(USAGE)
     sys.exit(rc or 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -91,6 +91,8 @@ class Trainer:
 
     def build_optimizer(self, model: GPT) -> torch.optim.AdamW:
         c = self.cfg
+        if c.extra.get("optimizer", "adamw") == "sgd":
+            return torch.optim.SGD(model.parameters(), lr=c.lr, momentum=0.9)
         return model.configure_optimizers(c.lr, c.weight_decay, (c.beta1, c.beta2), c.eps)
 
     def train_step(self, step: int, x, y) -> float:

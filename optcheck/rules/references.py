@@ -52,6 +52,14 @@ def _nonempty(ptr: int | None) -> bool:
     return bool(ptr)
 
 
+def listing(names: list[str], limit: int = 6) -> str:
+    """``a, b, c and 26 more``: names for a one-line message (the finding's
+    ``subjects`` keep them all)."""
+    if len(names) <= limit:
+        return ", ".join(names)
+    return ", ".join(names[:limit]) + f" and {len(names) - limit} more"
+
+
 @register
 class StaleParam(Rule):
     """A param-group member is no longer one of the model's parameters.
@@ -82,7 +90,7 @@ class StaleParam(Rule):
             return []
         names = [_name_of(snap, m) for _, m in stale]
         return [self.finding(
-            snap, self.message.format(n=len(stale), names=", ".join(names)), subjects=names,
+            snap, self.message.format(n=len(stale), names=listing(names)), subjects=names,
             key=",".join(str(m["ref"]) for _, m in stale),
             next_failure="these tensors keep being stepped while the model's own parameters of the "
                          "same names get no updates: the loss stops improving without an error",
@@ -120,7 +128,7 @@ class UntrackedParam(Rule):
             return []
         names = [p["name"] for p in lost]
         return [self.finding(
-            snap, self.message.format(n=len(lost), names=", ".join(names)), subjects=names,
+            snap, self.message.format(n=len(lost), names=listing(names)), subjects=names,
             key=",".join(f"{p['name']}@{p['ref']}" for p in lost),
             next_failure="these parameters keep their initial values for the rest of the run",
             refs=[p["ref"] for p in lost])]
@@ -156,7 +164,7 @@ class OrphanState(Rule):
             prev_names = {p["ref"]: p["name"] for p in ctx.previous["params"]}
         names = [prev_names.get(k, f"<ref {k}>") for k in orphans]
         return [self.finding(
-            snap, self.message.format(n=len(orphans)) + (": " + ", ".join(names) if prev_names else ""),
+            snap, self.message.format(n=len(orphans)) + (": " + listing(names) if prev_names else ""),
             subjects=names, key=",".join(map(str, orphans)),
             next_failure="the state is never used again; where the optimizer looks up state for its "
                          "current members, that lookup fails",
@@ -210,7 +218,7 @@ class RefChurn(Rule):
         names = [p["name"] for _, p in churned]
         same_data = [p["name"] for old, p in churned if old["data_ptr"] == p["data_ptr"]]
         return [self.finding(
-            snap, self.message.format(n=len(churned), prev=prev["step"], names=", ".join(names)),
+            snap, self.message.format(n=len(churned), prev=prev["step"], names=listing(names)),
             subjects=names, key=",".join(f"{p['name']}@{p['ref']}" for _, p in churned),
             next_failure=("TorchSharp: the next step() throws KeyNotFoundException for the first new handle"
                           if not lazy else
@@ -243,7 +251,7 @@ class NonleafParam(Rule):
             return []
         names = [_name_of(snap, m) for m in bad]
         return [self.finding(
-            snap, self.message.format(n=len(bad), names=", ".join(names)), subjects=names,
+            snap, self.message.format(n=len(bad), names=listing(names)), subjects=names,
             key=",".join(str(m["ref"]) for m in bad),
             next_failure="their .grad stays empty (with a warning on every read); they never train",
             refs=[m["ref"] for m in bad])]
@@ -277,7 +285,7 @@ class DuplicateParam(Rule):
             names = sorted({_name_of(snap, m) for _, m in dup} | {
                 p["name"] for p in snap["params"] if ident[0] == "ptr" and p["data_ptr"] == ident[1]})
             out.append(self.finding(
-                snap, self.message.format(k=len(dup), names=", ".join(names)), subjects=names,
+                snap, self.message.format(k=len(dup), names=listing(names)), subjects=names,
                 key=f"{ident[0]}:{ident[1]}",
                 next_failure="the tensor gets several updates per step with separate moment estimates "
                              "(an effectively larger, unscheduled learning rate)",
@@ -326,7 +334,7 @@ class StateMismatch(Rule):
             return []
         names = sorted({_name_of(snap, m) for m, _, _ in bad})
         return [self.finding(
-            snap, self.message.format(n=len(bad), names=", ".join(names)), subjects=names,
+            snap, self.message.format(n=len(bad), names=listing(names)), subjects=names,
             key=",".join(f"{m['ref']}:{k}" for m, k, _ in bad),
             next_failure="the next step() raises a dtype/shape mismatch, or updates in mixed precision",
             mismatches=[{"name": _name_of(snap, m), "state": k, "what": w} for m, k, w in bad])]
@@ -359,7 +367,7 @@ class MissingState(Rule):
         names = [_name_of(snap, m) for m in missing]
         first = missing[0]["ref"]
         return [self.finding(
-            snap, self.message.format(n=len(missing), key=first, names=", ".join(names)), subjects=names,
+            snap, self.message.format(n=len(missing), key=first, names=listing(names)), subjects=names,
             key=",".join(str(m["ref"]) for m in missing),
             next_failure=f"the next step() throws KeyNotFoundException: The given key '{first}' "
                          f"was not present in the dictionary.",

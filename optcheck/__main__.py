@@ -1,0 +1,3 @@
+from optcheck.cli import main
+
+main()

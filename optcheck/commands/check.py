@@ -1,0 +1,71 @@
+"""``optcheck check``: re-run the rules over a recorded snapshot stream."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from optcheck import exitcodes
+from optcheck.engine import RuleEngine
+from optcheck.errors import InputError
+from optcheck.findings import SEVERITIES, severity_rank
+from optcheck.snapshot import SchemaError, StreamDefect, read_snapshots
+
+
+def check_file(path: str | Path) -> tuple[list, list[StreamDefect], int]:
+    """Findings of a recorded stream: (findings, defects, number of snapshots).
+
+    ``path`` is a ``snapshots.jsonl`` or a run directory holding one.
+
+    Raises:
+        InputError: missing, empty or unreadable stream.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "snapshots.jsonl"
+    if not p.exists():
+        raise InputError(f"{path}: no such file (expected snapshots.jsonl or a run directory)")
+    defects: list[StreamDefect] = []
+    try:
+        snaps = read_snapshots(p, defects)
+    except (SchemaError, ValueError, UnicodeDecodeError) as e:
+        raise InputError(f"{p}: {e}") from None
+    if not snaps:
+        raise InputError(f"{p}: no snapshots in it")
+    engine = RuleEngine()
+    for s in snaps:
+        engine.feed(s)
+    return engine.findings, defects, len(snaps)
+
+
+def register(group: click.Group) -> None:
+    @group.command()
+    @click.argument("stream", type=click.Path())
+    @click.option("--fail-on", type=click.Choice(SEVERITIES), default="warning", show_default=True)
+    @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Also write JUnit XML.")
+    @click.option("--json", "as_json", is_flag=True, help="Print findings as JSON lines.")
+    def check(stream, fail_on, junit, as_json):
+        """Re-run every rule over a recorded stream (snapshots.jsonl or a run directory).
+
+        Exit codes: 0 clean, 1 findings at or above --fail-on, 2 bad input.
+        """
+        from optcheck.snapshot import dumps
+
+        findings, defects, n = check_file(stream)
+        for d in defects:
+            click.echo(f"note: line {d.line}: {d.reason} (skipped)", err=True)
+        for f in findings:
+            if as_json:
+                click.echo(dumps(f.to_dict()))
+            else:
+                click.echo(f"step {f.step} ({f.phase}) {f.code} {f.symbol} [{f.severity}]: {f.message}")
+        if not as_json:
+            click.echo(f"{n} snapshots, {len(findings)} finding(s)")
+        if junit:
+            from optcheck.report.junit import write_junit
+
+            write_junit([f.to_dict() for f in findings], junit, suite_name=f"optcheck check {stream}")
+        worst = max((severity_rank(f.severity) for f in findings), default=None)
+        return exitcodes.run_exit_code(crashed=False, interrupted=False, worst_rank=worst,
+                                       fail_on_rank=severity_rank(fail_on))

@@ -1,0 +1,106 @@
+"""``optcheck soak``: run the built-in GPT for many steps and check it all the way."""
+
+from __future__ import annotations
+
+import click
+
+from optcheck.config import Injection, SoakConfig
+from optcheck.findings import SEVERITIES
+from optcheck.rules import RuleConfig
+
+
+def _print_summary(summary: dict, findings: list) -> None:
+    try:
+        from optcheck.report.text import render_summary
+    except ImportError:  # pragma: no cover - until report/text.py lands
+        click.echo(f"{summary['status']}: {summary['findings']} finding(s), last step {summary['last_step']}, "
+                   f"loss {summary.get('loss_first')} -> {summary.get('loss_last')}, run in {summary['out']}")
+        return
+    click.echo(render_summary(summary, [f.to_dict() for f in findings]))
+
+
+def register(group: click.Group) -> None:
+    @group.command()
+    @click.option("--steps", type=int, default=20_000, show_default=True, help="Training steps to run.")
+    @click.option("--every", type=int, default=100, show_default=True, help="A snapshot every N steps.")
+    @click.option("--seed", type=int, default=1337, show_default=True, help="Seeds init and batches.")
+    @click.option("--data", type=str, default=None,
+                  help="Text file, or nanoGPT .bin of uint16 token ids. Default: the Python stdlib's sources.")
+    @click.option("--vocab-size", type=int, default=None, help="Vocabulary of a .bin without meta.pkl beside it.")
+    @click.option("--out", type=click.Path(file_okay=False), default=None,
+                  help="Run directory (default: runs/<UTC time>).")
+    @click.option("--inject", "injects", multiple=True, metavar="NAME@STEP",
+                  help="Plant a fault scenario at a step (repeatable; `optcheck scenarios` lists them).")
+    @click.option("--fail-on", type=click.Choice(SEVERITIES), default="warning", show_default=True,
+                  help="Lowest finding severity that makes the exit code 1.")
+    @click.option("--backend", type=click.Choice(["pytorch", "torchsharp"]), default="pytorch", show_default=True)
+    @click.option("--threads", type=int, default=1, show_default=True,
+                  help="Intra-op threads (1 is fastest for the small default model on 2 cores).")
+    @click.option("--stop-on-finding", is_flag=True, help="Stop the worker at the first finding of its pre-step check.")
+    @click.option("--no-hazards", is_flag=True, help="Switch the autograd hazard probes off.")
+    @click.option("--allow-inplace", is_flag=True,
+                  help="Continue past an in-place write to a saved tensor (default: stop that step).")
+    @click.option("--val-every", type=int, default=1000, show_default=True, help="Held-out loss every N steps (0: never).")
+    @click.option("--eval-every", type=int, default=0, help="Eval-mode pass + model.to() round trip every N steps.")
+    @click.option("--checkpoint-every", type=int, default=0, help="Save and reload model+optimizer every N steps.")
+    @click.option("--resume-at", type=int, default=0, help="Rebuild model+optimizer from the last checkpoint at step N.")
+    @click.option("--memory-budget", type=str, default=None,
+                  help="Memory budget for OC401's projection, e.g. 4GiB.")
+    @click.option("--lr", type=float, default=1e-3, show_default=True, help="Peak learning rate.")
+    @click.option("--optimizer", type=click.Choice(["adamw", "sgd"]), default="adamw", show_default=True)
+    @click.option("--n-layer", type=int, default=2, show_default=True)
+    @click.option("--n-embd", type=int, default=64, show_default=True)
+    @click.option("--n-head", type=int, default=2, show_default=True)
+    @click.option("--block-size", type=int, default=64, show_default=True)
+    @click.option("--batch-size", type=int, default=16, show_default=True)
+    @click.option("--dotnet-runtime", type=click.Choice(["coreclr", "mono"]), default="coreclr", show_default=True,
+                  help="TorchSharp backend: the .NET runtime pythonnet loads.")
+    @click.option("--torchsharp", "torchsharp", type=str, default=None,
+                  help="TorchSharp backend: a TorchSharp version to build the worker for, or a local build's folder.")
+    @click.option("--dotnet-assembly", type=click.Path(), default=None,
+                  help="TorchSharp backend: a prebuilt worker assembly (.dll) to load instead.")
+    @click.option("--dotnet-trainer", type=str, default=None, help="TorchSharp backend: trainer type name in it.")
+    @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Also write findings as JUnit XML.")
+    @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Also write a PNG of loss/time/memory.")
+    @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+    def soak(steps, every, seed, data, vocab_size, out, injects, fail_on, backend, threads, stop_on_finding,
+             no_hazards, allow_inplace, val_every, eval_every, checkpoint_every, resume_at, memory_budget, lr,
+             optimizer, n_layer, n_embd, n_head, block_size, batch_size, dotnet_runtime, torchsharp,
+             dotnet_assembly, dotnet_trainer, junit, plot, quiet):
+        """Soak-test a GPT training run and flag inconsistencies at the step they happen.
+
+        Runs the training in a worker process, takes a snapshot every --every steps
+        (and at once when the model and optimizer stop agreeing), applies every rule,
+        and writes snapshots.jsonl, findings.jsonl, metrics.jsonl and summary.json to
+        --out. Exit codes: 0 clean, 1 findings, 2 bad input, 3 worker crashed,
+        130 interrupted.
+        """
+        from optcheck.soak import run_soak
+
+        extra = {"optimizer": optimizer, "dotnet_runtime": dotnet_runtime}
+        for key, value in (("torchsharp", torchsharp), ("dotnet_assembly", dotnet_assembly),
+                           ("dotnet_trainer", dotnet_trainer)):
+            if value:
+                extra[key] = value
+        cfg = SoakConfig(
+            backend=backend, steps=steps, every=every, seed=seed, data=data, vocab_size=vocab_size,
+            inject=[Injection.parse(i) for i in injects], threads=threads, stop_on_finding=stop_on_finding,
+            hazards=not no_hazards, allow_inplace=allow_inplace, val_every=val_every, eval_every=eval_every,
+            checkpoint_every=checkpoint_every, resume_at=resume_at, lr=lr, n_layer=n_layer, n_embd=n_embd,
+            n_head=n_head, block_size=block_size, batch_size=batch_size, extra=extra)
+        rule_config = RuleConfig()
+        if memory_budget:
+            from optcheck.units import parse_bytes
+
+            rule_config.memory_budget_bytes = parse_bytes(memory_budget)
+        result = run_soak(cfg, out, fail_on=fail_on, rule_config=rule_config, progress=not quiet)
+        _print_summary(result.summary, result.findings)
+        if junit:
+            from optcheck.report.junit import write_junit
+
+            write_junit([f.to_dict() for f in result.findings], junit, suite_name=f"optcheck soak {result.out}")
+        if plot:
+            from optcheck.report.plot import plot_run
+
+            plot_run(result.out, plot)
+        return result.exit_code

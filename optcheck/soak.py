@@ -1,0 +1,329 @@
+"""The supervisor: runs one soak in a worker subprocess, reads its stream, applies
+the rules as snapshots arrive and writes the run directory. Torch-free.
+
+The worker is ``python -m optcheck.<backend>.worker --config FILE --stream-fd N``
+in a new session (so a Ctrl-C reaches optcheck, which then stops the worker
+cleanly). A crash of the worker — an exception, SIGKILL, SIGABRT from .NET's
+``Environment.FailFast``, a segfault in libtorch — ends the run with exit code 3
+and leaves every line written so far readable (``optcheck.report.rundir``).
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime as _dt
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from optcheck import exitcodes
+from optcheck import scenarios as scenario_catalogue
+from optcheck.config import SoakConfig
+from optcheck.data import load_corpus
+from optcheck.engine import RuleEngine
+from optcheck.errors import InputError
+from optcheck.findings import Finding, severity_rank
+from optcheck.protocol import read_messages
+from optcheck.report.rundir import RunDir
+from optcheck.rules import RuleConfig
+
+WORKER_MODULES = {"pytorch": "optcheck.pytorch.worker", "torchsharp": "optcheck.torchsharp_bridge.worker"}
+STDERR_TAIL_LINES = 40
+
+
+@dataclass
+class SoakResult:
+    """What :func:`run_soak` returns.
+
+    Attributes:
+        summary: the ``summary.json`` content.
+        findings: every finding, in order.
+        exit_code: per ``optcheck.exitcodes``.
+        out: the run directory.
+    """
+
+    summary: dict
+    findings: list[Finding]
+    exit_code: int
+    out: Path
+
+
+@dataclass
+class _State:
+    hello: dict = field(default_factory=dict)
+    last_step: int = 0
+    last_loss: float | None = None
+    loss_first: float | None = None
+    snapshots: int = 0
+    peak_rss: int = 0
+    crash: dict | None = None
+    stopped: dict | None = None
+    done: dict | None = None
+    garbled: int = 0
+
+
+def default_out_dir() -> Path:
+    """``runs/<UTC timestamp>`` under the current directory."""
+    return Path("runs") / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+
+
+def validate(cfg: SoakConfig) -> dict:
+    """Check everything the user gave before anything runs; returns the corpus description.
+
+    Raises:
+        InputError: bad option value, unknown scenario, missing/empty/corrupt data.
+    """
+    if cfg.backend not in WORKER_MODULES:
+        raise InputError(f"--backend {cfg.backend!r}: one of {', '.join(WORKER_MODULES)}")
+    cfg.validate()
+    for inj in cfg.inject:
+        scenario_catalogue.get(inj.name, cfg.backend)
+    corpus = load_corpus(cfg.data, cfg.vocab_size)
+    if corpus.train.size <= cfg.block_size + 1 or corpus.val.size <= cfg.block_size + 1:
+        raise InputError(f"--data {corpus.source}: too short for --block-size {cfg.block_size}")
+    return corpus.describe()
+
+
+class _Progress:
+    """A tqdm bar on stderr: step, steps/s, loss, findings so far. Quiet when disabled."""
+
+    def __init__(self, total: int, enabled: bool, label: str):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            tty = sys.stderr.isatty()
+            self.bar = tqdm(total=total, unit="step", desc=label, file=sys.stderr, dynamic_ncols=True,
+                            mininterval=0.5 if tty else 15.0, leave=True)
+        self.step = 0
+
+    def update(self, step: int, loss: float | None, findings: int) -> None:
+        if self.bar is None or step <= self.step:
+            return
+        self.bar.update(step - self.step)
+        self.step = step
+        post = {"findings": findings}
+        if loss is not None:
+            post["loss"] = f"{loss:.3f}"
+        self.bar.set_postfix(post, refresh=False)
+
+    def write(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _drain_stderr(pipe, log, tail: collections.deque) -> None:
+    for line in iter(pipe.readline, b""):
+        log.write(line)
+        tail.append(line.decode("utf-8", "replace").rstrip("\n"))
+    pipe.close()
+
+
+def _signal_name(returncode: int) -> str | None:
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    if returncode == 134:  # SIGABRT as seen through a shell or a .NET host
+        return "SIGABRT"
+    return None
+
+
+def lead_time(findings: list[Finding], crash: dict | None) -> dict | None:
+    """Link a crash to the first error finding before it: ``{flagged_step, failed_step,
+    lead_steps, exception, finding}``, or None."""
+    if not crash or crash.get("exc_type") == "InputError":
+        return None
+    before = [f for f in findings if f.step <= crash.get("step", 0) and f.severity == "error"]
+    if not before:
+        return None
+    first = before[0]
+    return {"flagged_step": first.step, "flagged_phase": first.phase, "finding": f"{first.code} {first.symbol}",
+            "failed_step": crash.get("step"), "lead_steps": crash.get("step", 0) - first.step,
+            "exception": crash.get("exc_type") or crash.get("signal")}
+
+
+def worker_command(cfg: SoakConfig, config_path: Path, fd: int) -> list[str]:
+    return [sys.executable, "-m", WORKER_MODULES[cfg.backend], "--config", str(config_path), "--stream-fd", str(fd)]
+
+
+def run_soak(cfg: SoakConfig, out: str | os.PathLike | None = None, *, fail_on: str = "warning",
+             rule_config: RuleConfig | None = None, progress: bool = True,
+             on_finding=None) -> SoakResult:
+    """Run a soak to the end (or crash, or interrupt) and write the run directory.
+
+    Args:
+        cfg: the soak configuration (validated here).
+        out: run directory (default: ``runs/<timestamp>``).
+        fail_on: lowest severity that makes the exit code 1 ("info" | "warning" | "error").
+        rule_config: rule knobs (memory budget, grad-starved window...).
+        progress: show a progress bar on stderr.
+        on_finding: optional callback ``f(Finding)`` called as each finding arrives.
+
+    Raises:
+        InputError: bad input (nothing is run).
+    """
+    fail_rank = severity_rank(fail_on)
+    corpus = validate(cfg)
+    out = Path(out) if out is not None else default_out_dir()
+    rundir = RunDir(out)
+    cfg.run_id = cfg.run_id or out.name
+    work = out / "work"
+    work.mkdir(exist_ok=True)
+    cfg.work_dir = str(work)
+    config_path = out / "config.json"
+    config_path.write_text(cfg.to_json())
+    engine = RuleEngine(rule_config)
+    st = _State()
+    t0 = time.time()
+    base = {"run": cfg.run_id, "backend": cfg.backend, "steps_requested": cfg.steps, "corpus": corpus,
+            "config": {k: v for k, v in vars(cfg).items() if k not in ("inject",)},
+            "inject": [f"{i.name}@{i.step}" for i in cfg.inject], "out": str(out),
+            "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    rundir.summary({**base, "status": "running"})
+
+    r, w = os.pipe()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(worker_command(cfg, config_path, w), pass_fds=(w,), stdin=subprocess.DEVNULL,
+                            stdout=rundir.worker_log, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    os.close(w)
+    tail: collections.deque = collections.deque(maxlen=STDERR_TAIL_LINES)
+    err_thread = threading.Thread(target=_drain_stderr, args=(proc.stderr, rundir.worker_log, tail), daemon=True)
+    err_thread.start()
+    bar = _Progress(cfg.steps, progress, f"soak {cfg.backend}")
+    interrupted = False
+
+    def stop_worker(*_):
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, stop_worker) if threading.current_thread() is threading.main_thread() else None
+    try:
+        with os.fdopen(r, encoding="utf-8") as stream:
+            try:
+                for msg in read_messages(stream):
+                    _handle(msg, st, rundir, engine, bar, on_finding)
+            except KeyboardInterrupt:
+                interrupted = True
+                _terminate(proc)
+                for msg in read_messages(stream):  # what the worker wrote before it stopped
+                    _handle(msg, st, rundir, engine, bar, on_finding)
+        returncode = proc.wait()
+    except KeyboardInterrupt:
+        interrupted = True
+        _terminate(proc)
+        returncode = proc.wait()
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+        bar.close()
+    err_thread.join(timeout=5)
+
+    crashed = False
+    if not interrupted and st.done is None and st.stopped is None:
+        crashed = True
+        crash = dict(st.crash or {})
+        crash.setdefault("step", st.last_step)
+        crash["exit_code"] = returncode
+        crash["signal"] = _signal_name(returncode)
+        if not st.crash:
+            crash["exc_type"] = crash["signal"] or f"exit code {returncode}"
+            crash["message"] = "the worker died without reporting an exception"
+        crash["stderr_tail"] = list(tail)
+        st.crash = crash
+        rundir.event({"kind": "crash", **{k: v for k, v in crash.items() if k != "stderr_tail"}})
+        if crash.get("input_error"):
+            rundir.close()
+            raise InputError(crash["message"])
+    findings = engine.findings
+    worst = max((severity_rank(f.severity) for f in findings), default=None)
+    code = exitcodes.run_exit_code(crashed=crashed, interrupted=interrupted, worst_rank=worst, fail_on_rank=fail_rank)
+    status = ("interrupted" if interrupted else "crashed" if crashed else "stopped" if st.stopped
+              else "findings" if code == exitcodes.FINDINGS else "clean")
+    elapsed = time.time() - t0
+    by_code: dict[str, int] = {}
+    for f in findings:
+        by_code[f.code] = by_code.get(f.code, 0) + 1
+    done = st.done or {}
+    summary = {
+        **base, "status": status, "exit_code": code, "fail_on": fail_on, "last_step": st.last_step,
+        "snapshots": st.snapshots, "findings": len(findings), "findings_by_code": by_code,
+        "first_finding": findings[0].to_dict() if findings else None,
+        "loss_first": st.loss_first, "loss_last": done.get("loss_last", st.last_loss),
+        "val_loss_first": done.get("val_loss_first"), "val_loss_last": done.get("val_loss_last"),
+        "elapsed_s": round(elapsed, 3), "steps_per_s": round(st.last_step / elapsed, 2) if elapsed else None,
+        "peak_rss_bytes": st.peak_rss, "versions": st.hello.get("versions", {}),
+        "threads": st.hello.get("threads"), "crash": st.crash, "stopped": st.stopped,
+        "lead_time": lead_time(findings, st.crash), "garbled_lines": st.garbled,
+        "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    rundir.summary(summary)
+    rundir.close()
+    return SoakResult(summary, findings, code, out)
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            proc.terminate()
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _handle(msg: dict, st: _State, rundir: RunDir, engine: RuleEngine, bar: _Progress, on_finding) -> None:
+    kind = msg["type"]
+    if kind == "metrics":
+        for s, loss, dt in zip(msg["steps"], msg["losses"], msg["step_times_s"]):
+            rundir.metric(s, loss, dt)
+        if msg["steps"]:
+            if st.loss_first is None:
+                st.loss_first = msg["losses"][0]
+            st.last_step, st.last_loss = msg["steps"][-1], msg["losses"][-1]
+            bar.update(st.last_step, st.last_loss, len(engine.findings))
+    elif kind == "snapshot":
+        snap = msg["snapshot"]
+        rundir.snapshot(snap)
+        st.snapshots += 1
+        st.last_step = max(st.last_step, snap["step"])
+        st.peak_rss = max(st.peak_rss, (snap.get("memory") or {}).get("rss_bytes") or 0)
+        for f in engine.feed(snap):
+            _report(f, rundir, bar, on_finding)
+    elif kind == "finding":
+        f = Finding.from_dict(msg["finding"])
+        f.key = f.key or ",".join(f.subjects)
+        if engine.add(f):
+            _report(f, rundir, bar, on_finding)
+    elif kind == "lifecycle":
+        rundir.event({"kind": msg["kind"], "step": msg["step"], **(msg.get("detail") or {})})
+    elif kind == "hello":
+        st.hello = msg
+        rundir.event({"kind": "hello", **{k: v for k, v in msg.items() if k != "type"}})
+    elif kind == "crash":
+        st.crash = {k: v for k, v in msg.items() if k != "type"}
+    elif kind == "stopped":
+        st.stopped = {k: v for k, v in msg.items() if k != "type"}
+        st.last_step = max(st.last_step, msg.get("step", 0))
+        rundir.event({"kind": "stopped", **st.stopped})
+    elif kind == "done":
+        st.done = msg
+        st.last_step = msg.get("step", st.last_step)
+        bar.update(st.last_step, msg.get("loss_last"), len(engine.findings))
+    elif kind == "garbled":
+        st.garbled += 1
+
+
+def _report(f: Finding, rundir: RunDir, bar: _Progress, on_finding) -> None:
+    rundir.finding(f.to_dict())
+    bar.write(f"step {f.step} ({f.phase}) {f.code} {f.symbol} [{f.severity}]: {f.message}")
+    if on_finding is not None:
+        on_finding(f)
