@@ -13,7 +13,18 @@ from optcheck.errors import InputError
 from optcheck.exitcodes import USAGE
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """A click group that turns :class:`InputError` into one line on stderr and exit 2."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except InputError as e:
+            click.echo(f"optcheck: error: {e}", err=True)
+            ctx.exit(USAGE)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="optcheck")
 def cli() -> None:
     """Soak tester and consistency checker for deep-learning optimizers.
@@ -39,9 +50,6 @@ def main() -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(USAGE if e.exit_code == 2 or isinstance(e, click.UsageError) else e.exit_code)
-    except InputError as e:
-        click.echo(f"optcheck: error: {e}", err=True)
-        sys.exit(USAGE)
     sys.exit(rc or 0)
 
 

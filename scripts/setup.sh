@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Set up optcheck in the active Python environment (a venv, or the user's Python).
+#   bash scripts/setup.sh          optcheck + PyTorch backend + pythonnet
+#   bash scripts/setup.sh --test   also the test tools and a .NET runtime (Mono, mcs) for the bridge tests
+# torch is pinned to 2.13.0 first: a CPU build is on this machine kind's disk, while a
+# bare `pip install torch` would pull GBs of CUDA packages.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+want_test=0
+[ "${1:-}" = "--test" ] && want_test=1
+
+"$PY" -m pip install --disable-pip-version-check -q "torch==2.13.0"
+if [ $want_test = 1 ]; then
+  "$PY" -m pip install --disable-pip-version-check -q -e ".[pytorch,torchsharp,test]"
+else
+  "$PY" -m pip install --disable-pip-version-check -q -e ".[pytorch,torchsharp]"
+fi
+
+if [ $want_test = 1 ]; then
+  # Mono (runtime + mcs) runs the .NET side of the bridge tests; CoreCLR 3.1 comes from PyPI's dotnetcore2.
+  "$PY" -m pip install --disable-pip-version-check -q "dotnetcore2>=3.1" || echo "setup: dotnetcore2 not installed; CoreCLR bridge tests will skip" >&2
+  if ! command -v mcs >/dev/null || ! command -v mono >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      apt-get update -qq >/dev/null
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mono-runtime mono-mcs libmono-2.0-dev libicu72 >/dev/null \
+        || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mono-runtime mono-mcs libmono-2.0-dev >/dev/null
+    else
+      echo "setup: no root/apt-get: install mono-runtime, mono-mcs and libmono-2.0-dev yourself; .NET tests will skip" >&2
+    fi
+  fi
+fi
+echo "setup: done ($("$PY" -c 'import optcheck, torch; print("optcheck", optcheck.__version__, "torch", torch.__version__)'))"

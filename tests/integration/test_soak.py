@@ -1,0 +1,132 @@
+"""Real soaks through the CLI: a worker subprocess, real training on the default
+corpus, the run directory, findings, exit codes, crashes and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import SMALL, run_cli
+from optcheck import exitcodes
+from optcheck.snapshot import read_jsonl, read_snapshots
+
+
+def lines(path: Path) -> list[dict]:
+    return list(read_jsonl(path))
+
+
+def test_clean_soak_writes_the_run_dir_and_the_loss_falls(tmp_path):
+    out = tmp_path / "run"
+    rc, stdout, _ = run_cli(["soak", "-q", "--steps", "300", "--every", "50", "--out", str(out), *SMALL])
+    assert rc == exitcodes.CLEAN, stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "clean" and summary["findings"] == 0 and summary["last_step"] == 300
+    assert summary["loss_last"] < summary["loss_first"] - 1.0  # 5.5 -> ~2.5 on byte tokens
+    snaps = read_snapshots(out / "snapshots.jsonl")
+    assert [s["step"] for s in snaps] == [0, 50, 100, 150, 200, 250, 300]
+    assert snaps[-1]["trigger"] == "final" and snaps[1]["versions"]["torch"]
+    assert len(lines(out / "metrics.jsonl")) == 300
+    assert lines(out / "findings.jsonl") == []
+    # the recorded stream re-checks clean
+    rc, stdout, _ = run_cli(["check", str(out / "snapshots.jsonl")])
+    assert rc == exitcodes.CLEAN and "7 snapshots, 0 finding(s)" in stdout
+
+
+@pytest.mark.parametrize("scenario,expected", [
+    ("param-rebind", {"OC101", "OC102", "OC104"}),
+    ("tie-after-optimizer", {"OC101"}),
+])
+def test_injected_fault_is_flagged_at_its_step(tmp_path, scenario, expected):
+    out = tmp_path / scenario
+    rc, stdout, _ = run_cli(["soak", "-q", "--steps", "200", "--every", "50", "--inject", f"{scenario}@120",
+                             "--out", str(out), *SMALL])
+    assert rc == exitcodes.FINDINGS, stdout
+    found = lines(out / "findings.jsonl")
+    assert {f["code"] for f in found} == expected
+    assert {f["step"] for f in found} == {120} and {f["phase"] for f in found} == {"pre-step"}
+    assert "wte.weight" in found[0]["subjects"]
+    # `optcheck check` finds the same on the recorded stream
+    rc, stdout, _ = run_cli(["check", str(out)])
+    assert rc == exitcodes.FINDINGS
+    assert all(code in stdout for code in expected)
+
+
+def test_lifecycle_events_stay_silent(tmp_path):
+    out = tmp_path / "life"
+    rc, stdout, _ = run_cli(["soak", "-q", "--steps", "240", "--every", "60", "--eval-every", "50",
+                             "--checkpoint-every", "70", "--resume-at", "150", "--out", str(out), *SMALL])
+    assert rc == exitcodes.CLEAN, stdout
+    kinds = [e.get("name") for e in lines(out / "events.jsonl") if e["kind"] == "lifecycle"]
+    assert kinds.count("eval") == 4 and kinds.count("checkpoint") == 3 and kinds.count("resume") == 1
+
+
+def test_crash_in_training_is_reported_with_lead_time(tmp_path):
+    out = tmp_path / "to"
+    rc, stdout, _ = run_cli(["soak", "-q", "--steps", "200", "--every", "50", "--inject",
+                             "module-to-after-optimizer@60", "--out", str(out), *SMALL])
+    assert rc == exitcodes.CRASHED
+    s = json.loads((out / "summary.json").read_text())
+    assert s["status"] == "crashed" and s["crash"]["step"] == 60 and s["crash"]["exc_type"] == "RuntimeError"
+    assert "dtype" in s["crash"]["message"]
+    assert s["lead_time"]["flagged_step"] == 60 and s["lead_time"]["finding"] == "OC107 state-mismatch"
+
+
+def test_sigkill_of_the_worker_leaves_a_readable_run(tmp_path):
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "optcheck", "soak", "-q", "--steps", "100000", "--every", "20",
+           "--out", str(out), *SMALL]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        snaps = out / "snapshots.jsonl"
+        if snaps.exists() and len(snaps.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.2)
+    worker = json.loads(next(l for l in (out / "events.jsonl").read_text().splitlines() if '"hello"' in l))["pid"]
+    os.kill(worker, signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == exitcodes.CRASHED, stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert s["status"] == "crashed" and s["crash"]["signal"] == "SIGKILL" and s["last_step"] >= 40
+    snaps = read_snapshots(out / "snapshots.jsonl")
+    assert len(snaps) >= 3 and "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--inject", "no-such@5"], "unknown scenario 'no-such'"),
+    (["--steps", "0"], "--steps must be at least 1"),
+    (["--data", "/nonexistent/corpus.txt"], "no such file"),
+    (["--data", "{empty}"], "the file is empty"),
+    (["--data", "{corrupt}"], "corrupt .bin"),
+    (["--out", "/proc/optcheck-cannot-write"], "cannot write there"),
+    (["--inject", "eager-param-list@5"], "not available on pytorch"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "corrupt.bin").write_bytes(b"\x01\x02\x03")
+    args = [a.format(empty=tmp_path / "empty.txt", corrupt=tmp_path / "corrupt.bin") for a in args]
+    proc = subprocess.run([sys.executable, "-m", "optcheck", "soak", "-q", "--steps", "10", *args],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120) if "--steps" not in args else \
+        subprocess.run([sys.executable, "-m", "optcheck", "soak", "-q", *args],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == exitcodes.USAGE, proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "Traceback" not in proc.stderr
+
+
+def test_catalogue_commands():
+    rc, out, _ = run_cli(["rules"])
+    assert rc == 0 and "OC101  stale-param" in out
+    rc, out, _ = run_cli(["explain", "ref-churn"])
+    assert rc == 0 and "KeyNotFoundException" in out
+    rc, out, err = run_cli(["explain", "OC999"])
+    assert rc == exitcodes.USAGE and "no rule 'OC999'" in err
+    rc, out, _ = run_cli(["scenarios", "--backend", "pytorch"])
+    assert rc == 0 and "param-rebind" in out and "tie-after-optimizer" in out and "eager-param-list" not in out
