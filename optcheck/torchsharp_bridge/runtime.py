@@ -205,15 +205,30 @@ def tfm(version: str) -> str:
     return f"netcoreapp{major}.{minor}" if major < 5 else f"net{major}.{minor}"
 
 
+def needs_invariant_globalization(rt: DotnetRuntime) -> bool:
+    """Whether CoreCLR ``rt`` must run with invariant globalization.
+
+    ``$DOTNET_SYSTEM_GLOBALIZATION_INVARIANT`` decides when set ("1"/"true" or
+    "0"/"false"). Otherwise: yes when libicu is missing, and yes for .NET Core 3.x,
+    which probes only the ICU versions it knew (Debian 12's libicu72 is newer and
+    3.1 then aborts at start: "Couldn't find a valid ICU package").
+    """
+    env = os.environ.get("DOTNET_SYSTEM_GLOBALIZATION_INVARIANT", "").strip().lower()
+    if env in ("1", "true"):
+        return True
+    if env in ("0", "false"):
+        return False
+    return not icu_available() or (rt.version_info[:1] or (0,))[0] < 5
+
+
 def write_runtimeconfig(rt: DotnetRuntime, directory: str | os.PathLike,
                         invariant_globalization: bool | None = None) -> Path:
     """Write ``optcheck.runtimeconfig.json`` asking for ``rt`` and rolling forward to the
-    newest major (``LatestMajor``). Globalization is made invariant when libicu is
-    missing (``invariant_globalization=None``) — CoreCLR aborts at start otherwise.
+    newest major (``LatestMajor``). Globalization is made invariant when
+    :func:`needs_invariant_globalization` says so (``invariant_globalization=None``).
     Returns the file's path."""
     if invariant_globalization is None:
-        invariant_globalization = (not icu_available()
-                                   or os.environ.get("DOTNET_SYSTEM_GLOBALIZATION_INVARIANT", "") in ("1", "true"))
+        invariant_globalization = needs_invariant_globalization(rt)
     cfg = {"runtimeOptions": {"tfm": tfm(rt.version), "rollForward": "LatestMajor",
                               "framework": {"name": NETCORE_APP, "version": rt.version},
                               "configProperties": {"System.Globalization.Invariant": bool(invariant_globalization)}}}

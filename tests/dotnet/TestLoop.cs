@@ -25,7 +25,10 @@
 // Variants (trainer type names): OptCheckTest.LazyTrainer (default, the lazy TorchSharp
 // pattern), OptCheckTest.EagerTrainer (groups from ToList()), OptCheckTest.TiedTrainer
 // (`lm_head.weight = wte.weight` done the obvious way: two wrappers, one Storage).
-// Faults (Inject): param-replaced, module-to-float64, param-registered-late, failfast.
+// Faults (Inject): param-replaced, module-to-after-optimizer, param-registered-late,
+// eager-param-list, failfast (Environment.FailFast: SIGABRT, exit 134). Setup option
+// "extra.failfast_at" = N calls FailFast at the start of step N. NativeTrainer P/Invokes a
+// native library that does not exist (DllNotFoundException in Setup).
 using System;
 using System.Collections.Generic;
 using System.Globalization;
@@ -337,7 +340,7 @@ namespace OptCheckTest
             return r;
         }
 
-        public void Setup(string[] names, string[] values)
+        public virtual void Setup(string[] names, string[] values)
         {
             if (names.Length != values.Length) throw new ArgumentException("Setup: names and values differ in length");
             for (int i = 0; i < names.Length; i++) opts[names[i]] = values[i];
@@ -348,13 +351,15 @@ namespace OptCheckTest
             Optimizer = BuildOptimizer();
         }
 
-        HandleAdamW BuildOptimizer()
+        HandleAdamW BuildOptimizer() { return BuildOptimizer(Eager); }
+
+        HandleAdamW BuildOptimizer(bool eager)
         {
             double lr = D("lr", 1e-3), b1 = D("beta1", 0.9), b2 = D("beta2", 0.95), eps = D("eps", 1e-8), wd = D("weight_decay", 0.1);
             TinyLM m = Model;
             IEnumerable<Param> decay = m.Parameters().Where(p => p.Shape.Length >= 2);   // deferred: re-walks the model
             IEnumerable<Param> noDecay = m.Parameters().Where(p => p.Shape.Length < 2);
-            if (Eager) { decay = decay.ToList(); noDecay = noDecay.ToList(); }
+            if (eager) { decay = decay.ToList(); noDecay = noDecay.ToList(); }
             return new HandleAdamW(new[] {
                 new Group { Parameters = decay, Lr = lr, Beta1 = b1, Beta2 = b2, Eps = eps, WeightDecay = wd },
                 new Group { Parameters = noDecay, Lr = lr, Beta1 = b1, Beta2 = b2, Eps = eps, WeightDecay = 0.0 },
@@ -363,6 +368,7 @@ namespace OptCheckTest
 
         public double Step(long step, long[] inputs, long[] targets, int batch, int time)
         {
+            if (D("extra.failfast_at", -1) == step) Environment.FailFast("optcheck test loop: FailFast at step " + step);
             foreach (var p in Model.Parameters()) {
                 if (p.Storage.Grad == null) p.Storage.Grad = new double[p.Data.Length];
             }
@@ -395,7 +401,7 @@ namespace OptCheckTest
 
         public string[] Scenarios
         {
-            get { return new[] { "param-replaced", "module-to-float64", "param-registered-late", "failfast" }; }
+            get { return new[] { "param-replaced", "module-to-after-optimizer", "param-registered-late", "eager-param-list", "failfast" }; }
         }
 
         public string Inject(string name)
@@ -408,7 +414,7 @@ namespace OptCheckTest
                     Model.LmHeadWeight = p;
                     return "model.lm_head.weight = new Parameter(copy of lm_head.weight)";
                 }
-                case "module-to-float64": {
+                case "module-to-after-optimizer": {
                     // TorchSharp Module.to(Float64): native modules get new wrappers on their converted
                     // tensors (same data here); plain Parameter fields become param.to(dtype) + retain_grad:
                     // new data, non-leaf (DESIGN.md §6; fixture ...-eager-to-float64.jsonl).
@@ -423,6 +429,12 @@ namespace OptCheckTest
                     var p = new Param(new long[] { Model.D });
                     Model.Extra.Add(new KeyValuePair<string, Param>("extra.gain", p));
                     return "model.register_parameter(\"extra.gain\", new Parameter(...))";
+                }
+                case "eager-param-list": {
+                    // The optimizer rebuilt from materialised lists (fresh state), then Module.to(Float64).
+                    Optimizer = BuildOptimizer(true);
+                    Inject("module-to-after-optimizer");
+                    return "optimizer = AdamW(model.parameters().ToList()); model.to(ScalarType.Float64)";
                 }
                 case "failfast":
                     Environment.FailFast("optcheck test loop: FailFast injected");
@@ -476,8 +488,7 @@ namespace OptCheckTest
         public string[] Versions
         {
             get {
-                return new[] { "testloop=1", "dotnet=" + Environment.Version,
-                               "dotnet_runtime=" + (Type.GetType("Mono.Runtime") != null ? "mono" : "coreclr") };
+                return new[] { "testloop=1", "clr=" + Environment.Version };
             }
         }
 
@@ -494,6 +505,19 @@ namespace OptCheckTest
     public sealed class TiedTrainer : TestTrainer
     {
         protected override bool Tied { get { return true; } }
+    }
+
+    /// <summary>Setup P/Invokes a native library that does not exist: DllNotFoundException, as TorchSharp
+    /// throws when LibTorchSharp cannot be found (DESIGN.md §7).</summary>
+    public sealed class NativeTrainer : TestTrainer
+    {
+        [DllImport("LibOptcheckMissingNative")]
+        static extern int optcheck_missing_native();
+
+        public override void Setup(string[] names, string[] values)
+        {
+            optcheck_missing_native();
+        }
     }
 
     /// <summary>The lazy trainer under its default name.</summary>

@@ -1,0 +1,245 @@
+"""The TorchSharp worker process: ``python -m optcheck.torchsharp_bridge.worker
+--config CONFIG.json --stream-fd N``. Torch-free: it must never import torch
+(PyTorch's libtorch and TorchSharp's share sonames, DESIGN.md §2).
+
+It loads a .NET runtime with pythonnet (:mod:`optcheck.torchsharp_bridge.runtime`),
+the worker assembly ``SoakConfig.extra["dotnet_assembly"]`` (which contains the
+``OptCheck.Probe`` sources, ``dotnet/Probe/``), constructs the trainer
+``extra["dotnet_trainer"]`` through ``OptCheck.Probe.Driver.ForType`` and runs
+:func:`optcheck.worker_loop.run` with :class:`TorchSharpBackend`: one .NET call
+per step (``Driver.Step``), one per pre-step check (``Driver.Fingerprint``), one
+per snapshot (``Driver.Probe``).
+
+``SoakConfig.extra`` keys read here:
+
+- ``dotnet_runtime``: "coreclr" (default; newest installed, rolled forward) or "mono"
+- ``dotnet_root``: look for CoreCLR only in this dotnet root
+- ``dotnet_assembly``: path of the worker assembly (required)
+- ``dotnet_trainer``: full type name of the ``ITrainer`` (default :data:`DEFAULT_TRAINER`)
+- any other key reaches the trainer's ``Setup`` as ``extra.KEY``.
+
+A .NET exception out of a step (``KeyNotFoundException`` from ``AdamW.step``)
+is reported with its .NET type full name, message and .NET stack trace
+(:meth:`TorchSharpBackend.exception_info`); ``Environment.FailFast`` kills the
+process with SIGABRT and the supervisor reports that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from optcheck.config import SoakConfig
+from optcheck.data import Corpus
+from optcheck.errors import InputError
+from optcheck.protocol import Stream
+from optcheck.torchsharp_bridge import runtime
+from optcheck.torchsharp_bridge.convert import body_from_arrays, name_members, read_probe
+from optcheck.worker_loop import run
+
+DEFAULT_TRAINER = "OptCheck.Worker.GptTrainer"
+_SCALAR_FIELDS = ("steps", "every", "seed", "batch_size", "block_size", "n_layer", "n_head", "n_embd", "dropout",
+                  "lr", "min_lr", "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "threads",
+                  "run_id", "work_dir", "data")
+
+
+def dotnet_type_name(exc: BaseException) -> str | None:
+    """The .NET type full name of an exception that came out of .NET, else None."""
+    get_type = getattr(exc, "GetType", None)
+    if get_type is None or not hasattr(exc, "StackTrace"):
+        return None
+    try:
+        return str(get_type().FullName)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def dotnet_message(exc: BaseException) -> str:
+    msg = getattr(exc, "Message", None)
+    return str(msg) if msg is not None else str(exc)
+
+
+def setup_options(cfg: SoakConfig, corpus: Corpus) -> tuple[list[str], list[str]]:
+    """The names and values ``ITrainer.Setup`` receives (dotnet/Probe/Interfaces.cs):
+    SoakConfig's scalar fields as invariant strings, ``vocab_size`` from the corpus,
+    then ``extra.KEY`` for every extra entry."""
+    names, values = [], []
+
+    def put(k: str, v: Any) -> None:
+        names.append(k)
+        values.append("" if v is None else (repr(v) if isinstance(v, float) else str(v)))
+
+    for k in _SCALAR_FIELDS:
+        put(k, getattr(cfg, k))
+    put("vocab_size", corpus.vocab_size)
+    for k, v in sorted(cfg.extra.items()):
+        put(f"extra.{k}", v)
+    return names, values
+
+
+class TorchSharpBackend:
+    """:class:`optcheck.worker_loop.Backend` over a .NET trainer driven through pythonnet."""
+
+    name = "torchsharp"
+
+    def __init__(self) -> None:
+        self.driver = None
+        self.rt: runtime.DotnetRuntime | None = None
+        self._versions: dict[str, str] = {}
+        self._threads = 1
+        self._known: dict[int, str] = {}
+        self._IntPtr = None
+
+    # -- setup ---------------------------------------------------------------------------
+    def setup(self, cfg: SoakConfig, corpus: Corpus) -> None:
+        extra = cfg.extra or {}
+        kind = extra.get("dotnet_runtime") or "coreclr"
+        asm_path = extra.get("dotnet_assembly")
+        if not asm_path:
+            if extra.get("torchsharp"):
+                raise InputError(f"--torchsharp {extra['torchsharp']}: no worker assembly was built for it "
+                                 f"(pass --dotnet-assembly PATH to a built worker, see dotnet/README.md)")
+            raise InputError("the TorchSharp backend needs its .NET worker assembly: pass --torchsharp VERSION "
+                             "or --dotnet-assembly PATH (see dotnet/README.md)")
+        if not Path(asm_path).expanduser().is_file():
+            raise InputError(f"--dotnet-assembly {asm_path}: no such file; build the worker assembly first "
+                             f"(see dotnet/README.md)")
+        self.rt = runtime.load(kind, extra.get("dotnet_root"), config_dir=cfg.work_dir or None)
+        runtime.load_assembly(asm_path)
+        from System import IntPtr
+
+        self._IntPtr = IntPtr
+        try:
+            from OptCheck.Probe import Driver
+        except ImportError:
+            raise InputError(f"--dotnet-assembly {asm_path}: it does not contain OptCheck.Probe.Driver "
+                             f"(include dotnet/Probe/*.cs in the worker project)") from None
+        trainer = extra.get("dotnet_trainer") or DEFAULT_TRAINER
+        names, values = setup_options(cfg, corpus)
+        try:
+            self.driver = Driver.ForType(trainer)
+            self.driver.Setup(names, values)
+        except Exception as e:  # noqa: BLE001 - .NET exceptions become one line
+            raise self._setup_error(e, asm_path, trainer) from None
+        tr = self.driver.Trainer
+        self._threads = int(tr.Threads)
+        self._versions = {"python": platform.python_version(), "pythonnet": runtime.pythonnet_version() or "",
+                          "dotnet": runtime.runtime_description(), "dotnet_runtime": self.rt.kind}
+        for pair in tr.Versions or []:
+            k, _, v = str(pair).partition("=")
+            if k and k not in ("dotnet", "dotnet_runtime", "python", "pythonnet"):
+                self._versions[k] = v
+
+    @staticmethod
+    def _setup_error(e: BaseException, asm_path: str, trainer: str) -> InputError:
+        tname = dotnet_type_name(e) or type(e).__name__
+        msg = dotnet_message(e).strip().splitlines()[0] if dotnet_message(e).strip() else ""
+        inner = getattr(e, "InnerException", None)
+        if tname == "System.Reflection.TargetInvocationException" and inner is not None:
+            return TorchSharpBackend._setup_error(inner, asm_path, trainer)
+        if tname == "System.DllNotFoundException":
+            return InputError(runtime.native_library_hint(msg))
+        if tname == "System.ArgumentException":
+            return InputError(f"--dotnet-trainer {trainer}: {msg}")
+        if tname in ("System.IO.FileNotFoundException", "System.IO.FileLoadException", "System.TypeLoadException",
+                     "System.Reflection.ReflectionTypeLoadException", "System.BadImageFormatException"):
+            return InputError(f"--dotnet-assembly {asm_path}: a dependency cannot be loaded ({tname}: {msg}); "
+                              f"put the assemblies it references beside it")
+        return InputError(f"the .NET trainer {trainer} failed to set up: {tname}: {msg}")
+
+    # -- the Backend protocol ------------------------------------------------------------
+    def versions(self) -> dict[str, str]:
+        return dict(self._versions)
+
+    def threads(self) -> int:
+        return self._threads
+
+    def inject(self, name: str, step: int) -> dict:
+        try:
+            call = self.driver.Inject(name)
+        except Exception as e:  # noqa: BLE001
+            if dotnet_type_name(e) == "System.ArgumentException":
+                raise InputError(f"--inject {name}@{step}: {dotnet_message(e)}") from None
+            raise
+        return {"call": str(call)}
+
+    def lifecycle(self, kind: str, step: int) -> dict:
+        try:
+            return {"call": str(self.driver.Lifecycle(kind))}
+        except Exception as e:  # noqa: BLE001
+            if dotnet_type_name(e) == "System.NotSupportedException":
+                raise InputError(f"the .NET trainer has no lifecycle event {kind!r}: {dotnet_message(e)}") from None
+            raise
+
+    def fingerprint(self) -> int:
+        return int(self.driver.Fingerprint())
+
+    def _ptrs(self, x: np.ndarray, y: np.ndarray):
+        x = np.ascontiguousarray(x, dtype=np.int64)
+        y = np.ascontiguousarray(y, dtype=np.int64)
+        if x.shape != y.shape or x.ndim != 2:
+            raise ValueError(f"inputs {x.shape} and targets {y.shape} must be equal (B, T) arrays")
+        return x, y, self._IntPtr(x.ctypes.data), self._IntPtr(y.ctypes.data)
+
+    def train_step(self, step: int, x, y) -> float:
+        x, y, px, py = self._ptrs(x, y)  # x, y stay referenced until the call returns
+        return float(self.driver.Step(step, px, py, x.shape[0], x.shape[1]))
+
+    def val_loss(self, batches: list) -> float:
+        losses = []
+        for x, y in batches:
+            x, y, px, py = self._ptrs(x, y)
+            losses.append(float(self.driver.EvalLoss(px, py, x.shape[0], x.shape[1])))
+        return float(np.mean(losses)) if losses else math.nan
+
+    def has_events(self) -> bool:
+        return False
+
+    def snapshot_body(self) -> dict:
+        body = body_from_arrays(read_probe(self.driver.Probe()))
+        name_members(body, self._known)
+        check = str(self.driver.PreStepCheck())
+        body["prestep_check"] = check.splitlines() if check else []
+        body["events"] = []
+        return body
+
+    def exception_info(self, exc: BaseException) -> dict:
+        tname = dotnet_type_name(exc)
+        if tname is None:
+            return {}
+        stack = str(getattr(exc, "StackTrace", "") or "")
+        inner = getattr(exc, "InnerException", None)
+        while inner is not None:
+            stack += f"\n --- inner {inner.GetType().FullName}: {inner.Message}\n{inner.StackTrace or ''}"
+            inner = inner.InnerException
+        first = next((ln.strip() for ln in stack.splitlines() if ln.strip()), "")
+        return {"exc_type": tname, "message": dotnet_message(exc), "stack": stack,
+                "where": first.removeprefix("at ").strip() or None, "dotnet": True}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m optcheck.torchsharp_bridge.worker",
+                                 description="optcheck's TorchSharp worker (run by `optcheck soak --backend torchsharp`).")
+    ap.add_argument("--config", required=True, help="SoakConfig JSON file")
+    ap.add_argument("--stream-fd", type=int, default=None, help="file descriptor of the pipe to the supervisor")
+    args = ap.parse_args(argv)
+    stream = Stream(args.stream_fd)
+    try:
+        cfg = SoakConfig.from_json(Path(args.config).read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError) as e:
+        msg = f"--config {args.config}: cannot read a soak configuration ({e})"
+        stream.send("crash", step=0, exc_type="InputError", message=msg, stack="", input_error=True)
+        stream.close()
+        print(f"optcheck: error: {msg}", file=sys.stderr)
+        return 2
+    return run(TorchSharpBackend(), cfg, stream)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
