@@ -25,6 +25,8 @@ class RuleConfig:
     Attributes:
         grad_starved_snapshots: OC202 fires after this many consecutive snapshots
             without a gradient (snapshots, not steps).
+        stalled_snapshots: OC205 fires after this many consecutive snapshot pairs
+            in which a parameter with a gradient kept its version counter.
         memory_budget_bytes: OC401 projects the step at which RSS exceeds this
             (bytes; None = no projection).
         memory_warmup_fraction: OC401 ignores this leading fraction of snapshots.
@@ -34,6 +36,7 @@ class RuleConfig:
     """
 
     grad_starved_snapshots: int = 3
+    stalled_snapshots: int = 2
     memory_budget_bytes: int | None = None
     memory_warmup_fraction: float = 0.2
     memory_min_snapshots: int = 12

@@ -1,0 +1,77 @@
+"""Update rules: does the optimizer really move the parameters it holds?
+
+OC205 reads the version counter (``Tensor._version``) that every in-place
+update bumps: ``torch.optim`` updates parameters in place under ``no_grad``
+(``param.addcdiv_`` in ``torch/optim/adamw.py``), so a parameter that had a
+gradient and kept its version across snapshots was not stepped.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from optcheck.findings import Finding
+from optcheck.rules.base import Rule, RuleContext, register
+from optcheck.rules.references import listing
+from optcheck.snapshot import members
+
+
+@register
+class StalledParam(Rule):
+    """A parameter the optimizer holds had gradients but did not change.
+
+    Between consecutive post-step snapshots the step advanced and the parameter
+    had a gradient, yet its version counter did not move: no in-place update
+    touched it. Seen for ``RuleConfig.stalled_snapshots`` snapshot pairs in a row.
+
+    Typical causes: ``optimizer.step()`` never called (or called on another
+    optimizer), a learning rate of 0 with no weight decay, the step skipped by a
+    gradient scaler every time, parameters swapped under the optimizer.
+
+    Fix: call ``optimizer.step()`` after ``backward()`` on the optimizer that holds
+    these parameters; check the learning-rate schedule. Training otherwise runs
+    to the end without learning anything.
+    """
+
+    code, symbol, severity, family = "OC205", "stalled-param", "error", "gradients"
+    message = "{n} parameter(s) with gradients were not updated over {k} snapshot(s) (since step {since}): {names}"
+
+    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
+        prev = ctx.previous
+        memo = ctx.memo.setdefault(self.code, {})
+        if prev is None or snap.get("phase") != "post-step" or prev.get("phase") != "post-step" \
+                or snap["step"] <= prev["step"]:
+            return []
+        held = {m["ref"] for _, m in members(snap)} | {m["data_ptr"] for _, m in members(snap) if m.get("data_ptr")}
+        before = {p["name"]: p for p in prev["params"]}
+        runs: dict[str, int] = memo.setdefault("runs", {})
+        since: dict[str, int] = memo.setdefault("since", {})
+        seen_refs: set = set()
+        stalled = []
+        for p in snap["params"]:
+            old = before.get(p["name"])
+            if p["ref"] in seen_refs:  # a tied alias: judged once
+                continue
+            seen_refs.add(p["ref"])
+            if (old is None or p.get("version") is None or old.get("version") is None or not p["requires_grad"]
+                    or p["grad"] != "set" or old["ref"] != p["ref"]
+                    or not (p["ref"] in held or p["data_ptr"] in held)):
+                runs.pop(p["name"], None)
+                continue
+            if p["version"] == old["version"]:
+                runs[p["name"]] = runs.get(p["name"], 0) + 1
+                since.setdefault(p["name"], prev["step"])
+                if runs[p["name"]] >= ctx.config.stalled_snapshots:
+                    stalled.append(p["name"])
+            else:
+                runs.pop(p["name"], None)
+                since.pop(p["name"], None)
+        if not stalled:
+            return []
+        first = min(since[n] for n in stalled)
+        return [self.finding(
+            snap, self.message.format(n=len(stalled), k=ctx.config.stalled_snapshots, since=first,
+                                      names=listing(stalled)),
+            subjects=stalled, key="stalled",
+            next_failure="the run goes on to the end without these parameters learning anything",
+            since_step=first)]
