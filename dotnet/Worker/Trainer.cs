@@ -1,0 +1,351 @@
+// The TorchSharp training loop the Python worker drives one call per step (OptCheck.Probe.Driver,
+// dotnet/README.md): the same step as optcheck/pytorch/train.py — lr_at() schedule, zero_grad,
+// forward, cross-entropy, backward, clip_grad_norm_ 1.0, AdamW.step() — with a DisposeScope per
+// step, AdamW with nanoGPT's decay / no-decay groups and every option passed explicitly
+// (TorchSharp's weight_decay default is 0, PyTorch's 0.01: DESIGN.md §6), the lifecycle events
+// eval / checkpoint / resume and the TorchSharp faults of optcheck/scenarios.py.
+//
+// The param groups are lazy LINQ over model.named_parameters(), as `optim.AdamW(model.parameters())`
+// is in TorchSharp user code: step() and zero_grad() re-walk the model's current parameters, so a
+// parameter replaced after the optimizer exists is looked up in _state and throws
+// KeyNotFoundException (the seed-003 crash). Batches come from Python (the same BatchSchedule
+// offsets over the same token file as the PyTorch worker).
+using System;
+using System.Collections.Generic;
+using System.Globalization;
+using System.IO;
+using System.Linq;
+using System.Reflection;
+using OptCheck.Probe;
+using TorchSharp;
+using TorchSharp.Modules;
+using static TorchSharp.torch;
+
+namespace OptCheck.Worker
+{
+    public sealed class TorchSharpTrainer : ITrainer
+    {
+        /// <summary>The full type name the Python worker is given (SoakConfig.extra["dotnet_trainer"]).</summary>
+        public const string TypeName = "OptCheck.Worker.TorchSharpTrainer";
+
+        static readonly string[] Faults = { "module-to-after-optimizer", "param-replaced", "param-registered-late", "eager-param-list" };
+
+        // SoakConfig values (optcheck/config.py), set by Setup.
+        long seed = 1337, steps = 20000, warmupSteps = 100;
+        double lr = 1e-3, minLr = 1e-4, weightDecay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, gradClip = 1.0;
+        int threads = 1;
+        string workDir = ".", sameInit;
+        GPTConfig config;
+
+        long[] lastX = new long[0], lastY = new long[0];
+        int lastB, lastT;
+        bool lastIsHeldOut;
+        string initSource = "TorchSharp init (seeded)";
+
+        public GPT Model { get; private set; }
+        public AdamW Optimizer { get; private set; }
+        readonly TorchSharpTarget target;
+
+        public TorchSharpTrainer()
+        {
+            target = new TorchSharpTarget(this);
+        }
+
+        public IProbeTarget Target { get { return target; } }
+        public string[] Scenarios { get { return (string[])Faults.Clone(); } }
+        public int Threads { get { return torch.get_num_threads(); } }
+        /// <summary>Where the initial weights came from ("--same-init DIR" or TorchSharp's own seeded init).</summary>
+        public string InitSource { get { return initSource; } }
+
+        // -- setup ---------------------------------------------------------------------------
+
+        public void Setup(string[] optionNames, string[] optionValues)
+        {
+            if (optionNames == null || optionValues == null || optionNames.Length != optionValues.Length)
+                throw new ArgumentException("Setup: option names and values must be two arrays of one length");
+            var o = new Dictionary<string, string>();
+            for (int i = 0; i < optionNames.Length; i++) {
+                string v = optionValues[i];
+                if (v == null || v == "" || v == "None" || v == "null") continue;
+                o[optionNames[i]] = v;
+            }
+            seed = Long(o, "seed", seed);
+            steps = Long(o, "steps", steps);
+            warmupSteps = Long(o, "warmup_steps", warmupSteps);
+            lr = Double(o, "lr", lr);
+            minLr = Double(o, "min_lr", minLr);
+            weightDecay = Double(o, "weight_decay", weightDecay);
+            beta1 = Double(o, "beta1", beta1);
+            beta2 = Double(o, "beta2", beta2);
+            eps = Double(o, "eps", eps);
+            gradClip = Double(o, "grad_clip", gradClip);
+            threads = (int)Long(o, "threads", threads);
+            double dropout = Double(o, "dropout", 0.0);
+            if (dropout != 0.0)
+                throw new ArgumentException("dropout " + dropout.ToString(CultureInfo.InvariantCulture) +
+                                            ": the TorchSharp GPT has no dropout; use 0 (the default, which keeps the two backends comparable)");
+            string wd;
+            if (o.TryGetValue("work_dir", out wd)) workDir = wd;
+            config = new GPTConfig {
+                BlockSize = Long(o, "block_size", 64),
+                // the corpus's vocabulary (the worker passes it as extra.corpus_vocab_size); vocab_size is
+                // only SoakConfig's override for .bin data
+                VocabSize = Long(o, "extra.corpus_vocab_size", Long(o, "vocab_size", 256)),
+                NLayer = Long(o, "n_layer", 2),
+                NHead = Long(o, "n_head", 2),
+                NEmbd = Long(o, "n_embd", 64),
+            };
+            string tie;
+            if (o.TryGetValue("extra.tie", out tie)) config.Tie = tie;
+            o.TryGetValue("extra.same_init", out sameInit);
+            if (threads < 1) throw new ArgumentException("threads must be at least 1, got " + threads);
+
+            torch.set_num_threads(threads);
+            torch.manual_seed(seed);
+            Model = new GPT(config);
+            if (sameInit != null) LoadInit(Model, sameInit);
+            Optimizer = BuildOptimizer(Model);
+            target.Bind(Optimizer);
+        }
+
+        static long Long(Dictionary<string, string> o, string name, long dflt)
+        {
+            string v;
+            if (!o.TryGetValue(name, out v)) return dflt;
+            long r;
+            if (long.TryParse(v, NumberStyles.Integer, CultureInfo.InvariantCulture, out r)) return r;
+            double d;
+            if (double.TryParse(v, NumberStyles.Float, CultureInfo.InvariantCulture, out d) && d == Math.Floor(d)) return (long)d;
+            throw new ArgumentException(name + ": expected an integer, got '" + v + "'");
+        }
+
+        static double Double(Dictionary<string, string> o, string name, double dflt)
+        {
+            string v;
+            if (!o.TryGetValue(name, out v)) return dflt;
+            double r;
+            if (double.TryParse(v, NumberStyles.Float, CultureInfo.InvariantCulture, out r)) return r;
+            throw new ArgumentException(name + ": expected a number, got '" + v + "'");
+        }
+
+        /// <summary>AdamW over lazy decay (dim >= 2) / no-decay (dim < 2) groups of the model's
+        /// trainable parameters, every option explicit (gpt.py configure_optimizers).</summary>
+        AdamW BuildOptimizer(GPT model)
+        {
+            IEnumerable<Parameter> trainable = model.named_parameters().Select(np => np.parameter).Where(p => p.requires_grad);
+            var groups = new AdamW.ParamGroup[] {
+                new AdamW.ParamGroup(trainable.Where(p => p.dim() >= 2), lr, beta1, beta2, eps, weightDecay, false, false),
+                new AdamW.ParamGroup(trainable.Where(p => p.dim() < 2), lr, beta1, beta2, eps, 0.0, false, false),
+            };
+            return torch.optim.AdamW(groups, lr, beta1, beta2, eps, weightDecay, false, false);
+        }
+
+        /// <summary>Copy initial weights exported by optcheck/pytorch/export_init.py into the model:
+        /// DIR/manifest.txt, one line per tensor "name TAB dtype TAB d0,d1,... TAB file", each file raw
+        /// little-endian float32. Every model parameter must be there with its shape (a tied
+        /// lm_head.weight may be absent: it is wte.weight's tensor).</summary>
+        /// <exception cref="ArgumentException">missing manifest, parameter or file; a shape or dtype that differs.</exception>
+        public void LoadInit(GPT model, string dir)
+        {
+            string manifest = Path.Combine(dir, "manifest.txt");
+            if (!File.Exists(manifest))
+                throw new ArgumentException("--same-init " + dir + ": no manifest.txt (write it with `python -m optcheck.pytorch.export_init`)");
+            var entries = new Dictionary<string, string[]>();
+            foreach (string line in File.ReadAllLines(manifest)) {
+                if (line.Length == 0 || line[0] == '#') continue;
+                string[] f = line.Split('\t');
+                if (f.Length != 4) throw new ArgumentException("--same-init " + manifest + ": bad line '" + line + "'");
+                entries[f[0]] = f;
+            }
+            if (!BitConverter.IsLittleEndian) throw new ArgumentException("--same-init: the float32 files are little-endian and this machine is not");
+            using (torch.no_grad()) {
+                foreach (var np in model.named_parameters()) {
+                    string[] e;
+                    if (!entries.TryGetValue(np.name, out e)) {
+                        if (np.name == "lm_head.weight" && model.lm_head != null) continue;
+                        throw new ArgumentException("--same-init " + dir + ": no initial value for parameter " + np.name);
+                    }
+                    if (e[1] != "float32") throw new ArgumentException("--same-init " + dir + ": " + np.name + " is " + e[1] + ", expected float32");
+                    long[] shape = e[2].Length == 0 ? new long[0] : e[2].Split(',').Select(s => long.Parse(s, CultureInfo.InvariantCulture)).ToArray();
+                    long[] have = np.parameter.shape;
+                    if (!shape.SequenceEqual(have))
+                        throw new ArgumentException("--same-init " + dir + ": " + np.name + " has shape [" + e[2] + "] there, [" +
+                                                    string.Join(",", have.Select(x => x.ToString(CultureInfo.InvariantCulture)).ToArray()) + "] here");
+                    byte[] bytes = File.ReadAllBytes(Path.Combine(dir, e[3]));
+                    long n = shape.Aggregate(1L, (a, b) => a * b);
+                    if (bytes.LongLength != 4 * n)
+                        throw new ArgumentException("--same-init " + dir + ": " + e[3] + " has " + bytes.LongLength + " bytes, expected " + (4 * n));
+                    var data = new float[n];
+                    Buffer.BlockCopy(bytes, 0, data, 0, bytes.Length);
+                    using (Tensor t = torch.tensor(data)) {
+                        using (Tensor v = t.view(shape)) np.parameter.copy_(v);
+                    }
+                }
+            }
+            initSource = "--same-init " + dir;
+        }
+
+        // -- the step ------------------------------------------------------------------------
+
+        /// <summary>optcheck.pytorch.train.lr_at: linear warm-up, then cosine decay to min_lr at steps.</summary>
+        public double LrAt(long step)
+        {
+            if (step <= warmupSteps) return lr * step / Math.Max(1, warmupSteps);
+            double frac = (double)(step - warmupSteps) / Math.Max(1, steps - warmupSteps);
+            return minLr + 0.5 * (1 + Math.Cos(Math.PI * Math.Min(1.0, frac))) * (lr - minLr);
+        }
+
+        void Remember(long[] x, long[] y, int batch, int time, bool heldOut)
+        {
+            if (lastX.Length != x.Length) { lastX = new long[x.Length]; lastY = new long[y.Length]; }
+            Array.Copy(x, lastX, x.Length);
+            Array.Copy(y, lastY, y.Length);
+            lastB = batch; lastT = time; lastIsHeldOut = heldOut;
+        }
+
+        public double Step(long step, long[] inputs, long[] targets, int batch, int time)
+        {
+            if (!lastIsHeldOut || lastX.Length == 0) Remember(inputs, targets, batch, time, false);
+            double lrNow = LrAt(step);
+            foreach (var g in Optimizer.ParamGroups) g.LearningRate = lrNow;
+            using (DisposeScope scope = torch.NewDisposeScope()) {
+                Optimizer.zero_grad();
+                Tensor x = torch.tensor(inputs).view(batch, time);
+                Tensor y = torch.tensor(targets).view(batch, time);
+                Tensor loss = GPT.Loss(Model.call(x), y);
+                loss.backward();
+                if (gradClip > 0) torch.nn.utils.clip_grad_norm_(Model.parameters(), gradClip);
+                Optimizer.step();
+                return loss.to(ScalarType.Float64).item<double>();
+            }
+        }
+
+        public double EvalLoss(long[] inputs, long[] targets, int batch, int time)
+        {
+            Remember(inputs, targets, batch, time, true);
+            return Forward(inputs, targets, batch, time);
+        }
+
+        /// <summary>Eval mode, no_grad forward, training mode restored; the loss.</summary>
+        double Forward(long[] inputs, long[] targets, int batch, int time)
+        {
+            bool wasTraining = Model.training;
+            Model.eval();
+            try {
+                using (torch.no_grad())
+                using (DisposeScope scope = torch.NewDisposeScope()) {
+                    Tensor x = torch.tensor(inputs).view(batch, time);
+                    Tensor y = torch.tensor(targets).view(batch, time);
+                    return GPT.Loss(Model.call(x), y).to(ScalarType.Float64).item<double>();
+                }
+            } finally {
+                Model.train(wasTraining);
+            }
+        }
+
+        // -- faults (optcheck/scenarios.py) --------------------------------------------------
+
+        public string Inject(string name)
+        {
+            switch (name) {
+            case "module-to-after-optimizer":
+                Model.to(ScalarType.Float64);
+                return "model.to(ScalarType.Float64)";
+            case "param-replaced": {
+                Linear fc = Model.h[0].mlp.c_fc;
+                Parameter old = fc.get_parameter("weight");
+                fc.weight = new Parameter(old.detach().clone(), true);
+                return "model.h[0].mlp.c_fc.weight = new Parameter(weight.detach().clone())";
+            }
+            case "param-registered-late":
+                Model.ln_f.AddGain();
+                return "model.ln_f.register_parameter(\"gain\", new Parameter(torch.ones(n_embd)))";
+            case "eager-param-list":
+                // what `optim.AdamW(model.parameters().ToList())` would hold: the groups' members
+                // materialised now, then the dtype change that rebuilds the plain Parameter fields.
+                foreach (var g in Optimizer.ParamGroups) {
+                    ParamGroup pg = (ParamGroup)g;
+                    pg.Parameters = pg.Parameters.ToList();
+                }
+                Model.to(ScalarType.Float64);
+                return "optimizer groups from model.parameters().ToList(); model.to(ScalarType.Float64)";
+            default:
+                throw new ArgumentException("scenario '" + name + "' has no TorchSharp implementation (TorchSharp has: " +
+                                            string.Join(", ", Faults) + ")");
+            }
+        }
+
+        // -- lifecycle events ----------------------------------------------------------------
+
+        string ModelPath { get { return Path.Combine(workDir, "checkpoint.model.bin"); } }
+        string OptimizerPath { get { return Path.Combine(workDir, "checkpoint.optimizer.bin"); } }
+
+        public string Lifecycle(string kind)
+        {
+            switch (kind) {
+            case "eval": {
+                string loss = "no batch yet";
+                if (lastX.Length > 0)
+                    loss = "loss " + Forward(lastX, lastY, lastB, lastT).ToString("R", CultureInfo.InvariantCulture) +
+                           (lastIsHeldOut ? " on the last held-out batch" : " on the last training batch");
+                Parameter p = Model.parameters().First();
+                Device device = p.device;
+                ScalarType dtype = p.dtype;
+                string where = TensorFacts.Device(p) + ", " + DTypes.Normalize(dtype.ToString());
+                Model.to(device, dtype);  // the no-op round trip evaluation code does (DESIGN.md §6: not a no-op on 0.99.6)
+                return "model.eval(); no_grad forward (" + loss + "); model.train(); model.to(" + where + ")";
+            }
+            case "checkpoint":
+                Directory.CreateDirectory(workDir);
+                Model.save(ModelPath);
+                Optimizer.save_state_dict(OptimizerPath);
+                Model.load(ModelPath);
+                Optimizer.load_state_dict(OptimizerPath);
+                return "model.save + optimizer.save_state_dict to " + workDir + "; model.load + optimizer.load_state_dict back";
+            case "resume": {
+                string also = "";
+                if (!File.Exists(ModelPath) || !File.Exists(OptimizerPath)) {
+                    Lifecycle("checkpoint");  // resume before any checkpoint: checkpoint now, as a job would have
+                    also = " (checkpointed first: there was none)";
+                }
+                GPT oldModel = Model;
+                AdamW oldOptimizer = Optimizer;
+                var model = new GPT(config);
+                model.load(ModelPath);
+                AdamW optimizer = BuildOptimizer(model);
+                optimizer.load_state_dict(OptimizerPath);
+                Model = model;
+                Optimizer = optimizer;
+                target.Bind(optimizer);
+                oldOptimizer.Dispose();
+                oldModel.Dispose();
+                return "new GPT + AdamW, model.load + optimizer.load_state_dict from the last checkpoint" + also;
+            }
+            default:
+                throw new ArgumentException("unknown lifecycle event '" + kind + "' (eval, checkpoint, resume)");
+            }
+        }
+
+        // -- versions ------------------------------------------------------------------------
+
+        /// <summary>TorchSharp's package version, from its assembly (informational version without the +commit).</summary>
+        public static string TorchSharpVersion()
+        {
+            Assembly a = typeof(torch).Assembly;
+            var info = (AssemblyInformationalVersionAttribute)Attribute.GetCustomAttribute(a, typeof(AssemblyInformationalVersionAttribute));
+            string v = info != null ? info.InformationalVersion : a.GetName().Version.ToString();
+            int plus = v.IndexOf('+');
+            return plus >= 0 ? v.Substring(0, plus) : v;
+        }
+
+        public string[] Versions {
+            get {
+                return new string[] {
+                    "torchsharp=" + TorchSharpVersion(),
+                    "libtorch=" + torch.__version__,
+                    "dotnet=" + Environment.Version,
+                };
+            }
+        }
+    }
+}
