@@ -41,6 +41,10 @@ def clean(step: int = 100, backend: str = "pytorch", n: int = 3) -> dict:
 
 
 def at(snap: dict, step: int) -> dict:
+    """A copy of ``snap`` at another step; parameters' version counters follow the
+    step, as the optimizer's in-place updates would make them."""
     s = copy.deepcopy(snap)
     s["step"] = step
+    for p in s["params"]:
+        p["version"] = step
     return s
