@@ -1,0 +1,185 @@
+"""The TorchSharp worker driving the .NET stand-in training loop (tests/dotnet/TestLoop.cs,
+compiled with mcs) through pythonnet, on CoreCLR (PyPI dotnetcore2) and Mono: real
+runtimes, real subprocesses, real run directories."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from optcheck.config import Injection, SoakConfig
+from optcheck.errors import InputError
+from optcheck.protocol import read_messages
+from optcheck.snapshot import read_snapshots, validate
+from optcheck.torchsharp_bridge import runtime
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dotnet"))
+from build import BuildUnavailable, build_testloop  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+KNF = "System.Collections.Generic.KeyNotFoundException"
+
+
+@pytest.fixture(scope="module")
+def dll() -> Path:
+    try:
+        return build_testloop()
+    except BuildUnavailable as e:
+        pytest.skip(str(e))
+
+
+def need(kind: str) -> str:
+    try:
+        runtime.select(kind)
+    except InputError as e:
+        pytest.skip(f"{kind}: {e}")
+    return kind
+
+
+def config(dll: Path, kind: str = "coreclr", trainer: str = "OptCheckTest.LazyTrainer", steps: int = 300,
+           inject: list[str] = (), **extra) -> SoakConfig:
+    """A small soak of the stand-in: 16-wide embedding, 4 x 16 tokens a batch, lr 1e-2."""
+    return SoakConfig(backend="torchsharp", steps=steps, every=100, n_embd=16, n_head=2, batch_size=4,
+                      block_size=16, lr=1e-2, val_every=100, inject=[Injection.parse(i) for i in inject],
+                      extra={"dotnet_runtime": kind, "dotnet_assembly": str(dll), "dotnet_trainer": trainer, **extra})
+
+
+def soak(cfg: SoakConfig, out: Path):
+    from optcheck.soak import run_soak
+
+    return run_soak(cfg, out, progress=False)
+
+
+def test_worker_over_a_pipe(dll, tmp_path):
+    """The worker spawned by hand, as the supervisor does: hello, snapshots, metrics, done."""
+    need("coreclr")
+    cfg = config(dll)
+    cfg.run_id, cfg.work_dir = "pipe", str(tmp_path)
+    (tmp_path / "config.json").write_text(cfg.to_json())
+    r, w = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "optcheck.torchsharp_bridge.worker", "--config",
+                             str(tmp_path / "config.json"), "--stream-fd", str(w)], pass_fds=(w,),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    os.close(w)
+    with os.fdopen(r, encoding="utf-8") as f:
+        msgs = list(read_messages(f))
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 0, err
+    assert "Traceback" not in err
+    types = [m["type"] for m in msgs]
+    assert types[0] == "hello" and types[-1] == "done" and "garbled" not in types
+    hello = msgs[0]
+    assert hello["backend"] == "torchsharp" and hello["versions"]["dotnet_runtime"] == "coreclr"
+    snaps = [validate(m["snapshot"]) for m in msgs if m["type"] == "snapshot"]
+    assert [s["step"] for s in snaps] == [0, 100, 200, 300]
+    assert all(s["backend"] == "torchsharp" and s["optimizer"]["state_init"] == "eager" for s in snaps)
+    last = snaps[-1]
+    assert [p["name"] for p in last["params"]] == ["wte.weight", "ln_f.weight", "ln_f.bias", "lm_head.weight",
+                                                   "lm_head.bias"]
+    assert {m["ref"] for g in last["groups"] for m in g["members"]} == {s["ref"] for s in last["state"]}
+    assert all(s["step"] == 300 for s in last["state"])
+    assert last["prestep_check"] == []
+    done = msgs[-1]
+    assert done["loss_last"] < done["loss_first"] - 1.5, done     # real arithmetic: the loss falls
+
+
+@pytest.mark.parametrize("kind", ["coreclr", "mono"])
+def test_clean_soak_writes_the_run_directory_and_check_reruns_the_rules(dll, tmp_path, kind):
+    need(kind)
+    res = soak(config(dll, kind), tmp_path / "run")
+    s = res.summary
+    assert res.exit_code == 0 and s["status"] == "clean" and s["findings"] == 0, s
+    assert s["versions"]["dotnet_runtime"] == kind
+    assert s["loss_last"] < s["loss_first"] - 1.5
+    for name in ("snapshots.jsonl", "findings.jsonl", "metrics.jsonl", "events.jsonl", "summary.json", "worker.log"):
+        assert (res.out / name).exists(), name
+    snaps = read_snapshots(res.out / "snapshots.jsonl")
+    assert len(snaps) == 4 and all(x["backend"] == "torchsharp" for x in snaps)
+    rc = subprocess.run([sys.executable, "-m", "optcheck.cli", "check", str(res.out)], cwd=ROOT,
+                        capture_output=True, text=True).returncode
+    assert rc == 0
+
+
+def test_replaced_parameter_is_flagged_at_its_step_before_the_keynotfound(dll, tmp_path):
+    need("coreclr")
+    res = soak(config(dll, steps=520, inject=["param-replaced@500"]), tmp_path / "run")
+    s = res.summary
+    assert res.exit_code == 3 and s["status"] == "crashed"
+    crash = s["crash"]
+    assert crash["exc_type"] == KNF and crash["step"] == 500
+    assert "OptCheckTest.HandleAdamW.Step" in crash["stack"]
+    key = re.search(r"'(\d+)'", crash["message"]).group(1)
+    at500 = [f for f in res.findings if f.step == 500]
+    assert at500 and all(f.phase == "pre-step" for f in at500)
+    assert {f.code for f in at500} >= {"OC103", "OC104", "OC108"}
+    oc108 = next(f for f in at500 if f.code == "OC108")
+    assert oc108.subjects == ["lm_head.weight"]
+    assert oc108.detail["predicted_key"] == key                    # the prediction names the key that threw
+    assert s["lead_time"]["flagged_step"] == 500 and s["lead_time"]["failed_step"] == 500
+    assert s["lead_time"]["exception"] == KNF
+    out = subprocess.run([sys.executable, "-m", "optcheck.cli", "check", "--json", str(res.out)], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 1
+    assert any(json.loads(ln)["code"] == "OC108" for ln in out.stdout.splitlines() if ln.startswith("{"))
+
+
+def test_eager_list_flags_only_the_rebuilt_plain_fields(dll, tmp_path):
+    need("mono")
+    res = soak(config(dll, "mono", "OptCheckTest.EagerTrainer", steps=200, inject=["eager-param-list@150"]),
+               tmp_path / "run")
+    assert res.summary["status"] == "findings" and res.summary["crash"] is None   # nothing throws
+    lost = [f for f in res.findings if f.code in ("OC101", "OC102", "OC104")]
+    assert {f.code for f in lost} == {"OC101", "OC102", "OC104"}
+    assert all(set(f.subjects) == {"ln_f.weight", "ln_f.bias"} and f.step == 150 for f in lost)
+    assert not any(f.code == "OC108" for f in res.findings)
+
+
+def test_tied_weight_is_a_duplicate(dll, tmp_path):
+    need("coreclr")
+    res = soak(config(dll, trainer="OptCheckTest.TiedTrainer", steps=100), tmp_path / "run")
+    assert [f.code for f in res.findings] == ["OC106"]
+    assert set(res.findings[0].subjects) == {"wte.weight", "lm_head.weight"} and res.findings[0].step == 0
+
+
+def test_failfast_kills_the_worker_and_leaves_the_run_readable(dll, tmp_path):
+    need("coreclr")
+    res = soak(config(dll, steps=300, failfast_at=250), tmp_path / "run")
+    s = res.summary
+    assert res.exit_code == 3 and s["status"] == "crashed"
+    assert s["crash"]["signal"] == "SIGABRT" and s["crash"]["exit_code"] in (-6, 134)
+    snaps = read_snapshots(res.out / "snapshots.jsonl")
+    assert [x["step"] for x in snaps] == [0, 100, 200]
+    assert json.loads((res.out / "summary.json").read_text())["status"] == "crashed"
+
+
+@pytest.mark.parametrize("change, expect", [
+    ({"dotnet_trainer": "OptCheckTest.NativeTrainer"},
+     r"^the \.NET worker could not load native library LibOptcheckMissingNative: .* LD_LIBRARY_PATH"),
+    ({"dotnet_trainer": "OptCheckTest.NoSuchTrainer"},
+     r"^--dotnet-trainer OptCheckTest.NoSuchTrainer: no trainer type 'OptCheckTest.NoSuchTrainer'"),
+    ({"dotnet_root": "/nonexistent/dotnet"}, r"^--dotnet-root /nonexistent/dotnet: no such directory; install"),
+])
+def test_what_cannot_be_loaded_is_one_line(dll, tmp_path, change, expect):
+    need("coreclr")
+    cfg = config(dll, steps=10)
+    cfg.extra.update(change)
+    with pytest.raises(InputError) as e:
+        soak(cfg, tmp_path / "run")
+    assert re.search(expect, str(e.value)), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_assembly_through_the_cli_is_one_line_and_exit_2(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "optcheck.cli", "soak", "--backend", "torchsharp", "--steps", "10",
+                          "-q", "--dotnet-assembly", str(tmp_path / "Missing.dll"), "--out", str(tmp_path / "run")],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 2, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines == [f"optcheck: error: --dotnet-assembly {tmp_path / 'Missing.dll'}: no such file; "
+                     f"build the worker assembly first (see dotnet/README.md)"]
