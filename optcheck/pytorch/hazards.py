@@ -1,0 +1,721 @@
+"""Autograd hazard probes: catch, at the step and the line where they happen, the
+bugs that PyTorch reports late (at ``backward()``) or never.
+
+:class:`HazardProbes` works on any ``nn.Module`` + optimizer. It implements the
+hook interface of :class:`optcheck.pytorch.train.NullHazards`:
+
+- ``step_context(step)``: a context manager around forward *and* backward of one
+  step (saved-tensor hooks + per-module flags are live inside it only, so
+  ``torch.no_grad()`` evaluation passes between steps are not looked at);
+- ``check_loss(loss, step)``: before ``loss.backward()``;
+- ``after_backward(step)``: after ``backward()``, before ``optimizer.step()``;
+- ``has_events()`` / ``drain()``: events (schema-1 Event dicts
+  ``{kind, step, where, count, detail}``) recorded since the last drain;
+- ``remove()``: unhook everything.
+
+What is recorded (event ``kind`` → rule):
+
+``inplace_on_saved`` (OC301)
+    Every tensor autograd saves for backward is recorded by a
+    ``torch.autograd.graph.saved_tensors_hooks`` pack hook with its version counter
+    (``Tensor._version``), the module that was running and the user source line of
+    the op; the unpack hook compares the version. Installing these hooks switches
+    off PyTorch's own version check (DESIGN.md §5; ``torch/csrc/autograd/saved_variable.cpp``
+    skips ``version_counter`` checks when hooks are set), so a mutated saved tensor
+    would otherwise flow into backward silently. The *write* is found where it
+    happens: the versions of the saved tensors are compared at every module
+    forward pre- and post-hook (a C-level ``sum(map(...))``, ~35 ns per saved
+    tensor), which brackets the write between two module boundaries; the module
+    whose own code ran in that window, its frame and the nearest in-place-looking
+    line of its source name it. By default the step stops there with
+    :class:`optcheck.worker_loop.StepStopped` (the forward is aborted; no wrong
+    gradient is ever computed). With ``allow_inplace=True`` the event is recorded
+    and the run continues: backward then uses the *written* values (what PyTorch
+    would have refused with "one of the variables needed for gradient computation
+    has been modified by an inplace operation").
+
+``graph_cut`` (OC203)
+    Full cut: ``check_loss`` sees a loss without ``grad_fn``; it raises
+    ``StepStopped`` (instead of backward's "element 0 of tensors does not require
+    grad and does not have a grad_fn"), naming the first module whose floating
+    output lost ``grad_fn`` although its inputs or parameters require grad, and
+    whether autograd was recording. Partial cut: a module's output lost
+    ``grad_fn`` (or a module received a detached alias — same data pointer — of an
+    earlier module's output) and, after backward, optimizer parameters at or
+    before it got no gradient: recorded, the step goes on.
+
+``nonleaf_grad_access`` (OC201)
+    PyTorch warns "The .grad attribute of a Tensor that is not a leaf Tensor is
+    being accessed" (``torch/_tensor.py`` / ``python_variable.cpp``) on every read;
+    a ``warnings.showwarning`` wrapper with an ``always`` filter for that message
+    counts the reads per source line (and keeps them off stderr).
+
+``nonfinite`` (OC501)
+    NaN/Inf in the loss (every step), the gradients (every ``grad_check_every``
+    steps, one fused ``torch._foreach_norm``), parameters and optimizer state (at
+    each ``drain``, i.e. each snapshot).
+
+OC202 (grad-starved) needs no event: the snapshot's params carry ``grad``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import linecache
+import os
+import re
+import sys
+import warnings
+from operator import attrgetter
+from typing import Any, Iterable
+
+import torch
+
+from optcheck.worker_loop import StepStopped
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_THIS = __file__
+_VERSION = attrgetter("_version")
+NONLEAF_WARNING = "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed"
+_NONLEAF_RE = r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed"
+# an in-place looking statement: x.add_(…), x += …, x[…] = …, out=…, inplace=True
+_AUGMENTED = re.compile(r"(\+|-|\*|/|//|%|@|\*\*|&|\||\^|<<|>>)=")
+_SETITEM = re.compile(r"\]\s*=[^=]")
+_METHOD_ = re.compile(r"\.[A-Za-z]\w*_\(")
+MAX_SAMPLES = 8  # per-event lists (parameter names, modules) are cut to this many in "detail"
+
+
+def _where(code, lineno) -> str | None:
+    if code is None:
+        return None
+    return f"{os.path.basename(code.co_filename)}:{lineno}"
+
+
+def _internal(filename: str) -> bool:
+    return filename.startswith(_TORCH_DIR) or filename == _THIS
+
+
+def _user_frame(f):
+    """First frame outside torch and this module, walking outwards from ``f``."""
+    while f is not None and _internal(f.f_code.co_filename):
+        f = f.f_back
+    return f
+
+
+def _inplace_candidates(filename: str, first: int, last: int) -> list[tuple[int, str]]:
+    """Lines in ``[first, last]`` of ``filename`` that look like in-place writes
+    (``x.op_(…)``, ``x op= …``, ``x[…] = …``, ``inplace=True``, ``out=``)."""
+    out = []
+    for n in range(max(1, first), last + 1):
+        text = linecache.getline(filename, n).strip()
+        if not text or text.startswith("#"):
+            continue
+        code = text.split("#", 1)[0]
+        if (_METHOD_.search(code) and not re.search(r"\.(requires_grad|retain_grad|register\w*)_\(", code)) \
+                or _AUGMENTED.search(code) or _SETITEM.search(code) \
+                or re.search(r"\binplace\s*=\s*True|\bout\s*=", code):
+            out.append((n, text))
+    return out
+
+
+_TARGET_METHOD = re.compile(r"(\w+)(?:\[[^\]]*\])*\.[A-Za-z]\w*_\(")
+_TARGET_ASSIGN = re.compile(r"(\w+)(?:\[[^\]]*\])*\s*(?:\+|-|\*|/|//|%|@|\*\*|&|\||\^|<<|>>)?=[^=]")
+
+
+def _targets(text: str) -> set[str]:
+    """Names written in place by a source line (``a.add_(``, ``a += ``, ``a[i] = ``)."""
+    names = set(_TARGET_METHOD.findall(text))
+    if _AUGMENTED.search(text) or _SETITEM.search(text):
+        names |= set(_TARGET_ASSIGN.findall(text))
+    return names
+
+
+def _aliases(frame, t: torch.Tensor) -> set[str]:
+    """Local names of ``frame`` bound to tensors sharing ``t``'s storage (rare path)."""
+    try:
+        ptr = t.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001
+        return set()
+    out = set()
+    for name, val in frame.f_locals.items():
+        if isinstance(val, torch.Tensor):
+            try:
+                if val.untyped_storage().data_ptr() == ptr:
+                    out.add(name)
+            except Exception:  # noqa: BLE001
+                pass
+        elif isinstance(val, (tuple, list)) and len(val) < 16:
+            for v in val:
+                if isinstance(v, torch.Tensor) and _ptr(v) and v.untyped_storage().data_ptr() == ptr:
+                    out.add(name)
+    return out
+
+
+def _code_of(module: torch.nn.Module):
+    fwd = module.forward
+    fn = getattr(fwd, "__func__", fwd)
+    return getattr(fn, "__code__", None)
+
+
+def _function_span(code) -> tuple[int, int]:
+    """(first line, last line) of a code object (last = highest line number in it)."""
+    lines = [ln for _, _, ln in code.co_lines() if ln is not None] if hasattr(code, "co_lines") else []
+    return code.co_firstlineno, max(lines) if lines else code.co_firstlineno
+
+
+def _float_outputs(out) -> tuple[bool, bool]:
+    """(has a floating tensor output, any floating output requires grad) of a
+    module's output (a tensor, or a tuple/list/dict of them, one level deep)."""
+    if isinstance(out, torch.Tensor):
+        if out.is_floating_point() or out.is_complex():
+            return True, out.requires_grad
+        return False, False
+    vals: Iterable = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ()
+    has = False
+    for v in vals:
+        if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex()):
+            if v.requires_grad:
+                return True, True
+            has = True
+    return has, False
+
+
+def _tensors(args) -> Iterable[torch.Tensor]:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (tuple, list)):
+            for b in a:
+                if isinstance(b, torch.Tensor):
+                    yield b
+
+
+def _pytorch_inplace_message(t: torch.Tensor, saved_version: int) -> str:
+    """The text PyTorch's version check raises for ``t`` (``saved_variable.cpp``)."""
+    try:
+        tname = t.type()
+    except Exception:  # noqa: BLE001 - meta / exotic tensors
+        tname = f"torch.{t.dtype}"
+    shape = ", ".join(str(s) for s in t.shape)
+    which = ""
+    if t.grad_fn is not None:
+        which = f", which is output {t.output_nr} of {type(t.grad_fn).__name__},"
+    return (f"one of the variables needed for gradient computation has been modified by an inplace operation: "
+            f"[{tname} [{shape}]]{which} is at version {t._version}; expected version {saved_version} instead.")
+
+
+class HazardProbes:
+    """Autograd hazard probes for one model and optimizer (see module docstring).
+
+    Args:
+        model: any ``nn.Module``; forward pre/post hooks go on every sub-module.
+        optimizer: its param groups define "the parameters that should get gradients".
+        allow_inplace: record an in-place write to a saved tensor and continue
+            (backward uses the written values) instead of raising ``StepStopped``.
+        grad_check_every: check gradients for NaN/Inf every this many steps
+            (1 = every step; 0 = only at drain time via the optimizer state).
+
+    Raises (from the hooks):
+        optcheck.worker_loop.StepStopped: an in-place write to a saved tensor
+            (unless ``allow_inplace``), or a loss without ``grad_fn``; ``.event``
+            is the schema-1 event (it is *not* also returned by :meth:`drain`).
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, allow_inplace: bool = False,
+                 grad_check_every: int = 1):
+        self.model, self.optimizer = model, optimizer
+        self.allow_inplace = allow_inplace
+        self.grad_check_every = grad_check_every
+        self._step = 0
+        self._active = False
+        self._events: dict[tuple, dict] = {}
+        self._seen_keys: set[tuple] = set()
+        self._urgent = False
+        self._handles = []
+        self._names: dict[int, str] = {}
+        root = type(model).__name__
+        for name, m in model.named_modules():
+            self._names[id(m)] = name or root
+            self._handles.append(m.register_forward_pre_hook(self._pre))
+            self._handles.append(m.register_forward_hook(self._post))
+        self._param_names = {}
+        for name, p in model.named_parameters():
+            self._param_names.setdefault(id(p), name)
+        self._internal_code: dict[Any, bool] = {}
+        self._install_warning_hook()
+        self._reset_step()
+
+    # -- per-step state -------------------------------------------------------
+    def _reset_step(self) -> None:
+        self._calls: list[str] = []  # module name per forward call, in call order
+        self._cut: list[dict] = []  # modules whose floating outputs lost grad_fn
+        self._in_backward = False
+        self._release()
+
+    def _release(self) -> None:
+        """Drop the references to this step's saved tensors and outputs (kept:
+        call names and cut records, small, for ``after_backward``)."""
+        self._live: list[torch.Tensor] = []  # saved non-parameter tensors, deduplicated
+        self._live_rec: list[tuple] = []  # their pack records, same order
+        self._live_ids: set[int] = set()
+        self._vsum = 0  # sum of their versions when saved (or when last accepted)
+        self._stack: list[int] = []  # call indices of the modules running now
+        self._cur = -1
+        self._last = ("start", -1)  # last boundary: ("pre"|"post"|"loss"|"start", call index)
+        self._roots: list = []  # grad_fns of module outputs (graph walk on detection only)
+        self._grad_ptrs: dict[int, tuple] = {}  # data_ptr of outputs that require grad -> (call, tensor)
+        self._reported: set[int] = set()  # ids of saved tensors already reported this step
+        self._introspecting = False
+        self._entering = None
+        self._cur_post, self._leaving = -1, None
+
+    @contextlib.contextmanager
+    def step_context(self, step: int):
+        """Wrap forward and backward of training step ``step`` (1-based)."""
+        self._step = step
+        self._reset_step()
+        self._active = True
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                yield self
+        finally:
+            self._active = False
+            self._release()
+
+    # -- saved tensors (OC301) ------------------------------------------------
+    def _pack(self, t: torch.Tensor):
+        f = sys._getframe(1)
+        code = f.f_code
+        internal = self._internal_code.get(code)
+        if internal is None:
+            internal = self._internal_code[code] = _internal(code.co_filename)
+        if internal:
+            f = _user_frame(f) or f
+            code = f.f_code
+        v = t._version
+        rec = (t, v, self._cur, code, f.f_lineno)
+        if not (t.is_leaf and t.requires_grad) and id(t) not in self._live_ids:
+            self._live_ids.add(id(t))
+            self._live.append(t)
+            self._live_rec.append(rec)
+            self._vsum += v
+        return rec
+
+    def _unpack(self, rec):
+        t, v = rec[0], rec[1]
+        if t._version != v and not self._introspecting:
+            self._mutated(rec, detected_at="unpack in backward (the saved tensor was needed)")
+        return t
+
+    def _check_versions(self, detected_at: str) -> None:
+        if self._live and sum(map(_VERSION, self._live)) != self._vsum:
+            for rec in self._live_rec:
+                if rec[0]._version != rec[1] and id(rec[0]) not in self._reported:
+                    self._mutated(rec, detected_at=detected_at)
+            self._vsum = sum(map(_VERSION, self._live))  # allow_inplace: accept the write, report it once
+
+    def _mutated(self, rec, detected_at: str) -> None:
+        t, v, call, code, line = rec
+        if id(t) in self._reported:
+            if self.allow_inplace:
+                return
+        self._reported.add(id(t))
+        saved_where = _where(code, line)
+        written = self._locate_write(rec, detected_at)
+        op = self._saving_op(t)
+        tensor = {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
+                  "type": _safe(lambda: t.type()), "grad_fn": type(t.grad_fn).__name__ if t.grad_fn else None,
+                  "requires_grad": t.requires_grad}
+        detail = {
+            "tensor": tensor, "saved_version": v, "version": t._version,
+            "saved_by": {"op": op, "module": self._calls[call] if 0 <= call < len(self._calls) else None,
+                         "where": saved_where, "code": _line_text(code, line)},
+            "written": written,
+            "phase": "backward (recompute)" if self._in_backward else "forward",
+            "stopped": not self.allow_inplace,
+            "pytorch_error": _pytorch_inplace_message(t, v),
+        }
+        event = {"kind": "inplace_on_saved", "step": self._step,
+                 "where": written.get("where") or saved_where, "count": 1, "detail": detail}
+        wmod = written.get("module") or "?"
+        msg = (f"step {self._step}: a tensor {tensor['type']} {tensor['shape']} saved for backward by "
+               f"{op or 'an op'} in {detail['saved_by']['module']} ({saved_where}) was written in place "
+               f"(version {v} -> {t._version}) by {wmod} at {written.get('where') or '?'}")
+        if self.allow_inplace:
+            self._record(event, key=("inplace_on_saved", saved_where, written.get("where")))
+            return
+        raise StepStopped(msg, event)
+
+    def _locate_write(self, rec, detected_at: str) -> dict:
+        """Where the write happened: the module whose own code ran since the last
+        boundary at which the versions still matched, the frame running it and the
+        nearest in-place-looking line of that code (a candidate, from the source)."""
+        kind, idx = self._last
+        out: dict[str, Any] = {"detected_at": detected_at}
+        since = {"pre": lambda: f"the start of {self._calls[idx]}'s forward",
+                 "post": lambda: f"the return of {self._calls[idx]}",
+                 "loss": lambda: "check_loss", "start": lambda: "the start of the step"}[kind]()
+        if detected_at == "pre-hook":
+            # the write ran in the caller of the module now entering (alive on the stack)
+            parent = self._calls[self._stack[-1]] if self._stack else None
+            out["module"] = parent or "(code outside the model)"
+            out["between"] = f"{since} and the call of {self._entering}"
+            frame = _user_frame(sys._getframe(1))
+            if frame is not None:
+                self._candidate(out, frame.f_code, _function_span(frame.f_code)[0], frame.f_lineno - 1,
+                                pick_last=True, aliases=_aliases(frame, rec[0]))
+                out["frame"] = _where(frame.f_code, frame.f_lineno)
+        elif detected_at == "post-hook":
+            # no boundary since `since`: the write ran in this module's own forward code
+            name = self._calls[self._cur_post] if 0 <= self._cur_post < len(self._calls) else None
+            out["module"] = name
+            out["between"] = f"{since} and the return of {name}"
+            code = _code_of(self._leaving) if self._leaving is not None else None
+            if code is not None:
+                first, last = _function_span(code)
+                start = rec[4] if rec[3] is code else first
+                if not self._candidate(out, code, start, last, pick_last=False):
+                    self._candidate(out, code, first, last, pick_last=True)
+                out["frame"] = _where(code, first)
+        else:  # check_loss or unpack: after the last module boundary
+            out["module"] = None
+            out["between"] = f"{since} and {detected_at.split(' ')[0]}: code outside the model's modules"
+            frame = _user_frame(sys._getframe(1))
+            if frame is not None and detected_at.startswith("check_loss"):
+                self._candidate(out, frame.f_code, _function_span(frame.f_code)[0], frame.f_lineno - 1,
+                                pick_last=True, aliases=_aliases(frame, rec[0]))
+                out["frame"] = _where(frame.f_code, frame.f_lineno)
+        return out
+
+    @staticmethod
+    def _candidate(out: dict, code, first: int, last: int, pick_last: bool = True,
+                   aliases: set[str] | None = None) -> bool:
+        """Put the last (or first) in-place-looking line of ``code`` in [first, last] into
+        ``out``; lines writing one of ``aliases`` (names of the mutated tensor) first."""
+        cands = _inplace_candidates(code.co_filename, first, last)
+        if not cands:
+            return False
+        if aliases:
+            cands = [c for c in cands if _targets(c[1]) & aliases] or cands
+        n, text = cands[-1] if pick_last else cands[0]
+        out["where"], out["code"] = f"{os.path.basename(code.co_filename)}:{n}", text
+        out["file"] = code.co_filename
+        return True
+
+    def _saving_op(self, t: torch.Tensor) -> str | None:
+        """Name of the autograd node that saved ``t`` (a walk of the graph from the
+        module outputs seen this step; rare path, on detection only)."""
+        key = (_ptr(t), tuple(t.shape), t.stride())
+
+        def same(v) -> bool:  # unpacking re-wraps the tensor: compare address, shape, strides
+            return isinstance(v, torch.Tensor) and (_ptr(v), tuple(v.shape), v.stride()) == key
+
+        self._introspecting = True
+        try:
+            seen, todo = set(), [r for r in reversed(self._roots) if r is not None]
+            while todo and len(seen) < 20000:
+                node = todo.pop()
+                if node in seen:
+                    continue
+                seen.add(node)
+                for attr in dir(node):
+                    if not attr.startswith("_saved_"):
+                        continue
+                    try:
+                        val = getattr(node, attr)
+                    except Exception:  # noqa: BLE001 - freed buffers, unsupported types
+                        continue
+                    vals = val if isinstance(val, (tuple, list)) else (val,)
+                    if any(same(v) for v in vals):
+                        return type(node).__name__
+                for nxt, _ in getattr(node, "next_functions", ()):
+                    if nxt is not None and nxt not in seen:
+                        todo.append(nxt)
+        finally:
+            self._introspecting = False
+        return None
+
+    # -- module hooks ------------------------------------------------------------
+    def _pre(self, module, args):
+        if not self._active:
+            return None
+        name = self._names.get(id(module)) or type(module).__name__
+        if self._live and sum(map(_VERSION, self._live)) != self._vsum:
+            self._entering = name
+            self._roots.extend(a.grad_fn for a in _tensors(args) if a.grad_fn is not None)
+            self._check_versions("pre-hook")
+        idx = len(self._calls)
+        self._calls.append(name)
+        self._stack.append(idx)
+        self._cur = idx
+        self._last = ("pre", idx)
+        if self._grad_ptrs:
+            for a in args:
+                if isinstance(a, torch.Tensor) and not a.requires_grad and a.is_floating_point() \
+                        and torch.is_grad_enabled() and _ptr(a) in self._grad_ptrs:
+                    self._detached_input(idx, self._grad_ptrs[_ptr(a)][0])
+                    break
+        return None
+
+    def _detached_input(self, idx: int, src: int) -> None:
+        frame = _user_frame(sys._getframe(2))
+        self._cut.append({
+            "module": self._calls[idx], "call": idx, "how": "detached-input", "grad_enabled": True,
+            "source_module": self._calls[src],
+            "where": _where(frame.f_code, frame.f_lineno) if frame else None,
+            "code": _line_text(frame.f_code, frame.f_lineno) if frame else None,
+            "why": f"its input shares memory with the output of {self._calls[src]}, which requires grad, "
+                   f"but does not require grad itself (a .detach() or .data between them)"})
+
+    def _post(self, module, args, out):
+        if not self._active:
+            return None
+        idx = self._stack.pop() if self._stack else -1
+        if self._live and sum(map(_VERSION, self._live)) != self._vsum:
+            self._cur_post, self._leaving = idx, module
+            if isinstance(out, torch.Tensor) and out.grad_fn is not None:
+                self._roots.append(out.grad_fn)
+            self._check_versions("post-hook")
+        self._cur = self._stack[-1] if self._stack else -1
+        self._last = ("post", idx)
+        has_float, rg = _float_outputs(out)
+        if rg:
+            if isinstance(out, torch.Tensor):
+                self._roots.append(out.grad_fn)
+                ptr = _ptr(out)
+                if ptr:
+                    self._grad_ptrs[ptr] = (idx, out)  # the reference keeps the address from being reused
+            else:
+                self._roots.extend(v.grad_fn for v in (out.values() if isinstance(out, dict) else out)
+                                   if isinstance(v, torch.Tensor) and v.grad_fn is not None)
+        elif has_float:
+            self._maybe_cut(module, args, idx)
+        return None
+
+    def _maybe_cut(self, module, args, idx: int) -> None:
+        inputs_rg = any(t.requires_grad for t in _tensors(args))
+        own = [p for p in module.parameters() if p.requires_grad]
+        if not inputs_rg and not own:
+            return
+        frame = _user_frame(sys._getframe(1))
+        code = _code_of(module)
+        self._cut.append({
+            "module": self._calls[idx] if 0 <= idx < len(self._calls) else self._names.get(id(module)),
+            "call": idx, "how": "output-lost-grad_fn", "grad_enabled": torch.is_grad_enabled(),
+            "inputs_require_grad": inputs_rg, "params_require_grad": len(own),
+            "where": _where(frame.f_code, frame.f_lineno) if frame else None,
+            "code": _line_text(frame.f_code, frame.f_lineno) if frame else None,
+            "forward": _where(code, code.co_firstlineno) if code is not None else None,
+            "why": ("autograd was not recording (torch.is_grad_enabled() is False) when it ran"
+                    if not torch.is_grad_enabled() else
+                    "its forward detached the result or ran part of it under torch.no_grad()")})
+
+    # -- loss and gradients -------------------------------------------------
+    def check_loss(self, loss: torch.Tensor, step: int) -> None:
+        """Before ``loss.backward()``: in-place writes since the last module
+        boundary, a loss without ``grad_fn`` (raises ``StepStopped``), a
+        non-finite loss (recorded)."""
+        self._step = step
+        if self._active:
+            self._check_versions("check_loss (after the model's forward, before backward)")
+            self._last = ("loss", -1)
+            self._in_backward = True
+        if not isinstance(loss, torch.Tensor):
+            return
+        if loss.grad_fn is not None:
+            self._roots.append(loss.grad_fn)
+        elif not loss.requires_grad:
+            raise StepStopped(*self._full_cut(loss))
+        if not bool(torch.isfinite(loss.detach()).all()):
+            self._record({"kind": "nonfinite", "step": step, "where": None, "count": 1,
+                          "detail": {"what": "loss", "value": float(loss.detach().float().reshape(-1)[0])}},
+                         key=("nonfinite", "loss"))
+
+    def _trainable(self) -> list[tuple[str, torch.Tensor]]:
+        out = []
+        for g in self.optimizer.param_groups:
+            for p in g["params"]:
+                if p.requires_grad:
+                    out.append((self._param_names.get(id(p), f"<param {id(p)}>"), p))
+        return out
+
+    def _full_cut(self, loss: torch.Tensor) -> tuple[str, dict]:
+        trainable = [n for n, _ in self._trainable()]
+        first = self._first_cut()
+        grad_on = torch.is_grad_enabled()
+        if first is not None:
+            where = first.get("where")
+            what = f"the first module whose output lost grad_fn is {first['module']} ({where}): {first['why']}"
+        else:
+            where = None
+            what = ("no module output lost grad_fn: the loss was computed from a detached tensor "
+                    "(.detach(), .item(), .data, numpy) after the model's forward")
+        detail = {"cut": "full", "loss_requires_grad": loss.requires_grad, "grad_enabled_at_loss": grad_on,
+                  "first_module": first, "modules_without_grad_fn": [c["module"] for c in self._cut][:MAX_SAMPLES],
+                  "n_params_without_grad": len(trainable), "params_without_grad": trainable[:MAX_SAMPLES],
+                  "pytorch_error": "element 0 of tensors does not require grad and does not have a grad_fn"}
+        event = {"kind": "graph_cut", "step": self._step, "where": where, "count": 1, "detail": detail}
+        msg = f"step {self._step}: the loss has no grad_fn, backward() would raise; {what}"
+        return msg, event
+
+    def _first_cut(self) -> dict | None:
+        if not self._cut:
+            return None
+        for c in self._cut:  # a cut made while autograd was recording is the informative one
+            if c["grad_enabled"] and (c.get("inputs_require_grad") or c["how"] == "detached-input"):
+                return c
+        return self._cut[0]
+
+    def after_backward(self, step: int) -> None:
+        """After ``loss.backward()``: confirm partial graph cuts (optimizer
+        parameters at or before a cut got no gradient) and check gradients."""
+        self._in_backward = False
+        trainable = self._trainable()
+        if self._cut:
+            starved = [(n, p) for n, p in trainable if p.grad is None]
+            if starved:
+                self._partial_cut(starved)
+        if self.grad_check_every and step % self.grad_check_every == 0:
+            grads = [p.grad for _, p in trainable if p.grad is not None]
+            if grads and not bool(torch.stack(torch._foreach_norm(grads)).isfinite().all()):
+                bad = [n for n, p in trainable if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+                self._record({"kind": "nonfinite", "step": step, "where": None, "count": 1,
+                              "detail": {"what": "grad", "params": bad[:MAX_SAMPLES], "n_params": len(bad)}},
+                             key=("nonfinite", "grad"))
+
+    def _partial_cut(self, starved: list[tuple[str, torch.Tensor]]) -> None:
+        first_call = {}
+        for i, name in enumerate(self._calls):
+            first_call.setdefault(name, i)
+
+        def call_of(param_name: str) -> int | None:
+            mod = param_name.rpartition(".")[0] or self._names[id(self.model)]
+            while True:
+                if mod in first_call:
+                    return first_call[mod]
+                if "." not in mod:
+                    return None
+                mod = mod.rpartition(".")[0]
+
+        last_cut = max(c["call"] for c in self._cut)
+        prefixes = tuple(c["module"] + "." for c in self._cut)
+        affected = [n for n, _ in starved
+                    if ((c := call_of(n)) is not None and c <= last_cut) or n.startswith(prefixes)]
+        if not affected:
+            return
+        first = next((c for c in self._cut if any(call_of(n) is not None and call_of(n) <= c["call"]
+                                                   or n.startswith(c["module"] + ".") for n in affected)),
+                     self._cut[0])
+        detail = {"cut": "partial", "first_module": first, "cuts": [c["module"] for c in self._cut][:MAX_SAMPLES],
+                  "n_cuts": len(self._cut), "n_params_without_grad": len(affected),
+                  "params_without_grad": affected[:MAX_SAMPLES]}
+        self._record({"kind": "graph_cut", "step": self._step, "where": first.get("where"), "count": 1,
+                      "detail": detail}, key=("graph_cut", first["module"], first["how"]))
+
+    # -- non-leaf .grad reads (OC201) ---------------------------------------
+    def _install_warning_hook(self) -> None:
+        self._orig_showwarning = warnings.showwarning
+        probes = self
+
+        def showwarning(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, UserWarning) and str(message).startswith(NONLEAF_WARNING):
+                probes._nonleaf_read(filename, lineno)
+                return None
+            return probes._orig_showwarning(message, category, filename, lineno, file, line)
+
+        self._showwarning = showwarning
+        warnings.showwarning = showwarning
+        warnings.filterwarnings("always", message=_NONLEAF_RE, category=UserWarning)
+        self._filter = warnings.filters[0]
+
+    def _nonleaf_read(self, filename: str, lineno: int) -> None:
+        where = f"{os.path.basename(filename)}:{lineno}"
+        self._record({"kind": "nonleaf_grad_access", "step": self._step, "where": where, "count": 1,
+                      "detail": {"file": filename, "code": linecache.getline(filename, lineno).strip(),
+                                 "value": "None (autograd populates .grad on leaf tensors only)"}},
+                     key=("nonleaf_grad_access", where))
+
+    # -- events ------------------------------------------------------------------
+    def _record(self, event: dict, key: tuple) -> None:
+        """Merge ``event`` into the pending one of the same ``key`` (count summed,
+        first step kept, ``last_step`` updated); a key not seen before forces a snapshot."""
+        pending = self._events.get(key)
+        if pending is None:
+            self._events[key] = event
+            if key not in self._seen_keys:
+                self._seen_keys.add(key)
+                self._urgent = True
+        else:
+            pending["count"] += event["count"]
+            pending["detail"]["last_step"] = event["step"]
+
+    def has_events(self) -> bool:
+        """True when an event of a kind/place not seen before was recorded since the last drain."""
+        return self._urgent
+
+    def drain(self) -> list[dict]:
+        """Events since the last drain (then forgotten), plus non-finite parameters and
+        optimizer state found now (checked here, at snapshot time)."""
+        self._check_state()
+        out = list(self._events.values())
+        self._events.clear()
+        self._urgent = False
+        return out
+
+    def _check_state(self) -> None:
+        tensors, names = [], []
+        for n, p in self._trainable():
+            tensors.append(p.detach())
+            names.append(("param", n))
+            for k, v in self.optimizer.state.get(p, {}).items():
+                if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 0:
+                    tensors.append(v)
+                    names.append(("optimizer_state", f"{n}:{k}"))
+        if not tensors:
+            return
+        with torch.no_grad():
+            ok = bool(torch.stack([x.float() for x in torch._foreach_norm(tensors)]).isfinite().all())
+        if ok:
+            return
+        bad: dict[str, list[str]] = {}
+        for (what, name), t in zip(names, tensors):
+            if not bool(torch.isfinite(t).all()):
+                bad.setdefault(what, []).append(name)
+        for what, lst in bad.items():
+            self._record({"kind": "nonfinite", "step": self._step, "where": None, "count": 1,
+                          "detail": {"what": what, "params": lst[:MAX_SAMPLES], "n_params": len(lst)}},
+                         key=("nonfinite", what))
+
+    def remove(self) -> None:
+        """Remove every hook and the warnings filter; the probes record nothing afterwards."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if warnings.showwarning is self._showwarning:
+            warnings.showwarning = self._orig_showwarning
+        try:
+            warnings.filters.remove(self._filter)
+            warnings._filters_mutated()
+        except (ValueError, AttributeError):
+            pass
+        self._active = False
+
+
+def _ptr(t: torch.Tensor) -> int:
+    try:
+        return t.data_ptr()
+    except Exception:  # noqa: BLE001 - sparse, meta, tensor subclasses without storage
+        return 0
+
+
+def _safe(fn):
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _line_text(code, line) -> str | None:
+    if code is None:
+        return None
+    return linecache.getline(code.co_filename, line).strip() or None
