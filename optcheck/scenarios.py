@@ -69,6 +69,12 @@ CATALOGUE: dict[str, ScenarioInfo] = {s.name: s for s in (
         ("OC102",),
         "PyTorch: the parameter never trains; TorchSharp: KeyNotFoundException at the next step()"),
     ScenarioInfo(
+        "no-zero-grad", ("pytorch",),
+        "optimizer.zero_grad() dropped from the loop: gradients accumulate across steps",
+        "the most common hand-written training-loop bug",
+        ("OC204",),
+        "trains on the running sum of all gradients; the loss stalls or diverges"),
+    ScenarioInfo(
         "eager-param-list", ("torchsharp",),
         "optimizer built from a materialised parameter list, then model.to(float64)",
         "fixture …-eager-to-float64 (DESIGN.md §6)",

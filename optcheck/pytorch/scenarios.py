@@ -97,3 +97,9 @@ def param_registered_late(trainer, step: int) -> dict:
 
     ln.forward = forward
     return {"call": "model.ln_f.register_parameter('gain', nn.Parameter(...))"}
+
+
+@implements("no-zero-grad")
+def no_zero_grad(trainer, step: int) -> dict:
+    trainer.zero_grad = False
+    return {"call": "optimizer.zero_grad() no longer called"}

@@ -21,6 +21,7 @@ from optcheck.config import SoakConfig
 from optcheck.data import Corpus, val_batches
 from optcheck.pytorch import probe
 from optcheck.pytorch.gpt import GPT, GPTConfig
+from optcheck.pytorch.grad_clear import GradClearProbe
 
 CENSUS_EVERY = 10  # tensor census on every 10th snapshot (~30 ms each)
 
@@ -86,6 +87,8 @@ class Trainer:
         self.model = GPT(self.gpt_config)
         self.optimizer = self.build_optimizer(self.model)
         self.hazards = make_hazards(self.model, self.optimizer, cfg)
+        self.grad_clear = GradClearProbe(self.optimizer)
+        self.zero_grad = True  # the no-zero-grad scenario turns it off
         self.extra_forward = []  # scenario hooks called as f(trainer, logits, loss) -> loss
         self.work_dir = Path(cfg.work_dir or ".")
 
@@ -100,7 +103,8 @@ class Trainer:
         xb, yb = torch.from_numpy(x), torch.from_numpy(y)
         for g in self.optimizer.param_groups:
             g["lr"] = lr_at(self.cfg, step)
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.zero_grad:
+            self.optimizer.zero_grad(set_to_none=True)
         with self.hazards.step_context(step):
             logits, loss = self.model(xb, yb)
             for hook in self.extra_forward:
@@ -155,6 +159,8 @@ class Trainer:
             self.optimizer = self.build_optimizer(self.model)
             self.optimizer.load_state_dict(ck["optimizer"])
             self.hazards = make_hazards(self.model, self.optimizer, self.cfg)
+            self.grad_clear.remove()
+            self.grad_clear = GradClearProbe(self.optimizer)
             return {"call": "new GPT + AdamW, load_state_dict from the last checkpoint", "from_step": ck["step"]}
         raise ValueError(f"unknown lifecycle event {kind!r}")
 
@@ -202,13 +208,13 @@ class TorchBackend:
         return self.trainer.val_loss(batches)
 
     def has_events(self) -> bool:
-        return self.trainer.hazards.has_events()
+        return self.trainer.hazards.has_events() or self.trainer.grad_clear.has_events()
 
     def snapshot_body(self) -> dict:
         census = self.snapshots % CENSUS_EVERY == 0
         self.snapshots += 1
         body = probe.snapshot_body(self.trainer.model, self.trainer.optimizer, census=census)
-        body["events"] = self.trainer.hazards.drain()
+        body["events"] = self.trainer.hazards.drain() + self.trainer.grad_clear.drain()
         return body
 
     def exception_info(self, exc: BaseException) -> dict:

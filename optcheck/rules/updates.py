@@ -75,3 +75,31 @@ class StalledParam(Rule):
             subjects=stalled, key="stalled",
             next_failure="the run goes on to the end without these parameters learning anything",
             since_step=first)]
+
+
+@register
+class GradNotCleared(Rule):
+    """Gradients were not cleared between optimizer steps.
+
+    The first ``backward()`` after an ``optimizer.step()`` found the previous
+    step's gradient still in ``.grad``: every step adds its gradient to the sum of
+    all earlier ones, so updates grow and point the wrong way, and the loss
+    diverges or stalls a few hundred steps later.
+
+    Fix: call ``optimizer.zero_grad()`` (or ``model.zero_grad()``) once per
+    optimizer step, before ``backward()`` or right after ``step()``. Deliberate
+    gradient accumulation over micro-batches is fine and is not reported.
+    """
+
+    code, symbol, severity, family = "OC204", "grad-not-cleared", "error", "gradients"
+    message = "gradients of the previous step were still in .grad at backward (from step {step}, {count} time(s))"
+
+    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
+        evs = [e for e in snap.get("events", ()) if e.get("kind") == "grad_not_cleared"]
+        if not evs:
+            return []
+        e = evs[0]
+        return [self.finding(snap, self.message.format(step=e.get("step"), count=sum(x.get("count", 1) for x in evs)),
+                             key="grad_not_cleared",
+                             next_failure="gradients accumulate across steps: updates grow until the loss diverges",
+                             first_step=e.get("step"))]
