@@ -20,7 +20,7 @@ namespace OptCheck.Worker
             }
             int n = args.Length > 1 ? int.Parse(args[1], CultureInfo.InvariantCulture) : 40;
             const int B = 4, T = 16;
-            var trainer = new TorchSharpTrainer();
+            var trainer = new GptTrainer();
             var driver = new Driver(trainer);
             driver.Setup(new[] { "steps", "warmup_steps", "lr", "block_size", "n_layer", "n_head", "n_embd", "threads" },
                          new[] { n.ToString(CultureInfo.InvariantCulture), "5", "0.003", "16", "2", "2", "32", "1" });

@@ -168,17 +168,17 @@ namespace OptCheck.Worker
         public object state;
     }
 
-    /// <summary>IProbeTarget over a TorchSharpTrainer's current model and optimizer.</summary>
+    /// <summary>IProbeTarget over a GptTrainer's current model and optimizer.</summary>
     public sealed class TorchSharpTarget : IProbeTarget
     {
         /// <summary>OptimizerHelper._state, or null when this TorchSharp has no such field.</summary>
         public static readonly FieldInfo StateField =
             typeof(OptimizerHelper).GetField("_state", BindingFlags.Instance | BindingFlags.NonPublic | BindingFlags.Public);
 
-        readonly TorchSharpTrainer trainer;
+        readonly GptTrainer trainer;
         readonly StateHolder holder = new StateHolder();
 
-        public TorchSharpTarget(TorchSharpTrainer trainer)
+        public TorchSharpTarget(GptTrainer trainer)
         {
             this.trainer = trainer;
         }

@@ -23,10 +23,10 @@ using static TorchSharp.torch;
 
 namespace OptCheck.Worker
 {
-    public sealed class TorchSharpTrainer : ITrainer
+    public sealed class GptTrainer : ITrainer
     {
         /// <summary>The full type name the Python worker is given (SoakConfig.extra["dotnet_trainer"]).</summary>
-        public const string TypeName = "OptCheck.Worker.TorchSharpTrainer";
+        public const string TypeName = "OptCheck.Worker.GptTrainer";
 
         static readonly string[] Faults = { "module-to-after-optimizer", "param-replaced", "param-registered-late", "eager-param-list" };
 
@@ -46,7 +46,7 @@ namespace OptCheck.Worker
         public AdamW Optimizer { get; private set; }
         readonly TorchSharpTarget target;
 
-        public TorchSharpTrainer()
+        public GptTrainer()
         {
             target = new TorchSharpTarget(this);
         }
