@@ -140,45 +140,27 @@ namespace OptCheck.Worker
             return torch.optim.AdamW(groups, lr, beta1, beta2, eps, weightDecay, false, false);
         }
 
-        /// <summary>Copy initial weights exported by optcheck/pytorch/export_init.py into the model:
-        /// DIR/manifest.txt, one line per tensor "name TAB dtype TAB d0,d1,... TAB file", each file raw
-        /// little-endian float32. Every model parameter must be there with its shape (a tied
-        /// lm_head.weight may be absent: it is wte.weight's tensor).</summary>
+        /// <summary>Copy initial weights exported by optcheck/pytorch/export_init.py into the model
+        /// (InitManifest: DIR/manifest.txt + raw little-endian float32 files). Every model parameter
+        /// must be there with its shape (a tied lm_head.weight may be absent: it is wte.weight's tensor).</summary>
         /// <exception cref="ArgumentException">missing manifest, parameter or file; a shape or dtype that differs.</exception>
         public void LoadInit(GPT model, string dir)
         {
-            string manifest = Path.Combine(dir, "manifest.txt");
-            if (!File.Exists(manifest))
-                throw new ArgumentException("--same-init " + dir + ": no manifest.txt (write it with `python -m optcheck.pytorch.export_init`)");
-            var entries = new Dictionary<string, string[]>();
-            foreach (string line in File.ReadAllLines(manifest)) {
-                if (line.Length == 0 || line[0] == '#') continue;
-                string[] f = line.Split('\t');
-                if (f.Length != 4) throw new ArgumentException("--same-init " + manifest + ": bad line '" + line + "'");
-                entries[f[0]] = f;
-            }
-            if (!BitConverter.IsLittleEndian) throw new ArgumentException("--same-init: the float32 files are little-endian and this machine is not");
+            Dictionary<string, InitEntry> entries = InitManifest.Read(dir);
             using (torch.no_grad()) {
                 foreach (var np in model.named_parameters()) {
-                    string[] e;
+                    InitEntry e;
                     if (!entries.TryGetValue(np.name, out e)) {
                         if (np.name == "lm_head.weight" && model.lm_head != null) continue;
                         throw new ArgumentException("--same-init " + dir + ": no initial value for parameter " + np.name);
                     }
-                    if (e[1] != "float32") throw new ArgumentException("--same-init " + dir + ": " + np.name + " is " + e[1] + ", expected float32");
-                    long[] shape = e[2].Length == 0 ? new long[0] : e[2].Split(',').Select(s => long.Parse(s, CultureInfo.InvariantCulture)).ToArray();
                     long[] have = np.parameter.shape;
-                    if (!shape.SequenceEqual(have))
-                        throw new ArgumentException("--same-init " + dir + ": " + np.name + " has shape [" + e[2] + "] there, [" +
-                                                    string.Join(",", have.Select(x => x.ToString(CultureInfo.InvariantCulture)).ToArray()) + "] here");
-                    byte[] bytes = File.ReadAllBytes(Path.Combine(dir, e[3]));
-                    long n = shape.Aggregate(1L, (a, b) => a * b);
-                    if (bytes.LongLength != 4 * n)
-                        throw new ArgumentException("--same-init " + dir + ": " + e[3] + " has " + bytes.LongLength + " bytes, expected " + (4 * n));
-                    var data = new float[n];
-                    Buffer.BlockCopy(bytes, 0, data, 0, bytes.Length);
+                    if (!e.Shape.SequenceEqual(have))
+                        throw new ArgumentException("--same-init " + dir + ": " + np.name + " has shape [" + InitManifest.ShapeText(e.Shape) +
+                                                    "] there, [" + InitManifest.ShapeText(have) + "] here");
+                    float[] data = InitManifest.ReadFloats(dir, e);
                     using (Tensor t = torch.tensor(data)) {
-                        using (Tensor v = t.view(shape)) np.parameter.copy_(v);
+                        using (Tensor v = t.view(e.Shape)) np.parameter.copy_(v);
                     }
                 }
             }
