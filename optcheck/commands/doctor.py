@@ -1,0 +1,87 @@
+"""``optcheck doctor``: what the two backends would run on here — .NET runtimes and
+SDKs, pythonnet, torch (imported in a subprocess: a process that may load .NET must
+never import torch, DESIGN.md §2), the TorchSharp builds in the cache, threads."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+
+def cache_root() -> Path:
+    """``$OPTCHECK_CACHE`` or ``~/.cache/optcheck``."""
+    return Path(os.environ.get("OPTCHECK_CACHE") or Path.home() / ".cache" / "optcheck")
+
+
+def torchsharp_builds(root: Path | None = None) -> list[str]:
+    """Worker builds under ``<cache>/torchsharp/`` (one folder per TorchSharp version or
+    local build, filled by the TorchSharp backend's build step), with their .dll count."""
+    base = (root or cache_root()) / "torchsharp"
+    if not base.is_dir():
+        return []
+    out = []
+    for d in sorted(p for p in base.iterdir() if p.is_dir()):
+        dlls = list(d.rglob("*.dll"))
+        out.append(f"{d.name}  ({len(dlls)} .dll, {d})")
+    return out
+
+
+def torch_version() -> str:
+    """torch's version and threads, from a subprocess (never imported here)."""
+    code = "import torch; print(torch.__version__, torch.get_num_threads())"
+    try:
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"unknown ({e})"
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["not importable"])[-1]
+        return f"not available ({last}); install with: pip install 'torch==2.13.0'"
+    ver, threads = res.stdout.split()
+    return f"{ver} (intra-op threads by default: {threads})"
+
+
+def report() -> list[tuple[str, list[str]]]:
+    """Sections of the doctor's report as ``(title, lines)``."""
+    from optcheck.torchsharp_bridge import runtime
+
+    sections = [("python", [f"{platform.python_version()} ({sys.executable})",
+                            f"cpus: {os.cpu_count()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"])]
+    core = runtime.coreclr_runtimes()
+    lines = [f"{r.version}  [{r.root}] ({r.source})" for r in core] or ["none found"]
+    best = runtime.newest(core)
+    if best is not None:
+        lines.append(f"default: {best.version}, rolled forward (LatestMajor); invariant globalization: "
+                     f"{'yes' if runtime.needs_invariant_globalization(best) else 'no'}")
+    sections.append(("CoreCLR runtimes (Microsoft.NETCore.App)", lines))
+    sections.append((".NET SDKs", runtime.dotnet_sdks() or ["none (the TorchSharp GPT worker cannot be built here)"]))
+    mono = runtime.mono_runtime()
+    if mono is None:
+        mono_lines = [f"not found: {runtime.MONO_HINT}"]
+    else:
+        facade = runtime.mono_facade()
+        mono_lines = [f"{mono.version or '?'}  [{mono.root}]",
+                      f"netstandard facade: {facade}" if facade else
+                      "netstandard facade missing (pythonnet cannot load Mono): apt-get install mono-devel"]
+    sections.append(("Mono", mono_lines))
+    pn = runtime.pythonnet_version()
+    sections.append(("pythonnet", [pn if pn else f"not installed: {runtime.PYTHONNET_HINT}"]))
+    sections.append(("torch (checked in a subprocess)", [torch_version()]))
+    sections.append((f"TorchSharp builds in {cache_root() / 'torchsharp'}", torchsharp_builds() or ["none"]))
+    return sections
+
+
+def register(group: click.Group) -> None:
+    @group.command()
+    def doctor():
+        """Show the .NET runtimes and SDKs, pythonnet, torch and the cached TorchSharp
+        builds that `optcheck soak` would use here. Always exits 0."""
+        for title, lines in report():
+            click.echo(f"{title}:")
+            for ln in lines:
+                click.echo(f"  {ln}")
+        return 0

@@ -1,0 +1,33 @@
+"""``optcheck doctor``: lists runtimes, pythonnet, torch and cached TorchSharp builds; exit 0;
+never imports torch in its own process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_doctor_reports_and_exits_0(tmp_path):
+    build = tmp_path / "torchsharp" / "0.105.0"
+    build.mkdir(parents=True)
+    (build / "OptCheck.Worker.dll").write_bytes(b"MZ")
+    code = ("import sys\nfrom optcheck.cli import main\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    rc = e.code\n"
+            "print('RC', rc, 'TORCH', 'torch' in sys.modules)\n")
+    res = subprocess.run([sys.executable, "-c", code, "doctor"], cwd=ROOT, capture_output=True, text=True,
+                         env=dict(os.environ, OPTCHECK_CACHE=str(tmp_path)))
+    out = res.stdout
+    assert "RC 0 TORCH False" in out, res.stderr
+    for title in ("CoreCLR runtimes (Microsoft.NETCore.App):", ".NET SDKs:", "Mono:", "pythonnet:",
+                  "torch (checked in a subprocess):", f"TorchSharp builds in {tmp_path / 'torchsharp'}:"):
+        assert title in out
+    assert f"0.105.0  (1 .dll, {build})" in out
+    from optcheck.torchsharp_bridge import runtime
+
+    for r in runtime.coreclr_runtimes():
+        assert r.version in out
+    assert (runtime.pythonnet_version() or "not installed") in out
