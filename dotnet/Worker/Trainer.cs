@@ -84,6 +84,9 @@ namespace OptCheck.Worker
             if (dropout != 0.0)
                 throw new ArgumentException("dropout " + dropout.ToString(CultureInfo.InvariantCulture) +
                                             ": the TorchSharp GPT has no dropout; use 0 (the default, which keeps the two backends comparable)");
+            string opt;
+            if (o.TryGetValue("extra.optimizer", out opt) && opt.ToLowerInvariant() != "adamw")
+                throw new ArgumentException("optimizer " + opt + ": the TorchSharp GPT trains with AdamW only (--optimizer adamw)");
             string wd;
             if (o.TryGetValue("work_dir", out wd)) workDir = wd;
             config = new GPTConfig {
