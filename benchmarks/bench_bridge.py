@@ -1,0 +1,107 @@
+"""Cost of the pythonnet bridge, as ratios against the same .NET loop timed inside .NET, in one run.
+
+Loads a .NET runtime (``--runtime coreclr|mono``) into this process, builds the
+.NET stand-in training loop (``tests/dotnet/TestLoop.cs`` with ``dotnet/Probe``,
+compiled with ``mcs``) and drives it through the TorchSharp worker's own backend
+(:class:`optcheck.torchsharp_bridge.worker.TorchSharpBackend`), interleaved in
+rounds so that load from other processes hits every variant alike:
+
+- step: ``N`` steps run by a loop inside .NET (``Driver.TimeSteps``) against ``N``
+  steps driven from Python as the worker does (``train_step`` + ``fingerprint``,
+  the per-step pre-step check), same batch;
+- pre-step check: ``Driver.TimeFingerprints`` against ``fingerprint()`` from Python;
+- snapshot: ``Driver.TimeProbes`` (the probe alone, inside .NET) against
+  ``snapshot_body()`` (probe + array copy + conversion + naming + PreStepCheck).
+
+Time is CPU time of this process (``time.process_time``; less disturbed by other
+processes on a shared machine than wall time), median over rounds. The stand-in
+steps in ~1 ms, far less than a TorchSharp GPT step (~15 ms, DESIGN.md §6): the
+absolute µs of overhead are the figure to carry over, the step ratio is an upper
+bound. Usage: ``python benchmarks/bench_bridge.py [--runtime coreclr] [--steps 300] [--rounds 5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "dotnet"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runtime", choices=["coreclr", "mono"], default="coreclr")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--snapshots", type=int, default=200)
+    ap.add_argument("--n-embd", type=int, default=16)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--block-size", type=int, default=16)
+    args = ap.parse_args()
+
+    from build import build_testloop
+
+    from optcheck.config import SoakConfig
+    from optcheck.data import BatchSchedule, load_corpus
+    from optcheck.torchsharp_bridge.worker import TorchSharpBackend
+
+    dll = build_testloop()
+    cfg = SoakConfig(backend="torchsharp", n_embd=args.n_embd, n_head=2, batch_size=args.batch_size,
+                     block_size=args.block_size, lr=1e-2,
+                     extra={"dotnet_runtime": args.runtime, "dotnet_assembly": str(dll),
+                            "dotnet_trainer": "OptCheckTest.LazyTrainer"})
+    corpus = load_corpus(None)
+    be = TorchSharpBackend()
+    be.setup(cfg, corpus)
+    x, y = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed).batch(corpus.train, 1)
+    xc, yc = np.ascontiguousarray(x), np.ascontiguousarray(y)
+    from System import IntPtr
+
+    d, n, k = be.driver, args.steps, args.snapshots
+    step = 1
+    res: dict[str, list[float]] = {key: [] for key in ("net_step", "py_step", "net_fp", "py_fp", "net_snap", "py_snap")}
+    for _ in range(args.rounds):
+        t = time.process_time()
+        d.TimeSteps(step, IntPtr(xc.ctypes.data), IntPtr(yc.ctypes.data), xc.shape[0], xc.shape[1], n)
+        res["net_step"].append((time.process_time() - t) / n)
+        step += n
+        t = time.process_time()
+        for i in range(n):
+            be.fingerprint()
+            be.train_step(step + i, x, y)
+        res["py_step"].append((time.process_time() - t) / n)
+        step += n
+        t = time.process_time()
+        d.TimeFingerprints(n)
+        res["net_fp"].append((time.process_time() - t) / n)
+        t = time.process_time()
+        for _ in range(n):
+            be.fingerprint()
+        res["py_fp"].append((time.process_time() - t) / n)
+        t = time.process_time()
+        d.TimeProbes(k)
+        res["net_snap"].append((time.process_time() - t) / k)
+        t = time.process_time()
+        for _ in range(k):
+            be.snapshot_body()
+        res["py_snap"].append((time.process_time() - t) / k)
+    med = {key: statistics.median(v) * 1e6 for key, v in res.items()}
+    print(f"bridge benchmark: {be.versions()['dotnet']} ({args.runtime}), pythonnet {be.versions()['pythonnet']}, "
+          f"{len(be.snapshot_body()['params'])} parameters, {args.rounds} rounds, CPU time, median")
+    print(f"  step     inside .NET {med['net_step']:9.1f} us   from Python (step + pre-step check) "
+          f"{med['py_step']:9.1f} us   ratio {med['py_step'] / med['net_step']:.3f}   "
+          f"overhead {med['py_step'] - med['net_step']:.1f} us/step")
+    print(f"  check    inside .NET {med['net_fp']:9.1f} us   from Python {med['py_fp']:9.1f} us   "
+          f"ratio {med['py_fp'] / med['net_fp']:.2f}")
+    print(f"  snapshot inside .NET {med['net_snap']:9.1f} us   from Python (probe + conversion) "
+          f"{med['py_snap']:9.1f} us   ratio {med['py_snap'] / med['net_snap']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
