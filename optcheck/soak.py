@@ -83,6 +83,11 @@ def validate(cfg: SoakConfig) -> dict:
     cfg.validate()
     for inj in cfg.inject:
         scenario_catalogue.get(inj.name, cfg.backend)
+    if cfg.backend == "torchsharp" and not cfg.extra.get("dotnet_assembly"):
+        # builds (or reuses) the TorchSharp worker for --torchsharp VERSION|PATH; InputError names the fix
+        from optcheck.torchsharp_bridge.build import worker_extra
+
+        cfg.extra.update(worker_extra(cfg.extra.get("torchsharp")))
     corpus = load_corpus(cfg.data, cfg.vocab_size)
     if corpus.train.size <= cfg.block_size + 1 or corpus.val.size <= cfg.block_size + 1:
         raise InputError(f"--data {corpus.source}: too short for --block-size {cfg.block_size}")
@@ -327,3 +332,56 @@ def _report(f: Finding, rundir: RunDir, bar: _Progress, on_finding) -> None:
     bar.write(f"step {f.step} ({f.phase}) {f.code} {f.symbol} [{f.severity}]: {f.message}")
     if on_finding is not None:
         on_finding(f)
+
+
+def export_same_init(cfg: SoakConfig, out: Path) -> Path:
+    """Export the PyTorch GPT's initial weights for ``cfg`` into ``out/init`` (in a
+    subprocess: it imports torch, the supervisor never does) for the TorchSharp
+    worker's ``--same-init``.
+
+    Raises:
+        InputError: the export failed (its last stderr line is in the message).
+    """
+    init = out / "init"
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_path = out / "init-config.json"
+    cfg_path.write_text(cfg.to_json())
+    proc = subprocess.run([sys.executable, "-m", "optcheck.pytorch.export_init", "--config", str(cfg_path),
+                           "--out", str(init)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise InputError(f"--same-init: exporting the PyTorch initial weights failed: {last}")
+    return init
+
+
+def run_backends(cfg: SoakConfig, backends: list[str], out: str | os.PathLike | None, *, same_init: bool = False,
+                 **kwargs) -> tuple[list[SoakResult], int]:
+    """Run the same soak on several backends, one after the other, into ``out/<backend>``.
+
+    With ``same_init`` the TorchSharp worker starts from the PyTorch GPT's initial
+    weights, and both read the same batches (same ``--seed``), so their loss
+    trajectories can be compared step by step (``optcheck compare``).
+
+    Returns the results and the worst exit code (crash > findings > clean).
+    Raises InputError as :func:`run_soak`.
+    """
+    out = Path(out) if out is not None else default_out_dir()
+    for b in backends:  # validate every backend before running any
+        validate(_for_backend(cfg, b))
+    init = export_same_init(cfg, out) if same_init else None
+    results = []
+    for b in backends:
+        c = _for_backend(cfg, b)
+        if init is not None and b == "torchsharp":
+            c.extra["same_init"] = str(init)
+        c.run_id = f"{out.name}-{b}"
+        results.append(run_soak(c, out / b, **kwargs))
+    order = [exitcodes.CLEAN, exitcodes.FINDINGS, exitcodes.CRASHED, exitcodes.INTERRUPTED]
+    worst = max((r.exit_code for r in results), key=order.index)
+    return results, worst
+
+
+def _for_backend(cfg: SoakConfig, backend: str) -> SoakConfig:
+    c = SoakConfig.from_json(cfg.to_json())
+    c.backend = backend
+    return c

@@ -19,6 +19,15 @@ def _print_summary(summary: dict, findings: list) -> None:
     click.echo(render_summary(summary, [f.to_dict() for f in findings]))
 
 
+def _compare(run_a, run_b) -> int:
+    """Compare two finished runs as ``optcheck compare`` does; return its exit code."""
+    from optcheck.compare import compare_runs
+
+    res = compare_runs(run_a, run_b)
+    click.echo(res.render())
+    return res.exit_code
+
+
 def register(group: click.Group) -> None:
     @group.command()
     @click.option("--steps", type=int, default=20_000, show_default=True, help="Training steps to run.")
@@ -33,7 +42,10 @@ def register(group: click.Group) -> None:
                   help="Plant a fault scenario at a step (repeatable; `optcheck scenarios` lists them).")
     @click.option("--fail-on", type=click.Choice(SEVERITIES), default="warning", show_default=True,
                   help="Lowest finding severity that makes the exit code 1.")
-    @click.option("--backend", type=click.Choice(["pytorch", "torchsharp"]), default="pytorch", show_default=True)
+    @click.option("--backend", default="pytorch", show_default=True,
+                  help="pytorch, torchsharp, or both as pytorch,torchsharp (run one after the other, then compared).")
+    @click.option("--same-init", is_flag=True,
+                  help="With several backends: start TorchSharp from the PyTorch GPT's initial weights.")
     @click.option("--threads", type=int, default=1, show_default=True,
                   help="Intra-op threads (1 is fastest for the small default model on 2 cores).")
     @click.option("--stop-on-finding", is_flag=True, help="Stop the worker at the first finding of its pre-step check.")
@@ -63,7 +75,7 @@ def register(group: click.Group) -> None:
     @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Also write findings as JUnit XML.")
     @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Also write a PNG of loss/time/memory.")
     @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-    def soak(steps, every, seed, data, vocab_size, out, injects, fail_on, backend, threads, stop_on_finding,
+    def soak(steps, every, seed, data, vocab_size, out, injects, fail_on, backend, same_init, threads, stop_on_finding,
              no_hazards, allow_inplace, val_every, eval_every, checkpoint_every, resume_at, memory_budget, lr,
              optimizer, n_layer, n_embd, n_head, block_size, batch_size, dotnet_runtime, torchsharp,
              dotnet_assembly, dotnet_trainer, junit, plot, quiet):
@@ -75,7 +87,14 @@ def register(group: click.Group) -> None:
         --out. Exit codes: 0 clean, 1 findings, 2 bad input, 3 worker crashed,
         130 interrupted.
         """
-        from optcheck.soak import run_soak
+        from optcheck.errors import InputError
+        from optcheck.soak import run_backends, run_soak
+
+        backends = [b.strip() for b in backend.split(",") if b.strip()]
+        if not backends or any(b not in ("pytorch", "torchsharp") for b in backends) or len(set(backends)) < len(backends):
+            raise InputError(f"--backend {backend!r}: pytorch, torchsharp or pytorch,torchsharp")
+        if same_init and len(backends) < 2:
+            raise InputError("--same-init needs two backends: --backend pytorch,torchsharp")
 
         extra = {"optimizer": optimizer, "dotnet_runtime": dotnet_runtime}
         for key, value in (("torchsharp", torchsharp), ("dotnet_assembly", dotnet_assembly),
@@ -83,7 +102,7 @@ def register(group: click.Group) -> None:
             if value:
                 extra[key] = value
         cfg = SoakConfig(
-            backend=backend, steps=steps, every=every, seed=seed, data=data, vocab_size=vocab_size,
+            backend=backends[0], steps=steps, every=every, seed=seed, data=data, vocab_size=vocab_size,
             inject=[Injection.parse(i) for i in injects], threads=threads, stop_on_finding=stop_on_finding,
             hazards=not no_hazards, allow_inplace=allow_inplace, val_every=val_every, eval_every=eval_every,
             checkpoint_every=checkpoint_every, resume_at=resume_at, lr=lr, n_layer=n_layer, n_embd=n_embd,
@@ -93,6 +112,14 @@ def register(group: click.Group) -> None:
             from optcheck.units import parse_bytes
 
             rule_config.memory_budget_bytes = parse_bytes(memory_budget)
+        if len(backends) > 1:
+            results, code = run_backends(cfg, backends, out, same_init=same_init, fail_on=fail_on,
+                                         rule_config=rule_config, progress=not quiet)
+            for r in results:
+                _print_summary(r.summary, r.findings)
+            if all(r.summary["status"] in ("clean", "findings") for r in results):
+                code = max(code, _compare(results[0].out, results[1].out))
+            return code
         result = run_soak(cfg, out, fail_on=fail_on, rule_config=rule_config, progress=not quiet)
         _print_summary(result.summary, result.findings)
         if junit:
