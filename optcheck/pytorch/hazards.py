@@ -250,6 +250,7 @@ class HazardProbes:
         self._calls: list[str] = []  # module name per forward call, in call order
         self._cut: list[dict] = []  # modules whose floating outputs lost grad_fn
         self._in_backward = False
+        self._reported: set[int] = set()  # ids of saved tensors already reported this step
         self._release()
 
     def _release(self) -> None:
@@ -264,7 +265,6 @@ class HazardProbes:
         self._last = ("start", -1)  # last boundary: ("pre"|"post"|"loss"|"start", call index)
         self._roots: list = []  # grad_fns of module outputs (graph walk on detection only)
         self._grad_ptrs: dict[int, tuple] = {}  # data_ptr of outputs that require grad -> (call, tensor)
-        self._reported: set[int] = set()  # ids of saved tensors already reported this step
         self._introspecting = False
         self._entering = None
         self._cur_post, self._leaving = -1, None
@@ -520,6 +520,9 @@ class HazardProbes:
             self._check_versions("check_loss (after the model's forward, before backward)")
             self._last = ("loss", -1)
             self._in_backward = True
+            roots = self._roots
+            self._release()  # backward frees saved tensors as it goes: hold none of them from here on
+            self._roots = roots
         if not isinstance(loss, torch.Tensor):
             return
         if loss.grad_fn is not None:

@@ -1,0 +1,68 @@
+"""Autograd rule OC301: a tensor saved for backward was written in place.
+
+Reads the ``inplace_on_saved`` events of the PyTorch hazard probes
+(``optcheck/pytorch/hazards.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from optcheck.findings import Finding
+from optcheck.rules._events import events
+from optcheck.rules.base import Rule, RuleContext, register
+
+
+@register
+class InplaceOnSaved(Rule):
+    """A tensor autograd saved for backward was written in place before backward used it.
+
+    Autograd keeps the inputs (or outputs) of many ops to compute their gradients,
+    and records each one's version counter; an in-place op (``index_copy_``,
+    ``masked_fill_``, ``+=``, ``x[i] = …``, ``relu_``, ``out=``) bumps it. PyTorch
+    notices only when backward reaches that op, and raises "one of the variables
+    needed for gradient computation has been modified by an inplace operation:
+    [torch.FloatTensor [1, 1, 512, 512]] is at version 34; expected version 32",
+    naming neither the op nor the line (seeds 000, 001). With gradient
+    checkpointing the write can happen while backward re-runs the forward.
+
+    The finding names the op that saved the tensor, its module and source line, and
+    the module and line that wrote it (found between two module boundaries; the
+    line is the nearest in-place statement there that writes the same tensor).
+    The PyTorch probes stop the step there (their saved-tensor hooks switch off
+    PyTorch's own check, so the write must never reach backward silently) unless
+    ``--allow-inplace`` is given, in which case backward uses the written values.
+
+    Fix: write into a copy (``x = x.clone()`` before the in-place op, or the
+    out-of-place form: ``index_copy``, ``masked_fill``, ``x = x + y``); keep caches
+    (KV cache, attention mask cache) out of the training forward or ``detach``
+    them per step; never advance an index tensor in place while a graph uses it.
+    """
+
+    code, symbol, severity, family = "OC301", "inplace-on-saved", "error", "autograd"
+    message = ("{tensor} saved by {op} in {saved_module} ({saved_where}) was written in place by {module} "
+               "at {where} (version {v0} -> {v1})")
+
+    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
+        out = []
+        for e in events(snap, "inplace_on_saved"):
+            d = e.get("detail") or {}
+            t, saved, written = d.get("tensor") or {}, d.get("saved_by") or {}, d.get("written") or {}
+            tensor = f"{t.get('type') or t.get('dtype', 'tensor')} {t.get('shape')}"
+            msg = self.message.format(
+                tensor=tensor, op=saved.get("op") or "an op", saved_module=saved.get("module") or "?",
+                saved_where=saved.get("where") or "?", module=written.get("module") or "code outside the model",
+                where=written.get("where") or e.get("where") or "?", v0=d.get("saved_version"), v1=d.get("version"))
+            if written.get("code"):
+                msg += f": {written['code']}"
+            if d.get("phase", "").startswith("backward"):
+                msg += " (during the checkpoint recompute in backward)"
+            subjects = [s for s in (saved.get("module"), written.get("module")) if s]
+            out.append(self.finding(
+                snap, msg, subjects=subjects, key=f"{saved.get('where')}->{written.get('where')}",
+                next_failure=("backward() raises RuntimeError: " + d["pytorch_error"]) if d.get("pytorch_error")
+                else "backward() raises: one of the variables needed for gradient computation has been modified "
+                     "by an inplace operation",
+                first_step=e.get("step"), stopped=d.get("stopped"), phase=d.get("phase"),
+                saved_by=saved, written=written, tensor=t, count=e.get("count", 1)))
+        return out

@@ -1,0 +1,152 @@
+"""Gradient rules OC201–OC203: do the parameters get the gradients the loss should give them?
+
+OC201 and OC203 read the hazard events the PyTorch probes record
+(``optcheck/pytorch/hazards.py``; the TorchSharp bridge may record the same kinds);
+OC202 reads only the ``grad`` field of the snapshot's params, so it works on any
+recorded stream.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from optcheck.findings import Finding
+from optcheck.rules._events import events, names
+from optcheck.rules.base import Rule, RuleContext, register
+from optcheck.snapshot import members
+
+
+@register
+class NonleafGradAccess(Rule):
+    """``.grad`` is read on a tensor that is not a leaf.
+
+    Autograd fills ``.grad`` only on leaf tensors (parameters, tensors created by the
+    user); on a non-leaf (the result of an op: activations, logits, a parameter that
+    was rebuilt by ``.to()``) it stays ``None`` and every read warns "The .grad
+    attribute of a Tensor that is not a leaf Tensor is being accessed". Code that
+    logs or clips that ``None`` does nothing; code that steps it never trains. In
+    seed 003 (TorchSharp) these warnings were the first sign that the model's
+    parameters had been replaced by non-leaf tensors, 10,000 steps before the
+    optimizer crashed.
+
+    The finding gives the source line of the reads and how many there were since
+    the previous snapshot.
+
+    Fix: call ``t.retain_grad()`` before backward if the gradient of an
+    intermediate is really wanted (or use a tensor hook); if the tensor was meant to
+    be a parameter, make it a leaf (``nn.Parameter(t.detach())``) and rebuild the
+    optimizer.
+    """
+
+    code, symbol, severity, family = "OC201", "nonleaf-grad-access", "warning", "gradients"
+    message = "{count} .grad read(s) on non-leaf tensors at {where} (always None)"
+
+    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
+        out = []
+        for e in events(snap, "nonleaf_grad_access"):
+            where = e.get("where") or "?"
+            code = (e.get("detail") or {}).get("code")
+            msg = self.message.format(count=e.get("count", 1), where=where) + (f": {code}" if code else "")
+            out.append(self.finding(
+                snap, msg, subjects=[where], key=where,
+                next_failure="the value read is None: whatever uses it (logging, clipping, a manual update) "
+                             "silently does nothing",
+                count=e.get("count", 1), first_step=e.get("step"), event=e.get("detail")))
+        return out
+
+
+@register
+class GradStarved(Rule):
+    """A trainable parameter got no gradient for K consecutive snapshots.
+
+    The parameter is in a param group and requires grad, yet at each of the last K
+    post-step snapshots (``RuleConfig.grad_starved_snapshots``) its ``.grad`` was
+    empty (or exactly zero): the optimizer skips it (or, with weight decay, only
+    shrinks it). Causes: the graph is cut before it (a ``.detach()``, a cast under
+    ``no_grad``, OC203), it is not used in the forward any more (a replaced module,
+    a branch never taken), or it is a non-leaf tensor (OC105).
+
+    Fix: find where its gradient stops (OC203 names the cut when the PyTorch hazard
+    probes are on); freeze it (``requires_grad_(False)``) or remove it from the
+    optimizer if it is not meant to train.
+    """
+
+    code, symbol, severity, family = "OC202", "grad-starved", "warning", "gradients"
+    message = "{n} trainable parameter(s) got no gradient at the last {k} snapshots (steps {first}–{last}): {names}"
+
+    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
+        k = max(1, ctx.config.grad_starved_snapshots)
+        if snap.get("phase") != "post-step":
+            return []
+        window = [s for s in ctx.history if s.get("phase") == "post-step" and s.get("step", 0) > 0][-k:]
+        if len(window) < k or window[-1] is not snap:
+            return []
+        trained_refs = {m["ref"] for _, m in members(snap)}
+        trained_ptrs = {m.get("data_ptr") for _, m in members(snap) if m.get("data_ptr")}
+
+        def starved(p: dict) -> bool:
+            return p.get("grad") == "none" or p.get("grad_norm") == 0
+
+        cand = {p["name"] for p in snap["params"] if p.get("requires_grad") and starved(p)
+                and (p["ref"] in trained_refs or (p.get("data_ptr") and p["data_ptr"] in trained_ptrs))}
+        for s in window[:-1]:
+            if not cand:
+                break
+            by_name = {p["name"]: p for p in s["params"]}
+            cand = {n for n in cand if n in by_name and starved(by_name[n])}
+        if not cand:
+            return []
+        lst = sorted(cand)
+        return [self.finding(
+            snap, self.message.format(n=len(lst), k=k, first=window[0]["step"], last=window[-1]["step"],
+                                      names=names(lst)),
+            subjects=lst, key=",".join(lst),
+            next_failure="these parameters keep their values (weight decay aside): the loss plateaus "
+                         "without an error", snapshots=[s["step"] for s in window])]
+
+
+@register
+class GraphCut(Rule):
+    """The autograd graph was cut: the loss, or a module's output, lost ``grad_fn``.
+
+    Full cut: the loss has no ``grad_fn`` although parameters require grad, so
+    ``backward()`` raises "element 0 of tensors does not require grad and does not
+    have a grad_fn" (seeds 002, 004) — the PyTorch probes stop the step before that
+    and name the first module whose output lost ``grad_fn``, and whether autograd
+    was recording when it ran (a forward under ``torch.no_grad()`` /
+    ``inference_mode``, a wrapper that disabled grad). Partial cut: the loss still
+    has a ``grad_fn``, but a module's output lost it (a cast under ``no_grad``, a
+    ``.detach()``, a checkpoint whose inputs do not require grad) and the optimizer
+    parameters before it got no gradient at this step: training goes on silently
+    without them.
+
+    Fix: run the training forward with grad enabled; do dtype casts outside
+    ``no_grad`` (``x.float()`` is differentiable); remove the ``.detach()``/``.data``;
+    with ``torch.utils.checkpoint(use_reentrant=True)`` make an input require grad
+    (``enable_input_require_grads()``) or use ``use_reentrant=False``.
+    """
+
+    code, symbol, severity, family = "OC203", "graph-cut", "error", "gradients"
+    message = "{what} at {where}: {module} {why}; {n} parameter(s) get no gradient: {names}"
+
+    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
+        out = []
+        for e in events(snap, "graph_cut"):
+            d = e.get("detail") or {}
+            first = d.get("first_module") or {}
+            full = d.get("cut") == "full"
+            params = d.get("params_without_grad") or []
+            n = d.get("n_params_without_grad", len(params))
+            module = first.get("module") or "no module (the cut is between the model's output and the loss)"
+            why = first.get("why") or ""
+            msg = self.message.format(
+                what="loss has no grad_fn" if full else "graph cut", where=e.get("where") or "?",
+                module=module, why=f"lost grad_fn: {why}" if first else "", n=n,
+                names=names(params) + ("" if len(params) >= n else f" (+{n - len(params)} more)"))
+            out.append(self.finding(
+                snap, msg, subjects=params, key=f"{d.get('cut')}:{module}",
+                next_failure=(f"backward() raises RuntimeError: {d.get('pytorch_error')}" if full else
+                              f"{n} parameter(s) silently stop training"),
+                cut=d.get("cut"), first_step=e.get("step"), module=first.get("module"),
+                grad_enabled=first.get("grad_enabled"), cuts=d.get("cuts"), n_params_without_grad=n))
+        return out

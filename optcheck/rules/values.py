@@ -1,0 +1,66 @@
+"""Value rule OC501: NaN or Inf in the loss, the gradients, the parameters or the optimizer state.
+
+Reads the ``nonfinite`` events of the PyTorch hazard probes and, so that it also
+works on any recorded stream and on TorchSharp, the snapshot's own ``loss`` and
+params' ``grad_norm`` (written as "nan"/"inf" strings by ``optcheck.snapshot.dumps``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+from optcheck.findings import Finding
+from optcheck.rules._events import events, names
+from optcheck.rules.base import Rule, RuleContext, register
+from optcheck.snapshot import to_float
+
+
+def _nonfinite(value) -> bool:
+    try:
+        x = to_float(value)
+    except (TypeError, ValueError):
+        return False
+    return x is not None and not math.isfinite(x)
+
+
+@register
+class NonFinite(Rule):
+    """NaN or Inf in the loss, the gradients, the parameters or the optimizer state.
+
+    One non-finite gradient is enough: AdamW turns it into NaN moments and NaN
+    parameters at the next ``step()``, and every later loss is NaN (gradient
+    clipping does not help: the total norm is NaN too). The finding says where it
+    was seen first — loss, gradients (with the parameter names), parameters or
+    optimizer state — and at which step.
+
+    Fix: look at the first step reported (learning rate, a division by a zero
+    norm, ``log`` of 0, an overflow in float16 without loss scaling, bad input
+    data); skip steps with non-finite gradients (``GradScaler`` does) or lower the
+    learning rate.
+    """
+
+    code, symbol, severity, family = "OC501", "non-finite", "error", "values"
+    message = "non-finite {what} at step {step}{extra}"
+
+    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
+        found: dict[str, tuple[int, list[str]]] = {}
+        for e in events(snap, "nonfinite"):
+            d = e.get("detail") or {}
+            what = d.get("what", "value")
+            if what not in found:
+                found[what] = (e.get("step", snap["step"]), list(d.get("params") or []))
+        if "loss" not in found and _nonfinite(snap.get("loss")):
+            found["loss"] = (snap["step"], [])
+        bad = [p["name"] for p in snap.get("params", ()) if _nonfinite(p.get("grad_norm"))]
+        if bad and "grad" not in found:
+            found["grad"] = (snap["step"], bad)
+        out = []
+        for what, (step, params) in found.items():
+            extra = f" in {len(params)} parameter(s): {names(params)}" if params else ""
+            out.append(self.finding(
+                snap, self.message.format(what=what.replace("_", " "), step=step, extra=extra),
+                subjects=params or [what], key=what,
+                next_failure="the next optimizer step writes NaN into the parameters; every later loss is NaN",
+                what=what, first_step=step, params=params))
+        return out
