@@ -20,13 +20,16 @@ fi
 if [ $want_test = 1 ]; then
   # Mono (runtime + mcs) runs the .NET side of the bridge tests; CoreCLR 3.1 comes from PyPI's dotnetcore2.
   "$PY" -m pip install --disable-pip-version-check -q "dotnetcore2>=3.1" || echo "setup: dotnetcore2 not installed; CoreCLR bridge tests will skip" >&2
-  if ! command -v mcs >/dev/null || ! command -v mono >/dev/null; then
+  # pythonnet on Mono needs libmono-2.0 and the netstandard facade (mono-devel); without the facade
+  # Mono aborts the process inside pythonnet.load.
+  if ! command -v mcs >/dev/null || ! command -v mono >/dev/null || [ ! -f /usr/lib/mono/4.5/Facades/netstandard.dll ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
       apt-get update -qq >/dev/null
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mono-runtime mono-mcs libmono-2.0-dev libicu72 >/dev/null \
-        || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mono-runtime mono-mcs libmono-2.0-dev >/dev/null
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        mono-runtime mono-mcs mono-devel libmono-2.0-dev >/dev/null
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libicu72 >/dev/null 2>&1 || true
     else
-      echo "setup: no root/apt-get: install mono-runtime, mono-mcs and libmono-2.0-dev yourself; .NET tests will skip" >&2
+      echo "setup: no root/apt-get: install mono-runtime, mono-mcs, mono-devel and libmono-2.0-dev yourself; Mono tests will skip" >&2
     fi
   fi
 fi

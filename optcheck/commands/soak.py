@@ -72,13 +72,15 @@ def register(group: click.Group) -> None:
     @click.option("--dotnet-assembly", type=click.Path(), default=None,
                   help="TorchSharp backend: a prebuilt worker assembly (.dll) to load instead.")
     @click.option("--dotnet-trainer", type=str, default=None, help="TorchSharp backend: trainer type name in it.")
+    @click.option("--dotnet-root", type=click.Path(), default=None,
+                  help="TorchSharp backend: a .NET installation folder to take CoreCLR from (default: found).")
     @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Also write findings as JUnit XML.")
     @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Also write a PNG of loss/time/memory.")
     @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
     def soak(steps, every, seed, data, vocab_size, out, injects, fail_on, backend, same_init, threads, stop_on_finding,
              no_hazards, allow_inplace, val_every, eval_every, checkpoint_every, resume_at, memory_budget, lr,
              optimizer, n_layer, n_embd, n_head, block_size, batch_size, dotnet_runtime, torchsharp,
-             dotnet_assembly, dotnet_trainer, junit, plot, quiet):
+             dotnet_assembly, dotnet_trainer, dotnet_root, junit, plot, quiet):
         """Soak-test a GPT training run and flag inconsistencies at the step they happen.
 
         Runs the training in a worker process, takes a snapshot every --every steps
@@ -98,7 +100,7 @@ def register(group: click.Group) -> None:
 
         extra = {"optimizer": optimizer, "dotnet_runtime": dotnet_runtime}
         for key, value in (("torchsharp", torchsharp), ("dotnet_assembly", dotnet_assembly),
-                           ("dotnet_trainer", dotnet_trainer)):
+                           ("dotnet_trainer", dotnet_trainer), ("dotnet_root", dotnet_root)):
             if value:
                 extra[key] = value
         cfg = SoakConfig(
