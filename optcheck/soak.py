@@ -145,17 +145,26 @@ def _signal_name(returncode: int) -> str | None:
 
 
 def lead_time(findings: list[Finding], crash: dict | None) -> dict | None:
-    """Link a crash to the first error finding before it: ``{flagged_step, failed_step,
-    lead_steps, exception, finding}``, or None."""
+    """Link a crash to the error findings before it.
+
+    Returns ``{flagged_step, flagged_phase, finding, failed_step, lead_steps,
+    exception, predicted}`` — the finding is the one that predicted this exception
+    (``detail.predicted_exception``, e.g. OC108's KeyNotFoundException; ``predicted``
+    is True when its predicted key is in the exception message), else the first
+    error finding — or None when nothing was flagged before the crash.
+    """
     if not crash or crash.get("exc_type") == "InputError":
         return None
     before = [f for f in findings if f.step <= crash.get("step", 0) and f.severity == "error"]
     if not before:
         return None
-    first = before[0]
+    exc = crash.get("exc_type") or crash.get("signal")
+    matching = [f for f in before if f.detail.get("predicted_exception") and f.detail["predicted_exception"] == exc]
+    first = matching[0] if matching else before[0]
+    key = first.detail.get("predicted_key")
     return {"flagged_step": first.step, "flagged_phase": first.phase, "finding": f"{first.code} {first.symbol}",
             "failed_step": crash.get("step"), "lead_steps": crash.get("step", 0) - first.step,
-            "exception": crash.get("exc_type") or crash.get("signal")}
+            "exception": exc, "predicted": bool(matching and key and key in (crash.get("message") or ""))}
 
 
 def worker_command(cfg: SoakConfig, config_path: Path, fd: int) -> list[str]:
