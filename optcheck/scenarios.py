@@ -85,33 +85,39 @@ CATALOGUE: dict[str, ScenarioInfo] = {s.name: s for s in (
         "a KV cache updated with index_copy_ during a training forward",
         "seed 000 (mini-omni, Lightning Fabric)",
         ("OC301",),
-        "backward raises: one of the variables needed for gradient computation has been modified by an "
-        "inplace operation"),
+        "fails at the injection step in backward with seed 000's text: RuntimeError: one of the variables "
+        "needed for gradient computation has been modified by an inplace operation: [torch.LongTensor [1]] is "
+        "at version 1; expected version 0 instead. (optcheck flags the earlier write to the KV cache, "
+        "index_copy_, in the forward of the same step)"),
     ScenarioInfo(
         "mask-inplace", ("pytorch",),
         "a cached attention mask written in place, with gradient checkpointing re-running the forward",
         "seed 001 (Mistral-7B fine-tune)",
         ("OC301",),
-        "backward raises: one of the variables needed for gradient computation has been modified by an "
-        "inplace operation"),
+        "fails at the injection step in backward, while the checkpoint re-runs the last block: RuntimeError: "
+        "one of the variables needed for gradient computation has been modified by an inplace operation: "
+        "[torch.FloatTensor [1, 1, T, T]] is at version n_layer+1; expected version n_layer instead."),
     ScenarioInfo(
         "fp32-cast-nograd", ("pytorch",),
         "an RMSNorm-style float32 cast run where autograd is not recording",
         "seed 002 (LLaMA-Factory, Qwen2RMSNorm)",
         ("OC203",),
-        "the parameters before the cut silently stop receiving gradients"),
+        "trains silently without gradients to every parameter before ln_f but the tied wte/lm_head "
+        "(27 of 28 on the default 2-layer GPT): nothing fails, the body stops learning"),
     ScenarioInfo(
         "detached-loss", ("pytorch",),
         "logits and loss computed without a graph although every parameter requires grad",
         "seed 004 (Lightning + HF T5)",
         ("OC203",),
-        "backward raises: element 0 of tensors does not require grad and does not have a grad_fn"),
+        "fails at the injection step in backward with seed 004's text: RuntimeError: element 0 of tensors does "
+        "not require grad and does not have a grad_fn"),
     ScenarioInfo(
         "nonleaf-grad-read", ("pytorch",),
         ".grad read on non-leaf tensors every step",
         "seed 003's warning: The .grad attribute of a Tensor that is not a leaf Tensor is being accessed",
         ("OC201",),
-        "a UserWarning every step, the .grad read is always None"),
+        "nothing fails: a UserWarning (The .grad attribute of a Tensor that is not a leaf Tensor is being "
+        "accessed) at every step, and the value read is always None"),
     ScenarioInfo(
         "state-leak", ("pytorch",),
         "something kept alive every step (a history list that holds tensors)",

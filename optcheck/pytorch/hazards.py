@@ -82,6 +82,7 @@ _NONLEAF_RE = r"The \.grad attribute of a Tensor that is not a leaf Tensor is be
 _AUGMENTED = re.compile(r"(\+|-|\*|/|//|%|@|\*\*|&|\||\^|<<|>>)=")
 _SETITEM = re.compile(r"\]\s*=[^=]")
 _METHOD_ = re.compile(r"\.[A-Za-z]\w*_\(")
+_CUTTING = re.compile(r"\.detach\(|\.data\b|no_grad|inference_mode|\.numpy\(|\.item\(|\.tolist\(")
 MAX_SAMPLES = 8  # per-event lists (parameter names, modules) are cut to this many in "detail"
 
 
@@ -232,6 +233,7 @@ class HazardProbes:
         self._seen_keys: set[tuple] = set()
         self._urgent = False
         self._handles = []
+        self._removed = False
         self._names: dict[int, str] = {}
         root = type(model).__name__
         for name, m in model.named_modules():
@@ -271,7 +273,11 @@ class HazardProbes:
 
     @contextlib.contextmanager
     def step_context(self, step: int):
-        """Wrap forward and backward of training step ``step`` (1-based)."""
+        """Wrap forward and backward of training step ``step`` (1-based). After
+        :meth:`remove` it does nothing (PyTorch's own version check applies again)."""
+        if self._removed:
+            yield self
+            return
         self._step = step
         self._reset_step()
         self._active = True
@@ -449,23 +455,35 @@ class HazardProbes:
         self._stack.append(idx)
         self._cur = idx
         self._last = ("pre", idx)
-        if self._grad_ptrs:
-            for a in args:
-                if isinstance(a, torch.Tensor) and not a.requires_grad and a.is_floating_point() \
-                        and torch.is_grad_enabled() and _ptr(a) in self._grad_ptrs:
-                    self._detached_input(idx, self._grad_ptrs[_ptr(a)][0])
-                    break
+        if self._grad_ptrs and args:
+            a = args[0]
+            if isinstance(a, torch.Tensor) and not a.requires_grad and a.is_floating_point() \
+                    and torch.is_grad_enabled():
+                src = self._grad_ptrs.get(_ptr(a))
+                self._detached_input(idx, src[0] if src else None)
         return None
 
-    def _detached_input(self, idx: int, src: int) -> None:
+    def _detached_input(self, idx: int, src: int | None) -> None:
+        """A module's first input is a float tensor without grad although autograd is
+        recording and earlier outputs of this step required grad: the graph was cut
+        before it. Confirmed (or dropped) in :meth:`after_backward`."""
         frame = _user_frame(sys._getframe(2))
-        self._cut.append({
-            "module": self._calls[idx], "call": idx, "how": "detached-input", "grad_enabled": True,
-            "source_module": self._calls[src],
-            "where": _where(frame.f_code, frame.f_lineno) if frame else None,
-            "code": _line_text(frame.f_code, frame.f_lineno) if frame else None,
-            "why": f"its input shares memory with the output of {self._calls[src]}, which requires grad, "
-                   f"but does not require grad itself (a .detach() or .data between them)"})
+        where = code = None
+        if frame is not None:
+            where, code = _where(frame.f_code, frame.f_lineno), _line_text(frame.f_code, frame.f_lineno)
+            first, _ = _function_span(frame.f_code)
+            for n in range(frame.f_lineno, max(first, frame.f_lineno - 200) - 1, -1):  # the cutting line
+                text = linecache.getline(frame.f_code.co_filename, n).split("#", 1)[0]
+                if _CUTTING.search(text):
+                    where, code = f"{os.path.basename(frame.f_code.co_filename)}:{n}", text.strip()
+                    break
+        how = (f"its input shares memory with the output of {self._calls[src]}, which requires grad, but does "
+               f"not require grad itself (a .detach() or .data between them)" if src is not None else
+               "its input does not require grad although earlier outputs of this step did: the graph was cut "
+               "before it (.detach(), .data, a NumPy round trip, or an op under torch.no_grad())")
+        self._cut.append({"module": self._calls[idx], "call": idx, "how": "detached-input", "grad_enabled": True,
+                          "source_module": self._calls[src] if src is not None else None,
+                          "where": where, "code": code, "why": how})
 
     def _post(self, module, args, out):
         if not self._active:
@@ -702,6 +720,7 @@ class HazardProbes:
         except (ValueError, AttributeError):
             pass
         self._active = False
+        self._removed = True
 
 
 def _ptr(t: torch.Tensor) -> int:

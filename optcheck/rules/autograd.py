@@ -57,7 +57,7 @@ class InplaceOnSaved(Rule):
                 msg += f": {written['code']}"
             if d.get("phase", "").startswith("backward"):
                 msg += " (during the checkpoint recompute in backward)"
-            subjects = [s for s in (saved.get("module"), written.get("module")) if s]
+            subjects = list(dict.fromkeys(s for s in (saved.get("module"), written.get("module")) if s))
             out.append(self.finding(
                 snap, msg, subjects=subjects, key=f"{saved.get('where')}->{written.get('where')}",
                 next_failure=("backward() raises RuntimeError: " + d["pytorch_error"]) if d.get("pytorch_error")

@@ -1,0 +1,108 @@
+"""Rules OC201, OC202, OC203 (gradients), OC301 (autograd), OC501 (values) on
+hand-made snapshots: each fires on its condition and is silent on a clean stream."""
+
+from __future__ import annotations
+
+import json
+
+from snapfactory import clean
+
+from optcheck.engine import RuleEngine, check_stream
+from optcheck.rules import RuleConfig
+from optcheck.snapshot import dumps
+
+
+def ev(kind, step, where=None, count=1, **detail):
+    return {"kind": kind, "step": step, "where": where, "count": count, "detail": detail}
+
+
+MINE = ("OC201", "OC202", "OC203", "OC301", "OC501")
+
+
+def codes(findings):
+    """Codes of the hazard rules among ``findings`` (other families are tested elsewhere)."""
+    return [f.code for f in findings if f.code in MINE]
+
+
+def stream(n=5, every=100):
+    return [clean(step=every * (i + 1)) for i in range(n)]
+
+
+def test_clean_stream_is_silent_for_every_hazard_rule():
+    found = check_stream(stream())
+    assert codes(found) == []
+
+
+def test_oc201_names_the_line_and_count_and_reports_it_once():
+    snaps = stream(3)
+    for s in snaps[1:]:
+        s["events"] = [ev("nonleaf_grad_access", s["step"] - 99, "train.py:88", 99, code="g = logits.grad")]
+    eng = RuleEngine()
+    new = [eng.feed(s) for s in snaps]
+    assert codes(new[0]) == [] and codes(new[2]) == []
+    (f,) = [f for f in new[1] if f.code in MINE]
+    assert f.code == "OC201" and "99 .grad read(s)" in f.message and "train.py:88" in f.message
+    assert f.subjects == ["train.py:88"] and f.severity == "warning"
+
+
+def test_oc202_fires_after_k_post_step_snapshots_without_gradient():
+    snaps = stream(4)
+    for s in snaps[1:]:
+        s["params"][1]["grad"], s["params"][1]["grad_norm"] = "none", None
+    eng = RuleEngine(RuleConfig(grad_starved_snapshots=3))
+    new = [codes(eng.feed(s)) for s in snaps]
+    assert new[:3] == [[], [], []] and "OC202" in new[3]
+    f = [f for f in eng.findings if f.code == "OC202"][0]
+    assert f.subjects == ["layer1.weight"] and "steps 200–400" in f.message
+
+
+def test_oc202_ignores_frozen_and_pre_step_snapshots():
+    snaps = stream(4)
+    for s in snaps:
+        s["params"][0]["grad"], s["params"][0]["requires_grad"] = "none", False  # frozen: fine
+        s["phase"] = "pre-step"
+    assert "OC202" not in codes(check_stream(snaps, RuleConfig(grad_starved_snapshots=2)))
+
+
+def test_oc203_full_and_partial():
+    s = clean(step=500)
+    s["events"] = [ev("graph_cut", 500, "gpt.py:136", cut="full", n_params_without_grad=28,
+                      params_without_grad=["wte.weight", "wpe.weight"],
+                      first_module={"module": "wte", "why": "autograd was not recording", "grad_enabled": False},
+                      pytorch_error="element 0 of tensors does not require grad and does not have a grad_fn")]
+    (f,) = [f for f in check_stream([s]) if f.code == "OC203"]
+    assert "loss has no grad_fn at gpt.py:136: wte" in f.message and "(+26 more)" in f.message
+    assert f.next_failure.endswith("element 0 of tensors does not require grad and does not have a grad_fn")
+    s["events"] = [ev("graph_cut", 500, "gpt.py:87", cut="partial", n_params_without_grad=2,
+                      params_without_grad=["h.0.ln_1.weight", "h.0.ln_1.bias"],
+                      first_module={"module": "h.0.ln_1", "why": "ran under no_grad", "grad_enabled": True})]
+    (f,) = [f for f in check_stream([s]) if f.code == "OC203"]
+    assert f.message.startswith("graph cut at gpt.py:87: h.0.ln_1") and f.subjects == ["h.0.ln_1.weight", "h.0.ln_1.bias"]
+
+
+def test_oc301_names_saving_op_writer_and_predicted_error():
+    s = clean(step=500)
+    s["phase"], s["trigger"] = "pre-step", "hazard"
+    s["events"] = [ev("inplace_on_saved", 500, "model.py:36", tensor={"type": "torch.FloatTensor", "shape": [8, 16]},
+                      saved_version=1, version=2, phase="forward", stopped=True,
+                      saved_by={"op": "BmmBackward0", "module": "h.0.attn", "where": "model.py:39"},
+                      written={"module": "h.0.attn", "where": "model.py:36", "code": "k = cache.index_copy_(2, pos, k)"},
+                      pytorch_error="one of the variables needed ... is at version 2; expected version 1 instead.")]
+    (f,) = [f for f in check_stream([s]) if f.code == "OC301"]
+    assert "saved by BmmBackward0 in h.0.attn (model.py:39)" in f.message
+    assert "written in place by h.0.attn at model.py:36 (version 1 -> 2): k = cache.index_copy_" in f.message
+    assert f.phase == "pre-step" and "expected version 1 instead" in f.next_failure and f.subjects == ["h.0.attn"]
+
+
+def test_oc501_from_events_and_from_a_recorded_stream():
+    s = clean(step=300)
+    s["events"] = [ev("nonfinite", 297, what="grad", params=["layer0.weight"])]
+    (f,) = [f for f in check_stream([s]) if f.code == "OC501"]
+    assert "non-finite grad at step 297 in 1 parameter(s): layer0.weight" == f.message
+    # a recorded stream (NaN written as "nan" by dumps) without events
+    s = clean(step=300)
+    s["loss"] = float("nan")
+    s = json.loads(dumps(s))
+    assert s["loss"] == "nan"
+    (f,) = [f for f in check_stream([s]) if f.code == "OC501"]
+    assert f.detail["what"] == "loss"
