@@ -52,10 +52,7 @@ def make_hazards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: 
     """The hazard probes of ``optcheck/pytorch/hazards.py`` when ``cfg.hazards``, else a NullHazards."""
     if not cfg.hazards:
         return NullHazards()
-    try:
-        from optcheck.pytorch.hazards import HazardProbes
-    except ImportError:  # TODO(lead): remove once hazards.py lands
-        return NullHazards()
+    from optcheck.pytorch.hazards import HazardProbes
 
     return HazardProbes(model, optimizer, allow_inplace=cfg.allow_inplace)
 
