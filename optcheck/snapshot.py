@@ -227,3 +227,17 @@ def param_by_name(snap: dict) -> dict[str, dict]:
 def members(snap: dict) -> list[tuple[int, dict]]:
     """Every optimizer member as ``(group index, Member)``, in group order."""
     return [(g.get("index", i), m) for i, g in enumerate(snap["groups"]) for m in g.get("members", ())]
+
+
+def assemble(*, backend: str, run: str, step: int, phase: str, trigger: str, body: dict, events: list[dict],
+             loss: float | None = None, val_loss: float | None = None, elapsed_s: float | None = None,
+             step_time_s: float | None = None, versions: dict | None = None, threads: int | None = None) -> dict:
+    """A schema-1 snapshot from a backend probe's ``body`` (params, groups, state,
+    optimizer, memory, notes) and the loop's bookkeeping. Used by the soak loop and
+    by ``optcheck.Monitor``, so both write the same thing."""
+    snap = {"schema": SCHEMA, "backend": backend, "run": run, "step": step, "phase": phase, "trigger": trigger,
+            "elapsed_s": None if elapsed_s is None else round(elapsed_s, 4), "loss": loss, "val_loss": val_loss,
+            "step_time_s": step_time_s, "versions": versions or {}, "threads": threads}
+    snap.update(body)
+    snap["events"] = list(events) + list(body.get("events", ()))
+    return snap

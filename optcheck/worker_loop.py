@@ -31,7 +31,7 @@ from optcheck.data import BatchSchedule, Corpus, load_corpus, val_batches
 from optcheck.engine import RuleEngine
 from optcheck.errors import InputError
 from optcheck.protocol import Stream
-from optcheck.snapshot import SCHEMA
+from optcheck.snapshot import assemble
 
 METRICS_BATCH = 200
 
@@ -113,19 +113,13 @@ class Loop:
     def take(self, step: int, phase: str, trigger: str) -> list:
         now = time.perf_counter()
         body = self.backend.snapshot_body()
-        events = self.pending_events + body.pop("events", [])
-        self.pending_events = []
+        events, self.pending_events = self.pending_events, []
         nsteps = step - self.last_snap_step
-        snap = {
-            "schema": SCHEMA, "backend": self.backend.name, "run": self.cfg.run_id,
-            "step": step, "phase": phase, "trigger": trigger,
-            "elapsed_s": round(now - self.t0, 4),
-            "loss": self.last_loss if phase == "post-step" or trigger != "start" else None,
-            "val_loss": self.val_loss,
-            "step_time_s": (now - self.last_snap_t) / nsteps if nsteps > 0 else None,
-            "versions": self.backend.versions(), "threads": self.backend.threads(),
-            **body, "events": events,
-        }
+        snap = assemble(
+            backend=self.backend.name, run=self.cfg.run_id, step=step, phase=phase, trigger=trigger, body=body,
+            events=events, loss=None if trigger == "start" else self.last_loss, val_loss=self.val_loss,
+            elapsed_s=now - self.t0, step_time_s=(now - self.last_snap_t) / nsteps if nsteps > 0 else None,
+            versions=self.backend.versions(), threads=self.backend.threads())
         self.val_loss = None
         self.last_snap_t, self.last_snap_step = now, step
         self.flush_metrics()

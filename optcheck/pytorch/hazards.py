@@ -234,6 +234,7 @@ class HazardProbes:
         self._urgent = False
         self._handles = []
         self._removed = False
+        self.on_stop = None  # optional callback f(StepStopped) called before the raise
         self._names: dict[int, str] = {}
         root = type(model).__name__
         for name, m in model.named_modules():
@@ -350,7 +351,15 @@ class HazardProbes:
         if self.allow_inplace:
             self._record(event, key=("inplace_on_saved", saved_where, written.get("where")))
             return
-        raise StepStopped(msg, event)
+        self._stop(msg, event)
+
+    def _stop(self, msg: str, event: dict) -> None:
+        """Raise StepStopped, after telling ``on_stop`` (a Monitor records the finding
+        there, before the exception unwinds the user's forward)."""
+        exc = StepStopped(msg, event)
+        if self.on_stop is not None:
+            self.on_stop(exc)
+        raise exc
 
     def _locate_write(self, rec, detected_at: str) -> dict:
         """Where the write happened: the module whose own code ran since the last
@@ -546,7 +555,7 @@ class HazardProbes:
         if loss.grad_fn is not None:
             self._roots.append(loss.grad_fn)
         elif not loss.requires_grad:
-            raise StepStopped(*self._full_cut(loss))
+            self._stop(*self._full_cut(loss))
         if not bool(torch.isfinite(loss.detach()).all()):
             self._record({"kind": "nonfinite", "step": step, "where": None, "count": 1,
                           "detail": {"what": "loss", "value": float(loss.detach().float().reshape(-1)[0])}},

@@ -29,13 +29,14 @@ FILES = ("snapshots.jsonl", "findings.jsonl", "metrics.jsonl", "events.jsonl")
 
 
 class RunDir:
-    """Opens ``path`` for a new run (created if missing; existing run files are replaced).
+    """Opens ``path`` for a new run (created if missing; existing run files are
+    replaced, or appended to with ``append=True``, as a resumed job does).
 
     Raises:
         InputError: the directory cannot be created or written.
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, append: bool = False):
         self.path = Path(path)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -45,8 +46,8 @@ class RunDir:
         except OSError as e:
             raise InputError(f"--out {path}: cannot write there ({e.strerror or e})") from None
         self._files: dict[str, IO[str]] = {
-            name: open(self.path / name, "w", encoding="utf-8", buffering=1) for name in FILES}
-        self.worker_log = open(self.path / "worker.log", "wb", buffering=0)
+            name: open(self.path / name, "a" if append else "w", encoding="utf-8", buffering=1) for name in FILES}
+        self.worker_log = open(self.path / "worker.log", "ab" if append else "wb", buffering=0)
 
     def _write(self, name: str, obj: dict) -> None:
         f = self._files[name]

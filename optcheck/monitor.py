@@ -1,0 +1,384 @@
+"""``optcheck.Monitor``: the soak's probes and rules inside your own PyTorch loop.
+
+(Written by the lead; the hooks below are the public interface.)
+
+Adding it to an existing loop takes two or three lines::
+
+    mon = optcheck.Monitor(model, optimizer, every=50, out="runs/mine")   # 1
+    for x, y in batches:                                                  #   your loop, unchanged
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    mon.close()                                                           # 2
+
+or ``with optcheck.Monitor(model, optimizer, out=...) as mon:`` around the loop,
+which also records an exception that ends it. Steps are counted by the
+optimizer (``register_step_post_hook``); the loss is taken from the tensor
+``backward()`` is called on (``mon.step(loss)`` records one explicitly).
+
+How it watches (all hooks, nothing copied):
+
+- before every ``optimizer.step()`` (``register_step_pre_hook``): the identity
+  check of the model's parameters and the param groups (a few µs); if they
+  changed since the last snapshot, a snapshot at once, before the step;
+- after every ``optimizer.step()``: every ``every`` steps a snapshot; at once when
+  a hazard probe saw something new;
+- around forward and backward: the autograd hazard probes
+  (``optcheck/pytorch/hazards.py``): an in-place write to a saved tensor or a loss
+  without ``grad_fn`` is recorded as a finding and then raised as
+  :class:`optcheck.worker_loop.StepStopped` (PyTorch would fail at ``backward()``
+  with a message that names neither module nor line); ``Tensor.backward`` and
+  ``torch.autograd.backward`` are wrapped while the monitor is open;
+- gradients left from the previous step (``optcheck/pytorch/grad_clear.py``).
+
+Findings go to ``out/findings.jsonl`` as they happen and, by default, are shown
+as an :class:`OptcheckWarning` (``on_finding="warn"``; "raise" raises
+:class:`FindingError`, "log" logs to the ``optcheck`` logger, "ignore" only
+records).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import time
+import warnings
+import weakref
+from typing import Any
+
+import torch
+
+from optcheck import exitcodes
+from optcheck.engine import RuleEngine
+from optcheck.findings import SEVERITIES, Finding, severity_rank
+from optcheck.pytorch import probe
+from optcheck.pytorch.grad_clear import GradClearProbe
+from optcheck.pytorch.train import NullHazards
+from optcheck.report.rundir import RunDir
+from optcheck.rules import RuleConfig
+from optcheck.snapshot import assemble
+from optcheck.worker_loop import StepStopped
+
+log = logging.getLogger("optcheck")
+ON_FINDING = ("warn", "raise", "log", "ignore")
+CENSUS_EVERY = 10
+
+
+class OptcheckWarning(UserWarning):
+    """A finding, shown as a warning (``Monitor(on_finding="warn")``)."""
+
+
+class FindingError(RuntimeError):
+    """A finding, raised (``Monitor(on_finding="raise")``); ``.finding`` holds it."""
+
+    def __init__(self, finding: Finding):
+        super().__init__(f"step {finding.step}: {finding.code} {finding.symbol}: {finding.message}")
+        self.finding = finding
+
+
+_ACTIVE: list["Monitor"] = []
+_ORIG: dict[str, Any] = {}
+
+
+def _patched_tensor_backward(tensor, *args, **kwargs):
+    mon = _ACTIVE[-1] if _ACTIVE else None
+    if mon is None:
+        return _ORIG["tensor"](tensor, *args, **kwargs)
+    mon._before_backward(tensor)
+    out = _ORIG["tensor"](tensor, *args, **kwargs)
+    mon._after_backward()
+    return out
+
+
+def _patched_autograd_backward(tensors, *args, **kwargs):
+    mon = _ACTIVE[-1] if _ACTIVE else None
+    if mon is None or not isinstance(tensors, torch.Tensor):
+        return _ORIG["autograd"](tensors, *args, **kwargs)
+    mon._before_backward(tensors)
+    out = _ORIG["autograd"](tensors, *args, **kwargs)
+    mon._after_backward()
+    return out
+
+
+def _install_backward_wrappers() -> None:
+    if not _ORIG:
+        _ORIG["tensor"], _ORIG["autograd"] = torch.Tensor.backward, torch.autograd.backward
+        torch.Tensor.backward = _patched_tensor_backward
+        torch.autograd.backward = _patched_autograd_backward
+
+
+def _remove_backward_wrappers() -> None:
+    if _ORIG and not _ACTIVE:
+        torch.Tensor.backward, torch.autograd.backward = _ORIG.pop("tensor"), _ORIG.pop("autograd")
+
+
+class Monitor:
+    """Watch a user's PyTorch model and optimizer; same probes, rules and run
+    directory as ``optcheck soak``.
+
+    Args:
+        model: the ``nn.Module`` being trained.
+        optimizer: its ``torch.optim.Optimizer`` (torch ≥ 2.0: step hooks).
+        every: a snapshot every this many optimizer steps.
+        out: run directory (``snapshots.jsonl``, ``findings.jsonl``,
+            ``metrics.jsonl``, ``summary.json``); None keeps everything in memory.
+        hazards: autograd hazard probes on (in-place writes to saved tensors, cut
+            graphs, non-leaf ``.grad`` reads, non-finite values).
+        allow_inplace: record an in-place write to a saved tensor and let the step
+            go on instead of raising ``StepStopped``.
+        on_finding: "warn" | "raise" | "log" | "ignore".
+        fail_on: lowest severity counted by :attr:`exit_code`.
+        rule_config: rule knobs (``optcheck.rules.RuleConfig``).
+        run_id: name of the run in snapshots (default: the ``out`` folder's name).
+        append: append to an existing run directory (a resumed job) instead of
+            starting it anew; use with :meth:`load_state_dict`.
+
+    Raises:
+        ValueError: ``on_finding`` or ``fail_on`` unknown, ``every`` < 1.
+        optcheck.errors.InputError: ``out`` cannot be written.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, every: int = 100,
+                 out: str | None = None, hazards: bool = True, allow_inplace: bool = False,
+                 on_finding: str = "warn", fail_on: str = "warning", rule_config: RuleConfig | None = None,
+                 run_id: str | None = None, append: bool = False):
+        if on_finding not in ON_FINDING:
+            raise ValueError(f"on_finding must be one of {ON_FINDING}, got {on_finding!r}")
+        if every < 1:
+            raise ValueError(f"every must be >= 1, got {every}")
+        self._fail_rank = severity_rank(fail_on)
+        self.model, self.optimizer, self.every, self.on_finding_policy = model, optimizer, every, on_finding
+        self.rundir = RunDir(out, append=append) if out is not None else None
+        self.run_id = run_id or (self.rundir.path.name if self.rundir else "monitor")
+        self.engine = RuleEngine(rule_config)
+        self.step_count = 0
+        self.snapshots = 0
+        self.closed = False
+        self._losses: list[tuple[int, torch.Tensor]] = []
+        self._loss: torch.Tensor | None = None
+        self._last_loss: float | None = None
+        self._loss_first: float | None = None
+        self._events: list[dict] = []
+        self._crash: dict | None = None
+        self._t0 = self._last_snap_t = time.perf_counter()
+        self._last_snap_step = 0
+        self._peak_rss = 0
+        self.hazards = NullHazards()
+        if hazards:
+            from optcheck.pytorch.hazards import HazardProbes
+
+            self.hazards = HazardProbes(model, optimizer, allow_inplace=allow_inplace)
+            self.hazards.on_stop = self._on_stop
+        self.grad_clear = GradClearProbe(optimizer)
+        self._handles = [optimizer.register_step_pre_hook(self._pre_step),
+                         optimizer.register_step_post_hook(self._post_step)]
+        _ACTIVE.append(self)
+        _install_backward_wrappers()
+        self._ctx = None
+        self._enter_step()
+        self._snapshot(self.step_count, "pre-step", "start")
+        self._write_summary("running")
+        ref = weakref.ref(self)
+        self._atexit = lambda: (ref() is not None and not ref().closed and ref().close())
+        atexit.register(self._atexit)
+
+    # -- hooks for subclasses (Lightning-style: no-ops by default) ------------
+    def on_snapshot(self, snapshot: dict) -> None:
+        """Called after each snapshot is taken and checked (``snapshot`` is schema 1)."""
+
+    def on_finding(self, finding: Finding) -> None:
+        """Called when a rule reports a new finding, before the ``on_finding`` policy applies."""
+
+    def on_step_end(self, step: int) -> None:
+        """Called after ``optimizer.step()`` of step ``step`` (1-based) and any snapshot of it."""
+
+    def on_close(self, summary: dict) -> None:
+        """Called by :meth:`close` with the final summary."""
+
+    # -- public API -------------------------------------------------------------
+    def step(self, loss: torch.Tensor | float | None = None) -> None:
+        """Record the loss of the current step (optional: the loss is otherwise taken
+        from the tensor ``backward()`` was called on). Call it before or after
+        ``optimizer.step()``; steps are counted by the optimizer either way."""
+        if loss is not None:
+            self._loss = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss))
+
+    @property
+    def findings(self) -> list[Finding]:
+        """Every finding so far, in order."""
+        return self.engine.findings
+
+    @property
+    def exit_code(self) -> int:
+        """``optcheck.exitcodes`` policy: 3 if the loop died inside the monitor, 1 if
+        a finding reached ``fail_on``, else 0."""
+        worst = max((severity_rank(f.severity) for f in self.findings), default=None)
+        return exitcodes.run_exit_code(crashed=self._crash is not None, interrupted=False, worst_rank=worst,
+                                       fail_on_rank=self._fail_rank)
+
+    def state_dict(self) -> dict:
+        """What a resumed job needs to keep the step count and snapshot cadence."""
+        return {"step": self.step_count, "snapshots": self.snapshots, "every": self.every,
+                "loss_first": self._loss_first}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue counting from a :meth:`state_dict` (call right after construction)."""
+        self.step_count = int(state["step"])
+        self._last_snap_step = self.step_count
+        self.snapshots = int(state.get("snapshots", self.snapshots))
+        self.every = int(state.get("every", self.every))
+        self._loss_first = state.get("loss_first", self._loss_first)
+        if self._ctx is not None:
+            self._exit_step()
+            self._enter_step()
+
+    def close(self) -> dict:
+        """Final snapshot, summary, hooks removed; returns the summary. Idempotent."""
+        if self.closed:
+            return self.summary()
+        self.closed = True
+        self._exit_step()
+        if self._crash is None and (self.step_count > self._last_snap_step or self._losses):
+            self._snapshot(self.step_count, "post-step", "final")
+        for h in self._handles:
+            h.remove()
+        self.hazards.remove()
+        self.grad_clear.remove()
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+        _remove_backward_wrappers()
+        atexit.unregister(self._atexit)
+        summary = self.summary()
+        self._write_summary(summary["status"], summary)
+        if self.rundir is not None:
+            self.rundir.close()
+        self.on_close(summary)
+        return summary
+
+    def summary(self) -> dict:
+        """The run so far, in ``summary.json``'s fields."""
+        by_code: dict[str, int] = {}
+        for f in self.findings:
+            by_code[f.code] = by_code.get(f.code, 0) + 1
+        code = self.exit_code
+        status = "crashed" if self._crash else "findings" if code == exitcodes.FINDINGS else "clean"
+        if not self.closed:
+            status = "running"
+        elapsed = time.perf_counter() - self._t0
+        return {"run": self.run_id, "backend": "pytorch", "source": "monitor", "status": status, "exit_code": code,
+                "last_step": self.step_count, "snapshots": self.snapshots, "findings": len(self.findings),
+                "findings_by_code": by_code, "first_finding": self.findings[0].to_dict() if self.findings else None,
+                "loss_first": self._loss_first, "loss_last": self._last_loss, "elapsed_s": round(elapsed, 3),
+                "steps_per_s": round(self.step_count / elapsed, 2) if elapsed else None,
+                "peak_rss_bytes": self._peak_rss, "versions": probe.versions(), "threads": torch.get_num_threads(),
+                "crash": self._crash, "out": str(self.rundir.path) if self.rundir else None}
+
+    def __enter__(self) -> "Monitor":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is not None and not isinstance(exc, (KeyboardInterrupt, GeneratorExit)):
+            self._crash = {"step": self.step_count + 1, "exc_type": type(exc).__qualname__, "message": str(exc)}
+            if self.rundir is not None:
+                self.rundir.event({"kind": "crash", **self._crash})
+        self.close()
+        return False
+
+    # -- internals --------------------------------------------------------------
+    def _enter_step(self) -> None:
+        self._ctx = self.hazards.step_context(self.step_count + 1)
+        self._ctx.__enter__()
+
+    def _exit_step(self) -> None:
+        if self._ctx is not None:
+            ctx, self._ctx = self._ctx, None
+            ctx.__exit__(None, None, None)
+
+    def _before_backward(self, loss: torch.Tensor) -> None:
+        self.hazards.check_loss(loss, self.step_count + 1)
+        if loss.numel() == 1:
+            self._loss = loss.detach()
+
+    def _after_backward(self) -> None:
+        self.hazards.after_backward(self.step_count + 1)
+
+    def _on_stop(self, exc: StepStopped) -> None:
+        self._events.append(exc.event)
+        self._snapshot(self.step_count + 1, "pre-step", "hazard")
+
+    def _pre_step(self, optimizer, args, kwargs) -> None:
+        if probe.fingerprint(self.model, self.optimizer) != self._fp:
+            self._snapshot(self.step_count + 1, "pre-step", "check")
+
+    def _post_step(self, optimizer, args, kwargs) -> None:
+        self.step_count += 1
+        step = self.step_count
+        self._exit_step()
+        if self._loss is not None:
+            self._losses.append((step, self._loss))
+            self._loss = None
+        if self.hazards.has_events() or self.grad_clear.has_events():
+            self._snapshot(step, "post-step", "hazard")
+        elif step % self.every == 0:
+            self._snapshot(step, "post-step", "cadence")
+        self._enter_step()
+        self.on_step_end(step)
+
+    def _flush_losses(self) -> None:
+        if not self._losses:
+            return
+        values = torch.stack([t.float().reshape(()) for _, t in self._losses]).tolist()  # one sync
+        steps = [s for s, _ in self._losses]
+        self._losses = []
+        if self._loss_first is None:
+            self._loss_first = values[0]
+        self._last_loss = values[-1]
+        if self.rundir is not None:
+            for s, v in zip(steps, values):
+                self.rundir.metric(s, v, None)
+
+    def _snapshot(self, step: int, phase: str, trigger: str) -> None:
+        self._flush_losses()
+        now = time.perf_counter()
+        body = probe.snapshot_body(self.model, self.optimizer, census=self.snapshots % CENSUS_EVERY == 0)
+        events, self._events = self._events, []
+        events += self.hazards.drain() + self.grad_clear.drain()
+        n = step - self._last_snap_step
+        snap = assemble(backend="pytorch", run=self.run_id, step=step, phase=phase, trigger=trigger, body=body,
+                        events=events, loss=None if trigger == "start" else self._last_loss,
+                        elapsed_s=now - self._t0, step_time_s=(now - self._last_snap_t) / n if n > 0 else None,
+                        versions=probe.versions(), threads=torch.get_num_threads())
+        self._last_snap_t, self._last_snap_step = now, step
+        self._fp = probe.fingerprint(self.model, self.optimizer)
+        self.snapshots += 1
+        self._peak_rss = max(self._peak_rss, body["memory"].get("rss_bytes") or 0)
+        if self.rundir is not None:
+            self.rundir.snapshot(snap)
+        new = self.engine.feed(snap)
+        self.on_snapshot(snap)
+        for f in new:
+            self._report(f)
+
+    def _report(self, f: Finding) -> None:
+        if self.rundir is not None:
+            self.rundir.finding(f.to_dict())
+            self._write_summary("running")
+        self.on_finding(f)
+        text = f"optcheck: step {f.step} ({f.phase}) {f.code} {f.symbol}: {f.message}"
+        if self.on_finding_policy == "warn":
+            warnings.warn(text, OptcheckWarning, stacklevel=2)
+        elif self.on_finding_policy == "log":
+            log.warning(text)
+        elif self.on_finding_policy == "raise" and severity_rank(f.severity) >= self._fail_rank:
+            raise FindingError(f)
+
+    def _write_summary(self, status: str, summary: dict | None = None) -> None:
+        if self.rundir is None:
+            return
+        s = dict(summary or self.summary())
+        s["status"] = status
+        self.rundir.summary(s)
+
+
+__all__ = ["Monitor", "OptcheckWarning", "FindingError", "SEVERITIES"]
