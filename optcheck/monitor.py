@@ -63,6 +63,8 @@ from optcheck.worker_loop import StepStopped
 log = logging.getLogger("optcheck")
 ON_FINDING = ("warn", "raise", "log", "ignore")
 CENSUS_EVERY = 10
+NO_STEP_BACKWARDS = 32  # backward() calls without optimizer.step() before OC206 (or 2x every)
+NO_STEP_AT_CLOSE = 8  # at close, fewer are enough when the optimizer never stepped at all
 
 
 class OptcheckWarning(UserWarning):
@@ -132,7 +134,9 @@ class Monitor:
         rule_config: rule knobs (``optcheck.rules.RuleConfig``).
         run_id: name of the run in snapshots (default: the ``out`` folder's name).
         append: append to an existing run directory (a resumed job) instead of
-            starting it anew; use with :meth:`load_state_dict`.
+            starting it anew.
+        state: a :meth:`state_dict` of the monitor of the run being resumed: step
+            numbers and snapshot cadence continue from it.
 
     Raises:
         ValueError: ``on_finding`` or ``fail_on`` unknown, ``every`` < 1.
@@ -142,7 +146,7 @@ class Monitor:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, every: int = 100,
                  out: str | None = None, hazards: bool = True, allow_inplace: bool = False,
                  on_finding: str = "warn", fail_on: str = "warning", rule_config: RuleConfig | None = None,
-                 run_id: str | None = None, append: bool = False):
+                 run_id: str | None = None, append: bool = False, state: dict | None = None):
         if on_finding not in ON_FINDING:
             raise ValueError(f"on_finding must be one of {ON_FINDING}, got {on_finding!r}")
         if every < 1:
@@ -164,6 +168,8 @@ class Monitor:
         self._t0 = self._last_snap_t = time.perf_counter()
         self._last_snap_step = 0
         self._peak_rss = 0
+        self._backwards = 0  # backward() calls since the last optimizer step
+        self._no_step_reported = False
         self.hazards = NullHazards()
         if hazards:
             from optcheck.pytorch.hazards import HazardProbes
@@ -176,6 +182,8 @@ class Monitor:
         _ACTIVE.append(self)
         _install_backward_wrappers()
         self._ctx = None
+        if state is not None:
+            self.load_state_dict(state)
         self._enter_step()
         self._snapshot(self.step_count, "pre-step", "start")
         self._write_summary("running")
@@ -223,7 +231,8 @@ class Monitor:
                 "loss_first": self._loss_first}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue counting from a :meth:`state_dict` (call right after construction)."""
+        """Continue counting from a :meth:`state_dict` (prefer ``Monitor(..., state=...)``:
+        called later, the snapshots already written keep their step numbers)."""
         self.step_count = int(state["step"])
         self._last_snap_step = self.step_count
         self.snapshots = int(state.get("snapshots", self.snapshots))
@@ -238,6 +247,8 @@ class Monitor:
         if self.closed:
             return self.summary()
         self.closed = True
+        if self._backwards >= NO_STEP_AT_CLOSE and self.step_count == 0:
+            self._no_step_event()
         self._exit_step()
         if self._crash is None and (self.step_count > self._last_snap_step or self._losses):
             self._snapshot(self.step_count, "post-step", "final")
@@ -302,6 +313,18 @@ class Monitor:
 
     def _after_backward(self) -> None:
         self.hazards.after_backward(self.step_count + 1)
+        self._backwards += 1
+        if self._backwards == max(NO_STEP_BACKWARDS, 2 * self.every):
+            self._no_step_event()
+
+    def _no_step_event(self) -> None:
+        """Many backward passes and no optimizer step: record it once and snapshot."""
+        if self._no_step_reported or self._backwards < 2:
+            return
+        self._no_step_reported = True
+        self._events.append({"kind": "no_optimizer_step", "step": self.step_count + 1, "where": None,
+                             "count": self._backwards, "detail": {}})
+        self._snapshot(self.step_count, "post-step", "hazard")
 
     def _on_stop(self, exc: StepStopped) -> None:
         self._events.append(exc.event)
@@ -312,6 +335,7 @@ class Monitor:
             self._snapshot(self.step_count + 1, "pre-step", "check")
 
     def _post_step(self, optimizer, args, kwargs) -> None:
+        self._backwards = 0
         self.step_count += 1
         step = self.step_count
         self._exit_step()

@@ -129,16 +129,16 @@ def validate(snap: Any) -> dict:
     return snap
 
 
-def _clean(obj: Any) -> Any:
+def clean_json(obj: Any) -> Any:
     """Replace NaN/Inf floats by strings so the line stays strict JSON."""
     if isinstance(obj, float):
         if math.isfinite(obj):
             return obj
         return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
+        return {k: clean_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [clean_json(v) for v in obj]
     return obj
 
 
@@ -153,7 +153,7 @@ def to_float(value: Any) -> float | None:
 
 def dumps(obj: dict) -> str:
     """One JSON line (no trailing newline); non-finite floats become "nan"/"inf"."""
-    return json.dumps(_clean(obj), separators=(",", ":"), allow_nan=False)
+    return json.dumps(clean_json(obj), separators=(",", ":"), allow_nan=False)
 
 
 def loads(line: str) -> dict:

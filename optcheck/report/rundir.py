@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO
 
 from optcheck.errors import InputError
-from optcheck.snapshot import dumps, read_jsonl
+from optcheck.snapshot import clean_json, dumps, read_jsonl
 
 SUMMARY_SCHEMA = "optcheck.summary/1"
 FILES = ("snapshots.jsonl", "findings.jsonl", "metrics.jsonl", "events.jsonl")
@@ -81,7 +81,7 @@ def write_summary(path: str | os.PathLike, summary: dict) -> None:
     summary = {"schema": SUMMARY_SCHEMA, **summary}
     target = Path(path) / "summary.json"
     tmp = target.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=2, default=str, allow_nan=False) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(clean_json(summary), indent=2, default=str, allow_nan=False) + "\n", encoding="utf-8")
     os.replace(tmp, target)
 
 

@@ -103,3 +103,29 @@ class GradNotCleared(Rule):
                              key="grad_not_cleared",
                              next_failure="gradients accumulate across steps: updates grow until the loss diverges",
                              first_step=e.get("step"))]
+
+
+@register
+class NoOptimizerStep(Rule):
+    """Backward passes run, but the optimizer never steps.
+
+    ``backward()`` was called many times (event ``no_optimizer_step``, recorded by
+    ``optcheck.Monitor``) without a single ``optimizer.step()`` in between:
+    gradients are computed and thrown away, and the model never changes.
+
+    Fix: call ``optimizer.step()`` after ``backward()`` (for gradient accumulation,
+    once every N micro-batches), on the optimizer the monitor watches.
+    """
+
+    code, symbol, severity, family = "OC206", "no-optimizer-step", "error", "gradients"
+    message = "{count} backward() calls without an optimizer.step() (since step {step})"
+
+    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
+        evs = [e for e in snap.get("events", ()) if e.get("kind") == "no_optimizer_step"]
+        if not evs:
+            return []
+        e = evs[-1]
+        return [self.finding(snap, self.message.format(count=e.get("count"), step=e.get("step")),
+                             key="no_optimizer_step",
+                             next_failure="the model keeps its initial weights for the whole run",
+                             backward_calls=e.get("count"))]

@@ -1,0 +1,98 @@
+"""optcheck.Monitor on a training loop not written for optcheck (plain_loop.py):
+silent when clean, each planted bug named."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from optcheck.snapshot import read_jsonl  # noqa: E402
+from optcheck.worker_loop import StepStopped  # noqa: E402
+from plain_loop import train  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    torch.set_num_threads(1)
+
+
+def run(tmp_path, bug, steps=60, every=10):
+    out = tmp_path / (bug or "clean")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses, mon = train(bug, steps=steps, monitor_kwargs={"every": every, "out": str(out)})
+    shown = [str(w.message) for w in caught if "optcheck:" in str(w.message)]
+    found = list(read_jsonl(out / "findings.jsonl"))
+    return losses, mon, found, shown, out
+
+
+def test_clean_loop_has_no_findings_and_writes_a_run(tmp_path):
+    losses, mon, found, shown, out = run(tmp_path, None)
+    assert found == [] and shown == [] and mon.exit_code == 0
+    assert losses[-1] < losses[0] - 0.5
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "clean" and summary["last_step"] == 60 and summary["snapshots"] >= 7
+    assert len(list(read_jsonl(out / "metrics.jsonl"))) == 60
+
+
+def test_without_monitor_the_loop_is_unchanged(tmp_path):
+    plain, _ = train(None, steps=20)
+    watched, _, _, _, _ = run(tmp_path, None, steps=20)
+    assert plain == pytest.approx(watched, abs=1e-6)
+
+
+@pytest.mark.parametrize("bug,codes,subject", [
+    ("param-replaced", {"OC101", "OC102", "OC104"}, "norm.weight"),
+    ("partial-optimizer", {"OC102"}, "tok.weight"),
+    ("no-zero-grad", {"OC204"}, None),
+    ("nonleaf-grad-read", {"OC201"}, None),
+    ("lr-explodes", {"OC501"}, None),
+    ("unused-layer", {"OC202"}, "aux.weight"),
+    ("no-optimizer-step", {"OC206"}, None),
+    ("detach-middle", {"OC203"}, "pos.weight"),
+])
+def test_planted_bug_is_named(tmp_path, bug, codes, subject):
+    _, mon, found, shown, _ = run(tmp_path, bug)
+    got = {f["code"] for f in found}
+    assert codes <= got, found
+    assert mon.exit_code == 1 and shown
+    if subject:
+        assert any(subject in f["subjects"] for f in found if f["code"] in codes)
+
+
+@pytest.mark.parametrize("bug,code", [("loss-no-grad", "OC203"), ("inplace-saved", "OC301")])
+def test_hazard_stops_the_step_and_is_recorded_first(tmp_path, bug, code):
+    out = tmp_path / bug
+    with pytest.raises(StepStopped):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            train(bug, steps=30, monitor_kwargs={"every": 10, "out": str(out)})
+    found = list(read_jsonl(out / "findings.jsonl"))
+    assert code in {f["code"] for f in found}
+    assert all(f["step"] == 11 for f in found if f["code"] == code)
+
+
+def test_state_dict_keeps_cadence(tmp_path):
+    import optcheck
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = optcheck.Monitor(model, opt, every=5, out=str(tmp_path / "a"))
+    for _ in range(7):
+        opt.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    state = mon.state_dict()
+    mon.close()
+    mon2 = optcheck.Monitor(model, opt, every=5, out=str(tmp_path / "a"), append=True, state=state)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    mon2.close()
+    steps = [s["step"] for s in read_jsonl(tmp_path / "a" / "snapshots.jsonl")]
+    assert 5 in steps and 10 in steps and steps == sorted(steps)
