@@ -57,7 +57,7 @@ def register(group: click.Group) -> None:
     @click.option("--checkpoint-every", type=int, default=0, help="Save and reload model+optimizer every N steps.")
     @click.option("--resume-at", type=int, default=0, help="Rebuild model+optimizer from the last checkpoint at step N.")
     @click.option("--memory-budget", type=str, default=None,
-                  help="Memory budget for OC401's projection, e.g. 4GiB.")
+                  help="Memory budget for OC401's projection, e.g. 4GiB (default: this machine's RAM).")
     @click.option("--lr", type=float, default=1e-3, show_default=True, help="Peak learning rate.")
     @click.option("--optimizer", type=click.Choice(["adamw", "sgd"]), default="adamw", show_default=True)
     @click.option("--n-layer", type=int, default=2, show_default=True)
@@ -114,6 +114,10 @@ def register(group: click.Group) -> None:
             from optcheck.units import parse_bytes
 
             rule_config.memory_budget_bytes = parse_bytes(memory_budget)
+        else:  # project against the machine's physical memory: the step at which it would OOM
+            import psutil
+
+            rule_config.memory_budget_bytes = psutil.virtual_memory().total
         if len(backends) > 1:
             results, code = run_backends(cfg, backends, out, same_init=same_init, fail_on=fail_on,
                                          rule_config=rule_config, progress=not quiet)
