@@ -1,0 +1,33 @@
+"""``optcheck compare RUN_A RUN_B``: do two runs train alike? (upgrade / backend validation)."""
+
+from __future__ import annotations
+
+import click
+
+from optcheck.compare import DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_WINDOW, compare_runs
+
+
+def register(group: click.Group) -> None:
+    @group.command()
+    @click.argument("run_a", type=click.Path())
+    @click.argument("run_b", type=click.Path())
+    @click.option("--tolerance", "rtol", type=float, default=DEFAULT_RTOL, show_default=True,
+                  help="Relative tolerance of the smoothed losses (fraction of run A's).")
+    @click.option("--atol", type=float, default=DEFAULT_ATOL, show_default=True,
+                  help="Absolute tolerance of the smoothed losses (loss units).")
+    @click.option("--window", type=int, default=DEFAULT_WINDOW, show_default=True,
+                  help="Trailing-mean window over the common steps.")
+    @click.option("--fail-on-new", is_flag=True, help="Exit 1 also when run B has findings run A has not.")
+    @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+    def compare(run_a, run_b, rtol, atol, window, fail_on_new, as_json):
+        """Compare two run directories: loss trajectories aligned by step (OC601 when
+        they diverge beyond tolerance), findings present in one run only, step-time
+        and peak-memory ratios (B/A), library versions.
+
+        RUN_A is the reference (e.g. the last good version), RUN_B the candidate.
+        Exit codes: 0 the trajectories agree, 1 OC601 (or, with --fail-on-new, findings
+        only in B), 2 bad input.
+        """
+        res = compare_runs(run_a, run_b, loss_rtol=rtol, loss_atol=atol, window=window, fail_on_new=fail_on_new)
+        click.echo(res.to_json() if as_json else res.render())
+        return res.exit_code
