@@ -1,0 +1,177 @@
+"""Findings as JUnit XML, the format CI systems render (Jenkins, GitLab, GitHub
+test reporters). Torch-free.
+
+One ``<testcase>`` per rule of the catalogue (``classname`` ``optcheck.<family>``,
+``name`` ``"OC101 stale-param"``): it passes when the rule made no finding and has
+one ``<failure>`` per finding otherwise. A crashed worker adds a ``run`` test case
+with an ``<error>``. The layout follows the widely used JUnit 4 schema (Ant's
+``XMLJUnitResultFormatter`` output as Jenkins reads it); ``tests/fixtures/junit.xsd``
+is the schema the tests validate against.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import socket
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Iterable
+
+from optcheck.errors import InputError
+from optcheck.findings import severity_rank
+
+
+def _text(value) -> str:
+    """XML 1.0 cannot hold most control characters: drop them."""
+    s = "" if value is None else str(value)
+    return "".join(ch for ch in s if ch in "\t\n\r" or ord(ch) >= 0x20)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        elif v is not None and not isinstance(v, list):
+            out[key] = _text(v)
+    return out
+
+
+SUMMARY_PROPERTIES = ("run", "backend", "status", "exit_code", "steps_requested", "last_step", "snapshots",
+                      "findings", "loss_first", "loss_last", "val_loss_first", "val_loss_last", "elapsed_s",
+                      "steps_per_s", "peak_rss_bytes", "out")
+
+
+def summary_properties(summary: dict) -> dict[str, str]:
+    """The run facts of a ``summary.json`` worth a ``<property>``: scalars of
+    ``SUMMARY_PROPERTIES`` plus ``versions.*``, ``corpus.sha256`` / ``corpus.source``,
+    ``config.*`` and ``stopped.*``."""
+    props = {k: _text(summary[k]) for k in SUMMARY_PROPERTIES if summary.get(k) is not None}
+    props.update(_flatten(summary.get("versions") or {}, "versions."))
+    corpus = summary.get("corpus") or {}
+    props.update({f"corpus.{k}": _text(corpus[k]) for k in ("source", "sha256") if corpus.get(k)})
+    props.update(_flatten(summary.get("config") or {}, "config."))
+    props.update(_flatten(summary.get("stopped") or {}, "stopped."))
+    return props
+
+
+def _failure_text(f: dict) -> str:
+    lines = [f"{f.get('code')} {f.get('symbol')} [{f.get('severity')}] at step {f.get('step')} ({f.get('phase', 'post-step')})",
+             f.get("message", "")]
+    if f.get("subjects"):
+        lines.append("subjects: " + ", ".join(map(str, f["subjects"])))
+    if f.get("next_failure"):
+        lines.append("next failure: " + str(f["next_failure"]))
+    if f.get("run") or f.get("backend"):
+        lines.append(f"run: {f.get('run', '')} ({f.get('backend', '')})")
+    return _text("\n".join(lines))
+
+
+def build_junit(findings: Iterable[dict], *, suite_name: str = "optcheck", rules=None,
+                properties: dict | None = None, summary: dict | None = None, crash: dict | None = None,
+                fail_on: str = "info", time_s: float | None = None) -> ET.ElementTree:
+    """The JUnit XML tree (see :func:`write_junit` for the arguments)."""
+    if rules is None:
+        from optcheck.rules import catalogue
+
+        rules = catalogue()
+    findings = list(findings)
+    threshold = severity_rank(fail_on)
+    if summary is not None:
+        properties = {**summary_properties(summary), **(properties or {})}
+        crash = crash if crash is not None else summary.get("crash")
+        if time_s is None and isinstance(summary.get("elapsed_s"), (int, float)):
+            time_s = float(summary["elapsed_s"])
+    by_code: dict[str, list[dict]] = {}
+    for f in findings:
+        by_code.setdefault(str(f.get("code", "")), []).append(f)
+    cases: list[tuple[str, str, list[dict]]] = []  # (classname, name, findings)
+    for cls in rules:
+        cases.append((f"optcheck.{cls.family or 'rules'}", f"{cls.code} {cls.symbol}", by_code.pop(cls.code, [])))
+    for code, fs in sorted(by_code.items()):  # findings of codes outside the catalogue given
+        cases.append(("optcheck.other", f"{code} {fs[0].get('symbol', '')}".strip(), fs))
+
+    suite = ET.Element("testsuite")
+    props = ET.SubElement(suite, "properties")
+    for k, v in sorted((properties or {}).items()):
+        ET.SubElement(props, "property", name=_text(k), value=_text(v))
+    failed = 0
+    for classname, name, fs in cases:
+        tc = ET.SubElement(suite, "testcase", name=name, classname=classname, time="0")
+        failing = [f for f in fs if _rank(f) >= threshold]
+        below = [f for f in fs if _rank(f) < threshold]
+        for f in failing:
+            el = ET.SubElement(tc, "failure", message=_text(f.get("message", "")).replace("\n", " "),
+                               type=f"{f.get('code')} {f.get('symbol')}")
+            el.text = _failure_text(f)
+        if below:
+            out = ET.SubElement(tc, "system-out")
+            out.text = "\n\n".join(_failure_text(f) for f in below)
+        failed += bool(failing)
+    errors = 0
+    if crash:
+        tc = ET.SubElement(suite, "testcase", name="run", classname="optcheck.run", time=f"{time_s or 0:.3f}")
+        what = crash.get("exc_type") or (f"signal {crash['signal']}" if crash.get("signal") else "crash")
+        el = ET.SubElement(tc, "error", message=_text(f"{what}: {crash.get('message', '')}").replace("\n", " ")[:2000],
+                           type=_text(what))
+        tail = crash.get("stderr_tail") or []
+        el.text = _text("\n".join([f"at step {crash.get('step')}", str(crash.get("stack") or ""),
+                                   *(["--- worker stderr (tail) ---", *map(str, tail)] if tail else [])]))
+        errors = 1
+    suite.set("name", _text(suite_name))
+    suite.set("tests", str(len(cases) + errors))
+    suite.set("failures", str(failed))
+    suite.set("errors", str(errors))
+    suite.set("skipped", "0")
+    suite.set("time", f"{time_s or 0:.3f}")
+    suite.set("timestamp", _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None, microsecond=0).isoformat())
+    suite.set("hostname", _text(socket.gethostname()) or "localhost")
+    root = ET.Element("testsuites", name=_text(suite_name), tests=suite.get("tests"),
+                      failures=suite.get("failures"), errors=suite.get("errors"), time=suite.get("time"))
+    root.append(suite)
+    ET.indent(root)
+    return ET.ElementTree(root)
+
+
+def _rank(f: dict) -> int:
+    try:
+        return severity_rank(str(f.get("severity", "error")))
+    except ValueError:
+        return severity_rank("error")
+
+
+def write_junit(findings: Iterable[dict], path: str | os.PathLike, *, suite_name: str = "optcheck", rules=None,
+                properties: dict | None = None, summary: dict | None = None, crash: dict | None = None,
+                fail_on: str = "info", time_s: float | None = None) -> Path:
+    """Write findings as a JUnit XML file; return its path.
+
+    Args:
+        findings: finding dicts (``Finding.to_dict()``, or lines of ``findings.jsonl``).
+        path: the XML file to write (its directory is created).
+        suite_name: the ``<testsuite name>`` (e.g. "optcheck soak runs/x").
+        rules: rule classes, one test case each (default: the whole catalogue).
+        properties: extra ``<property>`` name/value pairs.
+        summary: a ``summary.json`` dict: adds its run facts as properties
+            (:func:`summary_properties`), its crash as an ``<error>`` test case and
+            its ``elapsed_s`` as the suite's time.
+        crash: a crash record (``exc_type``, ``message``, ``stack``, ``step``,
+            ``signal``, ``stderr_tail``) when there is no summary.
+        fail_on: findings below this severity ("info" | "warning" | "error") are
+            written to the test case's ``<system-out>`` instead of as failures.
+        time_s: the suite's ``time`` attribute, seconds.
+
+    Raises:
+        InputError: the file cannot be written.
+    """
+    tree = build_junit(findings, suite_name=suite_name, rules=rules, properties=properties, summary=summary,
+                       crash=crash, fail_on=fail_on, time_s=time_s)
+    p = Path(path)
+    try:
+        if p.parent and not p.parent.exists():
+            p.parent.mkdir(parents=True, exist_ok=True)
+        tree.write(p, encoding="utf-8", xml_declaration=True)
+    except OSError as e:
+        raise InputError(f"--junit {path}: cannot write there ({e.strerror or e})") from None
+    return p
