@@ -1,0 +1,158 @@
+"""The end-of-run summary as a plain-text table for the terminal. Torch-free.
+
+``render_summary(summary, findings)`` reads an ``optcheck.summary/1`` dict (what
+``summary.json`` holds) and the run's finding dicts, and returns lines of at most
+``WIDTH`` characters: status, steps, loss, speed, memory, the findings by code
+(first step, subjects, first message), the crash if any, and the lead time —
+"flagged at step X, then <exception> at step Y".
+"""
+
+from __future__ import annotations
+
+from optcheck.units import format_bytes
+
+WIDTH = 100
+
+_STATUS = {"clean": "CLEAN", "findings": "FINDINGS", "crashed": "CRASHED", "interrupted": "INTERRUPTED",
+           "stopped": "STOPPED", "running": "RUNNING"}
+
+
+def _cut(text: str, width: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: max(0, width - 3)] + "..."
+
+
+def _num(v, fmt: str = "{:.4f}") -> str:
+    return "-" if not isinstance(v, (int, float)) else fmt.format(v)
+
+
+def _int(v) -> str:
+    return f"{v:,}" if isinstance(v, int) else "-"
+
+
+def _versions(v: dict | None) -> str:
+    v = v or {}
+    keys = [k for k in ("torch", "torchsharp", "dotnet", "python") if v.get(k)]
+    return ", ".join(f"{k} {v[k]}" for k in keys)
+
+
+def _by_code(summary: dict, findings: list[dict]) -> list[dict]:
+    """One row per code, in order of first appearance: code, symbol, severity, count,
+    first step, subjects (union, in order), first message."""
+    rows: dict[str, dict] = {}
+    for f in sorted(findings, key=lambda f: (f.get("step") or 0)):
+        code = str(f.get("code", "?"))
+        r = rows.setdefault(code, {"code": code, "symbol": f.get("symbol", ""), "severity": f.get("severity", ""),
+                                   "count": 0, "step": f.get("step"), "subjects": [], "message": f.get("message", "")})
+        r["count"] += 1
+        for s in f.get("subjects") or ():
+            if s not in r["subjects"]:
+                r["subjects"].append(s)
+    for code, n in (summary.get("findings_by_code") or {}).items():
+        if code not in rows:
+            rows[code] = {"code": code, "symbol": "", "severity": "", "count": n, "step": None, "subjects": [],
+                          "message": ""}
+    return list(rows.values())
+
+
+def _lead_time(summary: dict, findings: list[dict]) -> dict | None:
+    """The summary's ``lead_time``, or the first error finding at or before the crash step."""
+    lt = summary.get("lead_time")
+    if lt:
+        return lt
+    crash = summary.get("crash") or {}
+    step = crash.get("step")
+    if not crash or not isinstance(step, int) or crash.get("exc_type") == "InputError":
+        return None
+    before = [f for f in findings if isinstance(f.get("step"), int) and f["step"] <= step]
+    if not before:
+        return None
+    errors = [f for f in before if f.get("severity") == "error"] or before
+    first = min(errors, key=lambda f: f["step"])
+    return {"flagged_step": first["step"], "finding": f"{first.get('code')} {first.get('symbol')}",
+            "failed_step": step, "lead_steps": step - first["step"],
+            "exception": crash.get("exc_type") or (f"signal {crash['signal']}" if crash.get("signal") else "crash")}
+
+
+def render_summary(summary: dict, findings: list[dict] | None = None) -> str:
+    """The end-of-run summary as lines of text (no trailing newline).
+
+    Args:
+        summary: an ``optcheck.summary/1`` dict. Used: run, backend, status,
+            exit_code, steps_requested, last_step, snapshots, findings,
+            findings_by_code, loss_first/last, val_loss_first/last, elapsed_s,
+            steps_per_s, peak_rss_bytes, versions, inject, crash (exc_type,
+            message, step, signal, exit_code, stderr_tail), stopped (step,
+            reason), lead_time, out. Any may be missing.
+        findings: the run's findings as dicts (``Finding.to_dict()`` or lines of
+            ``findings.jsonl``); without them the table has counts only.
+    """
+    findings = list(findings or [])
+    s = summary
+    status = str(s.get("status") or "?")
+    head = f"optcheck: {_STATUS.get(status, status.upper())}"
+    if isinstance(s.get("exit_code"), int):
+        head += f" (exit {s['exit_code']})"
+    head += f"   run {s.get('run') or '-'}   backend {s.get('backend') or '-'}"
+    lines = [head]
+    ver = _versions(s.get("versions"))
+    if ver:
+        lines.append(f"  versions     {ver}")
+    steps = f"{_int(s.get('last_step'))} of {_int(s.get('steps_requested'))}"
+    extra = []
+    if isinstance(s.get("snapshots"), int):
+        extra.append(f"{s['snapshots']:,} snapshots")
+    if isinstance(s.get("elapsed_s"), (int, float)):
+        extra.append(f"{s['elapsed_s']:.1f} s")
+    if isinstance(s.get("steps_per_s"), (int, float)):
+        extra.append(f"{s['steps_per_s']:.1f} steps/s")
+    lines.append(f"  steps        {steps}" + (f"   ({', '.join(extra)})" if extra else ""))
+    loss = f"{_num(s.get('loss_first'))} -> {_num(s.get('loss_last'))}"
+    if s.get("val_loss_first") is not None or s.get("val_loss_last") is not None:
+        loss += f"   held-out {_num(s.get('val_loss_first'))} -> {_num(s.get('val_loss_last'))}"
+    lines.append(f"  loss         {loss}")
+    if isinstance(s.get("peak_rss_bytes"), (int, float)):
+        lines.append(f"  peak RSS     {format_bytes(s['peak_rss_bytes'])}")
+    if s.get("inject"):
+        inj = s["inject"]
+        lines.append("  injected     " + _cut(", ".join(map(str, inj)) if isinstance(inj, list) else str(inj), WIDTH - 15))
+
+    rows = _by_code(s, findings)
+    total = s.get("findings") if isinstance(s.get("findings"), int) else sum(r["count"] for r in rows)
+    lines.append("")
+    if not rows:
+        lines.append("Findings: none")
+    else:
+        lines.append(f"Findings: {total}")
+        w_sym = max(6, *(len(r["symbol"]) for r in rows))
+        lines.append(f"  {'code':<6} {'symbol':<{w_sym}} {'severity':<8} {'count':>5} {'first step':>10}  subjects")
+        for r in rows:
+            prefix = (f"  {r['code']:<6} {r['symbol']:<{w_sym}} {r['severity']:<8} {r['count']:>5} "
+                      f"{_int(r['step']):>10}  ")
+            lines.append(prefix + _cut(", ".join(map(str, r["subjects"])) or "-", max(10, WIDTH - len(prefix))))
+            if r["message"]:
+                lines.append("         " + _cut(r["message"], WIDTH - 9))
+
+    crash = s.get("crash")
+    if crash:
+        what = crash.get("exc_type") or (f"signal {crash['signal']}" if crash.get("signal") else "crash")
+        lines += ["", f"Crash: {what} at step {_int(crash.get('step'))}"
+                      + (f" (exit code {crash['exit_code']})" if crash.get("exit_code") is not None else "")]
+        if crash.get("message"):
+            lines.append("  " + _cut(crash["message"], WIDTH - 2))
+        tail = [t for t in (crash.get("stderr_tail") or []) if str(t).strip()][-5:]
+        if tail:
+            lines.append("  worker stderr (last lines):")
+            lines += ["    " + _cut(t, WIDTH - 4) for t in tail]
+    stopped = s.get("stopped")
+    if stopped:
+        lines += ["", f"Stopped at step {_int(stopped.get('step'))}: {_cut(stopped.get('reason', ''), WIDTH - 20)}"]
+    lt = _lead_time(s, findings) if crash else None
+    if lt:
+        lines += ["", f"Lead time: flagged at step {_int(lt.get('flagged_step'))} ({lt.get('finding')}), "
+                      f"then {lt.get('exception')} at step {_int(lt.get('failed_step'))}"
+                      + (f", a lead of {lt['lead_steps']:,} steps" if isinstance(lt.get("lead_steps"), int) else "")
+                      + (" (predicted)" if lt.get("predicted") else "")]
+    if s.get("out"):
+        lines += ["", f"Run directory: {s['out']}"]
+    return "\n".join(lines)
