@@ -1,4 +1,5 @@
-"""`optcheck compare` on real soaks: two seeds agree, a 10x learning rate does not."""
+"""`optcheck compare` on real soaks: two seeds agree; a 10x learning rate or SGD instead
+of AdamW do not."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ def soaks(tmp_path_factory):
     root = tmp_path_factory.mktemp("compare")
     runs = {}
     for name, extra in (("seed1", ["--seed", "1"]), ("seed2", ["--seed", "2"]),
-                        ("lr10x", ["--seed", "1", "--lr", "0.01"])):
+                        ("lr10x", ["--seed", "1", "--lr", "0.01"]), ("sgd", ["--seed", "1", "--optimizer", "sgd"])):
         out = root / name
         rc, stdout, _ = run_cli(["soak", "-q", "--steps", "300", "--every", "100", "--out", str(out), *SMALL, *extra])
         assert rc == exitcodes.CLEAN, stdout
@@ -36,3 +37,9 @@ def test_ten_times_the_learning_rate_fails_through_the_cli(soaks):
     assert "OC601 backend-divergence: loss trajectories diverge from step" in stdout
     res = compare_runs(soaks["seed1"], soaks["lr10x"])
     assert res.findings[0].step <= 150
+
+
+def test_another_optimizer_fails(soaks):
+    res = compare_runs(soaks["seed1"], soaks["sgd"])
+    assert res.exit_code == exitcodes.FINDINGS and res.findings[0].code == "OC601", res.render()
+    assert res.loss.max_rel_diff > 0.2
