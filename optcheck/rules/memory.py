@@ -29,7 +29,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "device_allocated_bytes": ("device allocated memory", "bytes"),
     "device_reserved_bytes": ("device reserved memory", "bytes"),
     "live_tensors": ("live tensor count", "tensors"),
-    "device_alloc_retries": ("device allocation retries", "retries"),
+    "device_alloc_retries": ("device allocation retry count", "retries"),
 }
 
 #: Default floors for the count metrics, per 1,000 steps (override with
