@@ -168,6 +168,7 @@ class Monitor:
         self._t0 = self._last_snap_t = time.perf_counter()
         self._last_snap_step = 0
         self._peak_rss = 0
+        self._stopped: dict | None = None
         self._backwards = 0  # backward() calls since the last optimizer step
         self._no_step_reported = False
         self.hazards = NullHazards()
@@ -250,7 +251,7 @@ class Monitor:
         if self._backwards >= NO_STEP_AT_CLOSE and self.step_count == 0:
             self._no_step_event()
         self._exit_step()
-        if self._crash is None and (self.step_count > self._last_snap_step or self._losses):
+        if self._crash is None and self._stopped is None and (self.step_count > self._last_snap_step or self._losses):
             self._snapshot(self.step_count, "post-step", "final")
         for h in self._handles:
             h.remove()
@@ -273,7 +274,8 @@ class Monitor:
         for f in self.findings:
             by_code[f.code] = by_code.get(f.code, 0) + 1
         code = self.exit_code
-        status = "crashed" if self._crash else "findings" if code == exitcodes.FINDINGS else "clean"
+        status = ("crashed" if self._crash else "stopped" if self._stopped
+                  else "findings" if code == exitcodes.FINDINGS else "clean")
         if not self.closed:
             status = "running"
         elapsed = time.perf_counter() - self._t0
@@ -283,7 +285,7 @@ class Monitor:
                 "loss_first": self._loss_first, "loss_last": self._last_loss, "elapsed_s": round(elapsed, 3),
                 "steps_per_s": round(self.step_count / elapsed, 2) if elapsed else None,
                 "peak_rss_bytes": self._peak_rss, "versions": probe.versions(), "threads": torch.get_num_threads(),
-                "crash": self._crash, "out": str(self.rundir.path) if self.rundir else None}
+                "crash": self._crash, "stopped": self._stopped, "out": str(self.rundir.path) if self.rundir else None}
 
     def __enter__(self) -> "Monitor":
         return self
@@ -327,8 +329,13 @@ class Monitor:
         self._snapshot(self.step_count, "post-step", "hazard")
 
     def _on_stop(self, exc: StepStopped) -> None:
+        """A hazard stops the step: record it, then stop watching (the exception ends
+        the user's loop; leaving saved-tensor hooks installed would switch off
+        PyTorch's own version check for whatever runs next)."""
         self._events.append(exc.event)
         self._snapshot(self.step_count + 1, "pre-step", "hazard")
+        self._stopped = {"step": self.step_count + 1, "reason": str(exc)}
+        self.close()
 
     def _pre_step(self, optimizer, args, kwargs) -> None:
         if probe.fingerprint(self.model, self.optimizer) != self._fp:

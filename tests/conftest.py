@@ -28,6 +28,17 @@ def _one_thread(monkeypatch):
     yield
 
 
+@pytest.fixture(autouse=True)
+def _no_monitor_left_open():
+    """A test whose loop died inside an optcheck.Monitor must not leave its hooks to the next test."""
+    yield
+    mod = sys.modules.get("optcheck.monitor")
+    if mod is not None:
+        for mon in list(mod._ACTIVE):
+            mon.close()
+        assert not mod._ACTIVE and not mod._ORIG
+
+
 def run_cli(args: list[str], cwd: str | os.PathLike | None = None):
     """Invoke the optcheck CLI in-process through click's CliRunner; returns (exit_code, stdout, stderr)."""
     from click.testing import CliRunner

@@ -25,12 +25,12 @@ def _loop(style: str, steps: int = 12):
         for _ in range(micro):
             model(torch.randn(4, 8)).pow(2).mean().backward()
         opt.step()
-        if style in ("zero-after", "accumulate"):
-            opt.zero_grad(set_to_none=False)
-        if step % 4 == 0:
+        if step % 4 == 0:  # right after step(), as the soak and the Monitor take them
             snaps.append({"schema": SCHEMA, "backend": "pytorch", "run": "t", "step": step, "phase": "post-step",
                           "trigger": "cadence", **probe.snapshot_body(model, opt, census=False),
                           "events": gp.drain()})
+        if style in ("zero-after", "accumulate"):
+            opt.zero_grad(set_to_none=False)
     return check_stream(snaps)
 
 
