@@ -13,21 +13,16 @@ from pathlib import Path
 import click
 
 
-def cache_root() -> Path:
-    """``$OPTCHECK_CACHE`` or ``~/.cache/optcheck``."""
-    return Path(os.environ.get("OPTCHECK_CACHE") or Path.home() / ".cache" / "optcheck")
+def torchsharp_builds() -> list[str]:
+    """The TorchSharp worker builds in the cache (``optcheck.torchsharp_bridge.build``)."""
+    from optcheck.torchsharp_bridge.build import cached_builds
 
-
-def torchsharp_builds(root: Path | None = None) -> list[str]:
-    """Worker builds under ``<cache>/torchsharp/`` (one folder per TorchSharp version or
-    local build, filled by the TorchSharp backend's build step), with their .dll count."""
-    base = (root or cache_root()) / "torchsharp"
-    if not base.is_dir():
-        return []
     out = []
-    for d in sorted(p for p in base.iterdir() if p.is_dir()):
-        dlls = list(d.rglob("*.dll"))
-        out.append(f"{d.name}  ({len(dlls)} .dll, {d})")
+    for b in cached_builds():
+        state = "ok" if b["ok"] else "no assembly (build failed?)"
+        if b["ok"] and not b["current"]:
+            state += ", stale: sources changed, rebuilt on next use"
+        out.append(f"{b['torchsharp']}  [{state}] {b['assembly']} (SDK {b['sdk']}, built {b['built_at']})")
     return out
 
 
@@ -71,7 +66,9 @@ def report() -> list[tuple[str, list[str]]]:
     pn = runtime.pythonnet_version()
     sections.append(("pythonnet", [pn if pn else f"not installed: {runtime.PYTHONNET_HINT}"]))
     sections.append(("torch (checked in a subprocess)", [torch_version()]))
-    sections.append((f"TorchSharp builds in {cache_root() / 'torchsharp'}", torchsharp_builds() or ["none"]))
+    from optcheck.torchsharp_bridge.build import cache_root
+
+    sections.append((f"TorchSharp builds in {cache_root()}", torchsharp_builds() or ["none"]))
     return sections
 
 

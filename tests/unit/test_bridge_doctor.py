@@ -12,9 +12,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_doctor_reports_and_exits_0(tmp_path):
+    import json
+
     build = tmp_path / "torchsharp" / "0.105.0"
-    build.mkdir(parents=True)
-    (build / "OptCheck.Worker.dll").write_bytes(b"MZ")
+    (build / "bin").mkdir(parents=True)
+    (build / "bin" / "OptCheck.Worker.dll").write_bytes(b"MZ")
+    (build / "build.json").write_text(json.dumps({"torchsharp": "0.105.0", "sdk": "8.0.100",
+                                                  "built_at": "2026-11-22T12:00:00Z", "source_sha256": "old"}))
     code = ("import sys\nfrom optcheck.cli import main\n"
             "try:\n    main()\nexcept SystemExit as e:\n    rc = e.code\n"
             "print('RC', rc, 'TORCH', 'torch' in sys.modules)\n")
@@ -25,7 +29,7 @@ def test_doctor_reports_and_exits_0(tmp_path):
     for title in ("CoreCLR runtimes (Microsoft.NETCore.App):", ".NET SDKs:", "Mono:", "pythonnet:",
                   "torch (checked in a subprocess):", f"TorchSharp builds in {tmp_path / 'torchsharp'}:"):
         assert title in out
-    assert f"0.105.0  (1 .dll, {build})" in out
+    assert f"0.105.0  [ok, stale: sources changed, rebuilt on next use] {build / 'bin' / 'OptCheck.Worker.dll'}" in out
     from optcheck.torchsharp_bridge import runtime
 
     for r in runtime.coreclr_runtimes():
