@@ -65,7 +65,7 @@ def register(group: click.Group) -> None:
         if junit:
             from optcheck.report.junit import write_junit
 
-            write_junit([f.to_dict() for f in findings], junit, suite_name=f"optcheck check {stream}")
+            write_junit([f.to_dict() for f in findings], junit, suite_name=f"optcheck check {stream}", fail_on=fail_on)
         worst = max((severity_rank(f.severity) for f in findings), default=None)
         return exitcodes.run_exit_code(crashed=False, interrupted=False, worst_rank=worst,
                                        fail_on_rank=severity_rank(fail_on))

@@ -10,12 +10,8 @@ from optcheck.rules import RuleConfig
 
 
 def _print_summary(summary: dict, findings: list) -> None:
-    try:
-        from optcheck.report.text import render_summary
-    except ImportError:  # pragma: no cover - until report/text.py lands
-        click.echo(f"{summary['status']}: {summary['findings']} finding(s), last step {summary['last_step']}, "
-                   f"loss {summary.get('loss_first')} -> {summary.get('loss_last')}, run in {summary['out']}")
-        return
+    from optcheck.report.text import render_summary
+
     click.echo(render_summary(summary, [f.to_dict() for f in findings]))
 
 
@@ -131,7 +127,9 @@ def register(group: click.Group) -> None:
         if junit:
             from optcheck.report.junit import write_junit
 
-            write_junit([f.to_dict() for f in result.findings], junit, suite_name=f"optcheck soak {result.out}")
+            write_junit([f.to_dict() for f in result.findings], junit, suite_name=f"optcheck soak {result.out}",
+                        summary=result.summary, crash=result.summary.get("crash"), fail_on=fail_on,
+                        time_s=result.summary.get("elapsed_s"))
         if plot:
             from optcheck.report.plot import plot_run
 
