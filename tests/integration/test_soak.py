@@ -46,8 +46,15 @@ def test_clean_soak_writes_the_run_dir_and_the_loss_falls(tmp_path):
 def test_injected_fault_is_flagged_at_its_step(tmp_path, scenario, expected):
     out = tmp_path / scenario
     rc, stdout, _ = run_cli(["soak", "-q", "--steps", "200", "--every", "50", "--inject", f"{scenario}@120",
-                             "--out", str(out), *SMALL])
+                             "--out", str(out), "--junit", str(out / "junit.xml"), "--plot", str(out / "run.png"),
+                             *SMALL])
     assert rc == exitcodes.FINDINGS, stdout
+    import xml.etree.ElementTree as ET
+
+    suite = ET.parse(out / "junit.xml").getroot()
+    assert int(suite.get("failures")) == len(expected)
+    assert (out / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "FINDINGS (exit 1)" in stdout
     found = lines(out / "findings.jsonl")
     assert {f["code"] for f in found} == expected
     assert {f["step"] for f in found} == {120} and {f["phase"] for f in found} == {"pre-step"}
