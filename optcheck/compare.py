@@ -46,8 +46,8 @@ class RunInfo:
         last_step: the last of them (0 if none).
         loss_first, loss_last: first and last training loss.
         step_time_s: median seconds per step (``metrics.jsonl``), or None.
-        peak_rss_bytes: largest ``memory.rss_bytes`` of the snapshots (else the
-            summary's ``peak_rss_bytes``), or None.
+        peak_rss_bytes: the summary's ``peak_rss_bytes``, else the largest
+            ``memory.rss_bytes`` of the snapshots, or None.
         crash: the summary's crash record, or None.
     """
 
@@ -220,9 +220,11 @@ def read_run(path: str | os.PathLike, label: str = "") -> tuple[RunInfo, dict[in
         except (OSError, json.JSONDecodeError) as e:
             raise InputError(f"{p / 'summary.json'}: unreadable ({e})") from None
     losses, times = _losses(p)
-    peak, snap_versions = _snapshot_facts(p)
-    if peak is None and isinstance(summary.get("peak_rss_bytes"), (int, float)):
-        peak = float(summary["peak_rss_bytes"])
+    peak = float(summary["peak_rss_bytes"]) if isinstance(summary.get("peak_rss_bytes"), (int, float)) else None
+    snap_versions: dict = {}
+    if peak is None or not summary.get("versions"):  # a run without a (final) summary: read the snapshots
+        snap_peak, snap_versions = _snapshot_facts(p)
+        peak = snap_peak if peak is None else peak
     try:
         findings = read_findings(p)
     except ValueError as e:

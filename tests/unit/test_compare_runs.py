@@ -194,3 +194,11 @@ def test_oc601_is_in_the_catalogue_and_silent_on_one_stream():
     snap = {"schema": SCHEMA, "backend": "pytorch", "run": "r", "step": 1, "phase": "post-step",
             "trigger": "cadence", "params": [], "groups": []}
     assert list(cls().check(snap, RuleContext(None, [snap], RuleConfig(), {}))) == []
+
+
+def test_peak_rss_from_the_summary_when_it_has_one(tmp_path):
+    a = make_run(tmp_path / "a", curve(STEPS))
+    b = make_run(tmp_path / "b", curve(STEPS))
+    s = json.loads((b / "summary.json").read_text())
+    (b / "summary.json").write_text(json.dumps({**s, "peak_rss_bytes": 2 * (400 * MiB + 551_000)}))
+    assert compare_runs(a, b).peak_memory_ratio == pytest.approx(2.0)
