@@ -1,0 +1,94 @@
+"""optcheck.Monitor on a small nanoGPT-style loop written here, not for optcheck:
+clean -> no finding; a loss history that keeps every step's graph alive -> OC401;
+a parameter replaced after the optimizer exists -> OC101/OC102/OC104."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import optcheck  # noqa: E402
+from optcheck.snapshot import read_jsonl  # noqa: E402
+
+VOCAB, CTX, WIDTH = 64, 32, 32
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(WIDTH), nn.LayerNorm(WIDTH)
+        self.attn = nn.MultiheadAttention(WIDTH, 2, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH))
+
+    def forward(self, x):  # (B, T, C)
+        mask = torch.triu(torch.ones(x.size(1), x.size(1), dtype=torch.bool), 1)
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(VOCAB, WIDTH), nn.Embedding(CTX, WIDTH)
+        self.block, self.ln_f = Block(), nn.LayerNorm(WIDTH)
+        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
+
+    def forward(self, idx):  # (B, T) -> (B, T, V)
+        x = self.tok(idx) + self.pos(torch.arange(idx.size(1)))
+        return self.head(self.ln_f(self.block(x)))
+
+
+def train(out, steps, bug=None):
+    """A plain loop; optcheck is the three marked lines."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    data = torch.randint(0, VOCAB, (50_000,))
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    history = []
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        mon = optcheck.Monitor(model, opt, every=10, out=str(out))             # optcheck 1
+        for step in range(steps):
+            ix = torch.randint(0, len(data) - CTX - 1, (16,))
+            x = torch.stack([data[i:i + CTX] for i in ix])
+            y = torch.stack([data[i + 1:i + CTX + 1] for i in ix])
+            if bug == "param-replaced" and step == 100:
+                model.head.weight = nn.Parameter(model.head.weight.detach().clone())
+            loss = F.cross_entropy(model(x).view(-1, VOCAB), y.view(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            mon.step(loss)                                                      # optcheck 2
+            history.append(loss if bug == "loss-history" else loss.item())
+        mon.close()                                                             # optcheck 3
+    found = list(read_jsonl(out / "findings.jsonl"))
+    return found, [str(w.message) for w in shown if "optcheck" in str(w.message)]
+
+
+def test_clean_loop_is_silent(tmp_path):
+    found, shown = train(tmp_path / "clean", 600)
+    assert found == [] and shown == []
+
+
+def test_loss_history_keeping_graphs_is_memory_growth(tmp_path):
+    found, shown = train(tmp_path / "leak", 600, bug="loss-history")
+    growth = [f for f in found if f["code"] == "OC401"]
+    assert growth and {f["code"] for f in found} == {"OC401"}, found
+    assert growth[0]["subjects"][0] in ("rss_bytes", "live_tensors", "live_tensor_bytes")
+    assert "per 1,000 steps" in growth[0]["message"] and growth[0]["step"] < 600
+    assert any("OC401 memory-growth" in s for s in shown)
+
+
+def test_parameter_replaced_after_the_optimizer_is_named(tmp_path):
+    found, _ = train(tmp_path / "replaced", 200, bug="param-replaced")
+    codes = {f["code"] for f in found}
+    assert {"OC101", "OC102", "OC104"} <= codes, found
+    assert all(f["step"] >= 100 for f in found)
+    assert any("head.weight" in f["subjects"] for f in found if f["code"] == "OC102")
