@@ -20,12 +20,15 @@ class RuleEngine:
     Args:
         config: rule knobs (:class:`optcheck.rules.RuleConfig`).
         rules: rule classes to run (default: the whole catalogue).
-        history_limit: snapshots kept for rules that look back (memory trends);
-            older ones are dropped, the first one is always kept.
+        history_limit: snapshots kept in ``history`` for rules that look back a
+            few snapshots (OC202); older ones are dropped, the first is always kept.
+            Rules that need a long series (OC401) keep their own numbers in
+            ``memo``. Small on purpose: each snapshot is ~85 KiB of Python objects,
+            and a long history would itself look like a leak to OC401.
     """
 
     def __init__(self, config: RuleConfig | None = None, rules: Iterable[type[Rule]] | None = None,
-                 history_limit: int = 50_000):
+                 history_limit: int = 64):
         self.config = config or RuleConfig()
         self.rules = [cls() for cls in (rules if rules is not None else catalogue())]
         self.history: list[dict] = []

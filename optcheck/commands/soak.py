@@ -109,7 +109,7 @@ def register(group: click.Group) -> None:
         if memory_budget:
             from optcheck.units import parse_bytes
 
-            rule_config.memory_budget_bytes = parse_bytes(memory_budget)
+            rule_config.memory_budget_bytes = parse_bytes(memory_budget, "--memory-budget")
         else:  # project against the machine's physical memory: the step at which it would OOM
             import psutil
 

@@ -12,12 +12,19 @@ from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
-from scipy import stats
 
 from optcheck.findings import Finding
 from optcheck.rules.base import Rule, RuleConfig, RuleContext, register
 from optcheck.snapshot import to_float
 from optcheck.units import format_bytes, format_steps, round_sig
+
+def _stats():
+    """``scipy.stats``, imported on first use: it costs ~1 s, and every worker and
+    ``optcheck check`` imports this module whether or not a trend is ever tested."""
+    from scipy import stats
+
+    return stats
+
 
 #: metric -> (label in messages, unit kind). Byte metrics use
 #: ``RuleConfig.memory_min_growth_bytes_per_1k_steps``; the others their own floor.
@@ -89,7 +96,7 @@ def _rising(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[float, float] |
     """(tau, p) when Kendall's tau of ``y`` against ``x`` is positive with p < alpha."""
     if np.ptp(y) == 0:
         return None
-    tau, p = stats.kendalltau(x, y)
+    tau, p = _stats().kendalltau(x, y)
     if not (math.isfinite(tau) and math.isfinite(p)) or tau <= 0 or p >= alpha:
         return None
     return float(tau), float(p)
@@ -141,7 +148,7 @@ def window_trend(x: np.ndarray, y: np.ndarray, *, min_slope: float, alpha: float
     sig = _rising(x, y, alpha)
     if sig is None:
         return None
-    slope, intercept, low, high = (float(v) for v in stats.theilslopes(y, x, alpha=0.95))
+    slope, intercept, low, high = (float(v) for v in _stats().theilslopes(y, x, alpha=0.95))
     if not slope >= min_slope or slope <= 0 or low < slope * CI_FRACTION:
         return None
     resid = y - (intercept + slope * x)
@@ -152,8 +159,8 @@ def window_trend(x: np.ndarray, y: np.ndarray, *, min_slope: float, alpha: float
     tau, p = sig
     if rise < CLEAR_SNR * scale:
         r1 = _lag1(resid)
-        z = stats.norm.isf(p / 2) / math.sqrt((1 + r1) / (1 - r1))
-        p = float(2 * stats.norm.sf(z))
+        z = _stats().norm.isf(p / 2) / math.sqrt((1 + r1) / (1 - r1))
+        p = float(2 * _stats().norm.sf(z))
         if p >= alpha:
             return None
     floor = max(min_slope / 2, slope / 4)
@@ -162,7 +169,7 @@ def window_trend(x: np.ndarray, y: np.ndarray, *, min_slope: float, alpha: float
     for xs, ys in ((x[:h], y[:h]), (x[h:], y[h:])):
         if _rising(xs, ys, HALF_ALPHA) is None:
             return None
-        half_slopes.append(float(stats.theilslopes(ys, xs)[0]))
+        half_slopes.append(float(_stats().theilslopes(ys, xs)[0]))
         if half_slopes[-1] < floor:
             return None
     if half_slopes[1] < half_slopes[0] * DECELERATION:
