@@ -54,7 +54,8 @@ def make_hazards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: 
         return NullHazards()
     from optcheck.pytorch.hazards import HazardProbes
 
-    return HazardProbes(model, optimizer, allow_inplace=cfg.allow_inplace)
+    return HazardProbes(model, optimizer, allow_inplace=cfg.allow_inplace,
+                        grad_check_every=int(cfg.extra.get("grad_check_every", 1)))
 
 
 def lr_at(cfg: SoakConfig, step: int) -> float:
