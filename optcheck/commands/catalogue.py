@@ -35,7 +35,8 @@ def register(group: click.Group) -> None:
         for s in CATALOGUE.values():
             if backend and backend not in s.backends:
                 continue
-            click.echo(f"{s.name}  [{', '.join(s.backends)}]  expect {', '.join(s.expect)}")
+            expect = "; ".join(f"{b}: {', '.join(s.expected(b))}" for b in s.backends)
+            click.echo(f"{s.name}  [{', '.join(s.backends)}]  expect {expect}")
             click.echo(f"    {s.summary}")
             click.echo(f"    reproduces: {s.reproduces}")
             click.echo(f"    without optcheck: {s.without_optcheck}")
