@@ -39,6 +39,24 @@ def _no_monitor_left_open():
         assert not mod._ACTIVE and not mod._ORIG
 
 
+def start_long_soak(out: Path, snapshots: int = 3, timeout_s: float = 90.0):
+    """Start ``optcheck soak`` (100,000 steps of the small model, a snapshot every 20)
+    in a subprocess and return it once ``out`` holds ``snapshots`` snapshots, with
+    the worker's pid (from the hello event)."""
+    import json
+    import subprocess
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "optcheck", "soak", "-q", "--steps", "100000", "--every", "20",
+                             "--out", str(out), *SMALL], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + timeout_s
+    snaps = out / "snapshots.jsonl"
+    while time.time() < deadline and not (snaps.exists() and len(snaps.read_text().splitlines()) >= snapshots):
+        time.sleep(0.2)
+    hello = next(line for line in (out / "events.jsonl").read_text().splitlines() if '"hello"' in line)
+    return proc, json.loads(hello)["pid"]
+
+
 def run_cli(args: list[str], cwd: str | os.PathLike | None = None):
     """Invoke the optcheck CLI in-process through click's CliRunner; returns (exit_code, stdout, stderr)."""
     from click.testing import CliRunner

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from optcheck.rules.base import listing
+
 
 def events(snap: dict, kind: str) -> list[dict]:
     """The events of ``kind`` in ``snap`` (an empty list when it has none)."""
@@ -9,8 +11,5 @@ def events(snap: dict, kind: str) -> list[dict]:
 
 
 def names(items, limit: int = 8) -> str:
-    """``a, b, c`` — or ``a, b, … (+N more)`` past ``limit``."""
-    items = list(items)
-    if len(items) <= limit:
-        return ", ".join(items)
-    return ", ".join(items[:limit]) + f", … (+{len(items) - limit} more)"
+    """``a, b, c`` — or ``a, b, … and N more`` past ``limit`` (``base.listing``)."""
+    return listing(items, limit)

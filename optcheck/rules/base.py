@@ -90,6 +90,15 @@ class Rule:
         return inspect.cleandoc(cls.__doc__ or "")
 
 
+def listing(names, limit: int = 6) -> str:
+    """``a, b, c and 26 more``: names for a one-line message (a finding's
+    ``subjects`` keep them all)."""
+    names = list(names)
+    if len(names) <= limit:
+        return ", ".join(names)
+    return ", ".join(names[:limit]) + f" and {len(names) - limit} more"
+
+
 REGISTRY: dict[str, type[Rule]] = {}
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from optcheck.findings import Finding
-from optcheck.rules.base import Rule, RuleContext, register
+from optcheck.rules.base import Rule, RuleContext, listing, register
 from optcheck.snapshot import members
 
 
@@ -50,14 +50,6 @@ def _state_keys(snap: dict) -> set[int] | None:
 
 def _nonempty(ptr: int | None) -> bool:
     return bool(ptr)
-
-
-def listing(names: list[str], limit: int = 6) -> str:
-    """``a, b, c and 26 more``: names for a one-line message (the finding's
-    ``subjects`` keep them all)."""
-    if len(names) <= limit:
-        return ", ".join(names)
-    return ", ".join(names[:limit]) + f" and {len(names) - limit} more"
 
 
 @register

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Iterable
 
 from optcheck.findings import Finding
-from optcheck.rules.base import Rule, RuleContext, register
-from optcheck.rules.references import listing
+from optcheck.rules._events import events
+from optcheck.rules.base import Rule, RuleContext, listing, register
 from optcheck.snapshot import members
 
 
@@ -95,7 +95,7 @@ class GradNotCleared(Rule):
     message = "gradients of the previous step were still in .grad at backward (from step {step}, {count} time(s))"
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
-        evs = [e for e in snap.get("events", ()) if e.get("kind") == "grad_not_cleared"]
+        evs = events(snap, "grad_not_cleared")
         if not evs:
             return []
         e = evs[0]
@@ -121,7 +121,7 @@ class NoOptimizerStep(Rule):
     message = "{count} backward() calls without an optimizer.step() (since step {step})"
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
-        evs = [e for e in snap.get("events", ()) if e.get("kind") == "no_optimizer_step"]
+        evs = events(snap, "no_optimizer_step")
         if not evs:
             return []
         e = evs[-1]

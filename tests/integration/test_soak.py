@@ -8,12 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import SMALL, run_cli
+from conftest import SMALL, run_cli, start_long_soak
 from optcheck import exitcodes
 from optcheck.snapshot import read_jsonl, read_snapshots
 
@@ -87,16 +86,7 @@ def test_crash_in_training_is_reported_with_lead_time(tmp_path):
 
 def test_sigkill_of_the_worker_leaves_a_readable_run(tmp_path):
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "optcheck", "soak", "-q", "--steps", "100000", "--every", "20",
-           "--out", str(out), *SMALL]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        snaps = out / "snapshots.jsonl"
-        if snaps.exists() and len(snaps.read_text().splitlines()) >= 3:
-            break
-        time.sleep(0.2)
-    worker = json.loads(next(l for l in (out / "events.jsonl").read_text().splitlines() if '"hello"' in l))["pid"]
+    proc, worker = start_long_soak(out)
     os.kill(worker, signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == exitcodes.CRASHED, stderr

@@ -7,12 +7,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import SMALL
+from conftest import start_long_soak
 from optcheck import exitcodes
 from optcheck.snapshot import read_snapshots
 
@@ -20,14 +19,7 @@ from optcheck.snapshot import read_snapshots
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_to_optcheck_flushes_and_writes_the_summary(tmp_path, sig):
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "optcheck", "soak", "-q", "--steps", "100000", "--every", "20",
-                             "--out", str(out), *SMALL], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        snaps = out / "snapshots.jsonl"
-        if snaps.exists() and len(snaps.read_text().splitlines()) >= 3:
-            break
-        time.sleep(0.2)
+    proc, worker = start_long_soak(out)
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == exitcodes.INTERRUPTED, stderr
@@ -36,8 +28,7 @@ def test_signal_to_optcheck_flushes_and_writes_the_summary(tmp_path, sig):
     assert len(read_snapshots(out / "snapshots.jsonl")) == s["snapshots"]
     assert "Traceback" not in stderr
     # the worker went with it
-    hello = json.loads(next(line for line in (out / "events.jsonl").read_text().splitlines() if '"hello"' in line))
-    assert not Path(f"/proc/{hello['pid']}").exists() or "zombie" in Path(f"/proc/{hello['pid']}/status").read_text()
+    assert not Path(f"/proc/{worker}").exists() or "zombie" in Path(f"/proc/{worker}/status").read_text()
 
 
 def test_same_init_without_a_torchsharp_build_is_one_line(tmp_path):
