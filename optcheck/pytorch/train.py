@@ -9,7 +9,6 @@ post-step snapshot sees this step's gradients.
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import os
 import traceback
