@@ -1,12 +1,23 @@
-"""Gradients left over from the previous optimizer step (OC204's probe).
+"""Gradient flow between optimizer steps (the probe behind OC204, OC207, OC208).
 
-The first backward after each ``optimizer.step()`` should find the parameters'
-``.grad`` empty or zero (``zero_grad()`` before ``backward()``, or after
-``step()``). A tensor hook on one small parameter the optimizer holds — called
-with the incoming gradient *before* it is accumulated into ``.grad``
-(``Tensor.register_hook``) — checks that once per step: one ``any()`` over a
-bias-sized tensor, well under a microsecond. Gradient accumulation over several
-micro-batches stays silent: only the first backward after a step is checked.
+Tensor hooks on the optimizer's parameters (``Tensor.register_hook``: called
+with the incoming gradient *before* it is accumulated into ``.grad``) record
+which parameters received a fresh gradient since the last ``optimizer.step()``;
+optimizer step pre/post hooks (torch ≥ 2.0) look at that once per step:
+
+- ``grad_not_cleared`` (OC204): the first gradient after a step found ``.grad``
+  still holding the previous step's (no ``zero_grad()``). Checked on the
+  smallest parameter: one ``any()`` over a bias-sized tensor.
+- ``grad_cleared_before_step`` (OC207): gradients flowed in, but by
+  ``optimizer.step()`` every parameter that got one has ``.grad`` None (or the
+  smallest is all zero): ``zero_grad()`` ran between ``backward()`` and ``step()``.
+- ``stale_grad_step`` (OC208): ``optimizer.step()`` ran although no gradient
+  flowed in since the previous step while ``.grad`` is set: the same gradients are
+  applied twice (``step()`` called twice, or ``backward()`` skipped).
+
+Gradient accumulation over micro-batches and closures (LBFGS) stay silent. Cost:
+one Python call per parameter per backward (~2 µs each) and a few checks per
+step. Events are recorded at their first occurrence; repeats raise ``count``.
 """
 
 from __future__ import annotations
@@ -15,46 +26,65 @@ import torch
 
 
 class GradClearProbe:
-    """Records a ``grad_not_cleared`` event when gradients were not cleared between steps.
+    """Records gradient-flow events for ``optimizer``'s parameters (see module docstring).
 
     Args:
-        optimizer: the optimizer whose ``step()`` delimits training steps
-            (needs ``register_step_post_hook``, torch ≥ 2.0).
-
-    The event (schema-1 Event) is recorded at the first occurrence; later ones
-    only raise its ``count``.
+        optimizer: the optimizer whose ``step()`` delimits training steps.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer):
         self.events: list[dict] = []
-        self._event: dict | None = None
-        self._fresh = False
+        self._by_kind: dict[str, dict] = {}
+        self._fresh: set[int] = set()
+        self._first = False  # the first gradient after a step is still to come
         self._steps = 0
-        params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad and p.is_leaf]
         self._handles = []
-        if not params:
+        self._params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad and p.is_leaf]
+        if not self._params:
             return
-        self._param = min(params, key=lambda p: p.numel())
-        self._handles.append(self._param.register_hook(self._on_grad))
+        self._small = min(self._params, key=lambda p: p.numel())
+        for p in self._params:
+            self._handles.append(p.register_hook(self._hook_for(p)))
+        self._handles.append(optimizer.register_step_pre_hook(self._before_step))
         self._handles.append(optimizer.register_step_post_hook(self._after_step))
 
+    def _hook_for(self, p: torch.Tensor):
+        pid = id(p)
+
+        def hook(grad: torch.Tensor):
+            if self._first and p is self._small:
+                self._first = False
+                g = p.grad
+                if g is not None and bool(g.detach().any()):
+                    self._record("grad_not_cleared", shape=list(p.shape))
+            self._fresh.add(pid)
+            return None
+
+        return hook
+
+    def _before_step(self, optimizer, args, kwargs) -> None:
+        if not self._fresh:
+            return
+        fresh = [p for p in self._params if id(p) in self._fresh]
+        small = self._small if id(self._small) in self._fresh else fresh[0]
+        if all(p.grad is None for p in fresh) or (small.grad is not None and not bool(small.grad.detach().any())):
+            self._record("grad_cleared_before_step", params=len(fresh))
+
     def _after_step(self, optimizer, args, kwargs) -> None:
-        self._fresh = True
+        if not self._fresh and self._steps > 0 and self._small.grad is not None:
+            self._record("stale_grad_step")
+        self._fresh = set()
+        self._first = True
         self._steps += 1
 
-    def _on_grad(self, grad: torch.Tensor):
-        if not self._fresh:
-            return None
-        self._fresh = False
-        g = self._param.grad
-        if g is not None and bool(g.detach().any()):
-            if self._event is None:
-                self._event = {"kind": "grad_not_cleared", "step": self._steps + 1, "where": None, "count": 1,
-                               "detail": {"shape": list(self._param.shape)}}
-                self.events.append(self._event)
-            else:
-                self._event["count"] += 1
-        return None
+    def _record(self, kind: str, **detail) -> None:
+        ev = self._by_kind.get(kind)
+        if ev is None:
+            ev = self._by_kind[kind] = {"kind": kind, "step": self._steps + 1, "where": None, "count": 1,
+                                        "detail": detail}
+            self.events.append(ev)
+        else:
+            ev["count"] += 1
 
     def has_events(self) -> bool:
         return bool(self.events)

@@ -77,8 +77,26 @@ class StalledParam(Rule):
             since_step=first)]
 
 
+class _EventRule(Rule):
+    """A rule that reports the first event of ``event_kind`` (recorded by a probe),
+    with its step and how often it happened."""
+
+    event_kind: str = ""
+    next_failure: str = ""
+
+    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
+        evs = events(snap, self.event_kind)
+        if not evs:
+            return []
+        e = evs[0]
+        count = sum(x.get("count", 1) for x in evs)
+        return [self.finding(snap, self.message.format(step=e.get("step"), count=count), key=self.event_kind,
+                             next_failure=self.next_failure, first_step=e.get("step"), count=count,
+                             **(e.get("detail") or {}))]
+
+
 @register
-class GradNotCleared(Rule):
+class GradNotCleared(_EventRule):
     """Gradients were not cleared between optimizer steps.
 
     The first ``backward()`` after an ``optimizer.step()`` found the previous
@@ -93,20 +111,12 @@ class GradNotCleared(Rule):
 
     code, symbol, severity, family = "OC204", "grad-not-cleared", "error", "gradients"
     message = "gradients of the previous step were still in .grad at backward (from step {step}, {count} time(s))"
-
-    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
-        evs = events(snap, "grad_not_cleared")
-        if not evs:
-            return []
-        e = evs[0]
-        return [self.finding(snap, self.message.format(step=e.get("step"), count=sum(x.get("count", 1) for x in evs)),
-                             key="grad_not_cleared",
-                             next_failure="gradients accumulate across steps: updates grow until the loss diverges",
-                             first_step=e.get("step"))]
+    event_kind = "grad_not_cleared"
+    next_failure = "gradients accumulate across steps: updates grow until the loss diverges"
 
 
 @register
-class NoOptimizerStep(Rule):
+class NoOptimizerStep(_EventRule):
     """Backward passes run, but the optimizer never steps.
 
     ``backward()`` was called many times (event ``no_optimizer_step``, recorded by
@@ -119,13 +129,42 @@ class NoOptimizerStep(Rule):
 
     code, symbol, severity, family = "OC206", "no-optimizer-step", "error", "gradients"
     message = "{count} backward() calls without an optimizer.step() (since step {step})"
+    event_kind = "no_optimizer_step"
+    next_failure = "the model keeps its initial weights for the whole run"
 
-    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
-        evs = events(snap, "no_optimizer_step")
-        if not evs:
-            return []
-        e = evs[-1]
-        return [self.finding(snap, self.message.format(count=e.get("count"), step=e.get("step")),
-                             key="no_optimizer_step",
-                             next_failure="the model keeps its initial weights for the whole run",
-                             backward_calls=e.get("count"))]
+
+@register
+class GradClearedBeforeStep(_EventRule):
+    """Gradients were cleared between ``backward()`` and ``optimizer.step()``.
+
+    Gradients flowed into the parameters, but when ``optimizer.step()`` ran they
+    were gone (``.grad`` None, or zeroed): ``zero_grad()`` sits between
+    ``backward()`` and ``step()``. AdamW then skips every parameter (or only decays
+    the weights): the model does not learn.
+
+    Fix: order the step as ``zero_grad()``, forward, ``backward()``, ``step()``
+    (or ``backward()``, ``step()``, ``zero_grad()``).
+    """
+
+    code, symbol, severity, family = "OC207", "grad-cleared-before-step", "error", "gradients"
+    message = "optimizer.step() found the gradients cleared after backward() (from step {step}, {count} time(s))"
+    event_kind = "grad_cleared_before_step"
+    next_failure = "no update uses a gradient: the loss does not fall"
+
+
+@register
+class StaleGradStep(_EventRule):
+    """``optimizer.step()`` ran without a fresh gradient since the previous step.
+
+    No gradient flowed into any parameter between two ``optimizer.step()`` calls,
+    yet ``.grad`` is set: the previous gradients are applied again — ``step()``
+    called twice per iteration, or ``backward()`` skipped on some path. Adam's
+    moment estimates and step count drift from the data.
+
+    Fix: one ``optimizer.step()`` per ``backward()`` (or per accumulation window).
+    """
+
+    code, symbol, severity, family = "OC208", "stale-grad-step", "error", "gradients"
+    message = "optimizer.step() applied the previous gradients again (from step {step}, {count} time(s))"
+    event_kind = "stale_grad_step"
+    next_failure = "updates are repeated: an effectively larger, uneven learning rate"

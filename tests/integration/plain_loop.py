@@ -81,9 +81,13 @@ def train(bug: str | None = None, steps: int = 60, monitor_kwargs: dict | None =
             with torch.no_grad():
                 loss = F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
         loss.backward()
+        if bug == "zero-grad-before-step":
+            opt.zero_grad()
         if bug == "nonleaf-grad-read":
             _ = logits.grad
         if bug != "no-optimizer-step":
+            opt.step()
+        if bug == "double-step":
             opt.step()
         history.append(loss.item())
     if mon is not None:

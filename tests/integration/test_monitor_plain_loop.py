@@ -54,6 +54,8 @@ def test_without_monitor_the_loop_is_unchanged(tmp_path):
     ("unused-layer", {"OC202"}, "aux.weight"),
     ("no-optimizer-step", {"OC206"}, None),
     ("detach-middle", {"OC203"}, "pos.weight"),
+    ("zero-grad-before-step", {"OC207"}, None),
+    ("double-step", {"OC208"}, None),
 ])
 def test_planted_bug_is_named(tmp_path, bug, codes, subject):
     _, mon, found, shown, _ = run(tmp_path, bug)

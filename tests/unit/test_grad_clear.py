@@ -19,12 +19,23 @@ def _loop(style: str, steps: int = 12):
     gp = GradClearProbe(opt)
     snaps = []
     for step in range(1, steps + 1):
-        if style == "zero-before":
+        if style in ("zero-before", "closure"):
             opt.zero_grad()
         micro = 4 if style == "accumulate" else 1
-        for _ in range(micro):
-            model(torch.randn(4, 8)).pow(2).mean().backward()
-        opt.step()
+        if style == "closure":  # LBFGS-style: backward runs inside step()
+            x = torch.randn(4, 8)
+
+            def closure():
+                opt.zero_grad()
+                loss = model(x).pow(2).mean()
+                loss.backward()
+                return loss
+
+            opt.step(closure)
+        else:
+            for _ in range(micro):
+                model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
         if step % 4 == 0:  # right after step(), as the soak and the Monitor take them
             snaps.append({"schema": SCHEMA, "backend": "pytorch", "run": "t", "step": step, "phase": "post-step",
                           "trigger": "cadence", **probe.snapshot_body(model, opt, census=False),
@@ -34,7 +45,7 @@ def _loop(style: str, steps: int = 12):
     return check_stream(snaps)
 
 
-@pytest.mark.parametrize("style", ["zero-before", "zero-after", "accumulate"])
+@pytest.mark.parametrize("style", ["zero-before", "zero-after", "accumulate", "closure"])
 def test_clean_loops_are_silent(style):
     assert _loop(style) == []
 
