@@ -24,9 +24,10 @@ class StalledParam(Rule):
     had a gradient, yet its version counter did not move: no in-place update
     touched it. Seen for ``RuleConfig.stalled_snapshots`` snapshot pairs in a row.
 
-    Typical causes: ``optimizer.step()`` never called (or called on another
-    optimizer), a learning rate of 0 with no weight decay, the step skipped by a
-    gradient scaler every time, parameters swapped under the optimizer.
+    Typical causes: ``optimizer.step()`` never called on the optimizer that holds
+    them (called on another one), the step skipped every time (a gradient scaler
+    that always finds inf), parameters skipped by the optimizer's own logic. (A
+    learning rate of 0 is not caught: torch's optimizers still write in place.)
 
     Fix: call ``optimizer.step()`` after ``backward()`` on the optimizer that holds
     these parameters; check the learning-rate schedule. Training otherwise runs
