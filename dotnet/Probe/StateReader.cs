@@ -3,8 +3,9 @@
 // TorchSharp.Modules.OptimizerHelper (src/TorchSharp/Optimizers/Optimizer.cs), filled
 // `_state[p.Handle] = state` in add_param_group and read `_state[param.handle]` in
 // AdamW.step (src/TorchSharp/Optimizers/AdamW.cs). Nothing here names a TorchSharp type:
-// the dictionary is found by field name and read through IDictionary<TKey, TValue>
-// (TorchSharp's OrderedDict implements it) or as an enumerable of KeyValuePair / value tuples.
+// the dictionary is found by field name and read through IDictionary<TKey, TValue>'s Keys and
+// indexer (TorchSharp's OrderedDict implements it; its non-generic enumerator throws), else as an
+// enumerable of KeyValuePair / value tuples.
 using System;
 using System.Collections;
 using System.Collections.Generic;
@@ -85,6 +86,23 @@ namespace OptCheck.Probe
             if (!Readable) return false;
             object d = Dict();
             if (d == null) return true;
+            Type dt = d.GetType();
+            if (dt != keysFor) { keysFor = dt; keysProperty = FindKeysProperty(dt); }
+            // A dictionary is read through its Keys and its indexer, never its non-generic
+            // enumerator: TorchSharp's Utils.OrderedDict (the type of OptimizerHelper._state)
+            // routes IEnumerable.GetEnumerator() to its KeyValuePair enumerator, which throws
+            // NotImplementedException (src/TorchSharp/Utils/OrderedDict.cs, 0.99.6 to 0.107).
+            PropertyInfo indexer = keysProperty != null ? keysProperty.DeclaringType.GetProperty("Item") : null;
+            IEnumerable dictKeys = indexer != null ? keysProperty.GetValue(d, null) as IEnumerable : null;
+            if (dictKeys != null) {
+                var ks = new List<object>();
+                foreach (object k in dictKeys) ks.Add(k);
+                foreach (object k in ks) {
+                    keys.Add(k);
+                    values.Add(indexer.GetValue(d, new object[] { k }));
+                }
+                return true;
+            }
             IEnumerable e = d as IEnumerable;
             if (e == null) return false;
             foreach (object item in e) {

@@ -9,8 +9,8 @@
 // - DataPtr = LibTorchSharp's THSTensor_data(handle) (src/Native/LibTorchSharp/THSTensor.cpp,
 //   `tensor->data_ptr()`), the same native export TorchSharp's own Tensor.bytes uses; TorchSharp
 //   declares it internal, so it is imported here. 0 when the native library cannot be reached.
-// - The grad is read through whatever this TorchSharp has: a method grad() up to 0.102, a
-//   property grad from 0.103 (Tensor.cs), bound once by reflection, so one source builds for both.
+// - The grad is read through whatever this TorchSharp has: a method grad() up to 0.102.5, a
+//   property grad from 0.102.6 (Tensor.cs), bound once by reflection, so one source builds for both.
 // - Optimizer state: `protected OrderedDict<IntPtr, OptimizerState> _state` on
 //   TorchSharp.Modules.OptimizerHelper (Optimizers/Optimizer.cs, unchanged 0.99.6..0.107), read
 //   by reflection and handed to the probe through StateHolder, which the trainer rebinds when it

@@ -78,7 +78,7 @@ namespace TorchSharp
             public DeviceType device_type { get { throw null; } }
             public int device_index { get { throw null; } }
             public long dim() { throw null; }
-            // grad: a method up to 0.102, a property from 0.103 — dotnet/Worker binds it by reflection
+            // grad: a method up to 0.102.5, a property from 0.102.6 — dotnet/Worker binds it by reflection
             // (TensorFacts.BindGrad), so neither form is declared here.
             public Tensor view(params long[] shape) { throw null; }
             public Tensor reshape(params long[] shape) { throw null; }
@@ -109,12 +109,25 @@ namespace TorchSharp
             public T item<T>() where T : struct { throw null; }                    // TorchSharp: where T : unmanaged (C# 7.3)
             public void backward() { }
             public void backward(IList<Tensor> grad_tensors = null, bool create_graph = false, bool retain_graph = false, IList<Tensor> inputs = null) { }
+            // every implicit conversion Tensor.cs declares except the complex / TensorIndex ones. Scalar ->
+            // Tensor makes Scalar the better conversion target, so mul(double) picks mul(Scalar): not ambiguous.
             public static implicit operator Tensor(byte value) { throw null; }
+            public static implicit operator Tensor(sbyte value) { throw null; }
+            public static implicit operator Tensor(short value) { throw null; }
             public static implicit operator Tensor(int value) { throw null; }
             public static implicit operator Tensor(long value) { throw null; }
             public static implicit operator Tensor(float value) { throw null; }
             public static implicit operator Tensor(double value) { throw null; }
             public static implicit operator Tensor(bool value) { throw null; }
+            public static implicit operator Tensor(byte[] value) { throw null; }
+            public static implicit operator Tensor(sbyte[] value) { throw null; }
+            public static implicit operator Tensor(short[] value) { throw null; }
+            public static implicit operator Tensor(int[] value) { throw null; }
+            public static implicit operator Tensor(long[] value) { throw null; }
+            public static implicit operator Tensor(float[] value) { throw null; }
+            public static implicit operator Tensor(double[] value) { throw null; }
+            public static implicit operator Tensor(bool[] value) { throw null; }
+            public static implicit operator Tensor(Scalar scalar) { throw null; }
         }
 
         // Tensor/Factories/*.cs (0.99.6: Tensor/torch.*.cs)
@@ -217,7 +230,47 @@ namespace TorchSharp
 
 namespace TorchSharp.Utils
 {
-    public class OrderedDict<TKey, TValue> : Dictionary<TKey, TValue> { }              // Utils/OrderedDict.cs (IDictionary + IList of tuples)
+    // Utils/OrderedDict.cs (unchanged to 0.107). The one stub type with working bodies: the probe reads
+    // OptimizerHelper._state by reflection, so its interfaces and enumerators are the API that matters.
+    // As in TorchSharp, the KeyValuePair enumerator throws, and the non-generic one calls it.
+    public class OrderedDict<TKey, TValue> : IDictionary<TKey, TValue>, IList<(TKey, TValue)>
+    {
+        readonly List<(TKey, TValue)> _list = new List<(TKey, TValue)>();
+        readonly Dictionary<TKey, TValue> _dict = new Dictionary<TKey, TValue>();
+
+        public (TKey, TValue) this[int index] { get { return _list[index]; } set { _list[index] = value; _dict[value.Item1] = value.Item2; } }
+        public TValue this[TKey key] {
+            get { return _dict[key]; }
+            set {
+                _dict[key] = value;
+                int idx = _list.FindIndex(kv => kv.Item1.Equals(key));
+                if (idx >= 0) _list[idx] = (key, value); else _list.Add((key, value));
+            }
+        }
+        public bool IsReadOnly { get { return false; } }
+        public ICollection<TKey> Keys { get { return _list.ConvertAll(kv => kv.Item1); } }
+        public ICollection<TValue> Values { get { return _list.ConvertAll(kv => kv.Item2); } }
+        public int Count { get { return _dict.Count; } }
+        public void Add(TKey key, TValue value) { _dict.Add(key, value); _list.Add((key, value)); }
+        public void Add(KeyValuePair<TKey, TValue> item) { Add(item.Key, item.Value); }
+        public void Add((TKey, TValue) item) { Add(item.Item1, item.Item2); }
+        public void Clear() { _list.Clear(); _dict.Clear(); }
+        public bool Contains(KeyValuePair<TKey, TValue> item) { return _dict.ContainsKey(item.Key); }
+        public bool Contains((TKey, TValue) item) { return _dict.ContainsKey(item.Item1); }
+        public bool ContainsKey(TKey key) { return _dict.ContainsKey(key); }
+        public void CopyTo(KeyValuePair<TKey, TValue>[] array, int arrayIndex) { throw new NotImplementedException(); }
+        public void CopyTo((TKey, TValue)[] array, int arrayIndex) { _list.CopyTo(array, arrayIndex); }
+        public int IndexOf((TKey, TValue) item) { return _list.IndexOf(item); }
+        public void Insert(int index, (TKey, TValue) item) { _dict.Add(item.Item1, item.Item2); _list.Insert(index, item); }
+        public bool Remove(TKey key) { _list.RemoveAll(kv => kv.Item1.Equals(key)); return _dict.Remove(key); }
+        public bool Remove(KeyValuePair<TKey, TValue> item) { return Remove(item.Key); }
+        public bool Remove((TKey, TValue) item) { return Remove(item.Item1); }
+        public void RemoveAt(int index) { _dict.Remove(_list[index].Item1); _list.RemoveAt(index); }
+        public bool TryGetValue(TKey key, out TValue value) { return _dict.TryGetValue(key, out value); }
+        public IEnumerator<(TKey, TValue)> GetEnumerator() { return _list.GetEnumerator(); }
+        IEnumerator<KeyValuePair<TKey, TValue>> IEnumerable<KeyValuePair<TKey, TValue>>.GetEnumerator() { throw new NotImplementedException(); }
+        IEnumerator IEnumerable.GetEnumerator() { return ((IEnumerable<KeyValuePair<TKey, TValue>>)this).GetEnumerator(); }
+    }
 }
 
 namespace TorchSharp.Modules

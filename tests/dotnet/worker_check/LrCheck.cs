@@ -1,10 +1,14 @@
 // Test harness (tests/unit/test_torchsharp_worker_sources.py), compiled with mcs together with
 // dotnet/Worker, dotnet/Probe and the signature stub tests/dotnet/torchsharp_stub: runs the parts
 // of GptTrainer that touch no tensor — the lr schedule with SoakConfig's defaults, the fault
-// list, the optimizer-state field lookup — and prints them, one "key value" per line.
+// list, the optimizer-state field lookup and read — and prints them, one "key value" per line.
 using System;
+using System.Collections.Generic;
 using System.Globalization;
+using OptCheck.Probe;
 using OptCheck.Worker;
+using TorchSharp.Modules;
+using TorchSharp.Utils;
 
 public static class LrCheck
 {
@@ -18,6 +22,18 @@ public static class LrCheck
         Console.WriteLine("scenarios " + string.Join(",", t.Scenarios));
         Console.WriteLine("state_field " + (TorchSharpTarget.StateField == null ? "none" : TorchSharpTarget.StateField.DeclaringType.FullName + "." + TorchSharpTarget.StateField.Name));
         Console.WriteLine("state_owner " + t.Target.StateOwner.GetType().FullName + " " + t.Target.StateFieldName);
+        // the probe's read of an OptimizerHelper._state-shaped dictionary (the stub's OrderedDict has
+        // TorchSharp's enumerators: the non-generic one throws)
+        var dict = new OrderedDict<IntPtr, OptimizerState>();
+        dict[new IntPtr(42)] = new AdamW.State { step = 7 };
+        dict[new IntPtr(41)] = new AdamW.State { step = 8 };
+        var holder = new StateHolder { state = dict };
+        var reader = new StateReader(holder, "state");
+        var keys = new List<object>(); var values = new List<object>(); var handles = new List<long>();
+        bool ok = reader.Entries(keys, values) && reader.Keys(handles);
+        var steps = new List<string>();
+        foreach (object v in values) steps.Add(t.Target.DescribeState(null, v).Step.ToString(CultureInfo.InvariantCulture));
+        Console.WriteLine("state_read " + ok + " " + string.Join(",", handles) + " " + string.Join(",", steps));
         return 0;
     }
 }
