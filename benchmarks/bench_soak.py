@@ -36,7 +36,9 @@ model = GPT(GPTConfig(block_size=cfg.block_size, vocab_size=corpus.vocab_size, n
                       n_head=cfg.n_head, n_embd=cfg.n_embd))
 opt = model.configure_optimizers(cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.eps)
 t0 = time.perf_counter()
+times = []
 for step in range(1, steps + 1):
+    ts = time.perf_counter()
     x, y = sched.batch(corpus.train, step)
     for g in opt.param_groups:
         g["lr"] = lr_at(cfg, step)
@@ -46,18 +48,22 @@ for step in range(1, steps + 1):
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     opt.step()
     last = loss.item()
-print(time.perf_counter() - t0, last)
+    times.append(time.perf_counter() - ts)
+times.sort()
+print(time.perf_counter() - t0, times[len(times) // 2])
 """
 
 
-def plain(steps: int, threads: int) -> tuple[float, float]:
+def plain(steps: int, threads: int) -> tuple[float, float, float]:
+    """(training seconds, wall seconds, median step seconds) of the plain loop."""
     t = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", PLAIN, str(steps), str(threads)], capture_output=True, text=True,
                          check=True).stdout.split()
-    return float(out[0]), time.perf_counter() - t
+    return float(out[0]), time.perf_counter() - t, float(out[1])
 
 
-def soak(steps: int, every: int, threads: int, extra: list[str]) -> tuple[float, float]:
+def soak(steps: int, every: int, threads: int, extra: list[str]) -> tuple[float, float, float]:
+    """(training seconds from the final snapshot, wall seconds, median step seconds from metrics.jsonl)."""
     with tempfile.TemporaryDirectory() as d:
         t = time.perf_counter()
         subprocess.run([sys.executable, "-m", "optcheck", "soak", "-q", "--steps", str(steps), "--every", str(every),
@@ -65,7 +71,8 @@ def soak(steps: int, every: int, threads: int, extra: list[str]) -> tuple[float,
                        capture_output=True, text=True)
         wall = time.perf_counter() - t
         last = [json.loads(line) for line in Path(d, "snapshots.jsonl").read_text().splitlines()][-1]
-        return last["elapsed_s"], wall
+        step_times = sorted(json.loads(line)["step_time_s"] for line in Path(d, "metrics.jsonl").read_text().splitlines())
+        return last["elapsed_s"], wall, step_times[len(step_times) // 2]
 
 
 def main() -> None:
@@ -75,19 +82,21 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=2)
     a = ap.parse_args()
-    rows: dict[str, list[tuple[float, float]]] = {"plain loop": [], "soak (all probes)": [], "soak --no-hazards": []}
+    rows: dict[str, list[tuple[float, float, float]]] = {"plain loop": [], "soak (all probes)": [], "soak --no-hazards": []}
     for _ in range(a.repeat):  # interleaved, so load on the machine hits all three alike
         rows["plain loop"].append(plain(a.steps, a.threads))
         rows["soak (all probes)"].append(soak(a.steps, a.every, a.threads, []))
         rows["soak --no-hazards"].append(soak(a.steps, a.every, a.threads, ["--no-hazards"]))
-    base = min(t for t, _ in rows["plain loop"])
-    base_wall = min(w for _, w in rows["plain loop"])
+    base = min(v[0] for v in rows["plain loop"])
+    base_wall = min(v[1] for v in rows["plain loop"])
+    base_med = min(v[2] for v in rows["plain loop"])
     print(f"{a.steps} steps, --every {a.every}, {a.threads} thread(s), best of {a.repeat}")
-    print(f"{'':22} {'ms/step':>8} {'ratio':>6} {'wall s':>7} {'wall ratio':>10}")
+    print("ms/step = training time / steps (snapshots included); median = median time of one training step")
+    print(f"{'':22} {'ms/step':>8} {'ratio':>6} {'median':>7} {'ratio':>6} {'wall s':>7} {'wall ratio':>10}")
     for name, vals in rows.items():
-        t = min(v for v, _ in vals)
-        w = min(v for _, v in vals)
-        print(f"{name:22} {t / a.steps * 1e3:8.2f} {t / base:6.3f} {w:7.1f} {w / base_wall:10.3f}")
+        t, w, m = (min(v[i] for v in vals) for i in range(3))
+        print(f"{name:22} {t / a.steps * 1e3:8.2f} {t / base:6.3f} {m * 1e3:7.2f} {m / base_med:6.3f} "
+              f"{w:7.1f} {w / base_wall:10.3f}")
 
 
 if __name__ == "__main__":

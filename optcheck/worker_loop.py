@@ -155,6 +155,7 @@ class Loop:
         self.stream.send("hello", backend=be.name, versions=be.versions(), threads=be.threads(),
                          pid=os.getpid(), corpus=corpus.describe(), config=dict(steps=cfg.steps, every=cfg.every))
         self.take(0, "pre-step", "start")
+        self.t0 = self.last_snap_t = time.perf_counter()  # elapsed_s counts training, not set-up
         injections = {}
         for inj in cfg.inject:
             injections.setdefault(inj.step, []).append(inj.name)
