@@ -14,7 +14,7 @@ def register(group: click.Group) -> None:
     def list_rules():
         """List every rule: code, symbol, severity, message."""
         for cls in rules.catalogue():
-            click.echo(f"{cls.code}  {cls.symbol:<22} {cls.severity:<8} {cls.doc().splitlines()[0] if cls.doc() else ''}")
+            click.echo(f"{cls.code}  {cls.symbol:<25} {cls.severity:<8} {cls.doc().splitlines()[0] if cls.doc() else ''}")
 
     @group.command()
     @click.argument("code")
