@@ -45,6 +45,11 @@ namespace OptCheck.Probe
 
     public sealed class ProbeCore
     {
+        /// <summary>Run a full garbage collection (and pending finalizers) before the
+        /// memory fields of a snapshot, so that live-tensor counts and the managed heap
+        /// leave out what is only waiting for the GC. Costs a few ms per snapshot.</summary>
+        public bool CollectBeforeMemory = true;
+
         public const int Leaf = 1, RequiresGrad = 2, GradSet = 4;
 
         readonly IProbeTarget target;
@@ -224,6 +229,11 @@ namespace OptCheck.Probe
             ReadState(r, notes);
 
             r.OptimizerType = target.OptimizerType;
+            if (CollectBeforeMemory) {
+                // Tensors dropped without a DisposeScope are freed by finalizers: count what is
+                // really alive, not what the GC has not reached yet (DESIGN.md §6).
+                GC.Collect(); GC.WaitForPendingFinalizers(); GC.Collect();
+            }
             r.LiveTensors = target.LiveTensors; r.PeakTensors = target.PeakTensors;
             r.ManagedBytes = GC.GetTotalMemory(false);
             r.RssBytes = RssBytes();
