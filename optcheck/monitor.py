@@ -88,7 +88,10 @@ def _patched_tensor_backward(tensor, *args, **kwargs):
     if mon is None:
         return _ORIG["tensor"](tensor, *args, **kwargs)
     mon._before_backward(tensor)
-    out = _ORIG["tensor"](tensor, *args, **kwargs)
+    try:
+        out = _ORIG["tensor"](tensor, *args, **kwargs)
+    finally:
+        mon._close_if_stopped()
     mon._after_backward()
     return out
 
@@ -98,7 +101,10 @@ def _patched_autograd_backward(tensors, *args, **kwargs):
     if mon is None or not isinstance(tensors, torch.Tensor):
         return _ORIG["autograd"](tensors, *args, **kwargs)
     mon._before_backward(tensors)
-    out = _ORIG["autograd"](tensors, *args, **kwargs)
+    try:
+        out = _ORIG["autograd"](tensors, *args, **kwargs)
+    finally:
+        mon._close_if_stopped()
     mon._after_backward()
     return out
 
@@ -291,6 +297,9 @@ class Monitor:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        if self.closed or self._stopped is not None:  # mon.close() in the block, or a hazard stopped the step
+            self.close()
+            return False
         if exc is not None and not isinstance(exc, (KeyboardInterrupt, GeneratorExit)):
             self._crash = {"step": self.step_count + 1, "exc_type": type(exc).__qualname__, "message": str(exc)}
             if self.rundir is not None:
@@ -335,7 +344,17 @@ class Monitor:
         self._events.append(exc.event)
         self._snapshot(self.step_count + 1, "pre-step", "hazard")
         self._stopped = {"step": self.step_count + 1, "reason": str(exc)}
+        if torch._C._current_graph_task_id() != -1:
+            # inside backward (a write found when backward unpacked a saved tensor, or in a
+            # checkpoint recompute): the autograd engine runs on a copy of the thread's
+            # saved-tensor hooks and restores the original when backward ends, so the hooks
+            # can only be popped after that (the backward wrapper, __exit__ or close() do it)
+            return
         self.close()
+
+    def _close_if_stopped(self) -> None:
+        if self._stopped is not None and not self.closed and torch._C._current_graph_task_id() == -1:
+            self.close()
 
     def _pre_step(self, optimizer, args, kwargs) -> None:
         if probe.fingerprint(self.model, self.optimizer) != self._fp:

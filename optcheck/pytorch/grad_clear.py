@@ -6,11 +6,17 @@ which parameters received a fresh gradient since the last ``optimizer.step()``;
 optimizer step pre/post hooks (torch ≥ 2.0) look at that once per step:
 
 - ``grad_not_cleared`` (OC204): the first gradient after a step found ``.grad``
-  still holding the previous step's (no ``zero_grad()``). Checked on the
-  smallest parameter: one ``any()`` over a bias-sized tensor.
+  still holding the previous step's (no ``zero_grad()``), and no later gradient
+  before the next step found it cleared. Checked on the smallest parameter: one
+  ``any()`` over a bias-sized tensor per ``backward()`` until it is settled. The
+  second condition keeps GAN loops silent when the discriminator is watched: the
+  generator's ``backward()`` flows through D right after ``optimizerD.step()``,
+  and ``netD.zero_grad()`` clears that before D's own ``backward()`` (the PyTorch
+  DCGAN tutorial's order).
 - ``grad_cleared_before_step`` (OC207): gradients flowed in, but by
-  ``optimizer.step()`` every parameter that got one has ``.grad`` None (or the
-  smallest is all zero): ``zero_grad()`` ran between ``backward()`` and ``step()``.
+  ``optimizer.step()`` every parameter that got one has ``.grad`` None or all
+  zero (the smallest is looked at first; the others only when it is zero):
+  ``zero_grad()`` ran between ``backward()`` and ``step()``.
 - ``stale_grad_step`` (OC208): ``optimizer.step()`` ran although no gradient
   flowed in since the previous step while ``.grad`` is set: the same gradients are
   applied twice (``step()`` called twice, or ``backward()`` skipped).
@@ -37,6 +43,7 @@ class GradClearProbe:
         self._by_kind: dict[str, dict] = {}
         self._fresh: set[int] = set()
         self._first = False  # the first gradient after a step is still to come
+        self._stale = False  # that first gradient found .grad holding the previous step's; no clear seen since
         self._steps = 0
         self._handles = []
         self._params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad and p.is_leaf]
@@ -52,11 +59,13 @@ class GradClearProbe:
         pid = id(p)
 
         def hook(grad: torch.Tensor):
-            if self._first and p is self._small:
-                self._first = False
+            if p is self._small and (self._first or self._stale):
                 g = p.grad
-                if g is not None and bool(g.detach().any()):
-                    self._record("grad_not_cleared", shape=list(p.shape))
+                held = g is not None and bool(g.detach().any())
+                if self._first:
+                    self._first, self._stale = False, held
+                elif not held:  # cleared after a backward() meant for another optimizer
+                    self._stale = False
             self._fresh.add(pid)
             return None
 
@@ -67,14 +76,18 @@ class GradClearProbe:
             return
         fresh = [p for p in self._params if id(p) in self._fresh]
         small = self._small if id(self._small) in self._fresh else fresh[0]
-        if all(p.grad is None for p in fresh) or (small.grad is not None and not bool(small.grad.detach().any())):
+        if all(p.grad is None for p in fresh) or (
+                small.grad is not None and not bool(small.grad.detach().any())  # cheap first look, then all:
+                and all(p.grad is None or not bool(p.grad.detach().any()) for p in fresh)):  # a dead-ReLU bias is 0
             self._record("grad_cleared_before_step", params=len(fresh))
 
     def _after_step(self, optimizer, args, kwargs) -> None:
+        if self._stale:
+            self._record("grad_not_cleared", shape=list(self._small.shape))
         if not self._fresh and self._steps > 0 and self._small.grad is not None:
             self._record("stale_grad_step")
         self._fresh = set()
-        self._first = True
+        self._first, self._stale = True, False
         self._steps += 1
 
     def _record(self, kind: str, **detail) -> None:

@@ -41,8 +41,12 @@ What is recorded (event ``kind`` → rule):
     output lost ``grad_fn`` although its inputs or parameters require grad, and
     whether autograd was recording. Partial cut: a module's output lost
     ``grad_fn`` (or a module received a detached alias — same data pointer — of an
-    earlier module's output) and, after backward, optimizer parameters at or
-    before it got no gradient: recorded, the step goes on.
+    earlier module's output in the same call of the model) and, after
+    backward, optimizer parameters at or before it got no gradient: recorded, the
+    step goes on. Leaf loss: the loss is a new leaf that requires grad
+    (``torch.tensor(loss.item(), requires_grad=True)``, written to make the
+    error above go away): ``backward()`` runs and no parameter gets a gradient;
+    recorded, the step goes on.
 
 ``nonleaf_grad_access`` (OC201)
     PyTorch warns "The .grad attribute of a Tensor that is not a leaf Tensor is
@@ -150,6 +154,18 @@ def _aliases(frame, t: torch.Tensor) -> set[str]:
                 if isinstance(v, torch.Tensor) and _ptr(v) and v.untyped_storage().data_ptr() == ptr:
                     out.add(name)
     return out
+
+
+def _parameter_like(t: torch.Tensor) -> bool:
+    """A parameter, or a view of one (``weight.t()``, which ``addmm`` saves): tensors the
+    optimizer, ``load_state_dict`` or an init routine write in place between steps.
+    They are left out of the eager version check (a forward whose graph is never
+    backwarded, e.g. a validation loss without ``no_grad``, followed by
+    ``model.load_state_dict(sd)``, is no hazard) and checked at unpack only, i.e. when
+    a backward really needs them (``optimizerD.step()`` before the generator's
+    ``backward()`` through D is caught there)."""
+    base = t._base if t._base is not None else t
+    return base.is_leaf and (base.requires_grad or isinstance(base, torch.nn.Parameter))
 
 
 def _code_of(module: torch.nn.Module):
@@ -301,7 +317,7 @@ class HazardProbes:
             code = f.f_code
         v = t._version
         rec = (t, v, self._cur, code, f.f_lineno)
-        if not (t.is_leaf and t.requires_grad) and id(t) not in self._live_ids:
+        if not _parameter_like(t) and id(t) not in self._live_ids:
             self._live_ids.add(id(t))
             self._live.append(t)
             self._live_rec.append(rec)
@@ -338,10 +354,14 @@ class HazardProbes:
             "saved_by": {"op": op, "module": self._calls[call] if 0 <= call < len(self._calls) else None,
                          "where": saved_where, "code": _line_text(code, line)},
             "written": written,
-            "phase": "backward (recompute)" if self._in_backward else "forward",
+            "phase": ("between forward and backward" if detected_at.startswith("unpack") else
+                      "backward (recompute)" if self._in_backward else "forward"),
             "stopped": not self.allow_inplace,
             "pytorch_error": _pytorch_inplace_message(t, v),
         }
+        if _parameter_like(t):  # checked at unpack only: an optimizer step or a weight load in between
+            base = t._base if t._base is not None else t
+            detail["parameter"] = self._param_names.get(id(base)) or f"a parameter {list(base.shape)}"
         event = {"kind": "inplace_on_saved", "step": self._step,
                  "where": written.get("where") or saved_where, "count": 1, "detail": detail}
         wmod = written.get("module") or "?"
@@ -454,7 +474,9 @@ class HazardProbes:
     def _pre(self, module, args):
         if not self._active:
             return None
-        name = self._names.get(id(module)) or type(module).__name__
+        name = self._names.get(id(module))
+        if name is None:  # a copy of a watched module (copy.deepcopy(model) copies its hooks)
+            return None
         if self._live and sum(map(_VERSION, self._live)) != self._vsum:
             self._entering = name
             self._roots.extend(a.grad_fn for a in _tensors(args) if a.grad_fn is not None)
@@ -464,7 +486,9 @@ class HazardProbes:
         self._stack.append(idx)
         self._cur = idx
         self._last = ("pre", idx)
-        if self._grad_ptrs and args:
+        if module is self.model:  # a new forward pass: its inputs are data, earlier outputs are another pass's
+            self._grad_ptrs = {}
+        elif self._grad_ptrs and args:
             a = args[0]
             if isinstance(a, torch.Tensor) and not a.requires_grad and a.is_floating_point() \
                     and torch.is_grad_enabled():
@@ -495,7 +519,7 @@ class HazardProbes:
                           "where": where, "code": code, "why": how})
 
     def _post(self, module, args, out):
-        if not self._active:
+        if not self._active or id(module) not in self._names:
             return None
         idx = self._stack.pop() if self._stack else -1
         if self._live and sum(map(_VERSION, self._live)) != self._vsum:
@@ -540,8 +564,9 @@ class HazardProbes:
     # -- loss and gradients -------------------------------------------------
     def check_loss(self, loss: torch.Tensor, step: int) -> None:
         """Before ``loss.backward()``: in-place writes since the last module
-        boundary, a loss without ``grad_fn`` (raises ``StepStopped``), a
-        non-finite loss (recorded)."""
+        boundary, a loss without ``grad_fn`` (raises ``StepStopped``; a leaf loss
+        that requires grad is recorded instead: backward would run), a non-finite
+        loss (recorded)."""
         self._step = step
         if self._active:
             self._check_versions("check_loss (after the model's forward, before backward)")
@@ -556,6 +581,10 @@ class HazardProbes:
             self._roots.append(loss.grad_fn)
         elif not loss.requires_grad:
             self._stop(*self._full_cut(loss))
+        elif loss.is_leaf and not any(loss is p for _, p in self._trainable()):
+            _, event = self._full_cut(loss)
+            event["detail"].update(pytorch_error=None, loss_is_leaf=True)
+            self._record(event, key=("graph_cut", "leaf-loss"))
         if not bool(torch.isfinite(loss.detach()).all()):
             self._record({"kind": "nonfinite", "step": step, "where": None, "count": 1,
                           "detail": {"what": "loss", "value": float(loss.detach().float().reshape(-1)[0])}},
@@ -577,9 +606,12 @@ class HazardProbes:
             where = first.get("where")
             what = f"the first module whose output lost grad_fn is {first['module']} ({where}): {first['why']}"
         else:
-            where = None
+            where = _backward_caller()  # the line that called backward(): the loss is made just above it
             what = ("no module output lost grad_fn: the loss was computed from a detached tensor "
                     "(.detach(), .item(), .data, numpy) after the model's forward")
+            if loss.requires_grad and loss.is_leaf:
+                what = ("no module output lost grad_fn: the loss is a new leaf tensor that requires grad "
+                        "(e.g. torch.tensor(loss.item(), requires_grad=True)), not connected to the model")
         detail = {"cut": "full", "loss_requires_grad": loss.requires_grad, "grad_enabled_at_loss": grad_on,
                   "first_module": first, "modules_without_grad_fn": [c["module"] for c in self._cut][:MAX_SAMPLES],
                   "n_params_without_grad": len(trainable), "params_without_grad": trainable[:MAX_SAMPLES],
@@ -606,9 +638,10 @@ class HazardProbes:
             if starved:
                 self._partial_cut(starved)
         if self.grad_check_every and step % self.grad_check_every == 0:
-            grads = [p.grad for _, p in trainable if p.grad is not None]
+            grads = [_dense(p.grad) for _, p in trainable if p.grad is not None]
             if grads and not bool(torch.stack(torch._foreach_norm(grads)).isfinite().all()):
-                bad = [n for n, p in trainable if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+                bad = [n for n, p in trainable
+                       if p.grad is not None and not bool(torch.isfinite(_dense(p.grad)).all())]
                 self._record({"kind": "nonfinite", "step": step, "where": None, "count": 1,
                               "detail": {"what": "grad", "params": bad[:MAX_SAMPLES], "n_params": len(bad)}},
                              key=("nonfinite", "grad"))
@@ -716,6 +749,16 @@ class HazardProbes:
                           "detail": {"what": what, "params": lst[:MAX_SAMPLES], "n_params": len(lst)}},
                          key=("nonfinite", what))
 
+    def __deepcopy__(self, memo):
+        """``copy.deepcopy(model)`` (a best-model copy, ``AveragedModel``) copies the
+        module hooks, which are bound to these probes: the copy shares the probes,
+        whose hooks ignore modules they were not built for."""
+        return self
+
+    def __reduce__(self):
+        """``torch.save(model)`` pickles the module hooks: they unpickle as no-ops."""
+        return (_inert_probes, ())
+
     def remove(self) -> None:
         """Remove every hook and the warnings filter; the probes record nothing afterwards."""
         for h in self._handles:
@@ -730,6 +773,37 @@ class HazardProbes:
             pass
         self._active = False
         self._removed = True
+
+
+def _backward_caller() -> str | None:
+    """``file:line`` of the first frame outside torch and optcheck (the user's
+    ``loss.backward()``), or None."""
+    pkg = os.path.dirname(os.path.dirname(_THIS)) + os.sep
+    f = sys._getframe(1)
+    while f is not None and (_internal(f.f_code.co_filename) or f.f_code.co_filename.startswith(pkg)):
+        f = f.f_back
+    return _where(f.f_code, f.f_lineno) if f is not None else None
+
+
+def _dense(g: torch.Tensor) -> torch.Tensor:
+    """The values of a gradient, dense (``nn.Embedding(sparse=True)`` gives sparse COO
+    gradients, which ``torch._foreach_norm`` does not take)."""
+    return g._values() if g.is_sparse else g
+
+
+class _InertProbes:
+    """What a watched model's hooks point to after it was pickled (``torch.save(model)``):
+    nothing (the probes belong to the process that watched it)."""
+
+    def _pre(self, module, args):
+        return None
+
+    def _post(self, module, args, out):
+        return None
+
+
+def _inert_probes() -> _InertProbes:
+    return _InertProbes()
 
 
 def _ptr(t: torch.Tensor) -> int:

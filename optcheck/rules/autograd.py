@@ -52,11 +52,17 @@ class InplaceOnSaved(Rule):
             msg = self.message.format(
                 tensor=tensor, op=saved.get("op") or "an op", saved_module=saved.get("module") or "?",
                 saved_where=saved.get("where") or "?", module=written.get("module") or "code outside the model",
-                where=written.get("where") or e.get("where") or "?", v0=d.get("saved_version"), v1=d.get("version"))
+                where=written.get("where") or (
+                    "a line before backward() (found when backward needed it)"
+                    if str(written.get("detected_at", "")).startswith("unpack") else e.get("where") or "?"),
+                v0=d.get("saved_version"), v1=d.get("version"))
             if written.get("code"):
                 msg += f": {written['code']}"
             if d.get("phase", "").startswith("backward"):
                 msg += " (during the checkpoint recompute in backward)"
+            if d.get("parameter"):
+                msg += (f"; it is (a view of) {d['parameter']}: an optimizer.step() or a weight load between "
+                        f"this forward and its backward() wrote it")
             subjects = list(dict.fromkeys(s for s in (saved.get("module"), written.get("module")) if s))
             out.append(self.finding(
                 snap, msg, subjects=subjects, key=f"{saved.get('where')}->{written.get('where')}",

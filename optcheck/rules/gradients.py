@@ -118,11 +118,14 @@ class GraphCut(Rule):
     has a ``grad_fn``, but a module's output lost it (a cast under ``no_grad``, a
     ``.detach()``, a checkpoint whose inputs do not require grad) and the optimizer
     parameters before it got no gradient at this step: training goes on silently
-    without them.
+    without them. Leaf loss: the loss requires grad but is a new leaf tensor
+    (``torch.tensor(loss.item(), requires_grad=True)``): ``backward()`` runs
+    without error and no parameter gets a gradient.
 
     Fix: run the training forward with grad enabled; do dtype casts outside
     ``no_grad`` (``x.float()`` is differentiable); remove the ``.detach()``/``.data``;
-    with ``torch.utils.checkpoint(use_reentrant=True)`` make an input require grad
+    build the loss from the model's output tensors, never from ``.item()``; with
+    ``torch.utils.checkpoint(use_reentrant=True)`` make an input require grad
     (``enable_input_require_grads()``) or use ``use_reentrant=False``.
     """
 
@@ -142,11 +145,13 @@ class GraphCut(Rule):
             msg = self.message.format(
                 what="loss has no grad_fn" if full else "graph cut", where=e.get("where") or "?",
                 module=module, why=f"lost grad_fn: {why}" if first else "", n=n,
-                names=names(params) + ("" if len(params) >= n else f" (+{n - len(params)} more)"))
+                names=names(params) + ("" if len(params) >= n else f" (+{n - len(params)} more)")).replace(" ;", ";")
             out.append(self.finding(
                 snap, msg, subjects=params, key=f"{d.get('cut')}:{module}",
-                next_failure=(f"backward() raises RuntimeError: {d.get('pytorch_error')}" if full else
-                              f"{n} parameter(s) silently stop training"),
+                next_failure=(f"backward() raises RuntimeError: {d.get('pytorch_error')}"
+                              if full and d.get("pytorch_error") else
+                              "backward() runs, but no parameter gets a gradient: the model stops training "
+                              "without an error" if full else f"{n} parameter(s) silently stop training"),
                 cut=d.get("cut"), first_step=e.get("step"), module=first.get("module"),
                 grad_enabled=first.get("grad_enabled"), cuts=d.get("cuts"), n_params_without_grad=n))
         return out

@@ -33,6 +33,16 @@ def _name_of(snap: dict, member: dict) -> str:
     return f"<ref {member['ref']}>"
 
 
+def _former_name(ctx: RuleContext, ref: int) -> str | None:
+    """The model's name for ``ref`` in the latest earlier snapshot that had it (a
+    parameter replaced since: ``model.fc = nn.Linear(...)`` after the optimizer)."""
+    for prev in reversed(ctx.history):  # the current snapshot (last) does not have it: it is stale
+        for p in prev.get("params") or ():
+            if p.get("ref") == ref:
+                return p["name"]
+    return None
+
+
 def _lazy_state(snap: dict) -> bool:
     """True when the optimizer creates per-parameter state at its first step (PyTorch);
     False when it creates it at construction and looks it up at every step (TorchSharp,
@@ -80,7 +90,13 @@ class StaleParam(Rule):
                  if m["ref"] not in refs and not (_nonempty(m.get("data_ptr")) and m["data_ptr"] in ptrs)]
         if not stale:
             return []
-        names = [_name_of(snap, m) for _, m in stale]
+        names = []
+        for _, m in stale:
+            name = _name_of(snap, m)
+            if name.startswith("<ref"):
+                former = _former_name(ctx, m["ref"])
+                name = f"{former} (replaced)" if former else name
+            names.append(name)
         return [self.finding(
             snap, self.message.format(n=len(stale), names=listing(names)), subjects=names,
             key=",".join(str(m["ref"]) for _, m in stale),
