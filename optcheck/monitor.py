@@ -83,37 +83,37 @@ _ACTIVE: list["Monitor"] = []
 _ORIG: dict[str, Any] = {}
 
 
-def _patched_tensor_backward(tensor, *args, **kwargs):
-    mon = _ACTIVE[-1] if _ACTIVE else None
-    if mon is None:
-        return _ORIG["tensor"](tensor, *args, **kwargs)
-    mon._before_backward(tensor)
-    try:
-        out = _ORIG["tensor"](tensor, *args, **kwargs)
-    finally:
-        mon._close_if_stopped()
-    mon._after_backward()
-    return out
+def _watched(key: str):
+    """A wrapper of ``torch.Tensor.backward`` (key "tensor") or
+    ``torch.autograd.backward`` ("autograd") that tells the newest open Monitor
+    before and after. ``Tensor.backward`` calls ``torch.autograd.backward`` itself:
+    the inner call passes straight through, so each backward is seen once."""
+
+    def backward(tensors, *args, **kwargs):
+        mon = _ACTIVE[-1] if _ACTIVE else None
+        if mon is None or _IN_BACKWARD or not isinstance(tensors, torch.Tensor):
+            return _ORIG[key](tensors, *args, **kwargs)
+        mon._before_backward(tensors)
+        _IN_BACKWARD.append(True)
+        try:
+            out = _ORIG[key](tensors, *args, **kwargs)
+        finally:
+            _IN_BACKWARD.pop()
+            mon._close_if_stopped()
+        mon._after_backward()
+        return out
+
+    return backward
 
 
-def _patched_autograd_backward(tensors, *args, **kwargs):
-    mon = _ACTIVE[-1] if _ACTIVE else None
-    if mon is None or not isinstance(tensors, torch.Tensor):
-        return _ORIG["autograd"](tensors, *args, **kwargs)
-    mon._before_backward(tensors)
-    try:
-        out = _ORIG["autograd"](tensors, *args, **kwargs)
-    finally:
-        mon._close_if_stopped()
-    mon._after_backward()
-    return out
+_IN_BACKWARD: list[bool] = []
 
 
 def _install_backward_wrappers() -> None:
     if not _ORIG:
         _ORIG["tensor"], _ORIG["autograd"] = torch.Tensor.backward, torch.autograd.backward
-        torch.Tensor.backward = _patched_tensor_backward
-        torch.autograd.backward = _patched_autograd_backward
+        torch.Tensor.backward = _watched("tensor")
+        torch.autograd.backward = _watched("autograd")
 
 
 def _remove_backward_wrappers() -> None:

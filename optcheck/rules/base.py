@@ -33,6 +33,9 @@ class RuleConfig:
         memory_min_snapshots: OC401 needs this many snapshots after warm-up.
         memory_alpha: OC401 significance level of the trend test.
         memory_min_growth_bytes_per_1k_steps: OC401 ignores slopes below this.
+        memory_min_span_steps: OC401 reports a byte metric (RSS, heaps) only when its
+            trend holds over at least this many steps (counts of tensors are exact
+            and need no such span).
     """
 
     grad_starved_snapshots: int = 3
@@ -42,6 +45,7 @@ class RuleConfig:
     memory_min_snapshots: int = 12
     memory_alpha: float = 0.001
     memory_min_growth_bytes_per_1k_steps: float = 8 * 2**20
+    memory_min_span_steps: int = 300
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -319,6 +319,10 @@ class MemoryGrowth(Rule):
                                min_points=cfg.memory_min_snapshots, warmup_fraction=cfg.memory_warmup_fraction)
             if trend is None:
                 continue
+            if kind == "bytes" and trend.end_step - trend.start_step < cfg.memory_min_span_steps:
+                # allocator warm-up (RSS, heaps) moves megabytes in the first hundreds of steps of
+                # any process: a byte trend must hold over a span of steps before it is a leak
+                continue
             memo["fired"].add(metric)
             out.append(self._finding(snap, metric, label, kind, trend, _budget(metric, cfg)))
         return out
