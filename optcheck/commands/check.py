@@ -30,7 +30,7 @@ def check_file(path: str | Path) -> tuple[list, list[StreamDefect], int]:
     try:
         snaps = read_snapshots(p, defects)
     except (SchemaError, ValueError, UnicodeDecodeError) as e:
-        raise InputError(f"{p}: {e}") from None
+        raise InputError(str(e) if str(e).startswith(str(p)) else f"{p}: {e}") from None
     if not snaps:
         raise InputError(f"{p}: no snapshots in it")
     engine = RuleEngine()
