@@ -127,3 +127,14 @@ def test_catalogue_commands():
     assert rc == exitcodes.USAGE and "no rule 'OC999'" in err
     rc, out, _ = run_cli(["scenarios", "--backend", "pytorch"])
     assert rc == 0 and "param-rebind" in out and "tie-after-optimizer" in out and "eager-param-list" not in out
+
+
+@pytest.mark.parametrize("content,needle", [(None, "no such file"), ("", "no snapshots in it"),
+                                            ("garbage\n{}\n", ":1: not a JSON line")])
+def test_check_bad_stream_is_one_line_and_exit_2(tmp_path, content, needle):
+    path = tmp_path / "s.jsonl"
+    if content is not None:
+        path.write_text(content)
+    proc = subprocess.run([sys.executable, "-m", "optcheck", "check", str(path)], capture_output=True, text=True)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == exitcodes.USAGE and len(lines) == 1 and needle in lines[0], proc.stderr
