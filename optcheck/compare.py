@@ -20,6 +20,7 @@ import numpy as np
 
 from optcheck.errors import InputError
 from optcheck.exitcodes import CLEAN, FINDINGS
+from optcheck.report.text import num_text, versions_text
 from optcheck.findings import Finding
 from optcheck.report.rundir import read_findings
 from optcheck.rules.parity import BackendDivergence
@@ -381,13 +382,8 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, *, loss_rto
 
 # -- the table ----------------------------------------------------------------
 
-def _num(v: float | None, fmt: str = "{:.4f}") -> str:
-    return "-" if v is None else fmt.format(v)
-
-
 def _versions(v: dict) -> str:
-    keys = [k for k in ("torch", "torchsharp", "dotnet", "python") if v.get(k)]
-    return ", ".join(f"{k} {v[k]}" for k in keys) or "-"
+    return versions_text(v) or "-"
 
 
 def _table(rows: list[tuple[str, ...]]) -> list[str]:
@@ -403,11 +399,11 @@ def render(res: CompareResult) -> str:
         ("", a.label, b.label, "B/A"),
         ("backend / status", f"{a.backend or '-'} / {a.status or '-'}", f"{b.backend or '-'} / {b.status or '-'}"),
         ("steps with a loss", f"{a.steps:,} (last {a.last_step:,})", f"{b.steps:,} (last {b.last_step:,})"),
-        ("loss first -> last", f"{_num(a.loss_first)} -> {_num(a.loss_last)}", f"{_num(b.loss_first)} -> {_num(b.loss_last)}"),
-        ("step time (median)", _num(a.step_time_s and a.step_time_s * 1000, "{:.2f} ms"),
-         _num(b.step_time_s and b.step_time_s * 1000, "{:.2f} ms"), _num(res.step_time_ratio, "{:.2f}x")),
+        ("loss first -> last", f"{num_text(a.loss_first)} -> {num_text(a.loss_last)}", f"{num_text(b.loss_first)} -> {num_text(b.loss_last)}"),
+        ("step time (median)", num_text(a.step_time_s and a.step_time_s * 1000, "{:.2f} ms"),
+         num_text(b.step_time_s and b.step_time_s * 1000, "{:.2f} ms"), num_text(res.step_time_ratio, "{:.2f}x")),
         ("peak RSS", "-" if a.peak_rss_bytes is None else format_bytes(a.peak_rss_bytes),
-         "-" if b.peak_rss_bytes is None else format_bytes(b.peak_rss_bytes), _num(res.peak_memory_ratio, "{:.2f}x")),
+         "-" if b.peak_rss_bytes is None else format_bytes(b.peak_rss_bytes), num_text(res.peak_memory_ratio, "{:.2f}x")),
         ("versions", _versions(a.versions), _versions(b.versions)),
     ]
     lines = [f"optcheck compare   {a.label}   vs   {b.label}", "", *_table(rows)]
@@ -424,7 +420,7 @@ def render(res: CompareResult) -> str:
                      f"largest relative {rel} at step {L.max_rel_step:,}")
     if L.diverged:
         lines.append(f"  first beyond tolerance at step {L.first_beyond_step:,}: "
-                     f"{_num(L.mean_a)} (A) vs {_num(L.mean_b)} (B), tolerance {_num(L.tolerance)}")
+                     f"{num_text(L.mean_a)} (A) vs {num_text(L.mean_b)} (B), tolerance {num_text(L.tolerance)}")
     else:
         lines.append("  within tolerance everywhere")
     for name, items in (("only in A", res.only_in_a), ("only in B", res.only_in_b)):

@@ -27,7 +27,7 @@ from optcheck.config import SoakConfig
 from optcheck.data import load_corpus
 from optcheck.engine import RuleEngine
 from optcheck.errors import InputError
-from optcheck.findings import Finding, severity_rank
+from optcheck.findings import Finding, lead_time, severity_rank
 from optcheck.protocol import read_messages
 from optcheck.report.rundir import RunDir
 from optcheck.rules import RuleConfig
@@ -144,29 +144,6 @@ def _signal_name(returncode: int) -> str | None:
     return None
 
 
-def lead_time(findings: list[Finding], crash: dict | None) -> dict | None:
-    """Link a crash to the error findings before it.
-
-    Returns ``{flagged_step, flagged_phase, finding, failed_step, lead_steps,
-    exception, predicted}`` — the finding is the one that predicted this exception
-    (``detail.predicted_exception``, e.g. OC108's KeyNotFoundException; ``predicted``
-    is True when its predicted key is in the exception message), else the first
-    error finding — or None when nothing was flagged before the crash.
-    """
-    if not crash or crash.get("exc_type") == "InputError":
-        return None
-    before = [f for f in findings if f.step <= crash.get("step", 0) and f.severity == "error"]
-    if not before:
-        return None
-    exc = crash.get("exc_type") or crash.get("signal")
-    matching = [f for f in before if f.detail.get("predicted_exception") and f.detail["predicted_exception"] == exc]
-    first = matching[0] if matching else before[0]
-    key = first.detail.get("predicted_key")
-    return {"flagged_step": first.step, "flagged_phase": first.phase, "finding": f"{first.code} {first.symbol}",
-            "failed_step": crash.get("step"), "lead_steps": crash.get("step", 0) - first.step,
-            "exception": exc, "predicted": bool(matching and key and key in (crash.get("message") or ""))}
-
-
 def worker_command(cfg: SoakConfig, config_path: Path, fd: int) -> list[str]:
     return [sys.executable, "-m", WORKER_MODULES[cfg.backend], "--config", str(config_path), "--stream-fd", str(fd)]
 
@@ -277,7 +254,7 @@ def run_soak(cfg: SoakConfig, out: str | os.PathLike | None = None, *, fail_on: 
         "elapsed_s": round(elapsed, 3), "steps_per_s": round(st.last_step / elapsed, 2) if elapsed else None,
         "peak_rss_bytes": st.peak_rss, "versions": st.hello.get("versions", {}),
         "threads": st.hello.get("threads"), "crash": st.crash, "stopped": st.stopped,
-        "lead_time": lead_time(findings, st.crash), "garbled_lines": st.garbled,
+        "lead_time": lead_time([f.to_dict() for f in findings], st.crash), "garbled_lines": st.garbled,
         "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     rundir.summary(summary)

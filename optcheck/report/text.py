@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from optcheck.findings import lead_time
 from optcheck.units import format_bytes
 
 WIDTH = 100
@@ -22,7 +23,8 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(0, width - 3)] + "..."
 
 
-def _num(v, fmt: str = "{:.4f}") -> str:
+def num_text(v, fmt: str = "{:.4f}") -> str:
+    """``v`` formatted, or "-" when it is not a number (None, missing)."""
     return "-" if not isinstance(v, (int, float)) else fmt.format(v)
 
 
@@ -30,7 +32,8 @@ def _int(v) -> str:
     return f"{v:,}" if isinstance(v, int) else "-"
 
 
-def _versions(v: dict | None) -> str:
+def versions_text(v: dict | None) -> str:
+    """``torch 2.13.0, python 3.11.7``: the library versions worth a glance."""
     v = v or {}
     keys = [k for k in ("torch", "torchsharp", "dotnet", "python") if v.get(k)]
     return ", ".join(f"{k} {v[k]}" for k in keys)
@@ -56,22 +59,9 @@ def _by_code(summary: dict, findings: list[dict]) -> list[dict]:
 
 
 def _lead_time(summary: dict, findings: list[dict]) -> dict | None:
-    """The summary's ``lead_time``, or the first error finding at or before the crash step."""
-    lt = summary.get("lead_time")
-    if lt:
-        return lt
-    crash = summary.get("crash") or {}
-    step = crash.get("step")
-    if not crash or not isinstance(step, int) or crash.get("exc_type") == "InputError":
-        return None
-    before = [f for f in findings if isinstance(f.get("step"), int) and f["step"] <= step]
-    if not before:
-        return None
-    errors = [f for f in before if f.get("severity") == "error"] or before
-    first = min(errors, key=lambda f: f["step"])
-    return {"flagged_step": first["step"], "finding": f"{first.get('code')} {first.get('symbol')}",
-            "failed_step": step, "lead_steps": step - first["step"],
-            "exception": crash.get("exc_type") or (f"signal {crash['signal']}" if crash.get("signal") else "crash")}
+    """The summary's ``lead_time``, or the same computed from the findings
+    (``optcheck.findings.lead_time``) for summaries written without one."""
+    return summary.get("lead_time") or lead_time(findings, summary.get("crash"))
 
 
 def render_summary(summary: dict, findings: list[dict] | None = None) -> str:
@@ -95,7 +85,7 @@ def render_summary(summary: dict, findings: list[dict] | None = None) -> str:
         head += f" (exit {s['exit_code']})"
     head += f"   run {s.get('run') or '-'}   backend {s.get('backend') or '-'}"
     lines = [head]
-    ver = _versions(s.get("versions"))
+    ver = versions_text(s.get("versions"))
     if ver:
         lines.append(f"  versions     {ver}")
     steps = f"{_int(s.get('last_step'))} of {_int(s.get('steps_requested'))}"
@@ -107,9 +97,9 @@ def render_summary(summary: dict, findings: list[dict] | None = None) -> str:
     if isinstance(s.get("steps_per_s"), (int, float)):
         extra.append(f"{s['steps_per_s']:.1f} steps/s")
     lines.append(f"  steps        {steps}" + (f"   ({', '.join(extra)})" if extra else ""))
-    loss = f"{_num(s.get('loss_first'))} -> {_num(s.get('loss_last'))}"
+    loss = f"{num_text(s.get('loss_first'))} -> {num_text(s.get('loss_last'))}"
     if s.get("val_loss_first") is not None or s.get("val_loss_last") is not None:
-        loss += f"   held-out {_num(s.get('val_loss_first'))} -> {_num(s.get('val_loss_last'))}"
+        loss += f"   held-out {num_text(s.get('val_loss_first'))} -> {num_text(s.get('val_loss_last'))}"
     lines.append(f"  loss         {loss}")
     if isinstance(s.get("peak_rss_bytes"), (int, float)):
         lines.append(f"  peak RSS     {format_bytes(s['peak_rss_bytes'])}")
