@@ -107,7 +107,10 @@ def tensor_census() -> tuple[int, int]:
 
     Walks ``gc.get_objects()``: ~30 ms with torch imported (~170k objects), so the
     worker runs it on every ``census_every``-th snapshot only. Bytes count each
-    storage once (by data pointer)."""
+    storage once (by data pointer). A ``gc.collect()`` first, so that tensors
+    only waiting for the cycle collector are not counted as alive (the .NET probe
+    does the same with ``GC.Collect``): a leak detector must see leaks, not GC debt."""
+    gc.collect()
     count, seen, nbytes, is_tensor = 0, set(), 0, {}
     for obj in gc.get_objects():
         tp = type(obj)
