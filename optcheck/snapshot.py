@@ -52,7 +52,9 @@ Group::
 
     index (int), options (dict: lr, betas, eps, weight_decay, ...),
     members: list of Member {ref, data_ptr, name (str | null), shape, dtype,
-    is_leaf, requires_grad}
+    is_leaf, requires_grad}; a member whose tensor was disposed (TorchSharp) has
+    ``dtype`` "disposed", ref 0, data_ptr 0, no name and no shape
+    (:func:`is_disposed`)
 
 State (one per key of the optimizer's per-parameter state)::
 
@@ -227,6 +229,23 @@ def param_by_name(snap: dict) -> dict[str, dict]:
 def members(snap: dict) -> list[tuple[int, dict]]:
     """Every optimizer member as ``(group index, Member)``, in group order."""
     return [(g.get("index", i), m) for i, g in enumerate(snap["groups"]) for m in g.get("members", ())]
+
+
+#: The ``dtype`` the TorchSharp probe writes for a disposed member (``dotnet/Worker/TorchSharpProbe.cs``).
+DISPOSED = "disposed"
+
+
+def is_disposed(member: dict) -> bool:
+    """True for a param-group member whose tensor was disposed while the optimizer still
+    holds it (TorchSharp: ``Tensor.IsInvalid``; its handle reads 0, it has no data, shape
+    or name). Such a member is its own state (OC109), not a tensor with ref 0: see
+    ``docs/torchsharp.md`` ("Disposed tensors")."""
+    return bool(member.get("disposed")) or member.get("dtype") == DISPOSED
+
+
+def live_members(snap: dict) -> list[tuple[int, dict]]:
+    """:func:`members` without the disposed ones."""
+    return [(gi, m) for gi, m in members(snap) if not is_disposed(m)]
 
 
 def assemble(*, backend: str, run: str, step: int, phase: str, trigger: str, body: dict, events: list[dict],

@@ -1,4 +1,4 @@
-"""Reference rules OC101–OC108: do the model, the param groups and the optimizer
+"""Reference rules OC101–OC108 (OC109 in ``disposed.py``): do the model, the param groups and the optimizer
 state still talk about the same tensors?
 
 Each rule compares up to three sets of one snapshot — the model's parameters,
@@ -8,7 +8,9 @@ model's parameters against the previous snapshot. Two identities are compared
 the state lookup throw"; ``data_ptr`` answers "is the optimizer still training
 the model's tensor". Comparing handles alone is wrong on TorchSharp: after
 ``model.to(Float64)`` with an eager optimizer, 29 handles change but 27 still share
-the model's data (``shared/fixtures/torchsharp/…-eager-to-float64.jsonl``).
+the model's data (``tests/fixtures/torchsharp/torchsharp-0.99.6-eager-to-float64.jsonl``,
+``docs/torchsharp.md``). A disposed member (TorchSharp 0.107: handle 0, no data) is
+OC109's alone: these rules skip it, so its handle 0 is never read as a tensor.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Iterable
 
 from optcheck.findings import Finding
 from optcheck.rules.base import Rule, RuleContext, listing, register
-from optcheck.snapshot import members
+from optcheck.snapshot import is_disposed, live_members, members
 
 
 def _name_of(snap: dict, member: dict) -> str:
@@ -43,10 +45,16 @@ def _former_name(ctx: RuleContext, ref: int) -> str | None:
     return None
 
 
+#: What fails next when the optimizer holds disposed tensors (TorchSharp 0.107.0, recorded in
+#: ``tests/fixtures/torchsharp/0.107.0-runs/eager-param-list-1000``).
+_DISPOSED_NEXT = ("TorchSharp: the optimizer still holds the old, disposed tensors; the next zero_grad() "
+                  "or step() throws InvalidOperationException: Tensor invalid -- empty handle (OC109)")
+
+
 def _lazy_state(snap: dict) -> bool:
     """True when the optimizer creates per-parameter state at its first step (PyTorch);
     False when it creates it at construction and looks it up at every step (TorchSharp,
-    ``AdamW.step``: ``_state[param.handle]`` before the null-grad check, DESIGN.md §6)."""
+    ``AdamW.step``: ``_state[param.handle]`` before the null-grad check, ``docs/torchsharp.md``)."""
     opt = snap.get("optimizer") or {}
     if "state_init" in opt:
         return opt["state_init"] == "lazy"
@@ -86,7 +94,7 @@ class StaleParam(Rule):
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         refs = {p["ref"] for p in snap["params"]}
         ptrs = {p["data_ptr"] for p in snap["params"] if _nonempty(p["data_ptr"])}
-        stale = [(gi, m) for gi, m in members(snap)
+        stale = [(gi, m) for gi, m in live_members(snap)
                  if m["ref"] not in refs and not (_nonempty(m.get("data_ptr")) and m["data_ptr"] in ptrs)]
         if not stale:
             return []
@@ -128,8 +136,8 @@ class UntrackedParam(Rule):
     message = "{n} trainable parameter(s) in no param group, never updated: {names}"
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
-        mrefs = {m["ref"] for _, m in members(snap)}
-        mptrs = {m["data_ptr"] for _, m in members(snap) if _nonempty(m.get("data_ptr"))}
+        mrefs = {m["ref"] for _, m in live_members(snap)}
+        mptrs = {m["data_ptr"] for _, m in live_members(snap) if _nonempty(m.get("data_ptr"))}
         lost = [p for p in snap["params"] if p["requires_grad"] and p["ref"] not in mrefs
                 and not (_nonempty(p["data_ptr"]) and p["data_ptr"] in mptrs)]
         if not lost or not snap["groups"]:
@@ -163,7 +171,7 @@ class OrphanState(Rule):
         keys = _state_keys(snap)
         if keys is None:
             return []
-        mrefs = {m["ref"] for _, m in members(snap)}
+        mrefs = {m["ref"] for _, m in live_members(snap)}
         orphans = sorted(k for k in keys if k not in mrefs)
         if not orphans:
             return []
@@ -211,8 +219,8 @@ class RefChurn(Rule):
         def usable(m: dict) -> bool:
             return lazy or keys is None or m["ref"] in keys
 
-        tracked_refs = {m["ref"] for _, m in members(snap) if usable(m)}
-        tracked_ptrs = {m["data_ptr"] for _, m in members(snap) if usable(m) and _nonempty(m.get("data_ptr"))}
+        tracked_refs = {m["ref"] for _, m in live_members(snap) if usable(m)}
+        tracked_ptrs = {m["data_ptr"] for _, m in live_members(snap) if usable(m) and _nonempty(m.get("data_ptr"))}
         churned = []
         for p in snap["params"]:
             old = before.get(p["name"])
@@ -228,7 +236,8 @@ class RefChurn(Rule):
         return [self.finding(
             snap, self.message.format(n=len(churned), prev=prev["step"], names=listing(names)),
             subjects=names, key=",".join(f"{p['name']}@{p['ref']}" for _, p in churned),
-            next_failure=("TorchSharp: the next step() throws KeyNotFoundException for the first new handle"
+            next_failure=(_DISPOSED_NEXT if any(is_disposed(m) for _, m in members(snap)) else
+                          "TorchSharp: the next step() throws KeyNotFoundException for the first new handle"
                           if not lazy else
                           "the optimizer keeps stepping the old tensors; these parameters stop training"),
             old_refs=[o["ref"] for o, _ in churned], new_refs=[p["ref"] for _, p in churned],
@@ -244,7 +253,7 @@ class NonleafParam(Rule):
     "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed"
     (seed 003). On TorchSharp 0.100.x (and for plain ``Parameter`` fields in
     0.99.6), ``Module.to(dtype)`` rebuilds parameters as ``param.to(dtype)``:
-    non-leaf results of an op (DESIGN.md §6; TorchSharp #1148).
+    non-leaf results of an op (TorchSharp #1148; ``docs/torchsharp.md``).
 
     Fix: convert the model before building the optimizer; create parameters with
     ``Parameter(tensor)`` (a leaf), not as the result of an op.
@@ -254,7 +263,7 @@ class NonleafParam(Rule):
     message = "{n} optimizer member(s) are not leaf tensors and never get a gradient: {names}"
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
-        bad = [m for _, m in members(snap) if m.get("is_leaf") is False]
+        bad = [m for _, m in live_members(snap) if m.get("is_leaf") is False]
         if not bad:
             return []
         names = [_name_of(snap, m) for m in bad]
@@ -272,7 +281,8 @@ class DuplicateParam(Rule):
     Found by data pointer, not by ref: TorchSharp's obvious weight tying
     (``lm_head.weight = wte.weight``) registers two parameters with two handles on
     one tensor, so AdamW keeps two moment estimates and applies two updates per
-    step to the tied weight (``shared/fixtures/torchsharp/…-tied.jsonl``).
+    step to the tied weight (``tests/fixtures/torchsharp/torchsharp-0.99.6-tied.jsonl``,
+    ``docs/torchsharp.md``).
 
     Fix: give the optimizer each tensor once (deduplicate by data pointer /
     storage); in TorchSharp tie by sharing one ``Parameter`` registered once.
@@ -283,7 +293,7 @@ class DuplicateParam(Rule):
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         seen: dict[tuple, list[tuple[int, dict]]] = {}
-        for gi, m in members(snap):
+        for gi, m in live_members(snap):
             ident = ("ptr", m["data_ptr"]) if _nonempty(m.get("data_ptr")) else ("ref", m["ref"])
             seen.setdefault(ident, []).append((gi, m))
         out = []
@@ -322,7 +332,7 @@ class StateMismatch(Rule):
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         if not snap.get("state"):
             return []
-        by_ref = {m["ref"]: m for _, m in members(snap)}
+        by_ref = {m["ref"]: m for _, m in live_members(snap)}
         bad = []
         for s in snap["state"]:
             m = by_ref.get(s["ref"])
@@ -354,7 +364,7 @@ class MissingState(Rule):
 
     Optimizers that create state at construction and look it up at every step
     (TorchSharp: ``_state[param.handle]`` in ``AdamW.step`` before the null-grad
-    check, DESIGN.md §6) throw when a member has no state: the next ``step()``
+    check; ``docs/torchsharp.md``) throw when a member has no state: the next ``step()``
     raises ``KeyNotFoundException`` with the decimal handle of the first such
     member. PyTorch creates state lazily, so this rule is silent there.
 
@@ -369,7 +379,7 @@ class MissingState(Rule):
         keys = _state_keys(snap)
         if keys is None or _lazy_state(snap):
             return []
-        missing = [m for _, m in members(snap) if m["ref"] not in keys]
+        missing = [m for _, m in live_members(snap) if m["ref"] not in keys]
         if not missing:
             return []
         names = [_name_of(snap, m) for m in missing]

@@ -1,4 +1,4 @@
-"""The real TorchSharp records of ``shared/fixtures/torchsharp`` as schema-1 snapshots.
+"""The real TorchSharp records of ``tests/fixtures/torchsharp`` as schema-1 snapshots.
 
 Those files were recorded from TorchSharp 0.99.6 by a C# program (their README
 describes every field). They are not in optcheck's schema: this module turns each
@@ -23,17 +23,35 @@ BEFORE_STEP_NOTE = "after fault, before step"
 
 
 def fixture_dir() -> Path | None:
-    """The fixtures folder: ``$OPTCHECK_TS_FIXTURES``, else ``shared/fixtures/torchsharp``
-    beside the repository (``/work/shared`` on the development machines); None if absent."""
+    """The fixtures folder: ``$OPTCHECK_TS_FIXTURES``, else ``tests/fixtures/torchsharp`` of
+    the checkout this package runs from; None if neither holds ``*.jsonl`` records (an
+    installed wheel ships no tests)."""
     cands = []
     if os.environ.get("OPTCHECK_TS_FIXTURES"):
         cands.append(Path(os.environ["OPTCHECK_TS_FIXTURES"]))
-    repo = Path(__file__).resolve().parents[2]
-    cands += [repo.parent / "shared" / "fixtures" / "torchsharp", repo / "shared" / "fixtures" / "torchsharp"]
+    cands.append(Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "torchsharp")
     for c in cands:
         if c.is_dir() and any(c.glob("*.jsonl")):
             return c
     return None
+
+
+#: The folder of optcheck's own run directories recorded on TorchSharp 0.107.0, inside
+#: :func:`fixture_dir` (its README says what each run did).
+RUNS_0107 = "0.107.0-runs"
+
+
+def run_dirs_0107(directory: str | os.PathLike | None = None) -> dict[str, Path]:
+    """``{folder name: path}`` of the recorded 0.107.0 run directories (``snapshots.jsonl``,
+    ``findings.jsonl``, ``summary.json``, ...), e.g. ``eager-param-list-1000``.
+
+    Raises:
+        FileNotFoundError: no fixtures folder, or it has no ``0.107.0-runs``.
+    """
+    d = Path(directory) if directory else fixture_dir()
+    if d is None or not (d / RUNS_0107).is_dir():
+        raise FileNotFoundError("no tests/fixtures/torchsharp/0.107.0-runs folder (set OPTCHECK_TS_FIXTURES)")
+    return {p.name: p for p in sorted((d / RUNS_0107).iterdir()) if (p / "snapshots.jsonl").is_file()}
 
 
 @dataclass
@@ -172,7 +190,7 @@ def load_all(directory: str | os.PathLike | None = None) -> dict[str, FixtureRun
     """Every ``*.jsonl`` fixture, keyed by scenario (the ``meta`` record's ``scenario``)."""
     d = Path(directory) if directory else fixture_dir()
     if d is None:
-        raise FileNotFoundError("no shared/fixtures/torchsharp folder (set OPTCHECK_TS_FIXTURES)")
+        raise FileNotFoundError("no tests/fixtures/torchsharp folder (set OPTCHECK_TS_FIXTURES)")
     out = {}
     for p in sorted(d.glob("*.jsonl")):
         run = load_fixture(p)

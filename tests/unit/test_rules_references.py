@@ -173,3 +173,54 @@ def test_real_gpt_scenarios_are_named(scenario, expected):
         assert all("h.0.mlp.c_fc.weight" in f.subjects for f in found)
     if scenario == "param-registered-late":
         assert found[0].subjects == ["ln_f.gain"]
+
+
+# --- OC109 disposed-param: a disposed member is its own state --------------------------------
+
+DISPOSED = {"ref": 0, "data_ptr": 0, "name": None, "shape": [], "dtype": "disposed", "is_leaf": False,
+            "requires_grad": False}
+
+
+def _disposed_after_to_dtype():
+    """TorchSharp 0.107 after ``model.to(float64)`` with an eager parameter list: the model
+    has new tensors, the optimizer holds the disposed old ones (as the probe records them)."""
+    before = clean(step=900, backend="torchsharp")
+    after = at(before, 1000)
+    after["phase"] = "pre-step"
+    after["params"] = [param(p["name"], p["ref"] + 7, p["data_ptr"] + 7, dtype="float64") for p in after["params"]]
+    after["groups"][0]["members"] = [dict(DISPOSED) for _ in after["params"]]
+    return before, after
+
+
+def test_oc109_names_disposed_members_by_their_last_names():
+    before, after = _disposed_after_to_dtype()
+    found = run(before, after)
+    oc109 = [f for f in found if f.code == "OC109"]
+    assert len(oc109) == 1 and oc109[0].step == 1000
+    assert oc109[0].subjects == ["layer0.weight", "layer1.weight", "layer2.weight"]
+    assert oc109[0].detail["predicted_exception"] == "System.InvalidOperationException"
+    assert "empty handle" in oc109[0].next_failure
+    # handle 0 feeds neither the leaf, the duplicate, the stale nor the missing-state rule
+    assert not {"OC101", "OC105", "OC106", "OC108"} & {f.code for f in found}
+    assert not any("<ref" in s for f in found for s in f.subjects)
+
+
+def test_oc109_without_an_earlier_snapshot_names_the_position():
+    _, after = _disposed_after_to_dtype()
+    oc109 = [f for f in run(after) if f.code == "OC109"]
+    assert oc109[0].subjects == ["group 0 member 0", "group 0 member 1", "group 0 member 2"]
+
+
+def test_oc109_one_disposed_member_among_live_ones():
+    s = clean(backend="torchsharp")
+    s2 = at(s, 200)
+    s2["groups"][0]["members"][1] = dict(DISPOSED)
+    s2["params"][1] = param("layer1.weight", 4242, 4343)
+    found = run(s, s2)
+    assert [f.subjects for f in found if f.code == "OC109"] == [["layer1.weight"]]
+
+
+@pytest.mark.parametrize("backend", ["pytorch", "torchsharp"])
+def test_oc109_silent_on_a_clean_stream(backend):
+    s = clean(backend=backend)
+    assert not [f for f in run(s, at(s, 200)) if f.code == "OC109"]
