@@ -15,7 +15,7 @@ finding    finding: a Finding dict made in the worker (pre-step check, hazard
 lifecycle  step, kind ("eval", "checkpoint", "resume", "inject"), detail
 crash      step, exc_type, message, stack, where: an exception ended the run
 stopped    step, reason: the worker stopped early on purpose
-done       step, loss_first, loss_last, val_loss_first, val_loss_last
+done       step, loss_first, loss_last, val_loss_first, val_loss_last, val_step_first, val_step_last
 =========  ====================================================================
 
 Torch-free: the TorchSharp worker imports it.

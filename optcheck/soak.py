@@ -251,6 +251,7 @@ def run_soak(cfg: SoakConfig, out: str | os.PathLike | None = None, *, fail_on: 
         "first_finding": findings[0].to_dict() if findings else None,
         "loss_first": st.loss_first, "loss_last": done.get("loss_last", st.last_loss),
         "val_loss_first": done.get("val_loss_first"), "val_loss_last": done.get("val_loss_last"),
+        "val_step_first": done.get("val_step_first"), "val_step_last": done.get("val_step_last"),
         "elapsed_s": round(elapsed, 3), "steps_per_s": round(st.last_step / elapsed, 2) if elapsed else None,
         "peak_rss_bytes": st.peak_rss, "versions": st.hello.get("versions", {}),
         "threads": st.hello.get("threads"), "crash": st.crash, "stopped": st.stopped,

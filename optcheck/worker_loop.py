@@ -105,6 +105,8 @@ class Loop:
         self.val_loss: float | None = None
         self.loss_first: float | None = None
         self.val_first: float | None = None
+        self.val_last: float | None = None
+        self.val_steps: list[int] = []   # steps at which the held-out loss was evaluated
         self.metrics: dict[str, list] = {"steps": [], "losses": [], "step_times_s": []}
         self.pending_events: list[dict] = []
         self.step = 0
@@ -187,8 +189,10 @@ class Loop:
             self.metrics["steps"].append(step)
             self.metrics["losses"].append(loss)
             self.metrics["step_times_s"].append(round(dt, 6))
-            if cfg.val_every and step % cfg.val_every == 0:
-                self.val_loss = be.val_loss(val)
+            if cfg.val_every and (step % cfg.val_every == 0 or step == cfg.steps):
+                # the last step too, so that "held-out first -> last" spans the whole run
+                self.val_loss = self.val_last = be.val_loss(val)
+                self.val_steps.append(step)
                 if self.val_first is None:
                     self.val_first = self.val_loss
             if be.has_events():
@@ -199,7 +203,9 @@ class Loop:
                 self.flush_metrics()
         self.flush_metrics()
         self.stream.send("done", step=cfg.steps, loss_first=self.loss_first, loss_last=self.last_loss,
-                         val_loss_first=self.val_first, val_loss_last=be.val_loss(val))
+                         val_loss_first=self.val_first, val_loss_last=self.val_last,
+                         val_step_first=self.val_steps[0] if self.val_steps else None,
+                         val_step_last=self.val_steps[-1] if self.val_steps else None)
         return 0
 
 

@@ -58,6 +58,23 @@ def _by_code(summary: dict, findings: list[dict]) -> list[dict]:
     return list(rows.values())
 
 
+def _held_out(s: dict) -> str:
+    """``   held-out 2.41 -> 2.03`` over two evaluations or more; one evaluation is one
+    value (``   held-out 2.2601 (step 1,000 only)``), never a change that did not
+    happen. Summaries written before ``val_step_first/last`` existed count as one
+    evaluation when both values are equal (the old loop re-evaluated the unchanged
+    model at the end)."""
+    first, last = s.get("val_loss_first"), s.get("val_loss_last")
+    if first is None and last is None:
+        return ""
+    sf, sl = s.get("val_step_first"), s.get("val_step_last")
+    single = (sf == sl) if sf is not None and sl is not None else (first is None or last is None or first == last)
+    if single:
+        value = last if last is not None else first
+        return f"   held-out {num_text(value)}" + (f" (step {_int(sl)} only)" if sl is not None else "")
+    return f"   held-out {num_text(first)} -> {num_text(last)}"
+
+
 def _lead_time(summary: dict, findings: list[dict]) -> dict | None:
     """The summary's ``lead_time``, or the same computed from the findings
     (``optcheck.findings.lead_time``) for summaries written without one."""
@@ -70,7 +87,8 @@ def render_summary(summary: dict, findings: list[dict] | None = None) -> str:
     Args:
         summary: an ``optcheck.summary/1`` dict. Used: run, backend, status,
             exit_code, steps_requested, last_step, snapshots, findings,
-            findings_by_code, loss_first/last, val_loss_first/last, elapsed_s,
+            findings_by_code, loss_first/last, val_loss_first/last,
+            val_step_first/last (steps of the first and last held-out evaluation), elapsed_s,
             steps_per_s, peak_rss_bytes, versions, inject, crash (exc_type,
             message, step, signal, exit_code, stderr_tail), stopped (step,
             reason), lead_time, out. Any may be missing.
@@ -98,8 +116,7 @@ def render_summary(summary: dict, findings: list[dict] | None = None) -> str:
         extra.append(f"{s['steps_per_s']:.1f} steps/s")
     lines.append(f"  steps        {steps}" + (f"   ({', '.join(extra)})" if extra else ""))
     loss = f"{num_text(s.get('loss_first'))} -> {num_text(s.get('loss_last'))}"
-    if s.get("val_loss_first") is not None or s.get("val_loss_last") is not None:
-        loss += f"   held-out {num_text(s.get('val_loss_first'))} -> {num_text(s.get('val_loss_last'))}"
+    loss += _held_out(s)
     lines.append(f"  loss         {loss}")
     if isinstance(s.get("peak_rss_bytes"), (int, float)):
         lines.append(f"  peak RSS     {format_bytes(s['peak_rss_bytes'])}")

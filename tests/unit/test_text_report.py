@@ -96,3 +96,31 @@ def test_long_subjects_and_messages_are_cut_to_width():
                                                             message="x" * 500)])
     assert all(len(ln) <= WIDTH for ln in text.splitlines())
     assert "..." in text
+
+
+def _loss_line(summary):
+    return next(line for line in render_summary(summary, []).splitlines() if line.startswith("  loss"))
+
+
+def test_one_held_out_evaluation_is_one_value():
+    s = {**BASE, "val_loss_first": 2.2601, "val_loss_last": 2.2601, "val_step_first": 1000, "val_step_last": 1000}
+    assert _loss_line(s) == "  loss         5.4204 -> 1.5503   held-out 2.2601 (step 1,000 only)"
+
+
+def test_two_held_out_evaluations_are_a_change():
+    s = {**BASE, "val_loss_first": 2.2846, "val_loss_last": 2.0031, "val_step_first": 1000, "val_step_last": 1500}
+    assert _loss_line(s) == "  loss         5.4204 -> 1.5503   held-out 2.2846 -> 2.0031"
+
+
+def test_held_out_of_a_summary_without_steps():
+    """Recorded before val_step_* existed (tests/fixtures/torchsharp/0.107.0-runs/clean-1000):
+    equal values were one evaluation shown twice."""
+    import json
+    from pathlib import Path
+
+    rec = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "torchsharp" / "0.107.0-runs"
+                      / "clean-1000" / "summary.json").read_text())
+    assert "val_step_first" not in rec and rec["val_loss_first"] == rec["val_loss_last"]
+    line = _loss_line(rec)
+    assert line.endswith("held-out 2.2846") and "->" not in line.split("held-out")[1]
+    assert _loss_line({**BASE, "val_loss_first": None, "val_loss_last": None}).endswith("1.5503")
