@@ -83,6 +83,10 @@ def validate(cfg: SoakConfig) -> dict:
     cfg.validate()
     for inj in cfg.inject:
         scenario_catalogue.get(inj.name, cfg.backend)
+    if cfg.backend == "pytorch":
+        from optcheck import torch_version
+
+        torch_version.require()  # torch >= 2.1, read from its metadata: torch is not imported here
     if cfg.backend == "torchsharp" and not cfg.extra.get("dotnet_assembly"):
         # builds (or reuses) the TorchSharp worker for --torchsharp VERSION|PATH; InputError names the fix
         from optcheck.torchsharp_bridge.build import worker_extra

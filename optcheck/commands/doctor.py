@@ -34,9 +34,13 @@ def torch_version() -> str:
         return f"unknown ({e})"
     if res.returncode != 0:
         last = (res.stderr.strip().splitlines() or ["not importable"])[-1]
-        return f"not available ({last}); install with: pip install 'torch==2.13.0'"
+        return f"not available ({last}); install with: pip install 'torch>=2.1'"
     ver, threads = res.stdout.split()
-    return f"{ver} (intra-op threads by default: {threads})"
+    from optcheck import torch_version as tv
+
+    line = f"{ver} (intra-op threads by default: {threads})"
+    problem = tv.problem(ver, True)
+    return f"{line}; too old: {problem}" if problem else line
 
 
 def report() -> list[tuple[str, list[str]]]:

@@ -22,6 +22,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream-fd", type=int, default=None, help="pipe to the supervisor (default: none)")
     args = ap.parse_args(argv)
     cfg = SoakConfig.from_json(Path(args.config).read_text())
+    import torch
+
+    from optcheck.errors import InputError
+    from optcheck.torch_version import require_imported
+
+    try:  # the supervisor checked the metadata; a torch without any is checked here
+        require_imported(torch.__version__)
+    except InputError as e:
+        stream = Stream(args.stream_fd)
+        stream.send("crash", step=0, exc_type="InputError", message=str(e), stack="", input_error=True)
+        stream.close()
+        return 2
     from optcheck.pytorch.train import TorchBackend
 
     return run(TorchBackend(), cfg, Stream(args.stream_fd))
