@@ -8,6 +8,7 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 
@@ -22,7 +23,21 @@ def torchsharp_builds() -> list[str]:
         if b["ok"] and not b["current"]:
             state += ", stale: sources changed, rebuilt on next use"
         out.append(f"{b['torchsharp']}  [{state}] {b['assembly']} (SDK {b['sdk']}, built {b['built_at']})")
+        if b["ok"]:
+            out.append(f"  native library: {native_status(Path(b['assembly']).parent)}")
     return out
+
+
+def native_status(folder: Path) -> str:
+    """Whether TorchSharp's native library beside a worker build loads here
+    (``optcheck.torchsharp_bridge.native``, in a subprocess: the doctor loads no libtorch)."""
+    try:
+        res = subprocess.run([sys.executable, "-m", "optcheck.torchsharp_bridge.native", str(folder)],
+                             capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"not checked ({e})"
+    text = (res.stdout.strip() or res.stderr.strip() or "no answer").splitlines()[-1]
+    return text.removeprefix("ok ") + " loads" if res.returncode == 0 else text
 
 
 def torch_version() -> str:

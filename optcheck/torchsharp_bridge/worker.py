@@ -39,7 +39,7 @@ from optcheck.config import SoakConfig
 from optcheck.data import Corpus
 from optcheck.errors import InputError
 from optcheck.protocol import Stream
-from optcheck.torchsharp_bridge import runtime
+from optcheck.torchsharp_bridge import native, runtime
 from optcheck.torchsharp_bridge.convert import body_from_arrays, name_members, read_probe
 from optcheck.worker_loop import run
 
@@ -110,6 +110,11 @@ class TorchSharpBackend:
         if not Path(asm_path).expanduser().is_file():
             raise InputError(f"--dotnet-assembly {asm_path}: no such file; build the worker assembly first "
                              f"(see dotnet/README.md)")
+        # TorchSharp's type initializer hides the loader's reason behind a TypeInitializationException:
+        # load its native library first, and say what is missing (docs/torchsharp.md, "The native library")
+        _lib, problem = native.check_folder(Path(asm_path).expanduser().resolve().parent)
+        if problem:
+            raise InputError(problem)
         self.rt = runtime.load(kind, extra.get("dotnet_root"), config_dir=cfg.work_dir or None)
         runtime.load_assembly(asm_path)
         from System import IntPtr
