@@ -15,7 +15,7 @@ rounds so that load from other processes hits every variant alike:
 
 Time is CPU time of this process (``time.process_time``; less disturbed by other
 processes on a shared machine than wall time), median over rounds. The stand-in
-steps in ~1 ms, far less than a TorchSharp GPT step (~15 ms, DESIGN.md §6): the
+steps in ~1 ms, far less than a TorchSharp GPT step (~15 ms, docs/torchsharp.md): the
 absolute µs of overhead are the figure to carry over, the step ratio is an upper
 bound. Usage: ``python benchmarks/bench_bridge.py [--runtime coreclr] [--steps 300] [--rounds 5]``.
 """

@@ -39,7 +39,7 @@ class SoakConfig:
         data: text file or nanoGPT ``.bin`` (uint16 token ids); None = the Python
             standard library's own source files.
         vocab_size: for ``.bin`` data without ``meta.pkl`` beside it.
-        threads: intra-op threads of the backend (DESIGN.md §5: 1 on 2 cores).
+        threads: intra-op threads of the backend (1 on 2 cores: docs/pytorch.md, "Threads").
         val_every: held-out loss every this many steps (0 = never).
         eval_every / checkpoint_every / resume_at: lifecycle events (0 = never).
         inject: fault scenarios.

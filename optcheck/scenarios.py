@@ -5,6 +5,10 @@ backends have it and which findings it must produce. Implementations live with
 their backend: ``optcheck/pytorch/scenarios.py`` (reference faults, lifecycle
 faults), ``optcheck/pytorch/hazard_scenarios.py`` (the autograd seeds) and the
 .NET worker (``dotnet/``) for TorchSharp.
+
+What a scenario does without optcheck depends on the backend *and its version*
+(TorchSharp 0.99.6 trains on silently where 0.107.0 throws): :data:`OUTCOMES` keeps
+one measured line per backend version, with where it was measured.
 """
 
 from __future__ import annotations
@@ -22,14 +26,15 @@ class ScenarioInfo:
         name: the NAME of ``--inject NAME@STEP``.
         backends: backends that implement it.
         summary: what is done to the run at that step.
-        reproduces: the real report it reproduces (``shared/seeds/...``) or the
-            real-world cause it stands for.
+        reproduces: the real report it reproduces (seed NNN, a TorchSharp
+            fixture, a ``docs/`` fact) or the real-world cause it stands for.
         expect: rule codes that must flag it (on every backend that has it).
         expect_torchsharp: codes on TorchSharp where they differ: its optimizer
             re-walks the model's parameters and creates state eagerly, so a
             replaced parameter shows as state without member and member without
             state (OC103, OC108) rather than as a stale member (OC101).
-        without_optcheck: what the same run does when optcheck does not intervene.
+        without_optcheck: what the same run does when optcheck does not intervene,
+            in one line; the per-version outcomes are :meth:`outcomes`.
     """
 
     name: str
@@ -46,13 +51,47 @@ class ScenarioInfo:
             return self.expect_torchsharp
         return self.expect
 
+    def outcomes(self, backend: str | None = None) -> list[Outcome]:
+        """The measured outcomes without optcheck (:data:`OUTCOMES`), per backend version, in
+        catalogue order; for a backend with none recorded, one :class:`Outcome` with an empty
+        ``version`` carrying ``without_optcheck``."""
+        out = []
+        for b in self.backends if backend is None else (backend,):
+            mine = [o for o in OUTCOMES.get(self.name, ()) if o.backend == b]
+            out += mine or [Outcome(b, "", self.without_optcheck, "")]
+        return out
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one scenario does without optcheck on one backend version, as measured.
+
+    Attributes:
+        backend: "pytorch" or "torchsharp".
+        version: the backend version it was measured on ("2.13", "0.99.6", "0.107.0");
+            "" when not recorded.
+        text: what happens.
+        source: where it was measured (a file under ``tests/``, or a ``docs/`` page).
+    """
+
+    backend: str
+    version: str
+    text: str
+    source: str
+
+    @property
+    def label(self) -> str:
+        """``PyTorch 2.13``, ``TorchSharp 0.107.0``, ``TorchSharp (version not recorded)``."""
+        name = {"pytorch": "PyTorch", "torchsharp": "TorchSharp"}.get(self.backend, self.backend)
+        return f"{name} {self.version}" if self.version else f"{name} (version not recorded)"
+
 
 CATALOGUE: dict[str, ScenarioInfo] = {s.name: s for s in (
     ScenarioInfo(
         "param-rebind", ("pytorch",),
         "model.load_state_dict(state, assign=True) after the optimizer exists: every parameter becomes a new "
         "object with new data",
-        "DESIGN.md §5 identity breakers; the PyTorch form of seed 003",
+        "identity breakers (docs/pytorch.md); the PyTorch form of seed 003",
         ("OC101", "OC102", "OC104"),
         "trains silently: the optimizer steps the old tensors, the model's parameters never change again"),
     ScenarioInfo(
@@ -66,7 +105,7 @@ CATALOGUE: dict[str, ScenarioInfo] = {s.name: s for s in (
         "a new Parameter assigned to h.0.mlp.c_fc.weight after the optimizer exists",
         "seed 003 (assigning a new Parameter); fixture …-head-weight-assign",
         ("OC101", "OC102", "OC104"),
-        "PyTorch: c_fc.weight never trains; TorchSharp: KeyNotFoundException at the next step()",
+        "PyTorch: c_fc.weight never trains; TorchSharp: KeyNotFoundException at the next step() (all versions)",
         expect_torchsharp=("OC103", "OC104", "OC108")),
     ScenarioInfo(
         "module-to-after-optimizer", ("pytorch", "torchsharp"),
@@ -78,7 +117,7 @@ CATALOGUE: dict[str, ScenarioInfo] = {s.name: s for s in (
     ScenarioInfo(
         "param-registered-late", ("pytorch", "torchsharp"),
         "an extra trainable parameter registered on ln_f after the optimizer exists",
-        "DESIGN.md §6: registering a parameter after the optimizer → 31 parameters vs 30 state keys",
+        "registering a parameter after the optimizer: 31 parameters vs 30 state keys (docs/torchsharp.md)",
         ("OC102",),
         "PyTorch: the parameter never trains; TorchSharp: KeyNotFoundException at the next step()",
         expect_torchsharp=("OC108",)),
@@ -91,9 +130,10 @@ CATALOGUE: dict[str, ScenarioInfo] = {s.name: s for s in (
     ScenarioInfo(
         "eager-param-list", ("torchsharp",),
         "optimizer built from a materialised parameter list, then model.to(float64)",
-        "fixture …-eager-to-float64 (DESIGN.md §6)",
+        "fixture torchsharp-0.99.6-eager-to-float64; 0.107.0-runs/eager-param-list-1000 (docs/torchsharp.md)",
         ("OC101", "OC102", "OC104"),
-        "nothing throws; ln_f.weight and ln_f.bias silently stop training"),
+        "0.99.6: nothing throws, ln_f silently stops training; 0.107.0: InvalidOperationException at the next "
+        "zero_grad()"),
     ScenarioInfo(
         "kv-cache-inplace", ("pytorch",),
         "a KV cache updated with index_copy_ during a training forward",
@@ -139,6 +179,70 @@ CATALOGUE: dict[str, ScenarioInfo] = {s.name: s for s in (
         ("OC401",),
         "memory grows until the process is killed"),
 )}
+
+
+_PT = "2.13"   # the torch of tests/integration (test_seeds_pytorch.py, test_soak.py) and the benchmarks
+_RUNS = "tests/fixtures/torchsharp/0.107.0-runs/"
+_TS099 = "tests/fixtures/torchsharp/torchsharp-0.99.6-"
+
+
+def _pt(text: str, source: str):
+    return Outcome("pytorch", _PT, text, source)
+
+
+#: What each scenario does without optcheck, per backend version, as measured (see
+#: :class:`Outcome`). TorchSharp lines come from the real records in ``tests/fixtures/torchsharp``
+#: (their READMEs) and ``docs/torchsharp.md``; PyTorch lines from this repository's tests on torch 2.13.
+OUTCOMES: dict[str, tuple[Outcome, ...]] = {
+    "param-rebind": (_pt("trains silently: the optimizer steps the old tensors, the model's parameters never "
+                         "change again", "tests/integration/test_soak.py"),),
+    "tie-after-optimizer": (_pt("trains silently: the old embedding stays in the optimizer, stepped for nothing, "
+                                "its state held forever", "tests/integration/test_soak.py"),),
+    "param-replaced": (
+        _pt("h.0.mlp.c_fc.weight never trains: the optimizer keeps stepping the old tensor",
+            "tests/unit/test_rules_references.py (real GPT)"),
+        Outcome("torchsharp", "0.99.6", "the next step() throws KeyNotFoundException for the new handle "
+                "(recorded with lm_head.weight)", _TS099 + "head-weight-assign.jsonl"),
+        Outcome("torchsharp", "0.107.0", "the next step() throws KeyNotFoundException for the new handle "
+                "(key 275163968 in the recorded run)", _RUNS + "param-replaced-1000"),
+    ),
+    "module-to-after-optimizer": (
+        _pt("the next step() raises a dtype mismatch in AdamW (parameters keep their identity)",
+            "tests/integration/test_soak.py"),
+        Outcome("torchsharp", "0.99.6", "every handle changes and ln_f.weight/bias become non-leaf; the next step() "
+                "throws KeyNotFoundException for the first new handle", _TS099 + "to-float64.jsonl"),
+        Outcome("torchsharp", "0.107.0", "every handle changes, nothing becomes non-leaf; the next step() throws "
+                "KeyNotFoundException for the first new handle (key 1124667216 in the recorded run)",
+                _RUNS + "module-to-after-optimizer-1000"),
+    ),
+    "param-registered-late": (
+        _pt("the new parameter gets gradients but never trains", "tests/unit/test_rules_references.py (real GPT)"),
+        Outcome("torchsharp", "0.99.6", "31 parameters vs 30 state keys: the next step() throws "
+                "KeyNotFoundException", "docs/torchsharp.md (a 0.99.6 run)"),
+        Outcome("torchsharp", "0.107.0", "the next step() throws KeyNotFoundException for the new parameter's "
+                "handle (key 1082564624 in the recorded run)", _RUNS + "param-registered-late-1000"),
+    ),
+    "no-zero-grad": (_pt("trains on the running sum of all gradients; the loss stalls or diverges",
+                         "tests/integration/test_monitor_plain_loop.py"),),
+    "eager-param-list": (
+        Outcome("torchsharp", "0.99.6", "nothing throws: the 27 parameters of native modules keep training "
+                "(converted in place), ln_f.weight and ln_f.bias (plain Parameter fields) silently stop",
+                _TS099 + "eager-to-float64.jsonl"),
+        Outcome("torchsharp", "0.107.0", "the old parameters are disposed: the next zero_grad() throws "
+                "InvalidOperationException: Tensor invalid -- empty handle", _RUNS + "eager-param-list-1000"),
+    ),
+    "kv-cache-inplace": (_pt(CATALOGUE["kv-cache-inplace"].without_optcheck, "tests/integration/test_seeds_pytorch.py"),),
+    "mask-inplace": (_pt(CATALOGUE["mask-inplace"].without_optcheck, "tests/integration/test_seeds_pytorch.py"),),
+    "fp32-cast-nograd": (_pt(CATALOGUE["fp32-cast-nograd"].without_optcheck, "tests/integration/test_seeds_pytorch.py"),),
+    "detached-loss": (_pt(CATALOGUE["detached-loss"].without_optcheck, "tests/integration/test_seeds_pytorch.py"),),
+    "nonleaf-grad-read": (_pt(CATALOGUE["nonleaf-grad-read"].without_optcheck,
+                              "tests/integration/test_seeds_pytorch.py"),),
+    "state-leak": (
+        _pt("memory grows by what each step keeps until the process is killed", "tests/integration/test_soak_memory.py"),
+        Outcome("torchsharp", "0.107.0", "live tensors +1 and RSS +2.2 MiB per step (2,611 tensors, 5.3 GiB after "
+                "3,000 steps) until the process is killed", _RUNS + "state-leak-500"),
+    ),
+}
 
 
 def get(name: str, backend: str) -> ScenarioInfo:

@@ -1,8 +1,8 @@
 """Which torch the PyTorch backend would import, checked without importing it.
 
 The PyTorch worker and ``optcheck.Monitor`` hook ``Optimizer.register_step_pre_hook``
-and ``register_step_post_hook``, which PyTorch added in 2.1 (``torch/optim/optimizer.py``;
-``docs/pytorch.md``). On an older torch (Debian 12's ``python3-torch`` is 1.13.1) the
+and ``register_step_post_hook`` (torch 2.0, ``torch/optim/optimizer.py``); optcheck
+declares torch >= 2.1 (``pyproject.toml``; ``docs/pytorch.md``). On an older torch (Debian 12's ``python3-torch`` is 1.13.1) the
 worker used to die at step 0 with ``'AdamW' object has no attribute
 'register_step_pre_hook'``. The supervisor checks the installed distribution's version
 (``importlib.metadata``) before it starts a worker, so the user gets one line and exit 2.

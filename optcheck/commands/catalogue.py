@@ -29,9 +29,11 @@ def register(group: click.Group) -> None:
 
     @group.command()
     @click.option("--backend", type=click.Choice(["pytorch", "torchsharp"]), default=None,
-                  help="Only the scenarios this backend implements.")
-    def scenarios(backend):
-        """List the fault scenarios --inject NAME@STEP can plant, and what each reproduces."""
+                  help="Only the scenarios this backend implements (and only its outcomes).")
+    @click.option("--sources", is_flag=True, help="Also say where each outcome was measured.")
+    def scenarios(backend, sources):
+        """List the fault scenarios --inject NAME@STEP can plant, what each reproduces, and
+        what it does without optcheck on each backend version it was measured on."""
         for s in CATALOGUE.values():
             if backend and backend not in s.backends:
                 continue
@@ -39,4 +41,10 @@ def register(group: click.Group) -> None:
             click.echo(f"{s.name}  [{', '.join(s.backends)}]  expect {expect}")
             click.echo(f"    {s.summary}")
             click.echo(f"    reproduces: {s.reproduces}")
-            click.echo(f"    without optcheck: {s.without_optcheck}")
+            click.echo("    without optcheck:")
+            outs = s.outcomes(backend)
+            width = max(len(o.label) for o in outs)
+            for o in outs:
+                click.echo(f"      {o.label:<{width}}  {o.text}")
+                if sources and o.source:
+                    click.echo(f"      {'':<{width}}  (measured: {o.source})")

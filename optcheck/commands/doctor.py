@@ -1,6 +1,6 @@
 """``optcheck doctor``: what the two backends would run on here — .NET runtimes and
 SDKs, pythonnet, torch (imported in a subprocess: a process that may load .NET must
-never import torch, DESIGN.md §2), the TorchSharp builds in the cache, threads."""
+never import torch, ``docs/dotnet.md``), the TorchSharp builds in the cache, threads."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ Parameter names follow GPT-2's (``wte``, ``wpe``, ``h.N.ln_1``, ``h.N.attn.c_att
 
 Attention is written out (q·kᵀ/√d, causal mask buffer, softmax, ·v) rather than
 ``scaled_dot_product_attention``: TorchSharp 0.99 has no SDPA and the two backends
-must compute the same thing (DESIGN.md §6).
+must compute the same thing (``docs/torchsharp.md``, "Parity with PyTorch").
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class LayerNorm(nn.Module):
     """LayerNorm with plain ``Parameter`` fields and an optional bias (nanoGPT's own).
 
     Plain fields are the kind TorchSharp's ``Module.to(dtype)`` rebuilds as new
-    non-leaf tensors (DESIGN.md §6), so both backends carry the same trap.
+    non-leaf tensors (``docs/torchsharp.md``), so both backends carry the same trap.
     """
 
     def __init__(self, ndim: int, bias: bool = True):

@@ -1,4 +1,4 @@
-"""The autograd seeds (``shared/seeds/000``–``004``) as scenarios ``--inject NAME@STEP`` can plant.
+"""The autograd seeds (the failure reports 000–004 named in each scenario's ``reproduces``) as scenarios ``--inject NAME@STEP`` can plant.
 
 Each ``fn(trainer, step) -> {"call": ...}`` changes the running
 :class:`optcheck.pytorch.train.Trainer` from that step on the way the real bug

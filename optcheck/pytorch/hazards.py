@@ -20,7 +20,7 @@ What is recorded (event ``kind`` → rule):
     ``torch.autograd.graph.saved_tensors_hooks`` pack hook with its version counter
     (``Tensor._version``), the module that was running and the user source line of
     the op; the unpack hook compares the version. Installing these hooks switches
-    off PyTorch's own version check (DESIGN.md §5; ``torch/csrc/autograd/saved_variable.cpp``
+    off PyTorch's own version check (``docs/pytorch.md``; ``torch/csrc/autograd/saved_variable.cpp``
     skips ``version_counter`` checks when hooks are set), so a mutated saved tensor
     would otherwise flow into backward silently. The *write* is found where it
     happens: the versions of the saved tensors are compared at every module

@@ -263,7 +263,7 @@ class MemoryGrowth(Rule):
     Typical causes: keeping tensors that hold a graph (``losses.append(loss)``
     instead of ``loss.item()``), a cache or history appended every step, hooks
     that store activations, TorchSharp tensors created outside a ``DisposeScope``
-    (the live count grows until the .NET GC runs, DESIGN.md §6), an optimizer
+    (the live count grows until the .NET GC runs, docs/torchsharp.md), an optimizer
     whose state grows (parameters added every step).
 
     Fix: store Python numbers (``loss.item()``) or ``detach()``-ed tensors; bound

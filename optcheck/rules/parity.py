@@ -30,8 +30,8 @@ class BackendDivergence(Rule):
     What it means: for an upgrade check (the same soak on two torch or
     TorchSharp versions) or a backend check (PyTorch against TorchSharp with
     ``--same-init``), the two sides do not compute the same training: a changed
-    default (TorchSharp's AdamW ``weight_decay`` is 0, PyTorch's 0.01, DESIGN.md
-    §6), a changed kernel or initialisation, a different learning-rate schedule,
+    default (TorchSharp's AdamW ``weight_decay`` is 0, PyTorch's 0.01,
+    ``docs/torchsharp.md``), a changed kernel or initialisation, a different learning-rate schedule,
     or a parameter the optimizer lost on one side only (then the findings
     present in one run and not the other, listed by ``optcheck compare``, name it).
 

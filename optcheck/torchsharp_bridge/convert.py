@@ -4,7 +4,7 @@ Torch-free and .NET-free: :func:`read_probe` copies a ProbeArrays object into
 plain Python lists (the only function that touches .NET), and
 :func:`body_from_arrays` builds the snapshot body from those lists, so that the
 conversion is tested on the real TorchSharp records of
-``shared/fixtures/torchsharp`` (``optcheck.torchsharp_bridge.fixtures``) without
+``tests/fixtures/torchsharp`` (``optcheck.torchsharp_bridge.fixtures``) without
 a runtime.
 
 The flat arrays (n model parameters, g groups, m members in group order, k
@@ -22,7 +22,7 @@ state entries)::
 Flags: bit 0 is_leaf, bit 1 requires_grad, bit 2 grad set. Handles, data
 pointers and byte counts are integers; a missing value is -1 (memory) or NaN
 (grad norm). ``ref`` in the snapshot is the handle (the key of TorchSharp's
-optimizer state, DESIGN.md §3); ``data_ptr`` the tensor's data address.
+optimizer state, ``docs/torchsharp.md``); ``data_ptr`` the tensor's data address.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 CoreCLR is the default: TorchSharp users run .NET 8 or newer, and this module
 rolls forward to the newest ``Microsoft.NETCore.App`` it finds (a generated
-``runtimeconfig.json`` with ``rollForward: LatestMajor``, DESIGN.md §7). It
+``runtimeconfig.json`` with ``rollForward: LatestMajor``, ``docs/dotnet.md``). It
 looks in ``$DOTNET_ROOT``, beside the ``dotnet`` command, in the usual install
 folders and inside PyPI's ``dotnetcore2`` package (CoreCLR 3.1, ``dotnetcore2/bin``).
 Mono (Debian ``mono-runtime`` + ``libmono-2.0-dev`` + ``mono-devel``, whose
@@ -53,7 +53,7 @@ class DotnetRuntime:
         kind: "coreclr" or "mono".
         version: e.g. "8.0.11", "3.1.23" (CoreCLR: the Microsoft.NETCore.App
             version), "6.8.0.105" (Mono; "" when unknown).
-        root: CoreCLR: the dotnet root (holds ``host/fxr`` and ``shared/``);
+        root: CoreCLR: the dotnet root (holds ``host/fxr`` and the ``shared`` framework folder);
             Mono: the path of ``libmonosgen-2.0.so``.
         source: where it was found ("DOTNET_ROOT", "dotnet on PATH", "dotnetcore2",
             a default folder, "libmono").
@@ -376,7 +376,7 @@ def load_assembly(path: str | os.PathLike, option: str = "--dotnet-assembly"):
 
 def native_library_hint(message: str) -> str:
     """One line for a ``DllNotFoundException``: which native library and how to make it
-    findable with Python as the host (DESIGN.md §7)."""
+    findable with Python as the host (``docs/dotnet.md``)."""
     m = re.search(r"shared library '([^']+)'", message) or re.search(r"'([^']+)'", message)
     lib = m.group(1) if m else "a native library"
     return (f"the .NET worker could not load native library {lib}: with Python as the host it must lie beside "

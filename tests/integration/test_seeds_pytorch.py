@@ -1,4 +1,4 @@
-"""The autograd seeds (shared/seeds/000–004) as scenarios, run both ways.
+"""The autograd seeds (failure reports 000–004, see each scenario's ``reproduces``) as scenarios, run both ways.
 
 With the hazard probes on, each scenario is flagged at the injection step, naming
 the op or module and the user source line; with them off
