@@ -248,6 +248,37 @@ def live_members(snap: dict) -> list[tuple[int, dict]]:
     return [(gi, m) for gi, m in members(snap) if not is_disposed(m)]
 
 
+def _group(snap: dict, gi: int) -> list[dict] | None:
+    for i, g in enumerate(snap.get("groups") or ()):
+        if g.get("index", i) == gi:
+            return list(g.get("members") or ())
+    return None
+
+
+def disposed_members(history: list[dict]) -> list[tuple[int, int, dict | None, dict | None]]:
+    """The disposed members of the last snapshot of ``history`` as ``(group index,
+    position, member as last seen alive, the snapshot it was seen in)``. A member is
+    matched by position in a group of the same length in the latest earlier snapshot
+    where it was alive (a materialised parameter list keeps its order); the last two
+    are None when there is no such snapshot."""
+    if not history:
+        return []
+    snap, out = history[-1], []
+    for i, g in enumerate(snap["groups"]):
+        gi, ms = g.get("index", i), list(g.get("members") or ())
+        for pos, m in enumerate(ms):
+            if not is_disposed(m):
+                continue
+            found = (None, None)
+            for prev in reversed(history[:-1]):
+                old = _group(prev, gi)
+                if old is not None and len(old) == len(ms) and not is_disposed(old[pos]):
+                    found = (old[pos], prev)
+                    break
+            out.append((gi, pos, *found))
+    return out
+
+
 def assemble(*, backend: str, run: str, step: int, phase: str, trigger: str, body: dict, events: list[dict],
              loss: float | None = None, val_loss: float | None = None, elapsed_s: float | None = None,
              step_time_s: float | None = None, versions: dict | None = None, threads: int | None = None) -> dict:

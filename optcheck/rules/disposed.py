@@ -16,36 +16,12 @@ from typing import Iterable
 from optcheck.findings import Finding
 from optcheck.rules.base import Rule, RuleContext, listing, register
 from optcheck.rules.references import _name_of
-from optcheck.snapshot import is_disposed
+from optcheck.snapshot import disposed_members
 
 EXCEPTION = "System.InvalidOperationException"
 #: The text TorchSharp's exception carries (recorded on 0.107.0:
 #: ``tests/fixtures/torchsharp/0.107.0-runs/eager-param-list-1000/summary.json``).
 EXCEPTION_TEXT = "Tensor invalid -- empty handle"
-
-
-def _group_members(snap: dict, gi: int) -> list[dict] | None:
-    for i, g in enumerate(snap.get("groups") or ()):
-        if g.get("index", i) == gi:
-            return list(g.get("members") or ())
-    return None
-
-
-def former_name(ctx: RuleContext, gi: int, pos: int) -> str | None:
-    """The name the member at position ``pos`` of group ``gi`` had in the latest earlier
-    snapshot where it was alive and the group had the same length (a materialised
-    parameter list keeps its order), or None."""
-    current = _group_members(ctx.history[-1], gi) if ctx.history else None
-    for prev in reversed(ctx.history[:-1]):
-        ms = _group_members(prev, gi)
-        if ms is None or current is None or len(ms) != len(current) or pos >= len(ms):
-            continue
-        m = ms[pos]
-        if is_disposed(m):
-            continue
-        name = _name_of(prev, m)
-        return None if name.startswith("<ref") else name
-    return None
 
 
 @register
@@ -76,15 +52,14 @@ class DisposedParam(Rule):
                "or step() throws InvalidOperationException: {names}")
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
-        gone = []
-        for i, g in enumerate(snap["groups"]):
-            gi = g.get("index", i)
-            for pos, m in enumerate(g.get("members") or ()):
-                if is_disposed(m):
-                    gone.append((gi, pos))
-        if not gone:
+        found = disposed_members(ctx.history if ctx.history and ctx.history[-1] is snap else [*ctx.history, snap])
+        if not found:
             return []
-        names = [former_name(ctx, gi, pos) or f"group {gi} member {pos}" for gi, pos in gone]
+        gone = [(gi, pos) for gi, pos, _, _ in found]
+        names = []
+        for gi, pos, old, seen in found:
+            name = _name_of(seen, old) if old is not None else ""
+            names.append(name if name and not name.startswith("<ref") else f"group {gi} member {pos}")
         return [self.finding(
             snap, self.message.format(n=len(gone), names=listing(names)), subjects=names,
             key=",".join(f"{gi}:{pos}" for gi, pos in gone),
@@ -92,4 +67,5 @@ class DisposedParam(Rule):
             predicted_exception=EXCEPTION,
             # lead_time() calls the prediction exact when this text is in the exception's message
             predicted_key="empty handle",
-            groups=[gi for gi, _ in gone], positions=[pos for _, pos in gone])]
+            groups=[gi for gi, _ in gone], positions=[pos for _, pos in gone],
+            former_refs=[old["ref"] if old else None for _, _, old, _ in found])]

@@ -19,7 +19,7 @@ from typing import Iterable
 
 from optcheck.findings import Finding
 from optcheck.rules.base import Rule, RuleContext, listing, register
-from optcheck.snapshot import is_disposed, live_members, members
+from optcheck.snapshot import disposed_members, is_disposed, live_members, members
 
 
 def _name_of(snap: dict, member: dict) -> str:
@@ -160,6 +160,9 @@ class OrphanState(Rule):
     model's current parameters at each step, orphan state goes with members that
     have no state, and the next ``step()`` throws ``KeyNotFoundException``.
 
+    State of a member that has been disposed since (TorchSharp: the optimizer still
+    holds the dead tensor) is not an orphan: OC109 reports those members.
+
     Fix: do not replace the tensors of a built optimizer; rebuild it and load its
     state by parameter name.
     """
@@ -172,6 +175,9 @@ class OrphanState(Rule):
         if keys is None:
             return []
         mrefs = {m["ref"] for _, m in live_members(snap)}
+        # state of a member disposed since (the optimizer still holds it) is OC109's, not an orphan
+        history = ctx.history if ctx.history and ctx.history[-1] is snap else [*ctx.history, snap]
+        mrefs |= {old["ref"] for _, _, old, _ in disposed_members(history) if old is not None}
         orphans = sorted(k for k in keys if k not in mrefs)
         if not orphans:
             return []

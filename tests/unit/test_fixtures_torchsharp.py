@@ -112,15 +112,16 @@ from optcheck.torchsharp_bridge.fixtures import run_dirs_0107  # noqa: E402
 
 #: What the README of 0.107.0-runs says each run found, and the step: for the runs whose
 #: findings the README takes as right, the codes exactly; for eager-param-list the codes
-#: once a disposed member is its own state (OC109; the README's 8 findings held 6 artefacts
-#: of handle 0: OC101 on "<ref 0>", OC105, OC106, OC108 for key 0).
+#: once a disposed member is its own state (OC109; the README's 8 findings held artefacts
+#: of handle 0: OC101 on "<ref 0>", OC105, OC106, OC108 for key 0, and OC103 calling the
+#: disposed members' state orphaned).
 EXPECTED_0107 = {
     "clean-1000": set(),
     "lifecycle-3000": set(),
     "module-to-after-optimizer-1000": {"OC103", "OC104", "OC108"},
     "param-replaced-1000": {"OC103", "OC104", "OC108"},
     "param-registered-late-1000": {"OC108"},
-    "eager-param-list-1000": {"OC102", "OC103", "OC104", "OC107", "OC109"},
+    "eager-param-list-1000": {"OC102", "OC104", "OC107", "OC109"},
 }
 #: Memory runs: the README's step of the first memory finding, which an earlier finding may beat.
 MEMORY_0107 = {"state-leak-500": (500, 1400), "no-dispose-scope-500": (500, 2100)}
@@ -183,7 +184,12 @@ def test_0107_eager_param_list_names_the_disposed_members_and_the_exception(runs
     assert lt["finding"] == "OC109 disposed-param" and lt["predicted"] is True
     # what the run itself recorded before (the artefacts of handle 0) is gone
     recorded = {json.loads(line)["code"] for line in (d / "findings.jsonl").read_text().splitlines()}
-    assert recorded - {f.code for f in findings} == {"OC101", "OC105", "OC106", "OC108"}
+    assert recorded - {f.code for f in findings} == {"OC101", "OC103", "OC105", "OC106", "OC108"}
+    assert len(findings) == 4 and len(recorded) == 8
+    # the state OC103 called orphaned is the disposed members' own: their handles at step 900
+    assert sorted(oc109.detail["former_refs"]) == sorted(
+        json.loads(line)["detail"]["refs"] for line in (d / "findings.jsonl").read_text().splitlines()
+        if json.loads(line)["code"] == "OC103")[0]
 
 
 @pytest.mark.parametrize("name", sorted(MEMORY_0107))

@@ -200,8 +200,10 @@ def test_oc109_names_disposed_members_by_their_last_names():
     assert oc109[0].subjects == ["layer0.weight", "layer1.weight", "layer2.weight"]
     assert oc109[0].detail["predicted_exception"] == "System.InvalidOperationException"
     assert "empty handle" in oc109[0].next_failure
-    # handle 0 feeds neither the leaf, the duplicate, the stale nor the missing-state rule
-    assert not {"OC101", "OC105", "OC106", "OC108"} & {f.code for f in found}
+    # handle 0 feeds neither the leaf, the duplicate, the stale nor the missing-state rule,
+    # and the state the disposed members still own is not orphaned
+    assert not {"OC101", "OC103", "OC105", "OC106", "OC108"} & {f.code for f in found}
+    assert {f.code for f in found} == {"OC102", "OC104", "OC109"}
     assert not any("<ref" in s for f in found for s in f.subjects)
 
 
@@ -218,6 +220,13 @@ def test_oc109_one_disposed_member_among_live_ones():
     s2["params"][1] = param("layer1.weight", 4242, 4343)
     found = run(s, s2)
     assert [f.subjects for f in found if f.code == "OC109"] == [["layer1.weight"]]
+
+
+def test_oc103_still_flags_a_real_orphan_beside_a_disposed_member():
+    before, after = _disposed_after_to_dtype()
+    after["state"].append(state_of(param("gone.weight", 9999)))
+    orphans = [f for f in run(before, after) if f.code == "OC103"]
+    assert len(orphans) == 1 and orphans[0].detail["refs"] == [9999]
 
 
 @pytest.mark.parametrize("backend", ["pytorch", "torchsharp"])
