@@ -72,12 +72,15 @@ class Outcome:
             "" when not recorded.
         text: what happens.
         source: where it was measured (a file under ``tests/``, or a ``docs/`` page).
+        flagged: the rule codes optcheck raises on that record (TorchSharp records;
+            empty where none is kept), checked by ``tests/unit/test_scenarios_versions.py``.
     """
 
     backend: str
     version: str
     text: str
     source: str
+    flagged: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -202,34 +205,36 @@ OUTCOMES: dict[str, tuple[Outcome, ...]] = {
         _pt("h.0.mlp.c_fc.weight never trains: the optimizer keeps stepping the old tensor",
             "tests/unit/test_rules_references.py (real GPT)"),
         Outcome("torchsharp", "0.99.6", "the next step() throws KeyNotFoundException for the new handle "
-                "(recorded with lm_head.weight)", _TS099 + "head-weight-assign.jsonl"),
+                "(recorded with lm_head.weight)", _TS099 + "head-weight-assign.jsonl", ("OC103", "OC104", "OC108")),
         Outcome("torchsharp", "0.107.0", "the next step() throws KeyNotFoundException for the new handle "
-                "(key 275163968 in the recorded run)", _RUNS + "param-replaced-1000"),
+                "(key 275163968 in the recorded run)", _RUNS + "param-replaced-1000", ("OC103", "OC104", "OC108")),
     ),
     "module-to-after-optimizer": (
         _pt("the next step() raises a dtype mismatch in AdamW (parameters keep their identity)",
             "tests/integration/test_soak.py"),
         Outcome("torchsharp", "0.99.6", "every handle changes and ln_f.weight/bias become non-leaf; the next step() "
-                "throws KeyNotFoundException for the first new handle", _TS099 + "to-float64.jsonl"),
+                "throws KeyNotFoundException for the first new handle", _TS099 + "to-float64.jsonl",
+                ("OC103", "OC104", "OC105", "OC108")),
         Outcome("torchsharp", "0.107.0", "every handle changes, nothing becomes non-leaf; the next step() throws "
                 "KeyNotFoundException for the first new handle (key 1124667216 in the recorded run)",
-                _RUNS + "module-to-after-optimizer-1000"),
+                _RUNS + "module-to-after-optimizer-1000", ("OC103", "OC104", "OC108")),
     ),
     "param-registered-late": (
         _pt("the new parameter gets gradients but never trains", "tests/unit/test_rules_references.py (real GPT)"),
         Outcome("torchsharp", "0.99.6", "31 parameters vs 30 state keys: the next step() throws "
                 "KeyNotFoundException", "docs/torchsharp.md (a 0.99.6 run)"),
         Outcome("torchsharp", "0.107.0", "the next step() throws KeyNotFoundException for the new parameter's "
-                "handle (key 1082564624 in the recorded run)", _RUNS + "param-registered-late-1000"),
+                "handle (key 1082564624 in the recorded run)", _RUNS + "param-registered-late-1000", ("OC108",)),
     ),
     "no-zero-grad": (_pt("trains on the running sum of all gradients; the loss stalls or diverges",
                          "tests/integration/test_monitor_plain_loop.py"),),
     "eager-param-list": (
         Outcome("torchsharp", "0.99.6", "nothing throws: the 27 parameters of native modules keep training "
                 "(converted in place), ln_f.weight and ln_f.bias (plain Parameter fields) silently stop",
-                _TS099 + "eager-to-float64.jsonl"),
+                _TS099 + "eager-to-float64.jsonl", ("OC101", "OC102", "OC104")),
         Outcome("torchsharp", "0.107.0", "the old parameters are disposed: the next zero_grad() throws "
-                "InvalidOperationException: Tensor invalid -- empty handle", _RUNS + "eager-param-list-1000"),
+                "InvalidOperationException: Tensor invalid -- empty handle", _RUNS + "eager-param-list-1000",
+                ("OC102", "OC104", "OC107", "OC109")),
     ),
     "kv-cache-inplace": (_pt(CATALOGUE["kv-cache-inplace"].without_optcheck, "tests/integration/test_seeds_pytorch.py"),),
     "mask-inplace": (_pt(CATALOGUE["mask-inplace"].without_optcheck, "tests/integration/test_seeds_pytorch.py"),),

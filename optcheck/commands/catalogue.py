@@ -45,6 +45,7 @@ def register(group: click.Group) -> None:
             outs = s.outcomes(backend)
             width = max(len(o.label) for o in outs)
             for o in outs:
-                click.echo(f"      {o.label:<{width}}  {o.text}")
+                flagged = f"  [optcheck: {', '.join(o.flagged)}]" if o.flagged else ""
+                click.echo(f"      {o.label:<{width}}  {o.text}{flagged}")
                 if sources and o.source:
                     click.echo(f"      {'':<{width}}  (measured: {o.source})")

@@ -87,3 +87,19 @@ def test_cli_shows_which_version_a_line_describes():
     assert "PyTorch" not in out
     rc, out, _ = run_cli(["scenarios", "--backend", "pytorch"])
     assert "PyTorch 2.13  trains silently" in out and "TorchSharp 0." not in out
+
+
+@pytest.mark.parametrize("name,outcome", [(n, o) for n, outs in OUTCOMES.items() for o in outs if o.flagged])
+def test_flagged_codes_are_what_the_rules_find_on_the_record(name, outcome):
+    from optcheck.commands.check import check_file
+    from optcheck.engine import check_stream
+    from optcheck.torchsharp_bridge.fixtures import load_fixture
+
+    src = ROOT / outcome.source
+    found = check_file(src)[0] if src.is_dir() else check_stream(load_fixture(src).snapshots)
+    assert tuple(sorted({f.code for f in found})) == outcome.flagged
+
+
+def test_cli_shows_what_optcheck_flags_on_each_version():
+    _, out, _ = run_cli(["scenarios", "--backend", "torchsharp"])
+    assert "[optcheck: OC101, OC102, OC104]" in out and "[optcheck: OC102, OC104, OC107, OC109]" in out
