@@ -35,9 +35,9 @@ class DisposedParam(Rule):
     were alive.
 
     Typical cause (TorchSharp 0.107.0): the optimizer was built from a
-    materialised list (``model.parameters().ToList()``), then ``model.to(dtype)``
-    or ``model.to(device)`` replaced the parameters and disposed the old tensors
-    (on 0.99.6 the same code trained on silently: OC101/OC102). Also: a
+    materialised list (``model.parameters().ToList()``), then ``model.to(float64)``
+    replaced the parameters and disposed the old tensors (recorded on 0.107.0; on
+    0.99.6 the same code trained on silently: OC101/OC102). Also: a
     parameter created inside a ``DisposeScope`` that was not moved out of it, or an
     explicit ``Dispose()`` of a parameter.
 
