@@ -9,12 +9,13 @@ import click
 
 from optcheck import __version__
 from optcheck.commands import register_all
-from optcheck.errors import InputError
-from optcheck.exitcodes import USAGE
+from optcheck.errors import InputError, RecordError
+from optcheck.exitcodes import RECORD_FAILED, USAGE
 
 
 class _Group(click.Group):
-    """A click group that turns :class:`InputError` into one line on stderr and exit 2."""
+    """A click group that turns :class:`InputError` into one line on stderr and
+    exit 2, and :class:`RecordError` (nothing could be recorded) into one line and exit 4."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -22,6 +23,9 @@ class _Group(click.Group):
         except InputError as e:
             click.echo(f"optcheck: error: {e}", err=True)
             ctx.exit(USAGE)
+        except RecordError as e:
+            click.echo(f"optcheck: error: {e}", err=True)
+            ctx.exit(RECORD_FAILED)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -5,6 +5,8 @@
 file-size limit, I/O error): exit 4 (``optcheck.exitcodes.RECORD_FAILED``).
 """
 
+import errno
+
 
 class InputError(Exception):
     """Bad input from the user: a file, an option value, a backend that cannot load.
@@ -27,4 +29,4 @@ class RecordError(Exception):
     def __init__(self, path, err: OSError):
         self.path, self.errno = str(path), err.errno
         super().__init__(f"cannot record to {path}: {err.strerror or err}"
-                         + (f" (errno {err.errno})" if err.errno else ""))
+                         + (f" ({errno.errorcode.get(err.errno, err.errno)})" if err.errno else ""))

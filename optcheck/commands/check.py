@@ -61,8 +61,11 @@ def register(group: click.Group) -> None:
 
         Exit codes: 0 clean, 1 findings at or above --fail-on, 2 bad input.
         """
+        from optcheck.commands._paths import check_output_file
         from optcheck.snapshot import dumps
 
+        if junit:
+            check_output_file(junit, "--junit")
         findings, defects, n = check_file(stream)
         for d in defects:
             click.echo(f"optcheck: note: {stream}:{d.line}: {d.reason}; skipped, the rest was read", err=True)

@@ -51,6 +51,54 @@ RESERVE_NAME = ".optcheck-reserve"
 RESERVE_BYTES = 64 * 1024
 #: Files whose presence means the directory already holds a run.
 RECORD_FILES = ("summary.json", *FILES)
+#: Inodes a soak's run directory takes: the directory, its 4 record files,
+#: worker.log, lock, reserve, config.json, work/, summary.json and its temporary.
+MIN_INODES = 13
+#: Free bytes below which a run is not started: the reserve and the first records.
+MIN_FREE_BYTES = RESERVE_BYTES + 64 * 1024
+
+
+def check_space(out: str | os.PathLike, needed_bytes: int) -> str | None:
+    """Check the file system ``out`` will be on before a run starts.
+
+    Args:
+        out: the run directory (it need not exist yet).
+        needed_bytes: an estimate of what the run will write.
+
+    Returns:
+        A warning line when the estimate exceeds the free space or the
+        per-file size limit (``RLIMIT_FSIZE``), else None.
+
+    Raises:
+        RecordError: fewer than :data:`MIN_FREE_BYTES` free bytes or
+            :data:`MIN_INODES` free inodes: nothing could be recorded.
+    """
+    import resource
+
+    from optcheck.units import format_bytes
+
+    p = Path(out)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    if free < MIN_FREE_BYTES:
+        raise RecordError(out, OSError(errno.ENOSPC, f"No space left on device: {free:,} bytes free there, "
+                                                     f"a run needs at least {MIN_FREE_BYTES:,}"))
+    if st.f_files and st.f_favail < MIN_INODES:
+        raise RecordError(out, OSError(errno.ENOSPC, f"No free inodes: {st.f_favail} left there, "
+                                                     f"a run needs {MIN_INODES}"))
+    if needed_bytes > free:
+        return (f"--out {out}: {format_bytes(free)} free there, the run will write about "
+                f"{format_bytes(needed_bytes)}: it stops with exit 4 when the disk is full")
+    fsize = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if fsize != resource.RLIM_INFINITY and needed_bytes > fsize:
+        return (f"--out {out}: files are limited to {format_bytes(fsize)} (ulimit -f), the run will write about "
+                f"{format_bytes(needed_bytes)}: it stops with exit 4 at the limit")
+    return None
 
 
 def _open_regular(path: Path, flags: int, mode: int = 0o644) -> int:
@@ -140,6 +188,7 @@ class RunDir:
         if not os.access(self.path, os.W_OK | os.X_OK):
             raise InputError(f"--out {path}: cannot write there (permission denied)")
         self._lock = None
+        self._owned = False  # set once the lock is held and the directory may be written
         self._fds: dict[str, int] = {}
         self._sizes: dict[str, int] = {}
         try:
@@ -157,6 +206,7 @@ class RunDir:
                     for name in (*RECORD_FILES, "worker.log", "config.json", "summary.json.tmp"):
                         if os.path.lexists(self.path / name):
                             os.unlink(self.path / name)  # a symlink goes, its target stays
+            self._owned = True
             self._reserve()
             mode = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
             for name in (*FILES, "worker.log"):
@@ -265,6 +315,10 @@ class RunDir:
             os.close(fd)
         self._fds = {}
         if self._lock is not None:
+            try:
+                os.ftruncate(self._lock, 0)  # no stale PID for the next writer to read
+            except OSError:
+                pass
             os.close(self._lock)  # releases the flock
             self._lock = None
 
@@ -279,11 +333,14 @@ class RunDir:
     def discard_created(self) -> None:
         """Remove the directory if this RunDir created it (a run that never
         started leaves nothing behind); otherwise remove only the record files it
-        created. Call after :meth:`close` (or on a failed open)."""
+        created. Call after :meth:`close` (or on a failed open). Does nothing when
+        this RunDir never held the directory (locked by another, or refused)."""
+        if not self._owned:
+            return
         if self._created and self.path.is_dir() and not self.path.is_symlink():
             shutil.rmtree(self.path, ignore_errors=True)
             return
-        for name in (*RECORD_FILES, "worker.log", "config.json", "summary.json.tmp", RESERVE_NAME):
+        for name in (*RECORD_FILES, "worker.log", "config.json", "summary.json.tmp", RESERVE_NAME, LOCK_NAME):
             p = self.path / name
             if os.path.lexists(p) and not os.path.islink(p):
                 try:
