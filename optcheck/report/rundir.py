@@ -84,6 +84,8 @@ def check_space(out: str | os.PathLike, needed_bytes: int) -> str | None:
         st = os.statvfs(p)
     except OSError:
         return None
+    if st.f_blocks == 0:  # /proc, /sys: no block accounting; the open fails with its own message
+        return None
     free = st.f_bavail * st.f_frsize
     if free < MIN_FREE_BYTES:
         raise RecordError(out, OSError(errno.ENOSPC, f"No space left on device: {free:,} bytes free there, "
@@ -184,7 +186,7 @@ class RunDir:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise InputError(f"--out {path}: cannot create it ({e.strerror or e})") from None
+            raise InputError(f"--out {path}: cannot write there ({e.strerror or e})") from None
         if not os.access(self.path, os.W_OK | os.X_OK):
             raise InputError(f"--out {path}: cannot write there (permission denied)")
         self._lock = None
