@@ -170,7 +170,7 @@ def estimate_bytes(cfg: SoakConfig) -> int:
 
 def run_soak(cfg: SoakConfig, out: str | os.PathLike | None = None, *, fail_on: str = "warning",
              rule_config: RuleConfig | None = None, progress: bool = True,
-             on_finding=None, force: bool = False) -> SoakResult:
+             on_finding=None, force: bool = False, signals: Signals | None = None) -> SoakResult:
     """Run a soak to the end (or crash, or interrupt) and write the run directory.
 
     Args:
@@ -181,6 +181,10 @@ def run_soak(cfg: SoakConfig, out: str | os.PathLike | None = None, *, fail_on: 
         progress: show a progress bar on stderr.
         on_finding: optional callback ``f(Finding)`` called as each finding arrives.
         force: replace a run already in ``out``.
+        signals: handlers already installed by the caller (the command line, or
+            :func:`run_backends` for all its runs); default: installed for this
+            run and restored after it. Once one has been received no worker is
+            started.
 
     Returns:
         The result; ``exit_code`` 4 (``summary["status"] == "record-failed"``,
@@ -192,7 +196,7 @@ def run_soak(cfg: SoakConfig, out: str | os.PathLike | None = None, *, fail_on: 
         RecordError: ``out`` has no room for a run at all (nothing is run).
     """
     fail_rank = severity_rank(fail_on)
-    with Signals() as sig:  # before anything is spawned: no signal is lost
+    with signals or Signals() as sig:  # before anything is spawned: no signal is lost
         corpus = validate(cfg)
         out = Path(out) if out is not None else default_out_dir()
         warning = check_space(out, estimate_bytes(cfg))
@@ -420,12 +424,13 @@ def run_backends(cfg: SoakConfig, backends: list[str], out: str | os.PathLike | 
         validate(_for_backend(cfg, b))
     init = export_same_init(cfg, out) if same_init else None
     results = []
-    for b in backends:
-        c = _for_backend(cfg, b)
-        if init is not None and b == "torchsharp":
-            c.extra["same_init"] = str(init)
-        c.run_id = f"{out.name}-{b}"
-        results.append(run_soak(c, out / b, **kwargs))
+    with kwargs.pop("signals", None) or Signals() as sig:  # an interrupt stops the runs still to come too
+        for b in backends:
+            c = _for_backend(cfg, b)
+            if init is not None and b == "torchsharp":
+                c.extra["same_init"] = str(init)
+            c.run_id = f"{out.name}-{b}"
+            results.append(run_soak(c, out / b, signals=sig, **kwargs))
     order = [exitcodes.CLEAN, exitcodes.FINDINGS, exitcodes.CRASHED, exitcodes.INTERRUPTED]
     worst = max((r.exit_code for r in results), key=order.index)
     return results, worst

@@ -44,9 +44,15 @@ class Signals:
 
     Only the main thread can install handlers; elsewhere (a soak run from a
     thread) this does nothing and signals keep their default action.
+
+    Args:
+        restore: put the previous handlers back on exit. The command line passes
+            False: a late signal while it prints the summary and exits must not
+            turn exit 130 into a death by SIGINT.
     """
 
-    def __init__(self):
+    def __init__(self, restore: bool = True):
+        self.restore = restore
         self.count = 0
         self.name: str | None = None
         self.kill_at: float | None = None
@@ -54,15 +60,17 @@ class Signals:
         self._old: dict[int, object] = {}
 
     def __enter__(self) -> "Signals":
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread() and not self._old:
             for s in (signal.SIGINT, signal.SIGTERM):
                 self._old[s] = signal.signal(s, self._handler)
         return self
 
     def __exit__(self, *exc) -> None:
-        for s, old in self._old.items():
-            signal.signal(s, old)
-        self._old = {}
+        if self.restore:
+            for s, old in self._old.items():
+                signal.signal(s, old)
+            self._old = {}
+        self.proc = None
 
     def _handler(self, signum, _frame) -> None:
         self.count += 1

@@ -15,6 +15,16 @@ def _print_summary(summary: dict, findings: list) -> None:
     click.echo(render_summary(summary, [f.to_dict() for f in findings]))
 
 
+def _embedded() -> bool:
+    """True when the command runs inside another program (a test's CliRunner),
+    whose signal handlers come back after the run; False in the ``optcheck``
+    process itself (``optcheck.cli.main``), whose handlers stay until it exits."""
+    import sys
+
+    cli = sys.modules.get("optcheck.cli")
+    return not getattr(cli, "STANDALONE", False)
+
+
 def _say_record_error(summary: dict) -> bool:
     """One line on stderr when the run directory stopped taking writes; True then."""
     if not summary.get("record_error"):
@@ -104,6 +114,7 @@ def register(group: click.Group) -> None:
         from optcheck.commands._paths import check_output_file
         from optcheck.errors import InputError, RecordError
         from optcheck.soak import run_backends, run_soak
+        from optcheck.watch import Signals
 
         backends = [b.strip() for b in backend.split(",") if b.strip()]
         if not backends or any(b not in ("pytorch", "torchsharp") for b in backends) or len(set(backends)) < len(backends):
@@ -137,14 +148,16 @@ def register(group: click.Group) -> None:
             rule_config.memory_budget_bytes = psutil.virtual_memory().total
         if len(backends) > 1:
             results, code = run_backends(cfg, backends, out, same_init=same_init, fail_on=fail_on,
-                                         rule_config=rule_config, progress=not quiet, force=force)
+                                         rule_config=rule_config, progress=not quiet, force=force,
+                                         signals=Signals(restore=_embedded()))
             for r in results:
                 _print_summary(r.summary, r.findings)
                 _say_record_error(r.summary)
             if all(r.summary["status"] in ("clean", "findings") for r in results):
                 code = max(code, _compare(results[0].out, results[1].out))
             return code
-        result = run_soak(cfg, out, fail_on=fail_on, rule_config=rule_config, progress=not quiet, force=force)
+        result = run_soak(cfg, out, fail_on=fail_on, rule_config=rule_config, progress=not quiet, force=force,
+                          signals=Signals(restore=_embedded()))
         _print_summary(result.summary, result.findings)
         if _say_record_error(result.summary):
             return result.exit_code

@@ -424,7 +424,8 @@ def test_nan_loss_in_one_run_only_is_a_divergence(tmp_path, finished_run):
 
 
 @pytest.mark.parametrize("path,value,needle", [
-    ("groups", [1, 2], "snapshots.jsonl:3: groups[0]: 1 is not of type 'object'"),
+    ("groups", [1], "snapshots.jsonl:3: groups[0]: 1 is not of type 'object'"),
+    ("groups", [{"index": 0, "members": []}, 2], "snapshots.jsonl:3: groups[1]: 2 is not of type 'object'"),
     ("memory", [1], "snapshots.jsonl:3: memory: [1] is not of type 'object', 'null'"),
     ("state", ["x"], "snapshots.jsonl:3: state[0]: 'x' is not of type 'object'"),
     ("state.0.tensors", [1], "snapshots.jsonl:3: state[0].tensors: [1] is not of type 'object'"),

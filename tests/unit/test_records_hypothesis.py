@@ -64,7 +64,11 @@ def mutate_value(data, value):
 def mutate_line(data, line: str) -> str:
     kind = data.draw(st.sampled_from(["field", "field", "field", "truncate", "garbage", "nest", "deep", "value"]))
     if kind == "field":
-        return json.dumps(mutate_value(data, json.loads(line)))
+        try:
+            value = json.loads(line)
+        except (ValueError, RecursionError):  # a line an earlier mutation already broke
+            value = None
+        return json.dumps(mutate_value(data, value))
     if kind == "truncate":
         return line[: data.draw(st.integers(0, max(0, len(line) - 1)))]
     if kind == "garbage":
