@@ -41,7 +41,7 @@ Param::
     grad_norm (float | null, L2 norm of .grad), version (int | null: the version
     counter, ``Tensor._version``)
 
-Two identities per tensor (DESIGN.md §3): ``ref`` is what the optimizer keys
+Two identities per tensor (docs/snapshot-identities.md): ``ref`` is what the optimizer keys
 its state by (PyTorch: ``id(param)``; TorchSharp: ``Tensor.Handle``, the address
 of the native tensor *wrapper*), ``data_ptr`` is the address of the tensor's
 data (PyTorch ``Tensor.data_ptr()``; TorchSharp ``THSTensor_data``). "Will the

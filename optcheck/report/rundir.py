@@ -29,6 +29,9 @@ Guarantees:
 * **a summary even on a full disk**: 64 KiB are set aside in
   ``.optcheck-reserve`` when the directory is opened and given back to write
   the last ``summary.json`` if the disk is full by then.
+
+The OS facts behind these (flock(2), open(2) ``O_NOFOLLOW``, rename(2), partial
+writes and ``RLIMIT_FSIZE``) are in ``docs/reliability.md``.
 """
 
 from __future__ import annotations
