@@ -9,12 +9,13 @@ import click
 
 from optcheck import __version__
 from optcheck.commands import register_all
-from optcheck.errors import InputError
-from optcheck.exitcodes import USAGE
+from optcheck.errors import InputError, RecordError
+from optcheck.exitcodes import RECORD_FAILED, USAGE
 
 
 class _Group(click.Group):
-    """A click group that turns :class:`InputError` into one line on stderr and exit 2."""
+    """A click group that turns :class:`InputError` into one line on stderr and
+    exit 2, and :class:`RecordError` (nothing could be recorded) into one line and exit 4."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -22,6 +23,9 @@ class _Group(click.Group):
         except InputError as e:
             click.echo(f"optcheck: error: {e}", err=True)
             ctx.exit(USAGE)
+        except RecordError as e:
+            click.echo(f"optcheck: error: {e}", err=True)
+            ctx.exit(RECORD_FAILED)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -40,8 +44,15 @@ def cli() -> None:
 register_all(cli)
 
 
+#: True in the ``optcheck`` process itself (set by :func:`main`): a soak then keeps
+#: its SIGINT/SIGTERM handlers until the process exits (``optcheck.watch.Signals``).
+STANDALONE = False
+
+
 def main() -> None:
     """Console-script entry point: InputError anywhere becomes one line and exit 2."""
+    global STANDALONE
+    STANDALONE = True
     try:
         rc = cli.main(standalone_mode=False)
     except click.exceptions.Abort:
@@ -50,7 +61,23 @@ def main() -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(USAGE if e.exit_code == 2 or isinstance(e, click.UsageError) else e.exit_code)
+    _ignore_late_signals()
     sys.exit(rc or 0)
+
+
+def _ignore_late_signals() -> None:
+    """A soak's SIGINT/SIGTERM handlers (``optcheck.watch.Signals``) become SIG_IGN
+    for the last moments of the process: Python resets its own handlers to the
+    default action while it shuts down, and a repeated Ctrl-C arriving then
+    would turn the exit code already decided (130) into a death by SIGINT."""
+    import signal
+
+    from optcheck.watch import Signals
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(s)
+        if getattr(handler, "__self__", None) is not None and isinstance(handler.__self__, Signals):
+            signal.signal(s, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,9 @@ from optcheck.errors import InputError
 from optcheck.exitcodes import CLEAN, FINDINGS
 from optcheck.report.text import num_text, versions_text
 from optcheck.findings import Finding
-from optcheck.report.rundir import read_findings
+from optcheck.report.rundir import read_findings, read_metrics, read_summary
 from optcheck.rules.parity import BackendDivergence
-from optcheck.snapshot import read_jsonl, to_float
+from optcheck.snapshot import StreamDefect, read_jsonl, to_float
 from optcheck.units import format_bytes
 
 #: Defaults: two clean soaks of the built-in GPT with different seeds stay well
@@ -50,6 +50,9 @@ class RunInfo:
         peak_rss_bytes: the summary's ``peak_rss_bytes``, else the largest
             ``memory.rss_bytes`` of the snapshots, or None.
         crash: the summary's crash record, or None.
+        steps_requested: the summary's ``steps_requested`` (None if absent).
+        defects: lines of its record files that were not JSON (skipped), as
+            ``"metrics.jsonl:12: not a JSON line (...)"``.
     """
 
     path: str
@@ -64,6 +67,23 @@ class RunInfo:
     step_time_s: float | None = None
     peak_rss_bytes: float | None = None
     crash: dict | None = None
+    steps_requested: int | None = None
+    defects: list[str] = field(default_factory=list)
+
+    def incomplete(self) -> str | None:
+        """Why this run cannot be compared as a finished run (None when it can):
+        its status is crashed, interrupted, running or stopped, or it stopped
+        short of the steps it asked for."""
+        if self.status and self.status not in COMPLETE:
+            where = f" at step {self.last_step:,}" + (f" of {self.steps_requested:,}" if self.steps_requested else "")
+            return f"{self.status}{where}"
+        if self.steps_requested and self.last_step < self.steps_requested:
+            return f"incomplete: {self.last_step:,} of {self.steps_requested:,} steps"
+        return None
+
+
+#: Statuses of a run that ended as planned.
+COMPLETE = ("clean", "findings")
 
 
 @dataclass
@@ -110,8 +130,10 @@ class CompareResult:
         step_time_ratio: median step time B / A (None if either is missing).
         peak_memory_ratio: peak RSS B / A (None if either is missing).
         findings: the OC601 finding when the trajectories diverge.
-        exit_code: ``optcheck.exitcodes.FINDINGS`` when there is a finding (or, with
-            ``fail_on_new``, a finding only in B), else ``CLEAN``.
+        incomplete: why a run cannot pass ("B: crashed at step 200 of 5,000",
+            "B: shorter than A: 200 of 5,000 steps"), empty when both are complete.
+        exit_code: ``optcheck.exitcodes.FINDINGS`` when there is a finding, a run
+            is incomplete (or, with ``fail_on_new``, a finding only in B), else ``CLEAN``.
     """
 
     a: RunInfo
@@ -126,6 +148,7 @@ class CompareResult:
     peak_memory_ratio: float | None
     findings: list[Finding]
     exit_code: int
+    incomplete: list[str] = field(default_factory=list)
 
     @property
     def diverged(self) -> bool:
@@ -157,25 +180,18 @@ def _finite(obj):
 
 # -- reading a run -------------------------------------------------------------
 
-def _losses(path: Path) -> tuple[dict[int, float], list[float]]:
-    """{step: loss} (the last record of a step wins) and the step times of metrics.jsonl."""
-    f = path / "metrics.jsonl"
+def _losses(path: Path, defects: list[StreamDefect]) -> tuple[dict[int, float], list[float]]:
+    """{step: loss} (the last record of a step wins) and the step times of metrics.jsonl
+    (checked against ``optcheck/schemas/metrics-1.json``; InputError naming line and field)."""
     losses: dict[int, float] = {}
     times: list[float] = []
-    if not f.exists():
-        return losses, times
-    try:
-        for rec in read_jsonl(f):
-            if not isinstance(rec, dict) or "step" not in rec:
-                continue
-            loss = to_float(rec.get("loss"))
-            if loss is not None:
-                losses[int(rec["step"])] = loss
-            t = rec.get("step_time_s")
-            if isinstance(t, (int, float)) and t > 0:
-                times.append(float(t))
-    except (ValueError, TypeError, OSError) as e:
-        raise InputError(f"{f}: unreadable ({e})") from None
+    for rec in read_metrics(path, defects):
+        loss = to_float(rec.get("loss"))
+        if loss is not None:
+            losses[rec["step"]] = loss
+        t = to_float(rec.get("step_time_s"))
+        if t is not None and math.isfinite(t) and t > 0:
+            times.append(t)
     return losses, times
 
 
@@ -186,17 +202,19 @@ def _snapshot_facts(path: Path) -> tuple[float | None, dict]:
     if not f.exists():
         return peak, versions
     try:
-        for rec in read_jsonl(f):
+        for rec in read_jsonl(f, defects=[]):
             if isinstance(rec, dict) and rec.get("type") == "snapshot":
-                rec = rec.get("snapshot") or {}
+                rec = rec.get("snapshot")
             if not isinstance(rec, dict):
                 continue
             if not versions and isinstance(rec.get("versions"), dict):
-                versions = rec["versions"]
-            rss = to_float((rec.get("memory") or {}).get("rss_bytes"))
+                versions = {str(k): str(v) for k, v in rec["versions"].items()}
+            mem = rec.get("memory")
+            rss = mem.get("rss_bytes") if isinstance(mem, dict) else None
+            rss = float(rss) if isinstance(rss, (int, float)) and not isinstance(rss, bool) else None
             if rss is not None and math.isfinite(rss) and (peak is None or rss > peak):
                 peak = rss
-    except (ValueError, TypeError, OSError) as e:
+    except (ValueError, OSError) as e:
         raise InputError(f"{f}: unreadable ({e})") from None
     return peak, versions
 
@@ -214,22 +232,15 @@ def read_run(path: str | os.PathLike, label: str = "") -> tuple[RunInfo, dict[in
     if not (p / "metrics.jsonl").exists() and not (p / "summary.json").exists():
         raise InputError(f"{path}: not a run directory (no metrics.jsonl or summary.json); "
                          f"give the --out directory of `optcheck soak` or of an optcheck.Monitor")
-    summary: dict = {}
-    if (p / "summary.json").exists():
-        try:
-            summary = json.loads((p / "summary.json").read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
-            raise InputError(f"{p / 'summary.json'}: unreadable ({e})") from None
-    losses, times = _losses(p)
+    summary: dict = read_summary(p) if (p / "summary.json").exists() else {}
+    defects: dict[str, list[StreamDefect]] = {"metrics.jsonl": [], "findings.jsonl": []}
+    losses, times = _losses(p, defects["metrics.jsonl"])
     peak = float(summary["peak_rss_bytes"]) if isinstance(summary.get("peak_rss_bytes"), (int, float)) else None
     snap_versions: dict = {}
     if peak is None or not summary.get("versions"):  # a run without a (final) summary: read the snapshots
         snap_peak, snap_versions = _snapshot_facts(p)
         peak = snap_peak if peak is None else peak
-    try:
-        findings = read_findings(p)
-    except ValueError as e:
-        raise InputError(f"{p / 'findings.jsonl'}: unreadable ({e})") from None
+    findings = read_findings(p, defects["findings.jsonl"])
     steps = sorted(losses)
     info = RunInfo(
         path=str(p), label=label or str(p), backend=summary.get("backend") or "",
@@ -237,7 +248,8 @@ def read_run(path: str | os.PathLike, label: str = "") -> tuple[RunInfo, dict[in
         steps=len(steps), last_step=steps[-1] if steps else int(summary.get("last_step") or 0),
         loss_first=losses[steps[0]] if steps else None, loss_last=losses[steps[-1]] if steps else None,
         step_time_s=float(np.median(times)) if times else None, peak_rss_bytes=peak,
-        crash=summary.get("crash") or None)
+        crash=summary.get("crash") or None, steps_requested=summary.get("steps_requested"),
+        defects=[f"{name}:{d.line}: {d.reason}" for name, ds in defects.items() for d in ds])
     return info, losses, findings
 
 
@@ -348,8 +360,9 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, *, loss_rto
         InputError: a path is not a run directory, a file in it is unreadable, the
             runs share no step, or a tolerance is negative.
     """
-    if loss_rtol < 0 or loss_atol < 0:
-        raise InputError(f"--tolerance and --atol must be >= 0, got {loss_rtol} and {loss_atol}")
+    for name, v in (("--tolerance", loss_rtol), ("--atol", loss_atol)):
+        if not math.isfinite(v) or v < 0:
+            raise InputError(f"{name} {v}: must be a finite number >= 0")
     pa, pb = Path(run_a), Path(run_b)
     la, lb = ("A: " + pa.name, "B: " + pb.name) if pa.name != pb.name else ("A: " + str(pa), "B: " + str(pb))
     a, loss_a, find_a = read_run(pa, la)
@@ -373,11 +386,15 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, *, loss_rto
             mean_a=loss.mean_a, mean_b=loss.mean_b, max_abs_diff=loss.max_abs_diff,
             max_rel_diff=loss.max_rel_diff if math.isfinite(loss.max_rel_diff) else None,
             versions_a=a.versions, versions_b=b.versions))
-    code = FINDINGS if findings or (fail_on_new and only_b) else CLEAN
+    incomplete = [f"{name}: {why}" for name, why in (("A", a.incomplete()), ("B", b.incomplete())) if why]
+    for short, long_, name in ((a, b, "A"), (b, a, "B")):
+        if short.last_step < long_.last_step:
+            incomplete.append(f"{name}: shorter than the other run: {short.last_step:,} of {long_.last_step:,} steps")
+    code = FINDINGS if findings or incomplete or (fail_on_new and only_b) else CLEAN
     return CompareResult(a=a, b=b, rtol=loss_rtol, atol=loss_atol, window=window, loss=loss, only_in_a=only_a,
                          only_in_b=only_b, step_time_ratio=_ratio(b.step_time_s, a.step_time_s),
                          peak_memory_ratio=_ratio(b.peak_rss_bytes, a.peak_rss_bytes), findings=findings,
-                         exit_code=code)
+                         exit_code=code, incomplete=incomplete)
 
 
 # -- the table ----------------------------------------------------------------
@@ -412,7 +429,10 @@ def render(res: CompareResult) -> str:
             c = info.crash
             lines.append(f"  {info.label} crashed at step {c.get('step')}: {c.get('exc_type') or c.get('signal')}: "
                          f"{str(c.get('message') or '')[:120]}")
-    lines += ["", f"Loss trajectories: {L.common_steps:,} common steps, {L.window}-step trailing mean, "
+    for info in (a, b):
+        for d in info.defects[:10]:
+            lines.append(f"  note: {info.label}: {d}; skipped, the rest was read")
+    lines += ["", f"Loss trajectories: {L.common_steps:,} common steps compared, {L.window}-step trailing mean, "
                   f"tolerance {res.atol:g} + {res.rtol:.0%} of A's"]
     if L.max_abs_step is not None:
         rel = f"{L.max_rel_diff:.1%}" if math.isfinite(L.max_rel_diff) else "inf"
@@ -431,10 +451,13 @@ def render(res: CompareResult) -> str:
         if len(items) > 20:
             lines.append(f"  ... and {len(items) - 20} more")
     lines.append("")
+    if res.incomplete:
+        lines.append(f"FAIL (exit {res.exit_code}): cannot pass an incomplete run: {'; '.join(res.incomplete)}; "
+                     f"{L.common_steps:,} common steps compared")
     if res.findings:
         lines.append(f"FAIL (exit {res.exit_code}): OC601 backend-divergence: {res.findings[0].message}")
-    elif res.exit_code:
+    elif res.exit_code and not res.incomplete:
         lines.append(f"FAIL (exit {res.exit_code}): findings only in B")
-    else:
+    elif not res.exit_code:
         lines.append(f"PASS (exit {res.exit_code})")
     return "\n".join(lines)

@@ -4,9 +4,24 @@ as JSON (so both backends read the same numbers). Torch-free."""
 from __future__ import annotations
 
 import json
+import math
+import os
 from dataclasses import asdict, dataclass, field, fields
 
 from optcheck.errors import InputError
+
+
+#: ``--seed`` range: torch.manual_seed and TorchSharp's ``long`` seed both take it;
+#: numpy's batch schedule needs it non-negative.
+MAX_SEED = 2**63 - 1
+#: A nanoGPT ``.bin`` holds uint16 token ids: at most 65,536 distinct ones.
+MAX_VOCAB = 2**16
+
+
+def max_threads() -> int:
+    """Upper bound of ``--threads``: 4 per CPU core (libtorch segfaults creating
+    100,000 threads; nothing gains from more than a few per core)."""
+    return 4 * (os.cpu_count() or 1)
 
 
 @dataclass
@@ -18,9 +33,10 @@ class Injection:
 
     @classmethod
     def parse(cls, text: str) -> "Injection":
-        """Parse ``NAME@STEP``. Raises InputError on anything else."""
+        """Parse ``NAME@STEP``; STEP is ASCII digits only (``str.isdigit`` would take
+        "²"). Raises InputError on anything else."""
         name, sep, step = text.partition("@")
-        if not sep or not name or not step.isdigit() or int(step) < 1:
+        if not sep or not name.strip() or not (step.isascii() and step.isdecimal()) or int(step) < 1:
             raise InputError(f"--inject {text!r}: expected NAME@STEP with STEP >= 1, e.g. param-rebind@1000")
         return cls(name.strip(), int(step))
 
@@ -39,7 +55,8 @@ class SoakConfig:
         data: text file or nanoGPT ``.bin`` (uint16 token ids); None = the Python
             standard library's own source files.
         vocab_size: for ``.bin`` data without ``meta.pkl`` beside it.
-        threads: intra-op threads of the backend (1 on 2 cores: docs/pytorch.md, "Threads").
+        threads: intra-op threads of the backend (1 on 2 cores: more threads
+            slow a small GPT down, docs/pytorch.md "Threads"; at most ``max_threads()``).
         val_every: held-out loss every this many steps (0 = never).
         eval_every / checkpoint_every / resume_at: lifecycle events (0 = never).
         inject: fault scenarios.
@@ -49,6 +66,8 @@ class SoakConfig:
             cuts, non-leaf ``.grad`` reads, non-finite values).
         allow_inplace: continue past an in-place write to a saved tensor
             (default: stop the step, as PyTorch's own check would have).
+        step_timeout_s: the supervisor kills a worker that reports no step for
+            this many seconds (0 = never).
     """
 
     backend: str = "pytorch"
@@ -81,23 +100,46 @@ class SoakConfig:
     stop_on_finding: bool = False
     hazards: bool = True
     allow_inplace: bool = False
+    step_timeout_s: float = 0.0
     run_id: str = ""
     work_dir: str = ""
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> "SoakConfig":
-        """Raise InputError naming the first bad value; return self."""
-        if self.steps < 1:
-            raise InputError(f"--steps must be at least 1, got {self.steps}")
-        if self.every < 1:
-            raise InputError(f"--every must be at least 1, got {self.every}")
-        if self.threads < 1:
-            raise InputError(f"--threads must be at least 1, got {self.threads}")
-        if self.n_embd % self.n_head:
-            raise InputError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
-        for name in ("val_every", "eval_every", "checkpoint_every", "resume_at"):
-            if getattr(self, name) < 0:
-                raise InputError(f"--{name.replace('_', '-')} must be >= 0")
+        """Raise InputError naming the first bad value (as its command-line option);
+        return self. Every number a worker uses is checked here, before anything
+        runs: a zero layer count or batch size is the user's typo, not a training
+        bug for the rules to report."""
+        def need(ok: bool, option: str, value, what: str) -> None:
+            if not ok:
+                raise InputError(f"{option} {value!r}: {what}")
+
+        for name in ("steps", "every", "n_layer", "n_head", "n_embd", "block_size", "batch_size", "val_batches"):
+            v = getattr(self, name)
+            need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, "--" + name.replace("_", "-"), v,
+                 "must be a whole number >= 1")
+        for name in ("val_every", "eval_every", "checkpoint_every", "resume_at", "warmup_steps"):
+            v = getattr(self, name)
+            need(isinstance(v, int) and v >= 0, "--" + name.replace("_", "-"), v, "must be a whole number >= 0")
+        need(self.n_embd % self.n_head == 0, "--n-embd", self.n_embd,
+             f"must be a multiple of --n-head ({self.n_head}): each head gets n_embd / n_head channels")
+        need(0 <= self.seed <= MAX_SEED, "--seed", self.seed, f"must be in 0..{MAX_SEED} (2**63 - 1)")
+        need(1 <= self.threads <= max_threads(), "--threads", self.threads,
+             f"must be in 1..{max_threads()} (4 per CPU core of this machine)")
+        if self.vocab_size is not None:
+            need(1 <= self.vocab_size <= MAX_VOCAB, "--vocab-size", self.vocab_size,
+                 f"must be in 1..{MAX_VOCAB} (a .bin holds uint16 token ids)")
+        for name, low in (("lr", "> 0"), ("min_lr", ">= 0"), ("weight_decay", ">= 0"), ("eps", "> 0"),
+                          ("grad_clip", ">= 0")):
+            v = getattr(self, name)
+            ok = isinstance(v, (int, float)) and math.isfinite(v) and (v > 0 if low == "> 0" else v >= 0)
+            need(ok, "--" + name.replace("_", "-"), v, f"must be a finite number {low}")
+        for name in ("beta1", "beta2", "dropout"):
+            v = getattr(self, name)
+            need(isinstance(v, (int, float)) and 0 <= v < 1, name, v, "must be in [0, 1)")
+        st = self.step_timeout_s
+        need(isinstance(st, (int, float)) and math.isfinite(st) and st >= 0, "--step-timeout", st,
+             "must be a finite number of seconds >= 0 (0: no timeout)")
         for inj in self.inject:
             if inj.step > self.steps:
                 raise InputError(f"--inject {inj.name}@{inj.step}: step is past --steps {self.steps}")

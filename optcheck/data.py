@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from optcheck.config import MAX_VOCAB
 from optcheck.errors import InputError
 
 DEFAULT_CORPUS_BYTES = 4 * 2**20
@@ -77,15 +78,25 @@ class _MetaUnpickler(pickle.Unpickler):
 
 
 def _vocab_from_meta(path: Path) -> int | None:
+    """``vocab_size`` of the ``meta.pkl`` beside ``path`` (None if there is none).
+
+    Raises:
+        InputError: unreadable, not a dict with an integer ``vocab_size``, or a
+            size outside 1..65,536 (a ``.bin`` holds uint16 ids).
+    """
     meta = path.parent / "meta.pkl"
     if not meta.exists():
         return None
     try:
         with open(meta, "rb") as f:
             d = _MetaUnpickler(f).load()
-        return int(d["vocab_size"])
+        vocab = d["vocab_size"]
     except Exception as e:
-        raise InputError(f"{meta}: cannot read vocab_size ({e})") from None
+        raise InputError(f"{meta}: cannot read vocab_size ({type(e).__name__}: {e})") from None
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or not 1 <= vocab <= MAX_VOCAB:
+        raise InputError(f"{meta}: vocab_size {vocab!r} is not a whole number in 1..{MAX_VOCAB} "
+                         f"(a .bin holds uint16 token ids)")
+    return vocab
 
 
 def load_corpus(path: str | os.PathLike | None = None, vocab_size: int | None = None,
@@ -123,9 +134,13 @@ def load_corpus(path: str | os.PathLike | None = None, vocab_size: int | None = 
             if vocab is None:
                 raise InputError(f"--data {path}: a .bin token file needs --vocab-size N or a meta.pkl beside it")
             tokens = np.fromfile(p, dtype="<u2")
+            if not 1 <= vocab <= MAX_VOCAB:
+                raise InputError(f"--vocab-size {vocab}: must be in 1..{MAX_VOCAB} (a .bin holds uint16 token ids)")
             top = int(tokens.max())
             if top >= vocab:
-                raise InputError(f"--data {path}: corrupt .bin: token id {top} is not below the vocabulary size {vocab}")
+                given = "--vocab-size" if vocab_size else f"vocab_size in {p.parent / 'meta.pkl'}"
+                raise InputError(f"--data {path}: the vocabulary is too small: the file holds token id {top}, "
+                                 f"{given} is {vocab}; give at least --vocab-size {top + 1}")
         else:
             try:
                 raw = p.read_bytes()

@@ -1,4 +1,11 @@
-"""Errors that become one line on stderr and exit code 2 (``optcheck.exitcodes.USAGE``)."""
+"""Errors that end a command with one line on stderr (no traceback).
+
+:class:`InputError` is bad input: exit 2 (``optcheck.exitcodes.USAGE``).
+:class:`RecordError` is a run directory that stopped taking writes (disk full,
+file-size limit, I/O error): exit 4 (``optcheck.exitcodes.RECORD_FAILED``).
+"""
+
+import errno
 
 
 class InputError(Exception):
@@ -7,3 +14,19 @@ class InputError(Exception):
     The message is the whole line shown to the user: it names the input and, where
     there is one, the command that fixes it.
     """
+
+
+class RecordError(Exception):
+    """A run directory file could not be written (``ENOSPC``, ``EFBIG``, ``EIO``...).
+
+    Attributes:
+        path: the file that failed.
+        errno: the OS error number (``errno.ENOSPC`` = 28 for a full disk).
+
+    The message is the whole line shown to the user: the path and the OS error.
+    """
+
+    def __init__(self, path, err: OSError):
+        self.path, self.errno = str(path), err.errno
+        super().__init__(f"cannot record to {path}: {err.strerror or err}"
+                         + (f" ({errno.errorcode.get(err.errno, err.errno)})" if err.errno else ""))

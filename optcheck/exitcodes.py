@@ -1,20 +1,32 @@
-"""The exit-code policy, written once (README "Exit codes" repeats this table).
+"""The exit-code policy, written once (README "Exit codes" repeats this table;
+``tests/unit/test_exitcodes_readme.py`` checks they match).
 
 ====  ==========================================================================
 code  meaning
 ====  ==========================================================================
 0     clean: the run (or the checked stream) has no finding at or above
-      ``--fail-on``
-1     findings at or above ``--fail-on`` (default: warning)
+      ``--fail-on``; ``compare``: the two complete runs agree
+1     findings at or above ``--fail-on`` (default: warning); ``compare``: the
+      losses diverge (OC601), or a run is incomplete (crashed, interrupted,
+      still running, stopped early or shorter than asked): no PASS then
 2     usage or input error: bad option, unknown scenario, missing/empty/corrupt
-      data, unwritable ``--out``, a backend that cannot be loaded; one line on
-      stderr, nothing run
-3     the worker crashed: a Python or .NET exception, a signal (SIGKILL, SIGABRT
-      from ``Environment.FailFast``, a segfault) or a non-zero exit; the summary
-      names the signal or exception, the last step reached and the tail of the
-      worker's stderr. Takes precedence over 1.
-130   interrupted (SIGINT/SIGTERM to optcheck): everything written so far is
-      flushed and ``summary.json`` says ``interrupted``
+      data, a record of the wrong type, unwritable or busy ``--out`` (another
+      optcheck holds its lock), a finished run in ``--out`` without
+      ``--force``, a backend that cannot be loaded; one line on stderr, nothing
+      run, no run directory left behind
+3     the worker crashed or hung: a Python or .NET exception, a signal
+      (SIGKILL, SIGABRT from ``Environment.FailFast``, a segfault), a non-zero
+      exit, or no step for ``--step-timeout`` seconds; the summary names the
+      signal or exception, the last step reached and the tail of the worker's
+      stderr. Takes precedence over 1.
+4     could not record: a run directory file stopped taking writes (disk full,
+      file-size limit, I/O error); the worker is stopped, one line on stderr
+      names the file and the OS error, and ``summary.json`` says
+      ``record-failed`` wherever it could still be written. Takes precedence
+      over 1 and 3.
+130   interrupted (SIGINT/SIGTERM to optcheck): the worker flushes what it
+      holds and stops (a second signal kills it), everything written so far is
+      kept and ``summary.json`` says ``interrupted``
 ====  ==========================================================================
 """
 
@@ -24,10 +36,12 @@ CLEAN = 0
 FINDINGS = 1
 USAGE = 2
 CRASHED = 3
+RECORD_FAILED = 4
 INTERRUPTED = 130
 
 
-def run_exit_code(*, crashed: bool, interrupted: bool, worst_rank: int | None, fail_on_rank: int) -> int:
+def run_exit_code(*, crashed: bool, interrupted: bool, worst_rank: int | None, fail_on_rank: int,
+                  record_failed: bool = False) -> int:
     """The process exit code of a run.
 
     Args:
@@ -35,9 +49,12 @@ def run_exit_code(*, crashed: bool, interrupted: bool, worst_rank: int | None, f
         interrupted: optcheck itself got SIGINT/SIGTERM.
         worst_rank: severity rank of the worst finding (None = no findings).
         fail_on_rank: severity rank of ``--fail-on``.
+        record_failed: the run directory stopped taking writes.
     """
     if interrupted:
         return INTERRUPTED
+    if record_failed:
+        return RECORD_FAILED
     if crashed:
         return CRASHED
     if worst_rank is not None and worst_rank >= fail_on_rank:

@@ -75,10 +75,12 @@ Event::
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator
 
 SCHEMA = "optcheck.snapshot/1"
@@ -86,49 +88,66 @@ BACKENDS = ("pytorch", "torchsharp")
 PHASES = ("pre-step", "post-step")
 TRIGGERS = ("cadence", "check", "hazard", "lifecycle", "start", "final")
 
-_REQUIRED = ("schema", "backend", "run", "step", "phase", "trigger", "params", "groups")
-_PARAM_REQUIRED = ("name", "ref", "data_ptr", "shape", "dtype", "is_leaf", "requires_grad", "grad")
-_MEMBER_REQUIRED = ("ref", "data_ptr")
+SCHEMA_DIR = Path(__file__).with_name("schemas")
+#: Published JSON Schemas (draft 2020-12) of the record files, by kind.
+SCHEMA_FILES = {"snapshot": "snapshot-1.json", "finding": "finding-1.json", "metrics": "metrics-1.json",
+                "summary": "summary-1.json"}
 
 
 class SchemaError(ValueError):
-    """A snapshot does not follow schema 1; the message names the field."""
+    """A record does not follow its published schema; the message names the field."""
+
+
+@functools.lru_cache(maxsize=None)
+def schema_validator(kind: str = "snapshot"):
+    """A ``jsonschema`` validator for record ``kind`` (a key of :data:`SCHEMA_FILES`),
+    loaded from ``optcheck/schemas/``."""
+    import jsonschema
+
+    schema = json.loads((SCHEMA_DIR / SCHEMA_FILES[kind]).read_text(encoding="utf-8"))
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def field_path(path) -> str:
+    """``params[3].ref`` from a jsonschema error path ``deque(["params", 3, "ref"])``."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(the record)"
+
+
+def validate_record(obj: Any, kind: str = "snapshot") -> Any:
+    """Check ``obj`` against the published schema of ``kind``; return it unchanged.
+
+    Raises:
+        SchemaError: ``"<field>: <what is wrong>"`` for the most relevant error
+            (``jsonschema.exceptions.best_match``), e.g.
+            ``groups[0]: 1 is not of type 'object'``.
+    """
+    import jsonschema
+
+    try:
+        err = jsonschema.exceptions.best_match(schema_validator(kind).iter_errors(obj))
+    except RecursionError:
+        raise SchemaError("(the record): nested too deeply") from None
+    if err is not None:
+        msg = err.message if len(err.message) <= 160 else err.message[:157] + "..."
+        raise SchemaError(f"{field_path(err.absolute_path)}: {msg}")
+    return obj
 
 
 def validate(snap: Any) -> dict:
-    """Check that ``snap`` is a schema-1 snapshot and return it unchanged.
+    """Check that ``snap`` is a schema-1 snapshot (``optcheck/schemas/snapshot-1.json``)
+    and return it unchanged.
 
     Raises:
         SchemaError: naming the first missing or ill-typed field.
     """
     if not isinstance(snap, dict):
         raise SchemaError(f"snapshot is a {type(snap).__name__}, not a JSON object")
-    for key in _REQUIRED:
-        if key not in snap:
-            raise SchemaError(f"snapshot has no {key!r} field")
-    if snap["schema"] != SCHEMA:
-        raise SchemaError(f"unknown schema {snap['schema']!r} (expected {SCHEMA!r})")
-    if snap["backend"] not in BACKENDS:
-        raise SchemaError(f"unknown backend {snap['backend']!r}")
-    if not isinstance(snap["step"], int) or snap["step"] < 0:
-        raise SchemaError(f"step must be a non-negative integer, got {snap['step']!r}")
-    if snap["phase"] not in PHASES:
-        raise SchemaError(f"phase must be one of {PHASES}, got {snap['phase']!r}")
-    if not isinstance(snap["params"], list) or not isinstance(snap["groups"], list):
-        raise SchemaError("params and groups must be lists")
-    for i, p in enumerate(snap["params"]):
-        for key in _PARAM_REQUIRED:
-            if key not in p:
-                raise SchemaError(f"params[{i}] has no {key!r} field")
-    for g in snap["groups"]:
-        for j, m in enumerate(g.get("members", ())):
-            for key in _MEMBER_REQUIRED:
-                if key not in m:
-                    raise SchemaError(f"groups[{g.get('index')}].members[{j}] has no {key!r} field")
-    state = snap.get("state")
-    if state is not None and not isinstance(state, list):
-        raise SchemaError("state must be a list or null")
-    return snap
+    return validate_record(snap, "snapshot")
 
 
 def clean_json(obj: Any) -> Any:
@@ -171,45 +190,73 @@ class StreamDefect:
     reason: str
 
 
-def read_jsonl(path: str | os.PathLike, defects: list[StreamDefect] | None = None) -> Iterator[dict]:
-    """Yield the JSON objects of a JSON Lines file.
+def read_jsonl(path: str | os.PathLike, defects: list[StreamDefect] | None = None,
+               numbered: bool = False) -> Iterator:
+    """Yield the JSON values of a JSON Lines file (``(line number, value)`` pairs
+    with ``numbered``).
 
-    A run killed mid-write leaves at most a truncated last line: it is skipped and
-    recorded in ``defects`` (when given) instead of raising, so a report written so
-    far stays readable. Any other unreadable line raises ValueError naming it.
+    A line that is not JSON — the torn last line of a run killed mid-write, a
+    line torn by two writers, garbage, nesting too deep for the parser, bytes
+    that are not UTF-8 — is skipped and recorded in ``defects`` (1-based line
+    number and why), and the rest of the file is still read. Without
+    ``defects`` such a line raises instead, unless it is the last one.
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: a line other than the last is not JSON.
+        ValueError: an unreadable line other than the last, when ``defects`` is None.
     """
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         lines = f.readlines()
     for n, raw in enumerate(lines, start=1):
         raw = raw.strip()
         if not raw:
             continue
         try:
-            yield json.loads(raw)
-        except json.JSONDecodeError as e:
+            value = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            what = "nested too deeply" if isinstance(e, RecursionError) else getattr(e, "msg", None) or str(e)[:80]
+            if defects is not None:
+                defects.append(StreamDefect(n, ("truncated last line" if n == len(lines) else "not a JSON line")
+                                            + f" ({what})"))
+                continue
             if n == len(lines):
-                if defects is not None:
-                    defects.append(StreamDefect(n, f"truncated last line ({e.msg})"))
                 return
-            raise ValueError(f"{path}:{n}: not a JSON line ({e.msg})") from None
+            raise ValueError(f"{path}:{n}: not a JSON line ({what})") from None
+        yield (n, value) if numbered else value
+
+
+def read_records(path: str | os.PathLike, kind: str, defects: list[StreamDefect] | None = None) -> list[dict]:
+    """Every line of a record file (``metrics.jsonl``, ``findings.jsonl``), each
+    checked against the published schema of ``kind``; unreadable lines go to
+    ``defects`` as in :func:`read_jsonl`.
+
+    Raises:
+        FileNotFoundError.
+        SchemaError: ``"<path>:<line>: <field>: <what is wrong>"``.
+    """
+    out = []
+    for n, obj in read_jsonl(path, defects if defects is not None else [], numbered=True):
+        try:
+            out.append(validate_record(obj, kind))
+        except SchemaError as e:
+            raise SchemaError(f"{path}:{n}: {e}") from None
+    return out
 
 
 def read_snapshots(path: str | os.PathLike, defects: list[StreamDefect] | None = None) -> list[dict]:
-    """Read a recorded snapshot stream (``snapshots.jsonl``), validating every line.
+    """Read a recorded snapshot stream (``snapshots.jsonl``), validating every line
+    against ``optcheck/schemas/snapshot-1.json``.
 
     Lines that are not snapshots (e.g. a protocol message with another ``type``)
     are skipped; a line wrapped as ``{"type": "snapshot", "snapshot": {...}}`` is
-    unwrapped.
+    unwrapped. Lines that are not JSON go to ``defects`` (see :func:`read_jsonl`).
 
     Raises:
-        FileNotFoundError, ValueError, SchemaError (with the line number).
+        FileNotFoundError, ValueError (an unreadable line, without ``defects``),
+        SchemaError: ``"<path>:<line>: <field>: <what is wrong>"``.
     """
     out = []
-    for n, obj in enumerate(read_jsonl(path, defects), start=1):
+    for n, obj in read_jsonl(path, defects, numbered=True):
         if isinstance(obj, dict) and obj.get("type") == "snapshot" and "snapshot" in obj:
             obj = obj["snapshot"]
         if isinstance(obj, dict) and "schema" not in obj and "type" in obj:
@@ -217,7 +264,7 @@ def read_snapshots(path: str | os.PathLike, defects: list[StreamDefect] | None =
         try:
             out.append(validate(obj))
         except SchemaError as e:
-            raise SchemaError(f"{path}: record {n}: {e}") from None
+            raise SchemaError(f"{path}:{n}: {e}") from None
     return out
 
 

@@ -3,9 +3,13 @@ the rules as snapshots arrive and writes the run directory. Torch-free.
 
 The worker is ``python -m optcheck.<backend>.worker --config FILE --stream-fd N``
 in a new session (so a Ctrl-C reaches optcheck, which then stops the worker
-cleanly). A crash of the worker — an exception, SIGKILL, SIGABRT from .NET's
-``Environment.FailFast``, a segfault in libtorch — ends the run with exit code 3
-and leaves every line written so far readable (``optcheck.report.rundir``).
+cleanly: ``optcheck.watch``; a second signal kills it). A crash of the worker —
+an exception, SIGKILL, SIGABRT from .NET's ``Environment.FailFast``, a segfault
+in libtorch — or no step for ``--step-timeout`` seconds ends the run with exit
+code 3 and leaves every line written so far readable
+(``optcheck.report.rundir``). A run directory that stops taking writes (disk
+full) stops the worker and ends the run with exit code 4. Exit codes:
+``optcheck.exitcodes``.
 """
 
 from __future__ import annotations
@@ -26,11 +30,12 @@ from optcheck import scenarios as scenario_catalogue
 from optcheck.config import SoakConfig
 from optcheck.data import load_corpus
 from optcheck.engine import RuleEngine
-from optcheck.errors import InputError
+from optcheck.errors import InputError, RecordError
 from optcheck.findings import Finding, lead_time, severity_rank
 from optcheck.protocol import read_messages
-from optcheck.report.rundir import RunDir
+from optcheck.report.rundir import RunDir, check_space
 from optcheck.rules import RuleConfig
+from optcheck.watch import GRACE_S, Signals, Watchdog
 
 WORKER_MODULES = {"pytorch": "optcheck.pytorch.worker", "torchsharp": "optcheck.torchsharp_bridge.worker"}
 STDERR_TAIL_LINES = 40
@@ -131,8 +136,14 @@ class _Progress:
 
 
 def _drain_stderr(pipe, log, tail: collections.deque) -> None:
+    """Copy the worker's stderr to worker.log and keep its tail; a log that stops
+    taking writes (disk full) only stops the copy, never the drain."""
     for line in iter(pipe.readline, b""):
-        log.write(line)
+        if log is not None:
+            try:
+                log.write(line)
+            except (OSError, ValueError):
+                log = None
         tail.append(line.decode("utf-8", "replace").rstrip("\n"))
     pipe.close()
 
@@ -152,32 +163,62 @@ def worker_command(cfg: SoakConfig, config_path: Path, fd: int) -> list[str]:
     return [sys.executable, "-m", WORKER_MODULES[cfg.backend], "--config", str(config_path), "--stream-fd", str(fd)]
 
 
+def estimate_bytes(cfg: SoakConfig) -> int:
+    """What a soak of ``cfg`` writes to its run directory, roughly (bytes): ~75 per
+    metrics line and ~0.65 KB per parameter tensor per snapshot (measured on the
+    built-in GPT: 4 + 12 x n_layer tensors)."""
+    tensors = 4 + 12 * cfg.n_layer
+    snapshots = cfg.steps // cfg.every + 2 + 2 * len(cfg.inject)
+    return cfg.steps * 75 + snapshots * (2_000 + 650 * tensors) + 64 * 1024
+
+
 def run_soak(cfg: SoakConfig, out: str | os.PathLike | None = None, *, fail_on: str = "warning",
              rule_config: RuleConfig | None = None, progress: bool = True,
-             on_finding=None) -> SoakResult:
+             on_finding=None, force: bool = False, signals: Signals | None = None) -> SoakResult:
     """Run a soak to the end (or crash, or interrupt) and write the run directory.
 
     Args:
-        cfg: the soak configuration (validated here).
+        cfg: the soak configuration (validated here, before anything is created).
         out: run directory (default: ``runs/<timestamp>``).
         fail_on: lowest severity that makes the exit code 1 ("info" | "warning" | "error").
         rule_config: rule knobs (memory budget, grad-starved window...).
         progress: show a progress bar on stderr.
         on_finding: optional callback ``f(Finding)`` called as each finding arrives.
+        force: replace a run already in ``out``.
+        signals: handlers already installed by the caller (the command line, or
+            :func:`run_backends` for all its runs); default: installed for this
+            run and restored after it. Once one has been received no worker is
+            started.
+
+    Returns:
+        The result; ``exit_code`` 4 (``summary["status"] == "record-failed"``,
+        ``summary["record_error"]`` the line) when the run directory stopped
+        taking writes: the worker was stopped then.
 
     Raises:
-        InputError: bad input (nothing is run).
+        InputError: bad input (nothing is run, no run directory is left behind).
+        RecordError: ``out`` has no room for a run at all (nothing is run).
     """
     fail_rank = severity_rank(fail_on)
-    corpus = validate(cfg)
-    out = Path(out) if out is not None else default_out_dir()
-    rundir = RunDir(out)
+    with signals or Signals() as sig:  # before anything is spawned: no signal is lost
+        corpus = validate(cfg)
+        out = Path(out) if out is not None else default_out_dir()
+        warning = check_space(out, estimate_bytes(cfg))
+        if warning:
+            print(f"optcheck: warning: {warning}", file=sys.stderr)
+        rundir = RunDir(out, force=force)
+        try:
+            return _supervise(cfg, out, rundir, corpus, sig, fail_on, fail_rank, rule_config, progress, on_finding)
+        finally:
+            rundir.close()
+
+
+def _supervise(cfg: SoakConfig, out: Path, rundir: RunDir, corpus: dict, sig: Signals, fail_on: str, fail_rank: int,
+               rule_config, progress: bool, on_finding) -> SoakResult:
     cfg.run_id = cfg.run_id or out.name
     work = out / "work"
-    work.mkdir(exist_ok=True)
-    cfg.work_dir = str(work)
-    config_path = out / "config.json"
-    config_path.write_text(cfg.to_json())
+    if work.is_symlink():
+        raise InputError(f"{work}: is a symbolic link; optcheck never writes through one (remove it)")
     engine = RuleEngine(rule_config)
     st = _State()
     t0 = time.time()
@@ -185,65 +226,90 @@ def run_soak(cfg: SoakConfig, out: str | os.PathLike | None = None, *, fail_on: 
             "config": {k: v for k, v in vars(cfg).items() if k not in ("inject",)},
             "inject": [f"{i.name}@{i.step}" for i in cfg.inject], "out": str(out),
             "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-    rundir.summary({**base, "status": "running"})
-
-    r, w = os.pipe()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(worker_command(cfg, config_path, w), pass_fds=(w,), stdin=subprocess.DEVNULL,
-                            stdout=rundir.worker_log, stderr=subprocess.PIPE, env=env, start_new_session=True)
-    os.close(w)
+    record_error: RecordError | None = None
+    proc = None
     tail: collections.deque = collections.deque(maxlen=STDERR_TAIL_LINES)
-    err_thread = threading.Thread(target=_drain_stderr, args=(proc.stderr, rundir.worker_log, tail), daemon=True)
-    err_thread.start()
-    bar = _Progress(cfg.steps, progress, f"soak {cfg.backend}")
-    interrupted = False
-
-    def stop_worker(*_):
-        raise KeyboardInterrupt
-
-    old_term = signal.signal(signal.SIGTERM, stop_worker) if threading.current_thread() is threading.main_thread() else None
+    watchdog = None
+    bar = _Progress(cfg.steps, progress and not sig.count, f"soak {cfg.backend}")
     try:
-        with os.fdopen(r, encoding="utf-8") as stream:
-            try:
+        work.mkdir(exist_ok=True)
+        cfg.work_dir = str(work)
+        config_path = rundir.write_file("config.json", cfg.to_json())
+        rundir.summary({**base, "status": "running"})
+        base["config"]["work_dir"] = cfg.work_dir
+    except RecordError as e:
+        record_error = e
+    except OSError as e:
+        record_error = RecordError(work, e)
+    if record_error is None and not sig.count:
+        r, w = os.pipe()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        proc = subprocess.Popen(worker_command(cfg, config_path, w), pass_fds=(w,), stdin=subprocess.DEVNULL,
+                                stdout=rundir.worker_log, stderr=subprocess.PIPE, env=env, start_new_session=True)
+        os.close(w)
+        sig.attach(proc)
+        err_thread = threading.Thread(target=_drain_stderr, args=(proc.stderr, rundir.worker_log, tail), daemon=True)
+        err_thread.start()
+        watchdog = Watchdog(proc, sig, cfg.step_timeout_s)
+        watchdog.start()
+        try:
+            with os.fdopen(r, encoding="utf-8", errors="replace") as stream:
                 for msg in read_messages(stream):
-                    _handle(msg, st, rundir, engine, bar, on_finding)
-            except KeyboardInterrupt:
-                interrupted = True
-                _terminate(proc)
-                for msg in read_messages(stream):  # what the worker wrote before it stopped
-                    _handle(msg, st, rundir, engine, bar, on_finding)
-        returncode = proc.wait()
-    except KeyboardInterrupt:
-        interrupted = True
-        _terminate(proc)
-        returncode = proc.wait()
-    finally:
-        if old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
+                    watchdog.progress()
+                    if msg["type"] == "hello":
+                        watchdog.started()
+                    try:
+                        _handle(msg, st, rundir, engine, bar, on_finding)
+                    except RecordError as e:  # the disk is full: stop the worker, keep reading to its end
+                        if record_error is None:
+                            record_error = e
+                            watchdog.request_stop()
+            try:
+                returncode = proc.wait(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:  # it closed the pipe but does not exit
+                proc.kill()
+                returncode = proc.wait()
+        finally:
+            watchdog.stop()
+            bar.close()
+        err_thread.join(timeout=5)
+    else:
         bar.close()
-    err_thread.join(timeout=5)
+        returncode = None
+    interrupted = bool(sig.count)
 
     crashed = False
-    if not interrupted and st.done is None and st.stopped is None:
+    hung = watchdog is not None and watchdog.hung_after is not None
+    if proc is not None and (hung or (not interrupted and record_error is None and st.done is None
+                                      and st.stopped is None)):
         crashed = True
         crash = dict(st.crash or {})
         crash.setdefault("step", st.last_step)
         crash["exit_code"] = returncode
         crash["signal"] = _signal_name(returncode)
-        if not st.crash:
+        if hung:
+            crash["exc_type"] = "StepTimeout"
+            crash["message"] = (f"no step for {watchdog.hung_after:.0f} s after step {st.last_step} "
+                                f"(--step-timeout {cfg.step_timeout_s:g}): the worker was killed")
+        elif not st.crash:
             crash["exc_type"] = crash["signal"] or f"exit code {returncode}"
             crash["message"] = "the worker died without reporting an exception"
         crash["stderr_tail"] = list(tail)
         st.crash = crash
-        rundir.event({"kind": "crash", **{k: v for k, v in crash.items() if k != "stderr_tail"}})
-        if crash.get("input_error"):
+        if crash.get("input_error") and not st.hello:  # the run never started: leave nothing behind
             rundir.close()
+            rundir.discard_created()
             raise InputError(crash["message"])
+        try:
+            rundir.event({"kind": "crash", **{k: v for k, v in crash.items() if k != "stderr_tail"}})
+        except RecordError as e:
+            record_error = record_error or e
     findings = engine.findings
     worst = max((severity_rank(f.severity) for f in findings), default=None)
-    code = exitcodes.run_exit_code(crashed=crashed, interrupted=interrupted, worst_rank=worst, fail_on_rank=fail_rank)
-    status = ("interrupted" if interrupted else "crashed" if crashed else "stopped" if st.stopped
-              else "findings" if code == exitcodes.FINDINGS else "clean")
+    code = exitcodes.run_exit_code(crashed=crashed, interrupted=interrupted, worst_rank=worst, fail_on_rank=fail_rank,
+                                   record_failed=record_error is not None)
+    status = ("interrupted" if interrupted else "record-failed" if record_error else "crashed" if crashed
+              else "stopped" if st.stopped else "findings" if code == exitcodes.FINDINGS else "clean")
     elapsed = time.time() - t0
     by_code: dict[str, int] = {}
     for f in findings:
@@ -259,21 +325,23 @@ def run_soak(cfg: SoakConfig, out: str | os.PathLike | None = None, *, fail_on: 
         "elapsed_s": round(elapsed, 3), "steps_per_s": round(st.last_step / elapsed, 2) if elapsed else None,
         "peak_rss_bytes": st.peak_rss, "versions": st.hello.get("versions", {}),
         "threads": st.hello.get("threads"), "crash": st.crash, "stopped": st.stopped,
+        "interrupted_by": sig.name, "signals": sig.count,
+        "record_error": str(record_error) if record_error else None,
         "lead_time": lead_time([f.to_dict() for f in findings], st.crash), "garbled_lines": st.garbled,
         "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    rundir.summary(summary)
-    rundir.close()
+    try:
+        rundir.summary(summary)
+    except RecordError as e:  # even the reserve did not help: say so, keep the exit code non-1
+        summary["summary_error"] = str(e)
+        if record_error is None:
+            record_error = e
+            summary["record_error"] = str(e)
+            summary["status"] = "record-failed"
+            summary["exit_code"] = code = exitcodes.run_exit_code(
+                crashed=crashed, interrupted=interrupted, worst_rank=worst, fail_on_rank=fail_rank,
+                record_failed=True)
     return SoakResult(summary, findings, code, out)
-
-
-def _terminate(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            proc.terminate()
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def _handle(msg: dict, st: _State, rundir: RunDir, engine: RuleEngine, bar: _Progress, on_finding) -> None:
@@ -361,12 +429,13 @@ def run_backends(cfg: SoakConfig, backends: list[str], out: str | os.PathLike | 
         validate(_for_backend(cfg, b))
     init = export_same_init(cfg, out) if same_init else None
     results = []
-    for b in backends:
-        c = _for_backend(cfg, b)
-        if init is not None and b == "torchsharp":
-            c.extra["same_init"] = str(init)
-        c.run_id = f"{out.name}-{b}"
-        results.append(run_soak(c, out / b, **kwargs))
+    with kwargs.pop("signals", None) or Signals() as sig:  # an interrupt stops the runs still to come too
+        for b in backends:
+            c = _for_backend(cfg, b)
+            if init is not None and b == "torchsharp":
+                c.extra["same_init"] = str(init)
+            c.run_id = f"{out.name}-{b}"
+            results.append(run_soak(c, out / b, signals=sig, **kwargs))
     order = [exitcodes.CLEAN, exitcodes.FINDINGS, exitcodes.CRASHED, exitcodes.INTERRUPTED]
     worst = max((r.exit_code for r in results), key=order.index)
     return results, worst

@@ -16,12 +16,20 @@ and calls :func:`run`. The loop is a thin sequencer:
 
 The worker runs the rules too (cheap, on snapshots only) to decide
 ``--stop-on-finding``; the supervisor's engine is the one that reports.
+
+Metrics are sent in batches (every :data:`METRICS_BATCH` steps or
+:data:`METRICS_FLUSH_S` seconds, whichever comes first, so the supervisor's
+``--step-timeout`` sees progress). On SIGTERM (the supervisor stopping the run)
+the worker sends the metrics it still holds before it exits (exit code 143),
+so the run's last step is the last step trained.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Protocol
@@ -34,6 +42,48 @@ from optcheck.protocol import Stream
 from optcheck.snapshot import assemble
 
 METRICS_BATCH = 200
+METRICS_FLUSH_S = 1.0
+#: Exit code of a worker stopped by SIGTERM (128 + 15, as a shell reports it).
+TERMINATED = 143
+
+
+class Terminated(BaseException):
+    """SIGTERM reached the worker: stop, flush, exit (a BaseException, so the
+    training code's ``except Exception`` does not swallow it)."""
+
+
+class _GuardedStream:
+    """The worker's :class:`Stream` with SIGTERM held off while a message is being
+    written: a signal during ``send`` is acted on right after it, so the pipe
+    never carries a torn message."""
+
+    def __init__(self, stream: Stream):
+        self._stream = stream
+        self.sending = False
+        self.pending = False
+        self.terminating = False
+
+    def send(self, type: str, **payload) -> None:
+        self.sending = True
+        try:
+            self._stream.send(type, **payload)
+        finally:
+            self.sending = False
+        if self.pending and not self.terminating:
+            self.terminating = True
+            raise Terminated()
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def on_sigterm(self, _signum, _frame) -> None:
+        if self.terminating:
+            return
+        if self.sending:
+            self.pending = True
+            return
+        self.terminating = True
+        raise Terminated()
 
 
 class StepStopped(Exception):
@@ -108,6 +158,7 @@ class Loop:
         self.val_last: float | None = None
         self.val_steps: list[int] = []   # steps at which the held-out loss was evaluated
         self.metrics: dict[str, list] = {"steps": [], "losses": [], "step_times_s": []}
+        self.last_flush_t = self.t0
         self.pending_events: list[dict] = []
         self.step = 0
 
@@ -130,6 +181,7 @@ class Loop:
         return self.engine.feed(snap)
 
     def flush_metrics(self) -> None:
+        self.last_flush_t = time.perf_counter()
         if self.metrics["steps"]:
             self.stream.send("metrics", **self.metrics)
             self.metrics = {"steps": [], "losses": [], "step_times_s": []}
@@ -199,7 +251,8 @@ class Loop:
                 self.take(step, "post-step", "hazard")
             elif step % cfg.every == 0 or step == cfg.steps:
                 self.take(step, "post-step", "final" if step == cfg.steps else "cadence")
-            elif len(self.metrics["steps"]) >= METRICS_BATCH:
+            elif (len(self.metrics["steps"]) >= METRICS_BATCH
+                  or time.perf_counter() - self.last_flush_t >= METRICS_FLUSH_S):
                 self.flush_metrics()
         self.flush_metrics()
         self.stream.send("done", step=cfg.steps, loss_first=self.loss_first, loss_last=self.last_loss,
@@ -215,18 +268,29 @@ def run(backend: Backend, cfg: SoakConfig, stream: Stream) -> int:
     Exit codes: 0 finished or stopped on purpose; 2 bad input (an InputError,
     reported as a crash message with ``exc_type="InputError"``); 1 an exception
     out of the training code (reported as a crash message with the exception's
-    type — the .NET type for TorchSharp —, message, stack and the step).
+    type — the .NET type for TorchSharp —, message, stack and the step); 143
+    stopped by SIGTERM, after sending the metrics it held.
     """
-    loop = Loop(backend, cfg, stream)
+    guarded = _GuardedStream(stream)
+    loop = Loop(backend, cfg, guarded)
+    old = None
+    if threading.current_thread() is threading.main_thread():
+        old = signal.signal(signal.SIGTERM, guarded.on_sigterm)
     try:
         corpus = load_corpus(cfg.data, cfg.vocab_size)
         backend.setup(cfg, corpus)
         loop._fingerprint = None
         return loop.run(corpus)
+    except Terminated:
+        guarded.terminating = True
+        loop.flush_metrics()
+        return TERMINATED
     except InputError as e:
+        guarded.terminating = True
         stream.send("crash", step=loop.step, exc_type="InputError", message=str(e), stack="", input_error=True)
         return 2
     except BaseException as e:  # noqa: BLE001 - everything out of the training code is reported
+        guarded.terminating = True
         loop.flush_metrics()
         try:
             info = backend.exception_info(e)
@@ -239,4 +303,7 @@ def run(backend: Backend, cfg: SoakConfig, stream: Stream) -> int:
         print(info["stack"], file=sys.stderr)
         return 1
     finally:
+        guarded.terminating = True
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
         stream.close()

@@ -18,8 +18,12 @@ def check_file(path: str | Path) -> tuple[list, list[StreamDefect], int]:
 
     ``path`` is a ``snapshots.jsonl`` or a run directory holding one.
 
+    Every line is checked against ``optcheck/schemas/snapshot-1.json``; a line
+    that is not JSON at all (torn, garbage) is skipped and listed in the defects.
+
     Raises:
-        InputError: missing, empty or unreadable stream.
+        InputError: missing, empty or unreadable stream; a record of the wrong
+            shape ("<file>:<line>: <field>: <what is wrong>").
     """
     p = Path(path)
     if p.is_dir():
@@ -29,13 +33,20 @@ def check_file(path: str | Path) -> tuple[list, list[StreamDefect], int]:
     defects: list[StreamDefect] = []
     try:
         snaps = read_snapshots(p, defects)
-    except (SchemaError, ValueError, UnicodeDecodeError) as e:
-        raise InputError(str(e) if str(e).startswith(str(p)) else f"{p}: {e}") from None
+    except SchemaError as e:  # "<file>:<line>: <field>: <what>"
+        raise InputError(f"{e} (schema: optcheck/schemas/snapshot-1.json)") from None
+    except OSError as e:
+        raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
     if not snaps:
         raise InputError(f"{p}: no snapshots in it")
     engine = RuleEngine()
     for s in snaps:
-        engine.feed(s)
+        try:
+            engine.feed(s)
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError, OverflowError) as e:
+            # a record the schema lets through but a rule cannot use: bad input, not a finding
+            raise InputError(f"{p}: snapshot at step {s.get('step')}: a rule cannot read it "
+                             f"({type(e).__name__}: {str(e)[:120]})") from None
     return engine.findings, defects, len(snaps)
 
 
@@ -50,11 +61,14 @@ def register(group: click.Group) -> None:
 
         Exit codes: 0 clean, 1 findings at or above --fail-on, 2 bad input.
         """
+        from optcheck.commands._paths import check_output_file
         from optcheck.snapshot import dumps
 
+        if junit:
+            check_output_file(junit, "--junit")
         findings, defects, n = check_file(stream)
         for d in defects:
-            click.echo(f"note: line {d.line}: {d.reason} (skipped)", err=True)
+            click.echo(f"optcheck: note: {stream}:{d.line}: {d.reason}; skipped, the rest was read", err=True)
         for f in findings:
             if as_json:
                 click.echo(dumps(f.to_dict()))

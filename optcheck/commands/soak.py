@@ -15,6 +15,29 @@ def _print_summary(summary: dict, findings: list) -> None:
     click.echo(render_summary(summary, [f.to_dict() for f in findings]))
 
 
+def _embedded() -> bool:
+    """True when the command runs inside another program (a test's CliRunner),
+    whose signal handlers come back after the run; False in the ``optcheck``
+    process itself (``optcheck.cli.main``), whose handlers stay until it exits."""
+    import sys
+
+    cli = sys.modules.get("optcheck.cli")
+    return not getattr(cli, "STANDALONE", False)
+
+
+def _say_record_error(summary: dict) -> bool:
+    """One line on stderr when the run directory stopped taking writes; True then."""
+    if not summary.get("record_error"):
+        return False
+    where = f"the worker was stopped at step {summary.get('last_step', 0):,}"
+    if summary.get("summary_error"):
+        where += f"; {summary['summary_error']} (summary.json keeps its last state)"
+    else:
+        where += f"; {summary.get('out')}/summary.json says record-failed"
+    click.echo(f"optcheck: error: {summary['record_error']}; {where}", err=True)
+    return True
+
+
 def _compare(run_a, run_b) -> int:
     """Compare two finished runs as ``optcheck compare`` does; return its exit code."""
     from optcheck.compare import compare_runs
@@ -70,23 +93,28 @@ def register(group: click.Group) -> None:
     @click.option("--dotnet-trainer", type=str, default=None, help="TorchSharp backend: trainer type name in it.")
     @click.option("--dotnet-root", type=click.Path(), default=None,
                   help="TorchSharp backend: a .NET installation folder to take CoreCLR from (default: found).")
+    @click.option("--force", is_flag=True, help="Replace a run already in --out (default: refuse).")
+    @click.option("--step-timeout", "step_timeout", type=float, default=0.0, metavar="SECONDS",
+                  help="Kill a worker that reports no step for this long, exit 3 (default 0: never).")
     @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Also write findings as JUnit XML.")
     @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Also write a PNG of loss/time/memory.")
     @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
     def soak(steps, every, seed, data, vocab_size, out, injects, fail_on, backend, same_init, threads, stop_on_finding,
              no_hazards, allow_inplace, val_every, eval_every, checkpoint_every, resume_at, memory_budget, lr,
              optimizer, n_layer, n_embd, n_head, block_size, batch_size, dotnet_runtime, torchsharp,
-             dotnet_assembly, dotnet_trainer, dotnet_root, junit, plot, quiet):
+             dotnet_assembly, dotnet_trainer, dotnet_root, force, step_timeout, junit, plot, quiet):
         """Soak-test a GPT training run and flag inconsistencies at the step they happen.
 
         Runs the training in a worker process, takes a snapshot every --every steps
         (and at once when the model and optimizer stop agreeing), applies every rule,
         and writes snapshots.jsonl, findings.jsonl, metrics.jsonl and summary.json to
-        --out. Exit codes: 0 clean, 1 findings, 2 bad input, 3 worker crashed,
-        130 interrupted.
+        --out. Exit codes: 0 clean, 1 findings, 2 bad input, 3 worker crashed or
+        hung, 4 could not record (disk full), 130 interrupted.
         """
-        from optcheck.errors import InputError
+        from optcheck.commands._paths import check_output_file
+        from optcheck.errors import InputError, RecordError
         from optcheck.soak import run_backends, run_soak
+        from optcheck.watch import Signals
 
         backends = [b.strip() for b in backend.split(",") if b.strip()]
         if not backends or any(b not in ("pytorch", "torchsharp") for b in backends) or len(set(backends)) < len(backends):
@@ -104,7 +132,11 @@ def register(group: click.Group) -> None:
             inject=[Injection.parse(i) for i in injects], threads=threads, stop_on_finding=stop_on_finding,
             hazards=not no_hazards, allow_inplace=allow_inplace, val_every=val_every, eval_every=eval_every,
             checkpoint_every=checkpoint_every, resume_at=resume_at, lr=lr, n_layer=n_layer, n_embd=n_embd,
-            n_head=n_head, block_size=block_size, batch_size=batch_size, extra=extra)
+            n_head=n_head, block_size=block_size, batch_size=batch_size, step_timeout_s=step_timeout, extra=extra)
+        cfg.validate()  # every option before anything is created
+        for option, target in (("--junit", junit), ("--plot", plot)):
+            if target:
+                check_output_file(target, option, created_dir=out)
         rule_config = RuleConfig()
         if memory_budget:
             from optcheck.units import parse_bytes
@@ -116,22 +148,30 @@ def register(group: click.Group) -> None:
             rule_config.memory_budget_bytes = psutil.virtual_memory().total
         if len(backends) > 1:
             results, code = run_backends(cfg, backends, out, same_init=same_init, fail_on=fail_on,
-                                         rule_config=rule_config, progress=not quiet)
+                                         rule_config=rule_config, progress=not quiet, force=force,
+                                         signals=Signals(restore=_embedded()))
             for r in results:
                 _print_summary(r.summary, r.findings)
+                _say_record_error(r.summary)
             if all(r.summary["status"] in ("clean", "findings") for r in results):
                 code = max(code, _compare(results[0].out, results[1].out))
             return code
-        result = run_soak(cfg, out, fail_on=fail_on, rule_config=rule_config, progress=not quiet)
+        result = run_soak(cfg, out, fail_on=fail_on, rule_config=rule_config, progress=not quiet, force=force,
+                          signals=Signals(restore=_embedded()))
         _print_summary(result.summary, result.findings)
-        if junit:
-            from optcheck.report.junit import write_junit
+        if _say_record_error(result.summary):
+            return result.exit_code
+        try:
+            if junit:
+                from optcheck.report.junit import write_junit
 
-            write_junit([f.to_dict() for f in result.findings], junit, suite_name=f"optcheck soak {result.out}",
-                        summary=result.summary, crash=result.summary.get("crash"), fail_on=fail_on,
-                        time_s=result.summary.get("elapsed_s"))
-        if plot:
-            from optcheck.report.plot import plot_run
+                write_junit([f.to_dict() for f in result.findings], junit, suite_name=f"optcheck soak {result.out}",
+                            summary=result.summary, crash=result.summary.get("crash"), fail_on=fail_on,
+                            time_s=result.summary.get("elapsed_s"))
+            if plot:
+                from optcheck.report.plot import plot_run
 
-            plot_run(result.out, plot)
+                plot_run(result.out, plot)
+        except OSError as e:
+            raise RecordError(e.filename or junit or plot, e) from None
         return result.exit_code

@@ -2,57 +2,291 @@
 
 Layout of ``--out DIR``::
 
-    snapshots.jsonl   one schema-1 snapshot a line (``optcheck.snapshot``)
-    findings.jsonl    one finding a line (``optcheck.findings.Finding``)
+    snapshots.jsonl   one schema-1 snapshot a line (``optcheck/schemas/snapshot-1.json``)
+    findings.jsonl    one finding a line (``optcheck/schemas/finding-1.json``)
     metrics.jsonl     {"step", "loss", "step_time_s"} a line, every step
     events.jsonl      lifecycle events, injections, worker crash records
     summary.json      ``optcheck.summary/1``: written with status "running" at
                       the start and replaced atomically at the end
     worker.log        the worker's stderr
+    .optcheck.lock    the writer's lock (``fcntl.flock``) and its PID
 
-Every line is flushed when written, so a run killed at any moment leaves every
-complete line readable (a torn last line is skipped by the readers).
+Guarantees:
+
+* **one writer**: :class:`RunDir` takes an exclusive ``flock`` on
+  ``.optcheck.lock`` for as long as it is open; a second writer gets
+  :class:`InputError` naming the PID that holds it. The kernel drops the lock
+  when the holder exits, however it exits (flock(2)).
+* **no silent overwrite**: a directory that already holds run records is
+  refused unless ``force=True`` (``--force``) or ``append=True`` (a resume).
+* **no symlink is followed**: every file is opened with ``O_NOFOLLOW`` (and
+  must be a regular file), so a ``metrics.jsonl -> victim`` link planted in the
+  directory is refused, never written through; ``force`` removes the link, not
+  its target.
+* **no torn line**: each record is one ``write(2)``; when it fails (``ENOSPC``
+  disk full, ``EFBIG`` over ``RLIMIT_FSIZE``, ``EIO``) the partial bytes are
+  cut off again and :class:`RecordError` names the file and the error.
+* **a summary even on a full disk**: 64 KiB are set aside in
+  ``.optcheck-reserve`` when the directory is opened and given back to write
+  the last ``summary.json`` if the disk is full by then.
+
+The OS facts behind these (flock(2), open(2) ``O_NOFOLLOW``, rename(2), partial
+writes and ``RLIMIT_FSIZE``) are in ``docs/reliability.md``.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
+import shutil
+import stat
 from pathlib import Path
-from typing import IO
 
-from optcheck.errors import InputError
+from optcheck.errors import InputError, RecordError
 from optcheck.snapshot import clean_json, dumps, read_jsonl
 
 SUMMARY_SCHEMA = "optcheck.summary/1"
 FILES = ("snapshots.jsonl", "findings.jsonl", "metrics.jsonl", "events.jsonl")
+LOCK_NAME = ".optcheck.lock"
+RESERVE_NAME = ".optcheck-reserve"
+RESERVE_BYTES = 64 * 1024
+#: Files whose presence means the directory already holds a run.
+RECORD_FILES = ("summary.json", *FILES)
+#: Inodes a soak's run directory takes: the directory, its 4 record files,
+#: worker.log, lock, reserve, config.json, work/, summary.json and its temporary.
+MIN_INODES = 13
+#: Free bytes below which a run is not started: the reserve and the first records.
+MIN_FREE_BYTES = RESERVE_BYTES + 64 * 1024
+
+
+def check_space(out: str | os.PathLike, needed_bytes: int) -> str | None:
+    """Check the file system ``out`` will be on before a run starts.
+
+    Args:
+        out: the run directory (it need not exist yet).
+        needed_bytes: an estimate of what the run will write.
+
+    Returns:
+        A warning line when the estimate exceeds the free space or the
+        per-file size limit (``RLIMIT_FSIZE``), else None.
+
+    Raises:
+        RecordError: fewer than :data:`MIN_FREE_BYTES` free bytes or
+            :data:`MIN_INODES` free inodes: nothing could be recorded.
+    """
+    import resource
+
+    from optcheck.units import format_bytes
+
+    p = Path(out)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        return None
+    if st.f_blocks == 0:  # /proc, /sys: no block accounting; the open fails with its own message
+        return None
+    free = st.f_bavail * st.f_frsize
+    if free < MIN_FREE_BYTES:
+        raise RecordError(out, OSError(errno.ENOSPC, f"No space left on device: {free:,} bytes free there, "
+                                                     f"a run needs at least {MIN_FREE_BYTES:,}"))
+    if st.f_files and st.f_favail < MIN_INODES:
+        raise RecordError(out, OSError(errno.ENOSPC, f"No free inodes: {st.f_favail} left there, "
+                                                     f"a run needs {MIN_INODES}"))
+    if needed_bytes > free:
+        return (f"--out {out}: {format_bytes(free)} free there, the run will write about "
+                f"{format_bytes(needed_bytes)}: it stops with exit 4 when the disk is full")
+    fsize = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if fsize != resource.RLIM_INFINITY and needed_bytes > fsize:
+        return (f"--out {out}: files are limited to {format_bytes(fsize)} (ulimit -f), the run will write about "
+                f"{format_bytes(needed_bytes)}: it stops with exit 4 at the limit")
+    return None
+
+
+def _open_regular(path: Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` that never follows a symlink and accepts only a regular file.
+
+    Raises:
+        InputError: ``path`` is a symlink, a FIFO, a device or a directory.
+        OSError: anything else (ENOSPC...).
+    """
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise InputError(f"{path}: is a symbolic link; optcheck never writes through one "
+                             f"(remove it, or pass --force to replace it)") from None
+        if e.errno in (errno.ENXIO, errno.EISDIR):
+            raise InputError(f"{path}: not a regular file") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError(f"{path}: not a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def lock_run_dir(path: Path) -> int:
+    """Take the run directory's writer lock; return its file descriptor (closing
+    it releases the lock).
+
+    Raises:
+        InputError: another process holds it ("in use by PID N").
+    """
+    fd = _open_regular(path / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+        os.close(fd)
+        raise InputError(f"--out {path}: the run directory is in use by PID {holder} (another optcheck writes "
+                         f"there); wait for it to finish or choose another --out") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:  # a full disk: the lock holds without the PID in it
+        pass
+    return fd
+
+
+def existing_run(path: Path) -> str | None:
+    """A description of the run records already in ``path`` ("status clean, last
+    step 300"), or None when it holds none."""
+    present = [n for n in RECORD_FILES if os.path.lexists(path / n)]
+    if not present:
+        return None
+    try:
+        s = json.loads((path / "summary.json").read_text(encoding="utf-8"))
+        if isinstance(s, dict):
+            return f"status {s.get('status')!s}, last step {s.get('last_step', 0)!s}"
+    except (OSError, ValueError, RecursionError):
+        pass
+    return "files " + ", ".join(present)
 
 
 class RunDir:
-    """Opens ``path`` for a new run (created if missing; existing run files are
-    replaced, or appended to with ``append=True``, as a resumed job does).
+    """Opens ``path`` for one writer (see the module docstring).
+
+    Args:
+        path: the run directory (created with its parents if missing).
+        append: add to the records already there (a resumed job).
+        force: replace the records of a run already there.
 
     Raises:
-        InputError: the directory cannot be created or written.
+        InputError: the directory cannot be created or written, is locked by
+            another process, already holds a run (without ``append``/``force``),
+            or holds a symlink or special file where a record file goes.
+        RecordError: not even the reserve fits (the disk is full already).
     """
 
-    def __init__(self, path: str | os.PathLike, append: bool = False):
+    def __init__(self, path: str | os.PathLike, append: bool = False, *, force: bool = False):
         self.path = Path(path)
+        self.failed: RecordError | None = None
+        self._created = not self.path.exists()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            probe = self.path / ".optcheck-write-test"
-            probe.write_text("")
-            probe.unlink()
         except OSError as e:
             raise InputError(f"--out {path}: cannot write there ({e.strerror or e})") from None
-        self._files: dict[str, IO[str]] = {
-            name: open(self.path / name, "a" if append else "w", encoding="utf-8", buffering=1) for name in FILES}
-        self.worker_log = open(self.path / "worker.log", "ab" if append else "wb", buffering=0)
+        if not os.access(self.path, os.W_OK | os.X_OK):
+            raise InputError(f"--out {path}: cannot write there (permission denied)")
+        self._lock = None
+        self._owned = False  # set once the lock is held and the directory may be written
+        self._fds: dict[str, int] = {}
+        self._sizes: dict[str, int] = {}
+        try:
+            self._lock = lock_run_dir(self.path)
+            if not append:
+                links = [n for n in (*RECORD_FILES, "worker.log", "config.json") if (self.path / n).is_symlink()]
+                if links and not force:
+                    raise InputError(f"{self.path / links[0]}: is a symbolic link; optcheck never writes through "
+                                     f"one (remove it, or pass --force to replace it)")
+                held = existing_run(self.path)
+                if held and not force:
+                    raise InputError(f"--out {path}: already holds a run ({held}); pass --force to replace it, "
+                                     f"or choose another --out")
+                if force:
+                    for name in (*RECORD_FILES, "worker.log", "config.json", "summary.json.tmp"):
+                        if os.path.lexists(self.path / name):
+                            os.unlink(self.path / name)  # a symlink goes, its target stays
+            self._owned = True
+            self._reserve()
+            mode = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+            for name in (*FILES, "worker.log"):
+                fd = _open_regular(self.path / name, mode)
+                self._fds[name] = fd
+                self._sizes[name] = os.fstat(fd).st_size
+        except OSError as e:
+            self._release()
+            self.discard_created()
+            raise RecordError(self.path, e) if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) \
+                else InputError(f"--out {path}: cannot write there ({e.strerror or e})") from None
+        except BaseException:
+            self._release()
+            self.discard_created()
+            raise
+        self.worker_log = os.fdopen(os.dup(self._fds["worker.log"]), "ab", buffering=0)
+
+    # -- writing -----------------------------------------------------------
+    def _reserve(self) -> None:
+        p = self.path / RESERVE_NAME
+        if os.path.lexists(p):
+            os.unlink(p)
+        fd = _open_regular(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            _write_all(fd, b"\0" * RESERVE_BYTES)
+        except OSError:
+            os.close(fd)
+            os.unlink(p)
+            raise
+        os.close(fd)
+
+    def release_reserve(self) -> bool:
+        """Give the reserved space back (to write a summary on a full disk); True if there was some."""
+        try:
+            os.unlink(self.path / RESERVE_NAME)
+            return True
+        except OSError:
+            return False
+
+    def write_file(self, name: str, text: str) -> Path:
+        """Write a whole small file (``config.json``) in the directory, never through a symlink.
+
+        Raises:
+            RecordError: the write failed.
+        """
+        p = self.path / name
+        try:
+            if os.path.lexists(p):
+                os.unlink(p)
+            fd = _open_regular(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            try:
+                _write_all(fd, text.encode("utf-8"))
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise RecordError(p, e) from None
+        return p
 
     def _write(self, name: str, obj: dict) -> None:
-        f = self._files[name]
-        f.write(dumps(obj) + "\n")
-        f.flush()
+        """Append one record line. After a failure the directory is marked
+        ``failed`` and later records are dropped (the caller reports the first)."""
+        if self.failed is not None:
+            return
+        fd = self._fds[name]
+        data = (dumps(obj) + "\n").encode("utf-8")
+        try:
+            _write_all(fd, data)
+        except OSError as e:
+            try:  # cut the partial line off: the file ends with a whole record
+                os.ftruncate(fd, self._sizes[name])
+            except OSError:
+                pass
+            self.failed = RecordError(self.path / name, e)
+            raise self.failed from None
+        self._sizes[name] += len(data)
 
     def snapshot(self, snap: dict) -> None:
         self._write("snapshots.jsonl", snap)
@@ -67,42 +301,147 @@ class RunDir:
         self._write("events.jsonl", event)
 
     def summary(self, summary: dict) -> None:
-        """Replace ``summary.json`` atomically (write a temporary file, then rename)."""
-        write_summary(self.path, summary)
+        """Replace ``summary.json`` atomically (write a temporary file, then rename).
+        On a full disk the reserve is given back and the write tried once more.
+
+        Raises:
+            RecordError: it could not be written even then.
+        """
+        try:
+            write_summary(self.path, summary)
+        except RecordError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or not self.release_reserve():
+                raise
+            write_summary(self.path, summary)
+
+    # -- closing -----------------------------------------------------------
+    def _release(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
+        if self._lock is not None:
+            try:
+                os.ftruncate(self._lock, 0)  # no stale PID for the next writer to read
+            except OSError:
+                pass
+            os.close(self._lock)  # releases the flock
+            self._lock = None
 
     def close(self) -> None:
-        for f in self._files.values():
-            f.close()
-        self.worker_log.close()
+        """Close every file, drop the reserve and release the lock. Idempotent."""
+        if getattr(self, "worker_log", None) is not None and not self.worker_log.closed:
+            self.worker_log.close()
+        if self._fds or self._lock is not None:
+            self.release_reserve()
+        self._release()
+
+    def discard_created(self) -> None:
+        """Remove the directory if this RunDir created it (a run that never
+        started leaves nothing behind); otherwise remove only the record files it
+        created. Call after :meth:`close` (or on a failed open). Does nothing when
+        this RunDir never held the directory (locked by another, or refused)."""
+        if not self._owned:
+            return
+        if self._created and self.path.is_dir() and not self.path.is_symlink():
+            shutil.rmtree(self.path, ignore_errors=True)
+            return
+        for name in (*RECORD_FILES, "worker.log", "config.json", "summary.json.tmp", RESERVE_NAME, LOCK_NAME):
+            p = self.path / name
+            if os.path.lexists(p) and not os.path.islink(p):
+                try:
+                    os.unlink(p)
+                except OSError:
+                    pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(errno.EIO, "short write")
+        view = view[n:]
 
 
 def write_summary(path: str | os.PathLike, summary: dict) -> None:
-    """Atomically write ``summary.json`` in run directory ``path``."""
+    """Atomically write ``summary.json`` in run directory ``path`` (never through a symlink).
+
+    Raises:
+        RecordError: the temporary file could not be written or renamed.
+    """
     summary = {"schema": SUMMARY_SCHEMA, **summary}
     target = Path(path) / "summary.json"
     tmp = target.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(clean_json(summary), indent=2, default=str, allow_nan=False) + "\n", encoding="utf-8")
-    os.replace(tmp, target)
+    data = (json.dumps(clean_json(summary), indent=2, default=str, allow_nan=False) + "\n").encode("utf-8")
+    try:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        fd = _open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)  # rename(2) replaces a symlink itself, never its target
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise RecordError(target, e) from None
 
 
 def read_summary(path: str | os.PathLike) -> dict:
-    """The ``summary.json`` of a run directory. Raises InputError if absent or unreadable."""
+    """The ``summary.json`` of a run directory, checked against
+    ``optcheck/schemas/summary-1.json``.
+
+    Raises:
+        InputError: absent, unreadable, not JSON, or of the wrong shape (names the field).
+    """
+    from optcheck.snapshot import SchemaError, validate_record
+
     p = Path(path) / "summary.json"
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        s = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"{path}: not a run directory (no summary.json)") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"{p}: unreadable ({e})") from None
+    except (OSError, ValueError, RecursionError) as e:
+        raise InputError(f"{p}: unreadable ({type(e).__name__}: {str(e)[:120]})") from None
+    if not isinstance(s, dict):
+        raise InputError(f"{p}: (the record): a summary is a JSON object, not a {type(s).__name__}")
+    try:
+        return validate_record(s, "summary")
+    except SchemaError as e:
+        raise InputError(f"{p}: {e}") from None
 
 
-def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """``metrics.jsonl`` of a run directory (empty list if there is none)."""
-    p = Path(path) / "metrics.jsonl"
-    return list(read_jsonl(p)) if p.exists() else []
+def read_metrics(path: str | os.PathLike, defects: list | None = None) -> list[dict]:
+    """``metrics.jsonl`` of a run directory (empty list if there is none), every
+    line checked against ``optcheck/schemas/metrics-1.json``.
+
+    Raises:
+        InputError: a line of the wrong shape ("<file>:<line>: <field>: <what>").
+    """
+    return _records(Path(path) / "metrics.jsonl", "metrics", defects)
 
 
-def read_findings(path: str | os.PathLike) -> list[dict]:
-    """``findings.jsonl`` of a run directory (empty list if there is none)."""
-    p = Path(path) / "findings.jsonl"
-    return list(read_jsonl(p)) if p.exists() else []
+def read_findings(path: str | os.PathLike, defects: list | None = None) -> list[dict]:
+    """``findings.jsonl`` of a run directory (empty list if there is none), every
+    line checked against ``optcheck/schemas/finding-1.json``.
+
+    Raises:
+        InputError: a line of the wrong shape ("<file>:<line>: <field>: <what>").
+    """
+    return _records(Path(path) / "findings.jsonl", "finding", defects)
+
+
+def _records(p: Path, kind: str, defects: list | None) -> list[dict]:
+    from optcheck.snapshot import SchemaError, read_records
+
+    if not p.exists():
+        return []
+    try:
+        return read_records(p, kind, defects)
+    except SchemaError as e:
+        raise InputError(str(e)) from None
+    except OSError as e:
+        raise InputError(f"{p}: cannot read ({e.strerror or e})") from None

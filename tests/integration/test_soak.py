@@ -98,7 +98,7 @@ def test_sigkill_of_the_worker_leaves_a_readable_run(tmp_path):
 
 @pytest.mark.parametrize("args,needle", [
     (["--inject", "no-such@5"], "unknown scenario 'no-such'"),
-    (["--steps", "0"], "--steps must be at least 1"),
+    (["--steps", "0"], "--steps 0: must be a whole number >= 1"),
     (["--data", "/nonexistent/corpus.txt"], "no such file"),
     (["--data", "{empty}"], "the file is empty"),
     (["--data", "{corrupt}"], "corrupt .bin"),
@@ -130,7 +130,7 @@ def test_catalogue_commands():
 
 
 @pytest.mark.parametrize("content,needle", [(None, "no such file"), ("", "no snapshots in it"),
-                                            ("garbage\n{}\n", ":1: not a JSON line")])
+                                            ("garbage\n{}\n", "s.jsonl:2: (the record): 'schema' is a required property")])
 def test_check_bad_stream_is_one_line_and_exit_2(tmp_path, content, needle):
     path = tmp_path / "s.jsonl"
     if content is not None:

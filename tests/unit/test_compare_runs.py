@@ -148,7 +148,11 @@ def test_bad_inputs_are_input_errors(tmp_path):
         compare_runs(a, a, loss_rtol=-1)
     (tmp_path / "torn").mkdir()
     (tmp_path / "torn" / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\nnot json\n{"step": 3}\n')
-    with pytest.raises(InputError, match="unreadable"):
+    res = compare_runs(a, tmp_path / "torn")  # the garbage line is named and skipped, the rest read
+    assert res.b.defects == ["metrics.jsonl:2: not a JSON line (Expecting value)"] and res.b.last_step == 1
+    assert "metrics.jsonl:2: not a JSON line" in res.render()
+    (tmp_path / "torn" / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": "x"}\n')
+    with pytest.raises(InputError, match=r"metrics.jsonl:2: step: 'x' is not of type 'integer'"):
         compare_runs(a, tmp_path / "torn")
 
 

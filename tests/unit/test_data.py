@@ -49,10 +49,24 @@ def test_bad_data_is_one_clear_error(tmp_path, setup, needle):
         load_corpus(target)
 
 
-def test_bin_token_beyond_vocab_is_corrupt(tmp_path):
-    np.full(4000, 300, "<u2").tofile(tmp_path / "x.bin")
-    with pytest.raises(InputError, match="token id 300 is not below the vocabulary size 256"):
-        load_corpus(tmp_path / "x.bin", vocab_size=256)
+def test_bin_token_beyond_vocab_says_the_vocabulary_is_too_small(tmp_path):
+    tokens = np.full(4000, 3, "<u2")
+    tokens[100] = 85
+    tokens.tofile(tmp_path / "x.bin")
+    with pytest.raises(InputError, match="vocabulary is too small.*token id 85.*--vocab-size is 50.*at least "
+                                         "--vocab-size 86") as e:
+        load_corpus(tmp_path / "x.bin", vocab_size=50)
+    assert "corrupt" not in str(e.value)
+    assert load_corpus(tmp_path / "x.bin", vocab_size=86).vocab_size == 86  # silent when it fits
+
+
+@pytest.mark.parametrize("vocab", [10**12, 0, -5, "97", 2.5])
+def test_meta_pkl_vocab_size_out_of_range_is_input_error(tmp_path, vocab):
+    np.full(4000, 3, "<u2").tofile(tmp_path / "x.bin")
+    with open(tmp_path / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": vocab}, f)
+    with pytest.raises(InputError, match=r"meta.pkl: vocab_size .* is not a whole number in 1\.\.65536"):
+        load_corpus(tmp_path / "x.bin")
 
 
 def test_schedule_is_deterministic_per_seed_and_step():
