@@ -2,7 +2,7 @@
 // dotnet/README.md): the same step as optcheck/pytorch/train.py — lr_at() schedule, zero_grad,
 // forward, cross-entropy, backward, clip_grad_norm_ 1.0, AdamW.step() — with a DisposeScope per
 // step, AdamW with nanoGPT's decay / no-decay groups and every option passed explicitly
-// (TorchSharp's weight_decay default is 0, PyTorch's 0.01: DESIGN.md §6), the lifecycle events
+// (TorchSharp's weight_decay default is 0, PyTorch's 0.01: docs/torchsharp.md), the lifecycle events
 // eval / checkpoint / resume and the TorchSharp faults of optcheck/scenarios.py.
 //
 // The param groups are lazy LINQ over model.named_parameters(), as `optim.AdamW(model.parameters())`
@@ -48,7 +48,7 @@ namespace OptCheck.Worker
 
         public GptTrainer()
         {
-            target = new TorchSharpTarget(this);
+            target = new TorchSharpTarget(() => Model, () => Optimizer);
         }
 
         public IProbeTarget Target { get { return target; } }
@@ -108,7 +108,6 @@ namespace OptCheck.Worker
             Model = new GPT(config);
             if (sameInit != null) LoadInit(Model, sameInit);
             Optimizer = BuildOptimizer(Model);
-            target.Bind(Optimizer);
         }
 
         static long Long(Dictionary<string, string> o, string name, long dflt)
@@ -195,8 +194,9 @@ namespace OptCheck.Worker
             foreach (var g in Optimizer.ParamGroups) g.LearningRate = lrNow;
             using (DisposeScope scope = torch.NewDisposeScope()) {
                 Optimizer.zero_grad();
-                Tensor x = torch.tensor(inputs).view(batch, time);
-                Tensor y = torch.tensor(targets).view(batch, time);
+                Device device = Model.TiedWeight().device;  // batches go where the model is (CPU or CUDA)
+                Tensor x = torch.tensor(inputs, device: device).view(batch, time);
+                Tensor y = torch.tensor(targets, device: device).view(batch, time);
                 Tensor loss = GPT.Loss(Model.call(x), y);
                 loss.backward();
                 if (gradClip > 0) torch.nn.utils.clip_grad_norm_(Model.parameters(), gradClip);
@@ -219,8 +219,9 @@ namespace OptCheck.Worker
             try {
                 using (torch.no_grad())
                 using (DisposeScope scope = torch.NewDisposeScope()) {
-                    Tensor x = torch.tensor(inputs).view(batch, time);
-                    Tensor y = torch.tensor(targets).view(batch, time);
+                    Device device = Model.TiedWeight().device;
+                    Tensor x = torch.tensor(inputs, device: device).view(batch, time);
+                    Tensor y = torch.tensor(targets, device: device).view(batch, time);
                     return GPT.Loss(Model.call(x), y).to(ScalarType.Float64).item<double>();
                 }
             } finally {
@@ -277,7 +278,7 @@ namespace OptCheck.Worker
                 Device device = p.device;
                 ScalarType dtype = p.dtype;
                 string where = TensorFacts.Device(p) + ", " + DTypes.Normalize(dtype.ToString());
-                Model.to(device, dtype);  // the no-op round trip evaluation code does (DESIGN.md §6: not a no-op on 0.99.6)
+                Model.to(device, dtype);  // the no-op round trip evaluation code does (docs/torchsharp.md: not a no-op on 0.99.6)
                 return "model.eval(); no_grad forward (" + loss + "); model.train(); model.to(" + where + ")";
             }
             case "checkpoint":
@@ -301,7 +302,6 @@ namespace OptCheck.Worker
                 optimizer.load_state_dict(OptimizerPath);
                 Model = model;
                 Optimizer = optimizer;
-                target.Bind(optimizer);
                 oldOptimizer.Dispose();
                 oldModel.Dispose();
                 return "new GPT + AdamW, model.load + optimizer.load_state_dict from the last checkpoint" + also;

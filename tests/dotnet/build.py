@@ -67,3 +67,45 @@ def build_testloop(out_dir: str | os.PathLike | None = None) -> Path:
 
 if __name__ == "__main__":
     print(build_testloop())
+
+
+# -- TorchSharp's real reference assembly --------------------------------------------------
+
+#: A folder holding TorchSharp's netstandard2.0 TorchSharp.dll and System.Memory.dll (which its API references).
+REF_ENV = "OPTCHECK_TORCHSHARP_REF"
+MONO_FACADE = Path("/usr/lib/mono/4.5/Facades/netstandard.dll")
+
+
+def find_torchsharp_ref(version: str) -> tuple[list[Path], str]:
+    """The reference assemblies to compile against TorchSharp ``version``'s real API with ``mcs``:
+    ``$OPTCHECK_TORCHSHARP_REF/{TorchSharp,System.Memory}.dll``, else the user's NuGet cache
+    (``~/.nuget/packages/torchsharp/VERSION/lib/netstandard2.0/TorchSharp.dll`` and the newest
+    ``system.memory/*/lib/netstandard2.0/System.Memory.dll``).
+
+    Returns:
+        (the two DLL paths, where they came from), or ([], why none was found).
+    """
+    env = os.environ.get(REF_ENV)
+    if env:
+        folder = Path(env).expanduser()
+        dlls = [folder / "TorchSharp.dll", folder / "System.Memory.dll"]
+        missing = [d.name for d in dlls if not d.is_file()]
+        if missing:
+            return [], f"${REF_ENV}={env} has no {' / '.join(missing)}"
+        return dlls, f"${REF_ENV}={env}"
+    nuget = Path(os.environ.get("NUGET_PACKAGES") or Path.home() / ".nuget" / "packages")
+    ts = nuget / "torchsharp" / version / "lib" / "netstandard2.0" / "TorchSharp.dll"
+    mem = sorted(nuget.glob("system.memory/*/lib/netstandard2.0/System.Memory.dll"))
+    if ts.is_file() and mem:
+        return [ts, mem[-1]], f"the NuGet cache {nuget}"
+    return [], (f"no TorchSharp {version} reference assembly: set ${REF_ENV} to a folder holding its "
+                f"netstandard2.0 TorchSharp.dll and System.Memory.dll, or restore TorchSharp {version} "
+                f"with NuGet (looked for {ts})")
+
+
+def mcs_against_ref(refs: list[Path], out: Path, sources: list[Path], *extra: str) -> subprocess.CompletedProcess:
+    """``mcs -target:library`` of ``sources`` against the reference assemblies ``refs`` (Mono's
+    netstandard facade and System.Numerics too, which TorchSharp's netstandard2.0 API needs)."""
+    cmd = ["mcs", "-target:library", "-nologo", f"-out:{out}", *(f"-r:{r}" for r in refs),
+           f"-r:{MONO_FACADE}", "-r:System.Numerics.dll", "-nowarn:1685", *extra, *map(str, sources)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
