@@ -78,6 +78,16 @@ namespace OptCheck.Worker
             return DTypes.Normalize(t.dtype.ToString());
         }
 
+        /// <summary>TorchSharp's package version, from its assembly (informational version without the +commit).</summary>
+        public static string TorchSharpVersion()
+        {
+            Assembly a = typeof(torch).Assembly;
+            var info = (AssemblyInformationalVersionAttribute)Attribute.GetCustomAttribute(a, typeof(AssemblyInformationalVersionAttribute));
+            string v = info != null ? info.InformationalVersion : a.GetName().Version.ToString();
+            int plus = v.IndexOf('+');
+            return plus >= 0 ? v.Substring(0, plus) : v;
+        }
+
         public static string Device(Tensor t)
         {
             return t.device_type == DeviceType.CUDA ? "cuda:" + t.device_index : t.device_type.ToString().ToLowerInvariant();

@@ -61,46 +61,39 @@ namespace OptCheck.Worker
 
         public void Setup(string[] optionNames, string[] optionValues)
         {
-            if (optionNames == null || optionValues == null || optionNames.Length != optionValues.Length)
-                throw new ArgumentException("Setup: option names and values must be two arrays of one length");
-            var o = new Dictionary<string, string>();
-            for (int i = 0; i < optionNames.Length; i++) {
-                string v = optionValues[i];
-                if (v == null || v == "" || v == "None" || v == "null") continue;
-                o[optionNames[i]] = v;
-            }
-            seed = Long(o, "seed", seed);
-            steps = Long(o, "steps", steps);
-            warmupSteps = Long(o, "warmup_steps", warmupSteps);
-            lr = Double(o, "lr", lr);
-            minLr = Double(o, "min_lr", minLr);
-            weightDecay = Double(o, "weight_decay", weightDecay);
-            beta1 = Double(o, "beta1", beta1);
-            beta2 = Double(o, "beta2", beta2);
-            eps = Double(o, "eps", eps);
-            gradClip = Double(o, "grad_clip", gradClip);
-            threads = (int)Long(o, "threads", threads);
-            double dropout = Double(o, "dropout", 0.0);
+            var o = new TrainerOptions(optionNames, optionValues);
+            seed = o.Long("seed", seed);
+            steps = o.Long("steps", steps);
+            warmupSteps = o.Long("warmup_steps", warmupSteps);
+            lr = o.Double("lr", lr);
+            minLr = o.Double("min_lr", minLr);
+            weightDecay = o.Double("weight_decay", weightDecay);
+            beta1 = o.Double("beta1", beta1);
+            beta2 = o.Double("beta2", beta2);
+            eps = o.Double("eps", eps);
+            gradClip = o.Double("grad_clip", gradClip);
+            threads = (int)o.Long("threads", threads);
+            double dropout = o.Double("dropout", 0.0);
             if (dropout != 0.0)
                 throw new ArgumentException("dropout " + dropout.ToString(CultureInfo.InvariantCulture) +
                                             ": the TorchSharp GPT has no dropout; use 0 (the default, which keeps the two backends comparable)");
             string opt;
-            if (o.TryGetValue("extra.optimizer", out opt) && opt.ToLowerInvariant() != "adamw")
+            if (o.TryGet("extra.optimizer", out opt) && opt.ToLowerInvariant() != "adamw")
                 throw new ArgumentException("optimizer " + opt + ": the TorchSharp GPT trains with AdamW only (--optimizer adamw)");
             string wd;
-            if (o.TryGetValue("work_dir", out wd)) workDir = wd;
+            if (o.TryGet("work_dir", out wd)) workDir = wd;
             config = new GPTConfig {
-                BlockSize = Long(o, "block_size", 64),
+                BlockSize = o.Long("block_size", 64),
                 // the corpus's vocabulary (the worker passes it as extra.corpus_vocab_size); vocab_size is
                 // only SoakConfig's override for .bin data
-                VocabSize = Long(o, "extra.corpus_vocab_size", Long(o, "vocab_size", 256)),
-                NLayer = Long(o, "n_layer", 2),
-                NHead = Long(o, "n_head", 2),
-                NEmbd = Long(o, "n_embd", 64),
+                VocabSize = o.Long("extra.corpus_vocab_size", o.Long("vocab_size", 256)),
+                NLayer = o.Long("n_layer", 2),
+                NHead = o.Long("n_head", 2),
+                NEmbd = o.Long("n_embd", 64),
             };
             string tie;
-            if (o.TryGetValue("extra.tie", out tie)) config.Tie = tie;
-            o.TryGetValue("extra.same_init", out sameInit);
+            if (o.TryGet("extra.tie", out tie)) config.Tie = tie;
+            o.TryGet("extra.same_init", out sameInit);
             if (threads < 1) throw new ArgumentException("threads must be at least 1, got " + threads);
 
             torch.set_num_threads(threads);
@@ -108,26 +101,6 @@ namespace OptCheck.Worker
             Model = new GPT(config);
             if (sameInit != null) LoadInit(Model, sameInit);
             Optimizer = BuildOptimizer(Model);
-        }
-
-        static long Long(Dictionary<string, string> o, string name, long dflt)
-        {
-            string v;
-            if (!o.TryGetValue(name, out v)) return dflt;
-            long r;
-            if (long.TryParse(v, NumberStyles.Integer, CultureInfo.InvariantCulture, out r)) return r;
-            double d;
-            if (double.TryParse(v, NumberStyles.Float, CultureInfo.InvariantCulture, out d) && d == Math.Floor(d)) return (long)d;
-            throw new ArgumentException(name + ": expected an integer, got '" + v + "'");
-        }
-
-        static double Double(Dictionary<string, string> o, string name, double dflt)
-        {
-            string v;
-            if (!o.TryGetValue(name, out v)) return dflt;
-            double r;
-            if (double.TryParse(v, NumberStyles.Float, CultureInfo.InvariantCulture, out r)) return r;
-            throw new ArgumentException(name + ": expected a number, got '" + v + "'");
         }
 
         /// <summary>AdamW over lazy decay (dim >= 2) / no-decay (dim < 2) groups of the model's
@@ -316,11 +289,7 @@ namespace OptCheck.Worker
         /// <summary>TorchSharp's package version, from its assembly (informational version without the +commit).</summary>
         public static string TorchSharpVersion()
         {
-            Assembly a = typeof(torch).Assembly;
-            var info = (AssemblyInformationalVersionAttribute)Attribute.GetCustomAttribute(a, typeof(AssemblyInformationalVersionAttribute));
-            string v = info != null ? info.InformationalVersion : a.GetName().Version.ToString();
-            int plus = v.IndexOf('+');
-            return plus >= 0 ? v.Substring(0, plus) : v;
+            return TensorFacts.TorchSharpVersion();
         }
 
         public string[] Versions {

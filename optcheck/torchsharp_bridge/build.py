@@ -435,11 +435,13 @@ def cached_builds(dotnet_dir: Path | None = None) -> list[dict]:
     return out
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m optcheck.torchsharp_bridge.build [SPEC]`
-    import sys
+if __name__ == "__main__":  # pragma: no cover - `python -m optcheck.torchsharp_bridge.build [SPEC | --sources]`
 
     from optcheck.exitcodes import USAGE
 
+    if "--sources" in sys.argv[1:]:  # the folder a user's csproj compiles optcheck's C# from (OptCheckSources)
+        print(sources_dir())
+        sys.exit(0)
     args = [a for a in sys.argv[1:] if a != "--rebuild"]
     try:
         print(ensure_worker_assembly(args[0] if args else None, rebuild="--rebuild" in sys.argv))

@@ -191,11 +191,15 @@ class TorchSharpBackend:
         x, y, px, py = self._ptrs(x, y)  # x, y stay referenced until the call returns
         return float(self.driver.Step(step, px, py, x.shape[0], x.shape[1]))
 
-    def val_loss(self, batches: list) -> float:
+    def val_loss(self, batches: list) -> float | None:
+        """Mean held-out loss; None when the trainer has no held-out evaluation (EvalLoss returns NaN,
+        ModuleTrainer's default), so that the report shows none instead of ``nan``."""
         losses = []
         for x, y in batches:
             x, y, px, py = self._ptrs(x, y)
             losses.append(float(self.driver.EvalLoss(px, py, x.shape[0], x.shape[1])))
+        if losses and all(math.isnan(v) for v in losses):
+            return None
         return float(np.mean(losses)) if losses else math.nan
 
     def has_events(self) -> bool:

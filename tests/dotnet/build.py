@@ -25,7 +25,7 @@ class BuildUnavailable(RuntimeError):
 
 
 def source_hash() -> str:
-    h = hashlib.sha256()
+    h = hashlib.sha256(b"assembly-name-TestLoop")  # builds before this named the assembly TestLoop.PID.tmp
     for p in SOURCES:
         h.update(p.name.encode())
         h.update(p.read_bytes())
@@ -52,16 +52,21 @@ def build_testloop(out_dir: str | os.PathLike | None = None) -> Path:
     if dll.exists():
         return dll
     target.mkdir(parents=True, exist_ok=True)
-    tmp = target / f"TestLoop.{os.getpid()}.tmp.dll"
+    # compiled under its own name (the assembly's name is the file's) in a private folder, then moved
+    tmpdir = target / f".build.{os.getpid()}"
+    tmpdir.mkdir(exist_ok=True)
+    tmp = tmpdir / "TestLoop.dll"
     cmd = [mcs, "-target:library", "-langversion:7", "-debug", "-optimize+", "-nologo", f"-out:{tmp}",
            *map(str, SOURCES)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
+        shutil.rmtree(tmpdir, ignore_errors=True)
         raise RuntimeError(f"mcs failed ({res.returncode}):\n{res.stdout}{res.stderr}")
-    os.replace(tmp, dll)
     mdb = Path(str(tmp) + ".mdb")
     if mdb.exists():
         os.replace(mdb, str(dll) + ".mdb")
+    os.replace(tmp, dll)
+    shutil.rmtree(tmpdir, ignore_errors=True)
     return dll
 
 
