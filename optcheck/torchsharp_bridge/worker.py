@@ -1,6 +1,6 @@
 """The TorchSharp worker process: ``python -m optcheck.torchsharp_bridge.worker
 --config CONFIG.json --stream-fd N``. Torch-free: it must never import torch
-(PyTorch's libtorch and TorchSharp's share sonames, DESIGN.md §2).
+(PyTorch's libtorch and TorchSharp's share sonames, docs/torchsharp.md).
 
 It loads a .NET runtime with pythonnet (:mod:`optcheck.torchsharp_bridge.runtime`),
 the worker assembly ``SoakConfig.extra["dotnet_assembly"]`` (which contains the
