@@ -101,7 +101,8 @@ def common_flags(args) -> list[str]:
 
 
 def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
-    """Per-step costs in this process, microseconds (median of 3): the trainer's step inside .NET,
+    """Per-step costs in this process, CPU microseconds of this process (``time.process_time``, less
+    disturbed by other processes than wall time; median of 3): the trainer's step inside .NET,
     the same step from Python as the worker makes it (StepBound + buffer copy + cached fingerprint),
     a fresh fingerprint from Python, a fingerprint inside .NET, and one snapshot (probe + conversion)."""
     from optcheck.data import BatchSchedule, load_corpus
@@ -119,29 +120,33 @@ def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
     xc, yc = np.ascontiguousarray(x), np.ascontiguousarray(y)
     d, step = be.driver, 1
     res: dict[str, list[float]] = {k: [] for k in ("net_step", "py_step", "py_fp", "net_fp", "snapshot", "batch")}
+    clock = time.process_time
     for _ in range(3):
-        res["net_step"].append(Bench.TimeSteps(d, step, IntPtr(xc.ctypes.data), IntPtr(yc.ctypes.data),
-                                               xc.shape[0], xc.shape[1], n) / n)
+        t = clock()
+        Bench.TimeSteps(d, step, IntPtr(xc.ctypes.data), IntPtr(yc.ctypes.data), xc.shape[0], xc.shape[1], n)
+        res["net_step"].append((clock() - t) / n)
         step += n
-        t = time.perf_counter()
+        t = clock()
         for i in range(n):
             be.fingerprint()
             be.train_step(step + i, x, y)
-        res["py_step"].append((time.perf_counter() - t) / n)
+        res["py_step"].append((clock() - t) / n)
         step += n
-        t = time.perf_counter()
+        t = clock()
         for _ in range(n):
             d.Fingerprint()
-        res["py_fp"].append((time.perf_counter() - t) / n)
-        res["net_fp"].append(Bench.TimeFingerprints(d, n) / n)
-        t = time.perf_counter()
+        res["py_fp"].append((clock() - t) / n)
+        t = clock()
+        Bench.TimeFingerprints(d, n)
+        res["net_fp"].append((clock() - t) / n)
+        t = clock()
         for _ in range(20):
             be.snapshot_body()
-        res["snapshot"].append((time.perf_counter() - t) / 20)
-        t = time.perf_counter()
+        res["snapshot"].append((clock() - t) / 20)
+        t = clock()
         for i in range(n):
             sched.batch(corpus.train, i + 1)
-        res["batch"].append((time.perf_counter() - t) / n)
+        res["batch"].append((clock() - t) / n)
     return {k: statistics.median(v) * 1e6 for k, v in res.items()}
 
 
@@ -151,11 +156,13 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--every", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1337)
-    ap.add_argument("--n-embd", type=int, default=64)
+    # None: the soak's defaults (64 / 16 / 64) for a real worker; 16 / 4 / 16 for the stand-in, whose
+    # naive C# step would take ~300 ms at the GPT's sizes (TestLoop.cs has no BLAS)
+    ap.add_argument("--n-embd", type=int, default=None)
     ap.add_argument("--n-head", type=int, default=2)
     ap.add_argument("--n-layer", type=int, default=2)
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--block-size", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=None)
+    ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--runtime", choices=["coreclr", "mono"], default="coreclr")
     ap.add_argument("--torchsharp", help="build the real worker for this TorchSharp version (needs the .NET SDK)")
     ap.add_argument("--dotnet-assembly", help="a built worker assembly (with --dotnet-trainer)")
@@ -168,6 +175,10 @@ def main() -> None:
         plain_child(args)
         return
 
+    stand_in = not (args.torchsharp or args.dotnet_assembly)
+    for name, real, small in (("n_embd", 64, 16), ("batch_size", 16, 4), ("block_size", 64, 16)):
+        if getattr(args, name) is None:
+            setattr(args, name, small if stand_in else real)
     if args.torchsharp:
         from optcheck.torchsharp_bridge.build import TRAINER_TYPE, ensure_worker_assembly
 
@@ -182,8 +193,9 @@ def main() -> None:
         dll, trainer = str(build_testloop()), STAND_IN_TRAINER
         what = (f"the TorchSharp STAND-IN {trainer} (tests/dotnet/TestLoop.cs, no libtorch: not TorchSharp; "
                 f"pass --torchsharp VERSION on a machine with TorchSharp)")
-    print(f"bench_torchsharp: {what}; {args.steps} steps, snapshot every {args.every}, {args.pairs} interleaved pairs, "
-          f"{args.runtime}, wall time of the training loop", flush=True)
+    print(f"bench_torchsharp: {what}; {args.steps} steps (n_embd {args.n_embd}, batch {args.batch_size} x "
+          f"{args.block_size}), snapshot every {args.every}, {args.pairs} interleaved pairs, {args.runtime}, wall time "
+          f"of the training loop", flush=True)
     plain_s, soak_s = [], []
     with tempfile.TemporaryDirectory(prefix="bench_torchsharp.") as tmp:
         for i in range(args.pairs):
@@ -205,7 +217,7 @@ def main() -> None:
           f"{1e3 * statistics.median(soak_s) / args.steps:.2f} ms")
     b = breakdown(args, dll, trainer)
     snap_per_step = b["snapshot"] / args.every
-    print(f"  where the soak's time goes, per step (this process, median of 3): step inside .NET {b['net_step']:.1f} us; "
+    print(f"  where the soak's time goes, per step (CPU time of one process, median of 3): step inside .NET {b['net_step']:.1f} us; "
           f"the worker's step from Python (StepBound + batch copy + the pre-step fingerprint it returns) "
           f"{b['py_step']:.1f} us (+{b['py_step'] - b['net_step']:.1f}); a separate fingerprint call would cost "
           f"{b['py_fp']:.1f} us ({b['net_fp']:.1f} of it inside .NET); batch generation {b['batch']:.1f} us; "

@@ -182,3 +182,37 @@ def test_gpt_field_names_and_order_are_the_pytorch_names():
             assert fields == ["weight", "bias", "gain"]  # gain: null until param-registered-late
             fields = fields[:2]
         assert fields == torch_names, cls
+
+
+def method_bodies(text: str, signature: str) -> list[str]:
+    """The bodies of every C# method whose declaration line matches ``signature`` (a regex)."""
+    bodies = []
+    for m in re.finditer(signature, text):
+        start = text.index("{", m.end())
+        depth, i = 0, start
+        while True:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                break
+            i += 1
+        bodies.append(text[start:i + 1])
+    return bodies
+
+
+FACTORY = re.compile(r"torch\.(?:ones|zeros|arange|tensor|empty|full|rand\w*)\(")
+
+
+@pytest.mark.parametrize("file, signature", [
+    ("GPT.cs", r"public override Tensor forward\("),
+    ("Trainer.cs", r"public double Step\("),
+    ("Trainer.cs", r"double Forward\("),
+])
+def test_tensors_made_in_the_step_take_the_inputs_or_models_device(file, signature):
+    """A CUDA TorchSharp build fails at the first forward when a mask, positions or a batch is made on
+    the CPU: every tensor factory in forward / the step names a device (the input's or the model's)."""
+    bodies = method_bodies((WORKER / file).read_text(), signature)
+    assert bodies, signature
+    calls = [ln.strip() for body in bodies for ln in body.splitlines() if FACTORY.search(ln)]
+    if file == "GPT.cs":
+        assert len(calls) >= 2  # the causal mask and the positions
+    assert calls and all("device:" in c for c in calls), calls
