@@ -150,6 +150,48 @@ def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
     return {k: statistics.median(v) * 1e6 for k, v in res.items()}
 
 
+def in_process(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> tuple[float, float]:
+    """The worker's whole loop (optcheck.worker_loop: batches, pre-step check, step, metrics, snapshots
+    every --every, messages serialised to /dev/null) against Bench.PlainLoop over the same batches, both in
+    this one process and timed in its CPU time, alternating; returns the medians (plain s, worker s).
+    No supervisor, no second process: what is left is the worker's own cost."""
+    import os
+
+    from optcheck.data import BatchSchedule, load_corpus
+    from optcheck.protocol import Stream
+    from optcheck.torchsharp_bridge.worker import TorchSharpBackend, setup_options
+    from optcheck.worker_loop import Loop
+
+    cfg = soak_config(args, dll, trainer)
+    cfg.steps = steps
+    corpus = load_corpus(cfg.data, cfg.vocab_size)
+    sched = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed)
+    batches = np.empty((steps, 2, cfg.batch_size, cfg.block_size), dtype=np.int64)
+    for step in range(1, steps + 1):
+        batches[step - 1, 0], batches[step - 1, 1] = sched.batch(corpus.train, step)
+    from OptCheck.Probe import Bench
+    from System import IntPtr
+
+    names, values = setup_options(cfg, corpus)
+    plain, worker = [], []
+    for i in range(rounds):
+        for kind in (("plain", "worker") if i % 2 == 0 else ("worker", "plain")):
+            if kind == "plain":
+                t = time.process_time()
+                Bench.PlainLoop(trainer, names, values, IntPtr(batches.ctypes.data), steps, cfg.batch_size,
+                                cfg.block_size)
+                plain.append(time.process_time() - t)
+            else:
+                be = TorchSharpBackend()
+                be.setup(cfg, corpus)
+                stream = Stream(os.open(os.devnull, os.O_WRONLY))
+                t = time.process_time()
+                Loop(be, cfg, stream).run(corpus)
+                worker.append(time.process_time() - t)
+                stream.close()
+    return statistics.median(plain), statistics.median(worker)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=2000)
@@ -215,7 +257,10 @@ def main() -> None:
     print(f"  ratio soak/plain: median {statistics.median(ratios):.3f} (range {ratios[0]:.3f} to {ratios[-1]:.3f}); "
           f"median step plain {1e3 * statistics.median(plain_s) / args.steps:.2f} ms, soak "
           f"{1e3 * statistics.median(soak_s) / args.steps:.2f} ms")
-    b = breakdown(args, dll, trainer)
+    b = breakdown(args, dll, trainer)  # loads .NET into this process
+    ip_plain, ip_worker = in_process(args, dll, trainer)
+    print(f"  one process, CPU time, 500 steps x 3 alternating: plain {1e3 * ip_plain / 500:.2f} ms/step, the worker's "
+          f"loop with every probe {1e3 * ip_worker / 500:.2f} ms/step, ratio {ip_worker / ip_plain:.3f}", flush=True)
     snap_per_step = b["snapshot"] / args.every
     print(f"  where the soak's time goes, per step (CPU time of one process, median of 3): step inside .NET {b['net_step']:.1f} us; "
           f"the worker's step from Python (StepBound + batch copy + the pre-step fingerprint it returns) "
