@@ -6,16 +6,16 @@ compiled with ``mcs``) and drives it through the TorchSharp worker's own backend
 (:class:`optcheck.torchsharp_bridge.worker.TorchSharpBackend`), interleaved in
 rounds so that load from other processes hits every variant alike:
 
-- step: ``N`` steps run by a loop inside .NET (``Driver.TimeSteps``) against ``N``
+- step: ``N`` steps run by a loop inside .NET (``Bench.TimeSteps``, dotnet/Probe/Bench.cs) against ``N``
   steps driven from Python as the worker does (``train_step`` + ``fingerprint``,
   the per-step pre-step check), same batch;
-- pre-step check: ``Driver.TimeFingerprints`` against ``fingerprint()`` from Python;
-- snapshot: ``Driver.TimeProbes`` (the probe alone, inside .NET) against
+- pre-step check: ``Bench.TimeFingerprints`` against ``fingerprint()`` from Python;
+- snapshot: ``Bench.TimeProbes`` (the probe alone, inside .NET) against
   ``snapshot_body()`` (probe + array copy + conversion + naming + PreStepCheck).
 
 Time is CPU time of this process (``time.process_time``; less disturbed by other
 processes on a shared machine than wall time), median over rounds. The stand-in
-steps in ~1 ms, far less than a TorchSharp GPT step (~15 ms, docs/torchsharp.md): the
+steps in ~2 ms, far less than a TorchSharp GPT step (~19 ms on 0.107.0, docs/torchsharp.md): the
 absolute µs of overhead are the figure to carry over, the step ratio is an upper
 bound. Usage: ``python benchmarks/bench_bridge.py [--runtime coreclr] [--steps 300] [--rounds 5]``.
 """
@@ -61,6 +61,7 @@ def main() -> None:
     be.setup(cfg, corpus)
     x, y = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed).batch(corpus.train, 1)
     xc, yc = np.ascontiguousarray(x), np.ascontiguousarray(y)
+    from OptCheck.Probe import Bench
     from System import IntPtr
 
     d, n, k = be.driver, args.steps, args.snapshots
@@ -68,7 +69,7 @@ def main() -> None:
     res: dict[str, list[float]] = {key: [] for key in ("net_step", "py_step", "net_fp", "py_fp", "net_snap", "py_snap")}
     for _ in range(args.rounds):
         t = time.process_time()
-        d.TimeSteps(step, IntPtr(xc.ctypes.data), IntPtr(yc.ctypes.data), xc.shape[0], xc.shape[1], n)
+        Bench.TimeSteps(d, step, IntPtr(xc.ctypes.data), IntPtr(yc.ctypes.data), xc.shape[0], xc.shape[1], n)
         res["net_step"].append((time.process_time() - t) / n)
         step += n
         t = time.process_time()
@@ -78,14 +79,14 @@ def main() -> None:
         res["py_step"].append((time.process_time() - t) / n)
         step += n
         t = time.process_time()
-        d.TimeFingerprints(n)
+        Bench.TimeFingerprints(d, n)
         res["net_fp"].append((time.process_time() - t) / n)
         t = time.process_time()
         for _ in range(n):
             be.fingerprint()
         res["py_fp"].append((time.process_time() - t) / n)
         t = time.process_time()
-        d.TimeProbes(k)
+        Bench.TimeProbes(d, k)
         res["net_snap"].append((time.process_time() - t) / k)
         t = time.process_time()
         for _ in range(k):

@@ -1,8 +1,9 @@
-// What the Python worker (optcheck/torchsharp_bridge/worker.py) calls: one call per step,
-// one per pre-step check, one per snapshot. Batches arrive as pointers to int64 row-major
+// What the Python worker (optcheck/torchsharp_bridge/worker.py) calls: one call per step
+// (StepBound: the batch already in the bound buffers, the next pre-step fingerprint computed
+// after the step and written beside it), one per snapshot. Batches arrive as int64 row-major
 // (batch, time) arrays owned by Python (numpy), copied here into reused long[] buffers.
+// Benchmark-only loops are in Bench.cs.
 using System;
-using System.Diagnostics;
 using System.Reflection;
 using System.Runtime.InteropServices;
 
@@ -12,7 +13,7 @@ namespace OptCheck.Probe
     {
         readonly ITrainer trainer;
         ProbeCore probe;
-        long[] xbuf = new long[0], ybuf = new long[0];
+        internal long[] xbuf = new long[0], ybuf = new long[0];
 
         public Driver(ITrainer trainer)
         {
@@ -57,13 +58,41 @@ namespace OptCheck.Probe
             }
         }
 
-        void Load(IntPtr x, IntPtr y, int batch, int time)
+        internal void Load(IntPtr x, IntPtr y, int batch, int time)
         {
             int n = checked(batch * time);
             if (xbuf.Length != n) { xbuf = new long[n]; ybuf = new long[n]; }
             Marshal.Copy(x, xbuf, 0, n);
             Marshal.Copy(y, ybuf, 0, n);
         }
+
+        IntPtr boundX, boundY, fpSink;
+        int boundCapacity;
+
+        /// <summary>Bind two int64 buffers of <paramref name="capacity"/> elements (Python keeps them alive and
+        /// writes each step's inputs/targets there) and a one-int64 sink that StepBound fills with the
+        /// fingerprint after the step: then a step is one call with three integers.</summary>
+        public void Bind(IntPtr x, IntPtr y, int capacity, IntPtr fingerprintSink)
+        {
+            if (capacity < 0) throw new ArgumentOutOfRangeException("capacity");
+            boundX = x; boundY = y; boundCapacity = capacity; fpSink = fingerprintSink;
+        }
+
+        /// <summary>Step on the bound buffers' first batch*time elements, then write Fingerprint() (the
+        /// pre-step check of the next step, unless something changes the model in between) to the sink.</summary>
+        /// <exception cref="InvalidOperationException">Bind was not called, or batch*time exceeds its capacity.</exception>
+        public double StepBound(long step, int batch, int time)
+        {
+            if (boundX == IntPtr.Zero || checked(batch * time) > boundCapacity)
+                throw new InvalidOperationException("Driver.StepBound: bind buffers of at least batch*time elements first (Driver.Bind)");
+            Load(boundX, boundY, batch, time);
+            double loss = trainer.Step(step, xbuf, ybuf, batch, time);
+            if (fpSink != IntPtr.Zero) Marshal.WriteInt64(fpSink, P.Fingerprint());
+            return loss;
+        }
+
+        /// <summary>The probe core (benchmarks, Bench.cs).</summary>
+        internal ProbeCore Core { get { return P; } }
 
         /// <summary>One training step on int64 (batch, time) inputs/targets at x, y; returns the loss.
         /// Whatever the trainer throws propagates (KeyNotFoundException from AdamW.step, ...).</summary>
@@ -92,31 +121,5 @@ namespace OptCheck.Probe
         public string Inject(string name) { return trainer.Inject(name); }
 
         public string Lifecycle(string kind) { return trainer.Lifecycle(kind); }
-
-        /// <summary>Benchmark: <paramref name="n"/> steps run by a loop inside .NET (steps first..first+n-1,
-        /// the same batch each time); returns the wall seconds of the whole loop.</summary>
-        public double TimeSteps(long first, IntPtr x, IntPtr y, int batch, int time, int n)
-        {
-            Load(x, y, batch, time);
-            var sw = Stopwatch.StartNew();
-            for (int i = 0; i < n; i++) trainer.Step(first + i, xbuf, ybuf, batch, time);
-            return sw.Elapsed.TotalSeconds;
-        }
-
-        /// <summary>Benchmark: <paramref name="n"/> pre-step checks (Fingerprint) inside .NET; wall seconds.</summary>
-        public double TimeFingerprints(int n)
-        {
-            var sw = Stopwatch.StartNew();
-            for (int i = 0; i < n; i++) P.Fingerprint();
-            return sw.Elapsed.TotalSeconds;
-        }
-
-        /// <summary>Benchmark: <paramref name="n"/> probe readings inside .NET; wall seconds.</summary>
-        public double TimeProbes(int n)
-        {
-            var sw = Stopwatch.StartNew();
-            for (int i = 0; i < n; i++) P.Read();
-            return sw.Elapsed.TotalSeconds;
-        }
     }
 }

@@ -3,7 +3,7 @@
 // tests here, and is included as source in the SDK-style net8.0 worker project (part 2),
 // whose TorchSharp adapter implements these interfaces.
 //
-// Identities (DESIGN.md §3): Handle is the key the optimizer keeps its per-parameter state
+// Identities (docs/torchsharp.md): Handle is the key the optimizer keeps its per-parameter state
 // under (TorchSharp: Tensor.Handle, the address of the native tensor wrapper; AdamW.step
 // looks up _state[param.handle]); DataPtr is the address of the tensor's data (LibTorchSharp
 // THSTensor_data). Two handles can share one data pointer (weight tying, Module.to converting

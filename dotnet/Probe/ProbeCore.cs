@@ -1,7 +1,7 @@
 // The probe: reads a model and its optimizer (an IProbeTarget) into a few flat arrays per
 // call, and the pre-step check that compares the model's parameters, the optimizer's members
 // and its state keys by handle and by data pointer. Python makes one call for each
-// (DESIGN.md §7: one call returning arrays ~10 µs, against ~200 µs walking 30 parameters
+// (docs/torchsharp.md: one call returning arrays ~10 µs, against ~200 µs walking 30 parameters
 // attribute by attribute through pythonnet).
 using System;
 using System.Collections.Generic;
@@ -231,7 +231,7 @@ namespace OptCheck.Probe
             r.OptimizerType = target.OptimizerType;
             if (CollectBeforeMemory) {
                 // Tensors dropped without a DisposeScope are freed by finalizers: count what is
-                // really alive, not what the GC has not reached yet (DESIGN.md §6).
+                // really alive, not what the GC has not reached yet (docs/torchsharp.md).
                 GC.Collect(); GC.WaitForPendingFinalizers(); GC.Collect();
             }
             r.LiveTensors = target.LiveTensors; r.PeakTensors = target.PeakTensors;

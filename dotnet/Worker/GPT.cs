@@ -25,12 +25,12 @@ namespace OptCheck.Worker
         /// named_parameters() (which skips a handle it has seen: Module.cs) lists the tensor once,
         /// as wte.weight, like PyTorch. "obvious": lm_head is an nn.Linear and
         /// <c>lm_head.weight = wte.weight</c> — on 0.99.6 the getter returns a new wrapper, so two
-        /// handles, two optimizer states, one tensor (DESIGN.md §6, fixture …-tied.jsonl).</summary>
+        /// handles, two optimizer states, one tensor (docs/torchsharp.md, fixture …-tied.jsonl).</summary>
         public string Tie = "once";
     }
 
     /// <summary>nanoGPT's LayerNorm: two plain Parameter fields (the kind TorchSharp's Module.to
-    /// rebuilds as new non-leaf tensors, DESIGN.md §6), F.layer_norm with eps 1e-5.</summary>
+    /// rebuilds as new non-leaf tensors, docs/torchsharp.md), F.layer_norm with eps 1e-5.</summary>
     public sealed class LayerNorm : nn.Module<Tensor, Tensor>
     {
         // Field names are the parameter names (RegisterComponents); keep them as they are.
@@ -51,14 +51,14 @@ namespace OptCheck.Worker
         public override Tensor forward(Tensor x)
         {
             Tensor y = nn.functional.layer_norm(x, shape, weight, bias, 1e-5);
-            return gain == null ? y : y.mul(gain);
+            return ReferenceEquals(gain, null) ? y : y.mul(gain);  // never gain == null: Tensor's == is element-wise from 0.10x
         }
 
         /// <summary>The late parameter of fault param-registered-late: registered on the module
         /// after the optimizer exists (Module.register_parameter) and used by forward.</summary>
         public void AddGain()
         {
-            gain = new Parameter(torch.ones(shape[0], dtype: weight.dtype), true);
+            gain = new Parameter(torch.ones(shape[0], dtype: weight.dtype, device: weight.device), true);
             register_parameter("gain", gain);
         }
     }
@@ -91,7 +91,8 @@ namespace OptCheck.Worker
             // gpt.py: masked_fill(~tril(ones(T, T, bool)), -inf). The mask is made here rather than
             // held as a Tensor field: a field would be registered as a buffer and converted to the
             // float dtype by Module.to (Module.cs _toEpilog), which masked_fill cannot use.
-            Tensor future = torch.ones(T, T, dtype: ScalarType.Bool).triu(1);
+            // On x's device: a CPU mask against CUDA scores fails at the first forward.
+            Tensor future = torch.ones(T, T, dtype: ScalarType.Bool, device: x.device).triu(1);
             att = att.masked_fill(future, (Scalar)double.NegativeInfinity);
             att = nn.functional.softmax(att, -1);
             Tensor y = att.matmul(v).transpose(1, 2).contiguous().view(B, T, C);
@@ -169,7 +170,7 @@ namespace OptCheck.Worker
         }
 
         /// <summary>wte's registered weight: the Parameter object named_parameters() returns,
-        /// never the Embedding.weight getter (a new wrapper per read on 0.99.6, DESIGN.md §6).</summary>
+        /// never the Embedding.weight getter (a new wrapper per read on 0.99.6, docs/torchsharp.md).</summary>
         public Parameter TiedWeight()
         {
             return wte.get_parameter("weight");
@@ -197,7 +198,7 @@ namespace OptCheck.Worker
         public override Tensor forward(Tensor idx)
         {
             long T = idx.shape[1];
-            Tensor pos = torch.arange(0L, T, dtype: ScalarType.Int64);
+            Tensor pos = torch.arange(0L, T, dtype: ScalarType.Int64, device: idx.device);  // idx's device, as gpt.py
             Tensor x = wte.call(idx).add(wpe.call(pos));
             for (int i = 0; i < h.Count; i++) x = h[i].call(x);
             x = ln_f.call(x);

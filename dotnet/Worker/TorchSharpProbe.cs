@@ -3,7 +3,7 @@
 //
 // - Parameters come from Module.named_parameters(): the registered Parameter objects, stable
 //   across calls. Never through Linear.weight / Embedding.weight: on 0.99.6 those getters wrap
-//   the native tensor anew on every read, a new Handle each time (DESIGN.md §6; NN/Linear.cs).
+//   the native tensor anew on every read, a new Handle each time (docs/torchsharp.md; NN/Linear.cs).
 // - Handle = Tensor.Handle, the key AdamW keeps its state under (_state[p.Handle] in
 //   AdamW.add_param_group, _state[param.handle] in AdamW.step).
 // - DataPtr = LibTorchSharp's THSTensor_data(handle) (src/Native/LibTorchSharp/THSTensor.cpp,
@@ -41,7 +41,7 @@ namespace OptCheck.Worker
         /// <summary>Address of the tensor's data (THSTensor_data); 0 = unknown or no data.</summary>
         public static long DataPtr(Tensor t)
         {
-            if (dataPtrBroken || t == null || t.IsInvalid) return 0;
+            if (dataPtrBroken || ReferenceEquals(t, null) || t.IsInvalid) return 0;
             try {
                 long p = THSTensor_data(t.Handle).ToInt64();
                 if (p == 0) torch.CheckForErrors();  // clear LibTorchSharp's last error, if it set one
@@ -78,6 +78,16 @@ namespace OptCheck.Worker
             return DTypes.Normalize(t.dtype.ToString());
         }
 
+        /// <summary>TorchSharp's package version, from its assembly (informational version without the +commit).</summary>
+        public static string TorchSharpVersion()
+        {
+            Assembly a = typeof(torch).Assembly;
+            var info = (AssemblyInformationalVersionAttribute)Attribute.GetCustomAttribute(a, typeof(AssemblyInformationalVersionAttribute));
+            string v = info != null ? info.InformationalVersion : a.GetName().Version.ToString();
+            int plus = v.IndexOf('+');
+            return plus >= 0 ? v.Substring(0, plus) : v;
+        }
+
         public static string Device(Tensor t)
         {
             return t.device_type == DeviceType.CUDA ? "cuda:" + t.device_index : t.device_type.ToString().ToLowerInvariant();
@@ -97,7 +107,7 @@ namespace OptCheck.Worker
             this.p = p;
         }
 
-        bool Alive { get { return p != null && !p.IsInvalid; } }
+        bool Alive { get { return !ReferenceEquals(p, null) && !p.IsInvalid; } }
 
         public string Name { get { return name; } }
         public long Handle { get { return Alive ? p.Handle.ToInt64() : 0; } }
@@ -112,7 +122,7 @@ namespace OptCheck.Worker
             get {
                 if (!Alive) return false;
                 Tensor g = TensorFacts.Grad(p);
-                if (g == null) return false;
+                if (ReferenceEquals(g, null)) return false;
                 g.Dispose();
                 return true;
             }
@@ -124,34 +134,30 @@ namespace OptCheck.Worker
             using (torch.no_grad())
             using (DisposeScope scope = torch.NewDisposeScope()) {
                 Tensor g = TensorFacts.Grad(p);
-                if (g == null) return double.NaN;
+                if (ReferenceEquals(g, null)) return double.NaN;
                 return g.norm().to(ScalarType.Float64).item<double>();
             }
         }
     }
 
-    /// <summary>One AdamW param group: its options and the tensors step() will walk.</summary>
+    /// <summary>One param group of any TorchSharp optimizer: its options and the tensors step() will walk.</summary>
     public sealed class TsGroupView : IParamGroupView
     {
-        static readonly string[] Names = { "lr", "beta1", "beta2", "eps", "weight_decay", "amsgrad", "maximize" };
         readonly ParamGroup group;
+        readonly OptionReader options;
 
         public TsGroupView(ParamGroup group)
         {
             this.group = group;
+            options = OptionReader.For(group.Options == null ? null : group.Options.GetType());
         }
 
-        public string[] OptionNames { get { return Names; } }
+        public string[] OptionNames { get { return options.Names; } }
 
-        public double[] OptionValues {
-            get {
-                AdamW.Options o = group.Options as AdamW.Options;
-                if (o == null) return new double[] { group.LearningRate };
-                return new double[] {
-                    o.LearningRate ?? double.NaN, o.beta1 ?? double.NaN, o.beta2 ?? double.NaN, o.eps ?? double.NaN,
-                    o.weight_decay ?? double.NaN, (o.amsgrad ?? false) ? 1 : 0, (o.maximize ?? false) ? 1 : 0 };
-            }
-        }
+        /// <summary>"lr" from the group's LearningRate (what a schedule sets), then every option of the
+        /// optimizer's Options class (AdamW: beta1, beta2, weight_decay, eps, amsgrad, maximize; SGD:
+        /// momentum, dampening, ...): NaN for an option left null, 1/0 for a bool.</summary>
+        public double[] OptionValues { get { return options.Values(group); } }
 
         /// <summary>group.Parameters enumerated afresh: a lazy enumerable re-walks the model, as step() does.</summary>
         public IList<IParameterView> Members()
@@ -162,44 +168,139 @@ namespace OptCheck.Worker
         }
     }
 
+    /// <summary>The options of one OptimizerOptions subclass, found once by reflection: its public
+    /// instance fields and properties of type double?, double, float?, bool?, bool, int?, long? (every
+    /// built-in optimizer's Options holds only such fields, src/TorchSharp/Optimizers/*.cs).</summary>
+    public sealed class OptionReader
+    {
+        static readonly Dictionary<Type, OptionReader> cache = new Dictionary<Type, OptionReader>();
+        readonly List<Func<object, double>> getters = new List<Func<object, double>>();
+        public readonly string[] Names;
+
+        OptionReader(Type t)
+        {
+            var names = new List<string> { "lr" };
+            if (t != null) {
+                foreach (FieldInfo f in t.GetFields(BindingFlags.Public | BindingFlags.Instance)) {
+                    FieldInfo fi = f;
+                    if (Numeric(f.FieldType)) { names.Add(f.Name); getters.Add(o => ToDouble(fi.GetValue(o))); }
+                }
+                foreach (PropertyInfo pr in t.GetProperties(BindingFlags.Public | BindingFlags.Instance)) {
+                    PropertyInfo pi = pr;
+                    if (pr.Name == "LearningRate" || pr.Name == "InitialLearningRate" || !pr.CanRead ||
+                        pr.GetIndexParameters().Length != 0 || !Numeric(pr.PropertyType)) continue;
+                    names.Add(pr.Name); getters.Add(o => ToDouble(pi.GetValue(o, null)));
+                }
+            }
+            Names = names.ToArray();
+        }
+
+        public static OptionReader For(Type optionsType)
+        {
+            lock (cache) {
+                OptionReader r;
+                Type key = optionsType ?? typeof(void);
+                if (!cache.TryGetValue(key, out r)) cache[key] = r = new OptionReader(optionsType);
+                return r;
+            }
+        }
+
+        static bool Numeric(Type t)
+        {
+            Type u = Nullable.GetUnderlyingType(t) ?? t;
+            return u == typeof(double) || u == typeof(float) || u == typeof(bool) || u == typeof(int) || u == typeof(long);
+        }
+
+        static double ToDouble(object v)
+        {
+            if (v == null) return double.NaN;
+            if (v is bool) return (bool)v ? 1 : 0;
+            return Convert.ToDouble(v, System.Globalization.CultureInfo.InvariantCulture);
+        }
+
+        public double[] Values(ParamGroup group)
+        {
+            var r = new double[Names.Length];
+            r[0] = group.LearningRate;
+            for (int i = 0; i < getters.Count; i++) r[i + 1] = group.Options == null ? double.NaN : getters[i](group.Options);
+            return r;
+        }
+    }
+
     /// <summary>Holds the live optimizer's _state dictionary for the probe's StateReader (field "state").</summary>
     public sealed class StateHolder
     {
         public object state;
     }
 
-    /// <summary>IProbeTarget over a GptTrainer's current model and optimizer.</summary>
+    /// <summary>IProbeTarget over any TorchSharp (Module, Optimizer) pair, read through two getters so
+    /// that a trainer which rebuilds either (resume) is always read live: the model's
+    /// named_parameters() walk, the optimizer's param groups (any built-in optimizer: their options by
+    /// reflection, OptionReader) and its per-parameter state (OptimizerHelper._state, where all twelve
+    /// built-in optimizers keep it, docs/torchsharp.md). GptTrainer and ModuleTrainer (a user's own
+    /// model) both use it; PreStepGuard checks it before a step.</summary>
     public sealed class TorchSharpTarget : IProbeTarget
     {
         /// <summary>OptimizerHelper._state, or null when this TorchSharp has no such field.</summary>
         public static readonly FieldInfo StateField =
             typeof(OptimizerHelper).GetField("_state", BindingFlags.Instance | BindingFlags.NonPublic | BindingFlags.Public);
 
-        readonly GptTrainer trainer;
+        readonly Func<nn.Module> model;
+        readonly Func<optim.Optimizer> optimizer;
         readonly StateHolder holder = new StateHolder();
+        object boundTo;
 
-        public TorchSharpTarget(GptTrainer trainer)
+        /// <param name="model">returns the model now (read on every probe call)</param>
+        /// <param name="optimizer">returns the optimizer now (read on every probe call)</param>
+        public TorchSharpTarget(Func<nn.Module> model, Func<optim.Optimizer> optimizer)
         {
-            this.trainer = trainer;
+            if (model == null) throw new ArgumentNullException("model");
+            if (optimizer == null) throw new ArgumentNullException("optimizer");
+            this.model = model;
+            this.optimizer = optimizer;
         }
 
-        /// <summary>Point the probe at this optimizer's state (called whenever the optimizer is built).</summary>
-        public void Bind(OptimizerHelper optimizer)
+        /// <summary>A target over one fixed pair.</summary>
+        public TorchSharpTarget(nn.Module model, optim.Optimizer optimizer) : this(() => model, () => optimizer) { }
+
+        nn.Module Model {
+            get {
+                nn.Module m = model();
+                if (m == null) throw new InvalidOperationException("the probe target has no model (it returned null)");
+                return m;
+            }
+        }
+
+        optim.Optimizer Optimizer {
+            get {
+                optim.Optimizer o = optimizer();
+                if (o == null) throw new InvalidOperationException("the probe target has no optimizer (it returned null)");
+                return o;
+            }
+        }
+
+        /// <summary>Point the state holder at the current optimizer's _state (when the optimizer changed).
+        /// ProbeCore calls ModelParameters() first in every read, so the state it reads next is the live one.</summary>
+        void Rebind()
         {
-            holder.state = StateField == null || optimizer == null ? null : StateField.GetValue(optimizer);
+            optim.Optimizer o = optimizer();
+            if (ReferenceEquals(o, boundTo)) return;
+            boundTo = o;
+            holder.state = StateField == null || !(o is OptimizerHelper) ? null : StateField.GetValue(o);
         }
 
         public IList<IParameterView> ModelParameters()
         {
+            Rebind();
             var list = new List<IParameterView>();
-            foreach (var np in trainer.Model.named_parameters()) list.Add(new TsParameterView(np.name, np.parameter));
+            foreach (var np in Model.named_parameters()) list.Add(new TsParameterView(np.name, np.parameter));
             return list;
         }
 
         public IList<IParamGroupView> ParamGroups()
         {
             var list = new List<IParamGroupView>();
-            foreach (var g in trainer.Optimizer.ParamGroups) {
+            foreach (var g in Optimizer.ParamGroups) {
                 ParamGroup pg = g as ParamGroup;
                 if (pg != null) list.Add(new TsGroupView(pg));
             }
@@ -208,28 +309,47 @@ namespace OptCheck.Worker
 
         // With the field found, the probe reads holder.state; without it, it looks for "_state" on the
         // optimizer itself and its snapshot says why the state cannot be read.
-        public object StateOwner { get { return StateField != null ? (object)holder : trainer.Optimizer; } }
+        public object StateOwner { get { Rebind(); return StateField != null ? (object)holder : Optimizer; } }
         public string StateFieldName { get { return StateField != null ? "state" : "_state"; } }
 
+        /// <summary>Any optimizer's state entry: its public long "step" field and every public Tensor field
+        /// (AdamW: exp_avg, exp_avg_sq, max_exp_avg_sq; SGD: momentum_buffer; ...), null or disposed ones skipped.</summary>
         public StateView DescribeState(object key, object value)
         {
-            AdamW.State s = value as AdamW.State;
-            if (s == null) return null;
+            if (value == null) return null;
             var sv = new StateView();
-            sv.Step = s.step;
-            AddTensor(sv, "exp_avg", s.exp_avg);
-            AddTensor(sv, "exp_avg_sq", s.exp_avg_sq);
-            AddTensor(sv, "max_exp_avg_sq", s.max_exp_avg_sq);
+            foreach (FieldInfo f in StateFields(value.GetType())) {
+                object v = f.GetValue(value);
+                if (f.Name == "step" && (v is long || v is int)) { sv.Step = Convert.ToInt64(v); continue; }
+                AddTensor(sv, f.Name, v as Tensor);
+            }
             return sv;
+        }
+
+        static readonly Dictionary<Type, FieldInfo[]> stateFields = new Dictionary<Type, FieldInfo[]>();
+
+        static FieldInfo[] StateFields(Type t)
+        {
+            lock (stateFields) {
+                FieldInfo[] fs;
+                if (!stateFields.TryGetValue(t, out fs)) {
+                    var l = new List<FieldInfo>();
+                    foreach (FieldInfo f in t.GetFields(BindingFlags.Public | BindingFlags.Instance))
+                        if (typeof(Tensor).IsAssignableFrom(f.FieldType) || (f.Name == "step" && (f.FieldType == typeof(long) || f.FieldType == typeof(int))))
+                            l.Add(f);
+                    stateFields[t] = fs = l.ToArray();
+                }
+                return fs;
+            }
         }
 
         static void AddTensor(StateView sv, string name, Tensor t)
         {
-            if (t == null || t.IsInvalid) return;
+            if (ReferenceEquals(t, null) || t.IsInvalid) return;
             sv.Add(name, t.shape, TensorFacts.DType(t));
         }
 
-        public string OptimizerType { get { return trainer.Optimizer.GetType().Name; } }
+        public string OptimizerType { get { return Optimizer.GetType().Name; } }
         public long LiveTensors { get { return Tensor.TotalCount; } }
         public long PeakTensors { get { return Tensor.PeakCount; } }
     }

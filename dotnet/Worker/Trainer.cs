@@ -2,7 +2,7 @@
 // dotnet/README.md): the same step as optcheck/pytorch/train.py — lr_at() schedule, zero_grad,
 // forward, cross-entropy, backward, clip_grad_norm_ 1.0, AdamW.step() — with a DisposeScope per
 // step, AdamW with nanoGPT's decay / no-decay groups and every option passed explicitly
-// (TorchSharp's weight_decay default is 0, PyTorch's 0.01: DESIGN.md §6), the lifecycle events
+// (TorchSharp's weight_decay default is 0, PyTorch's 0.01: docs/torchsharp.md), the lifecycle events
 // eval / checkpoint / resume and the TorchSharp faults of optcheck/scenarios.py.
 //
 // The param groups are lazy LINQ over model.named_parameters(), as `optim.AdamW(model.parameters())`
@@ -48,7 +48,7 @@ namespace OptCheck.Worker
 
         public GptTrainer()
         {
-            target = new TorchSharpTarget(this);
+            target = new TorchSharpTarget(() => Model, () => Optimizer);
         }
 
         public IProbeTarget Target { get { return target; } }
@@ -61,46 +61,39 @@ namespace OptCheck.Worker
 
         public void Setup(string[] optionNames, string[] optionValues)
         {
-            if (optionNames == null || optionValues == null || optionNames.Length != optionValues.Length)
-                throw new ArgumentException("Setup: option names and values must be two arrays of one length");
-            var o = new Dictionary<string, string>();
-            for (int i = 0; i < optionNames.Length; i++) {
-                string v = optionValues[i];
-                if (v == null || v == "" || v == "None" || v == "null") continue;
-                o[optionNames[i]] = v;
-            }
-            seed = Long(o, "seed", seed);
-            steps = Long(o, "steps", steps);
-            warmupSteps = Long(o, "warmup_steps", warmupSteps);
-            lr = Double(o, "lr", lr);
-            minLr = Double(o, "min_lr", minLr);
-            weightDecay = Double(o, "weight_decay", weightDecay);
-            beta1 = Double(o, "beta1", beta1);
-            beta2 = Double(o, "beta2", beta2);
-            eps = Double(o, "eps", eps);
-            gradClip = Double(o, "grad_clip", gradClip);
-            threads = (int)Long(o, "threads", threads);
-            double dropout = Double(o, "dropout", 0.0);
+            var o = new TrainerOptions(optionNames, optionValues);
+            seed = o.Long("seed", seed);
+            steps = o.Long("steps", steps);
+            warmupSteps = o.Long("warmup_steps", warmupSteps);
+            lr = o.Double("lr", lr);
+            minLr = o.Double("min_lr", minLr);
+            weightDecay = o.Double("weight_decay", weightDecay);
+            beta1 = o.Double("beta1", beta1);
+            beta2 = o.Double("beta2", beta2);
+            eps = o.Double("eps", eps);
+            gradClip = o.Double("grad_clip", gradClip);
+            threads = (int)o.Long("threads", threads);
+            double dropout = o.Double("dropout", 0.0);
             if (dropout != 0.0)
                 throw new ArgumentException("dropout " + dropout.ToString(CultureInfo.InvariantCulture) +
                                             ": the TorchSharp GPT has no dropout; use 0 (the default, which keeps the two backends comparable)");
             string opt;
-            if (o.TryGetValue("extra.optimizer", out opt) && opt.ToLowerInvariant() != "adamw")
+            if (o.TryGet("extra.optimizer", out opt) && opt.ToLowerInvariant() != "adamw")
                 throw new ArgumentException("optimizer " + opt + ": the TorchSharp GPT trains with AdamW only (--optimizer adamw)");
             string wd;
-            if (o.TryGetValue("work_dir", out wd)) workDir = wd;
+            if (o.TryGet("work_dir", out wd)) workDir = wd;
             config = new GPTConfig {
-                BlockSize = Long(o, "block_size", 64),
+                BlockSize = o.Long("block_size", 64),
                 // the corpus's vocabulary (the worker passes it as extra.corpus_vocab_size); vocab_size is
                 // only SoakConfig's override for .bin data
-                VocabSize = Long(o, "extra.corpus_vocab_size", Long(o, "vocab_size", 256)),
-                NLayer = Long(o, "n_layer", 2),
-                NHead = Long(o, "n_head", 2),
-                NEmbd = Long(o, "n_embd", 64),
+                VocabSize = o.Long("extra.corpus_vocab_size", o.Long("vocab_size", 256)),
+                NLayer = o.Long("n_layer", 2),
+                NHead = o.Long("n_head", 2),
+                NEmbd = o.Long("n_embd", 64),
             };
             string tie;
-            if (o.TryGetValue("extra.tie", out tie)) config.Tie = tie;
-            o.TryGetValue("extra.same_init", out sameInit);
+            if (o.TryGet("extra.tie", out tie)) config.Tie = tie;
+            o.TryGet("extra.same_init", out sameInit);
             if (threads < 1) throw new ArgumentException("threads must be at least 1, got " + threads);
 
             torch.set_num_threads(threads);
@@ -108,27 +101,6 @@ namespace OptCheck.Worker
             Model = new GPT(config);
             if (sameInit != null) LoadInit(Model, sameInit);
             Optimizer = BuildOptimizer(Model);
-            target.Bind(Optimizer);
-        }
-
-        static long Long(Dictionary<string, string> o, string name, long dflt)
-        {
-            string v;
-            if (!o.TryGetValue(name, out v)) return dflt;
-            long r;
-            if (long.TryParse(v, NumberStyles.Integer, CultureInfo.InvariantCulture, out r)) return r;
-            double d;
-            if (double.TryParse(v, NumberStyles.Float, CultureInfo.InvariantCulture, out d) && d == Math.Floor(d)) return (long)d;
-            throw new ArgumentException(name + ": expected an integer, got '" + v + "'");
-        }
-
-        static double Double(Dictionary<string, string> o, string name, double dflt)
-        {
-            string v;
-            if (!o.TryGetValue(name, out v)) return dflt;
-            double r;
-            if (double.TryParse(v, NumberStyles.Float, CultureInfo.InvariantCulture, out r)) return r;
-            throw new ArgumentException(name + ": expected a number, got '" + v + "'");
         }
 
         /// <summary>AdamW over lazy decay (dim >= 2) / no-decay (dim < 2) groups of the model's
@@ -195,8 +167,9 @@ namespace OptCheck.Worker
             foreach (var g in Optimizer.ParamGroups) g.LearningRate = lrNow;
             using (DisposeScope scope = torch.NewDisposeScope()) {
                 Optimizer.zero_grad();
-                Tensor x = torch.tensor(inputs).view(batch, time);
-                Tensor y = torch.tensor(targets).view(batch, time);
+                Device device = Model.TiedWeight().device;  // batches go where the model is (CPU or CUDA)
+                Tensor x = torch.tensor(inputs, device: device).view(batch, time);
+                Tensor y = torch.tensor(targets, device: device).view(batch, time);
                 Tensor loss = GPT.Loss(Model.call(x), y);
                 loss.backward();
                 if (gradClip > 0) torch.nn.utils.clip_grad_norm_(Model.parameters(), gradClip);
@@ -219,8 +192,9 @@ namespace OptCheck.Worker
             try {
                 using (torch.no_grad())
                 using (DisposeScope scope = torch.NewDisposeScope()) {
-                    Tensor x = torch.tensor(inputs).view(batch, time);
-                    Tensor y = torch.tensor(targets).view(batch, time);
+                    Device device = Model.TiedWeight().device;
+                    Tensor x = torch.tensor(inputs, device: device).view(batch, time);
+                    Tensor y = torch.tensor(targets, device: device).view(batch, time);
                     return GPT.Loss(Model.call(x), y).to(ScalarType.Float64).item<double>();
                 }
             } finally {
@@ -277,7 +251,7 @@ namespace OptCheck.Worker
                 Device device = p.device;
                 ScalarType dtype = p.dtype;
                 string where = TensorFacts.Device(p) + ", " + DTypes.Normalize(dtype.ToString());
-                Model.to(device, dtype);  // the no-op round trip evaluation code does (DESIGN.md §6: not a no-op on 0.99.6)
+                Model.to(device, dtype);  // the no-op round trip evaluation code does (docs/torchsharp.md: not a no-op on 0.99.6)
                 return "model.eval(); no_grad forward (" + loss + "); model.train(); model.to(" + where + ")";
             }
             case "checkpoint":
@@ -301,7 +275,6 @@ namespace OptCheck.Worker
                 optimizer.load_state_dict(OptimizerPath);
                 Model = model;
                 Optimizer = optimizer;
-                target.Bind(optimizer);
                 oldOptimizer.Dispose();
                 oldModel.Dispose();
                 return "new GPT + AdamW, model.load + optimizer.load_state_dict from the last checkpoint" + also;
@@ -316,11 +289,7 @@ namespace OptCheck.Worker
         /// <summary>TorchSharp's package version, from its assembly (informational version without the +commit).</summary>
         public static string TorchSharpVersion()
         {
-            Assembly a = typeof(torch).Assembly;
-            var info = (AssemblyInformationalVersionAttribute)Attribute.GetCustomAttribute(a, typeof(AssemblyInformationalVersionAttribute));
-            string v = info != null ? info.InformationalVersion : a.GetName().Version.ToString();
-            int plus = v.IndexOf('+');
-            return plus >= 0 ? v.Substring(0, plus) : v;
+            return TensorFacts.TorchSharpVersion();
         }
 
         public string[] Versions {

@@ -87,7 +87,8 @@ def register(group: click.Group) -> None:
     @click.option("--dotnet-runtime", type=click.Choice(["coreclr", "mono"]), default="coreclr", show_default=True,
                   help="TorchSharp backend: the .NET runtime pythonnet loads.")
     @click.option("--torchsharp", "torchsharp", type=str, default=None,
-                  help="TorchSharp backend: a TorchSharp version to build the worker for, or a local build's folder.")
+                  help="TorchSharp backend: a TorchSharp version to build the worker for (exactly that version; "
+                       "default $OPTCHECK_TORCHSHARP or 0.107.0), or a local build's folder.")
     @click.option("--dotnet-assembly", type=click.Path(), default=None,
                   help="TorchSharp backend: a prebuilt worker assembly (.dll) to load instead.")
     @click.option("--dotnet-trainer", type=str, default=None, help="TorchSharp backend: trainer type name in it.")

@@ -2,19 +2,26 @@
 Torch-free.
 
 ``--torchsharp VERSION`` builds ``dotnet/Worker/OptCheck.Worker.csproj`` against the NuGet
-package ``TorchSharp-cpu`` at VERSION with ``dotnet build``; ``--torchsharp PATH`` builds it
+package ``TorchSharp-cpu`` at exactly VERSION (``[VERSION]``: NuGet may not substitute a
+nearby version) with ``dotnet build``; ``--torchsharp PATH`` builds it
 against a local TorchSharp build (``PATH`` = its ``TorchSharp.dll`` or the folder holding it,
 with the native ``LibTorchSharp`` beside it). Each build lives in its own folder of the cache,
 ``$OPTCHECK_CACHE/torchsharp/<key>/`` (default ``~/.cache/optcheck/torchsharp/<key>/``; key =
 the version, or ``local-<hash of the path>``): ``src/`` (a copy of ``dotnet/Worker`` and
 ``dotnet/Probe``), ``bin/OptCheck.Worker.dll`` with TorchSharp and its native libraries beside
 it, ``build.log`` and ``build.json``. A build is reused while the sources (and, for a local
-TorchSharp, its ``TorchSharp.dll``) are unchanged.
+TorchSharp, its ``TorchSharp.dll``) are unchanged. ``build.json`` records the version NuGet
+actually restored (read from the restore's ``obj/project.assets.json``).
+
+The C# sources come from the checkout's ``dotnet/`` folder, or, in an installed wheel, from
+``optcheck/dotnet_src/`` (the same files, copied there by ``setup.py``'s ``build_py`` when the
+wheel is built: :func:`sources_dir`). The first build says on stderr what it restores and
+compiles, and how long it took (the first restore downloads about 1.4 GB).
 
 Every failure is one line naming the cause and the command to run
 (:class:`optcheck.errors.InputError`, exit code 2): no ``dotnet`` on PATH, a ``dotnet``
 without an SDK or with one older than 8, a version NuGet does not have (NuGet's NU1101 /
-NU1102), a restore without network (NU1301), a compile error (the first ``error`` line of
+NU1102: the line names the version asked for and what each source offers), a restore without network (NU1301), a compile error (the first ``error`` line of
 MSBuild's output, with the log's path and the command to re-run it by hand).
 
 Public: :func:`ensure_worker_assembly`, :func:`worker_extra`, :func:`cached_builds`,
@@ -32,6 +39,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,9 +50,10 @@ from optcheck.errors import InputError
 TRAINER_TYPE = "OptCheck.Worker.GptTrainer"
 ASSEMBLY = "OptCheck.Worker.dll"
 PACKAGE = "TorchSharp-cpu"
-#: Used when neither --torchsharp nor $OPTCHECK_TORCHSHARP is given: the version DESIGN.md §6
-#: and shared/fixtures/torchsharp were recorded on (libtorch 1.13.1).
-DEFAULT_VERSION = "0.99.6"
+#: Used when neither --torchsharp nor $OPTCHECK_TORCHSHARP is given: the newest TorchSharp-cpu on
+#: NuGet when this was written (libtorch 2.10.0; 0.99.6, the version the recorded fixtures come
+#: from, is no longer served).
+DEFAULT_VERSION = "0.107.0"
 MIN_SDK_MAJOR = 8
 BUILD_TIMEOUT_S = 3600  # the first restore downloads libtorch (hundreds of MB)
 
@@ -52,7 +62,17 @@ SDK_HINT = ("install the .NET SDK 8 or newer (https://learn.microsoft.com/dotnet
 NUGET_VERSIONS = "https://www.nuget.org/packages/TorchSharp-cpu#versions-body-tab"
 
 _VERSION_RE = re.compile(r"^\d+\.\d+\.\d+(?:[-.][0-9A-Za-z.-]+)?$")
-_DOTNET_DIR = Path(__file__).resolve().parents[2] / "dotnet"
+_PACKAGED_DIR = Path(__file__).resolve().parents[1] / "dotnet_src"  # an installed wheel (setup.py build_py)
+_CHECKOUT_DIR = Path(__file__).resolve().parents[2] / "dotnet"       # a checkout / editable install
+
+
+def sources_dir() -> Path:
+    """Where the C# sources are: ``optcheck/dotnet_src`` in an installed wheel, else the checkout's
+    ``dotnet/`` (both hold ``Worker/`` and ``Probe/``)."""
+    return _PACKAGED_DIR if (_PACKAGED_DIR / "Worker").is_dir() else _CHECKOUT_DIR
+
+
+_DOTNET_DIR = sources_dir()
 
 
 @dataclass(frozen=True)
@@ -137,8 +157,9 @@ def source_files(dotnet_dir: Path = _DOTNET_DIR) -> list[Path]:
     files = sorted((dotnet_dir / "Worker").glob("*.csproj")) + sorted((dotnet_dir / "Worker").glob("*.cs")) \
         + sorted((dotnet_dir / "Probe").glob("*.cs"))
     if not any(f.suffix == ".csproj" for f in files):
-        raise InputError(f"the TorchSharp worker sources are not at {dotnet_dir}/Worker; run optcheck from a "
-                         f"checkout of its repository (the dotnet/ folder is not part of the Python package)")
+        raise InputError(f"the TorchSharp worker sources are not at {dotnet_dir}/Worker (an installed optcheck "
+                         f"has them in optcheck/dotnet_src, a checkout in dotnet/); reinstall optcheck "
+                         f"(`pip install --force-reinstall optcheck`) or run it from a checkout")
     return files
 
 
@@ -178,7 +199,7 @@ def _is_current(rec: dict | None, spec: Spec, src_hash: str, folder: Path) -> bo
         return False
     if spec.dll is not None:
         return rec.get("torchsharp_dll") == str(spec.dll) and rec.get("dll_stamp") == _dll_stamp(spec.dll)
-    return rec.get("torchsharp") == spec.version
+    return rec.get("requested", rec.get("torchsharp")) == spec.version
 
 
 # -- running the SDK -------------------------------------------------------------------------
@@ -234,6 +255,42 @@ def _first(lines: list[str], code: str) -> str | None:
     return None
 
 
+_FOUND_RE = re.compile(r"Found (\d+) version\(s\) in (.+?)(?: \[ Nearest version: ([^\s\]]+) \])?\s*$")
+
+
+def sources_offer(output: str) -> str:
+    """What NuGet's NU1102 says each package source offers, as one clause, e.g. ``nuget.org has
+    64 versions (nearest 0.100.0), local has none``; "" when the output has no such lines.
+    (NuGet prints one ``  - Found N version(s) in SOURCE [ Nearest version: V ]`` line per source.)"""
+    parts = []
+    for ln in output.splitlines():
+        m = _FOUND_RE.search(ln.split("NU1102:", 1)[-1].strip())
+        if not m:
+            continue
+        n, src, near = int(m.group(1)), m.group(2).strip(), m.group(3)
+        part = f"{src} has none" if n == 0 else f"{src} has {n} version{'s' if n != 1 else ''}" + \
+            (f" (nearest {near})" if near else "")
+        if part not in parts:
+            parts.append(part)
+    return "the sources offer: " + ", ".join(parts) if parts else ""
+
+
+def restored_versions(project: Path) -> dict[str, str]:
+    """Package versions NuGet restored for ``project``, from ``obj/project.assets.json``
+    (its ``libraries`` keys are ``Name/Version``): e.g. ``{"TorchSharp-cpu": "0.107.0",
+    "TorchSharp": "0.107.0", ...}``; {} when the file is missing or unreadable."""
+    try:
+        assets = json.loads((project.parent / "obj" / "project.assets.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for key in (assets.get("libraries") or {}):
+        name, _, version = key.partition("/")
+        if name and version:
+            out[name] = version
+    return out
+
+
 def explain_failure(output: str, spec: Spec, log: Path, cmd: list[str]) -> str:
     """One line for a failed ``dotnet build`` (``output`` = its stdout + stderr): the cause
     (NU1101/NU1102 unknown package or version, NU1301 NuGet unreachable, the first compile
@@ -243,10 +300,10 @@ def explain_failure(output: str, spec: Spec, log: Path, cmd: list[str]) -> str:
     what = f"{PACKAGE} {spec.version}" if spec.version else f"the worker against {spec.dll}"
     nu = _first(lines, "NU1102") or _first(lines, "NU1101")
     if nu and spec.version:
-        nearest = re.search(r"Nearest version: ([^\s\]]+)", output)
-        near = f" (nearest: {nearest.group(1)})" if nearest else ""
-        return (f"--torchsharp {spec.text}: NuGet has no {PACKAGE} {spec.version}{near}: {nu}; pick a published "
-                f"version ({NUGET_VERSIONS}), e.g. `--torchsharp {DEFAULT_VERSION}`")
+        offer = sources_offer(output)
+        return (f"--torchsharp {spec.text}: NuGet has no {PACKAGE} {spec.version} (asked for exactly "
+                f"[{spec.version}]); {offer or nu}; pick a published version ({NUGET_VERSIONS}), "
+                f"e.g. `--torchsharp {DEFAULT_VERSION}`")
     nu = _first(lines, "NU1301")
     if nu:
         return (f"--torchsharp {spec.text}: cannot restore {what}: NuGet is unreachable ({nu}); connect this machine "
@@ -273,7 +330,12 @@ def _copy_sources(src: Path, dotnet_dir: Path) -> Path:
     return next((src / "Worker").glob("*.csproj"))
 
 
-def ensure_worker_assembly(spec: str | None = None, *, rebuild: bool = False, dotnet_dir: Path = _DOTNET_DIR) -> Path:
+def _say(msg: str) -> None:
+    print(f"optcheck: {msg}", file=sys.stderr, flush=True)
+
+
+def ensure_worker_assembly(spec: str | None = None, *, rebuild: bool = False, dotnet_dir: Path | None = None,
+                           say=_say) -> Path:
     """The worker assembly (``…/bin/OptCheck.Worker.dll``) built for ``spec`` — a TorchSharp
     version or a path to a local ``TorchSharp.dll`` (None: :func:`default_spec`) — building it
     with ``dotnet build`` unless the cache holds a build of the same sources.
@@ -283,7 +345,10 @@ def ensure_worker_assembly(spec: str | None = None, *, rebuild: bool = False, do
 
     Raises:
         InputError: one line naming the cause and the command to run (see module docstring).
+
+    ``say`` gets one line before a build (what is restored and compiled) and one after (how long it took).
     """
+    dotnet_dir = dotnet_dir or sources_dir()
     sp = parse_spec(spec or default_spec())
     src_hash = source_hash(dotnet_dir)
     folder = cache_root() / sp.key
@@ -296,6 +361,15 @@ def ensure_worker_assembly(spec: str | None = None, *, rebuild: bool = False, do
         out = folder / "bin"
         log = folder / "build.log"
         cmd = build_command(cli, project, out, sp)
+        n_src = len(source_files(dotnet_dir))
+        if sp.version:
+            what = (f"restoring {PACKAGE} {sp.version} from NuGet (with libtorch for Linux, macOS and Windows: about "
+                    f"1.4 GB the first time, then from the NuGet cache)")
+        else:
+            what = f"referencing the local TorchSharp {sp.dll}"
+        say(f"building the TorchSharp worker: {what}, compiling {n_src} source files from {dotnet_dir} with "
+            f".NET SDK {sdk} into {out} (log: {log})")
+        t0 = time.monotonic()
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, env=_env(),
                                  cwd=str(folder))
@@ -311,7 +385,14 @@ def ensure_worker_assembly(spec: str | None = None, *, rebuild: bool = False, do
             if code == 0:
                 output += f"\nerror: the build succeeded but wrote no {dll}"
             raise InputError(explain_failure(output, sp, log, cmd))
-        record = {"torchsharp": sp.version or str(sp.dll), "kind": sp.kind, "spec": sp.text,
+        restored = restored_versions(project).get(PACKAGE) if sp.version else None
+        if sp.version and restored and restored != sp.version:  # cannot happen with [VERSION], unless NuGet changes
+            raise InputError(f"--torchsharp {sp.text}: asked NuGet for exactly {PACKAGE} {sp.version} and it restored "
+                             f"{restored}; log: {log}")
+        say(f"built {dll.name} against {f'{PACKAGE} {restored or sp.version}' if sp.version else sp.dll} in "
+            f"{time.monotonic() - t0:.1f} s")
+        record = {"torchsharp": restored or sp.version or str(sp.dll), "requested": sp.version or str(sp.dll),
+                  "restored_from_nuget": bool(restored), "kind": sp.kind, "spec": sp.text,
                   "source_sha256": src_hash, "sdk": sdk, "assembly": str(dll),
                   "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
         if sp.dll is not None:
@@ -331,7 +412,7 @@ def worker_extra(spec: str | None = None) -> dict:
     return {"torchsharp": text, "dotnet_assembly": str(ensure_worker_assembly(text)), "dotnet_trainer": TRAINER_TYPE}
 
 
-def cached_builds(dotnet_dir: Path = _DOTNET_DIR) -> list[dict]:
+def cached_builds(dotnet_dir: Path | None = None) -> list[dict]:
     """The worker builds in the cache, for ``optcheck doctor``: one dict per folder with
     ``key``, ``torchsharp`` (version or DLL path), ``assembly``, ``sdk``, ``built_at``,
     ``ok`` (the assembly exists) and ``current`` (built from today's sources)."""
@@ -339,7 +420,7 @@ def cached_builds(dotnet_dir: Path = _DOTNET_DIR) -> list[dict]:
     if not root.is_dir():
         return []
     try:
-        src_hash = source_hash(dotnet_dir)
+        src_hash = source_hash(dotnet_dir or sources_dir())
     except InputError:
         src_hash = None
     out = []
@@ -354,11 +435,13 @@ def cached_builds(dotnet_dir: Path = _DOTNET_DIR) -> list[dict]:
     return out
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m optcheck.torchsharp_bridge.build [SPEC]`
-    import sys
+if __name__ == "__main__":  # pragma: no cover - `python -m optcheck.torchsharp_bridge.build [SPEC | --sources]`
 
     from optcheck.exitcodes import USAGE
 
+    if "--sources" in sys.argv[1:]:  # the folder a user's csproj compiles optcheck's C# from (OptCheckSources)
+        print(sources_dir())
+        sys.exit(0)
     args = [a for a in sys.argv[1:] if a != "--rebuild"]
     try:
         print(ensure_worker_assembly(args[0] if args else None, rebuild="--rebuild" in sys.argv))

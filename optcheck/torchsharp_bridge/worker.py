@@ -7,8 +7,9 @@ the worker assembly ``SoakConfig.extra["dotnet_assembly"]`` (which contains the
 ``OptCheck.Probe`` sources, ``dotnet/Probe/``), constructs the trainer
 ``extra["dotnet_trainer"]`` through ``OptCheck.Probe.Driver.ForType`` and runs
 :func:`optcheck.worker_loop.run` with :class:`TorchSharpBackend`: one .NET call
-per step (``Driver.Step``), one per pre-step check (``Driver.Fingerprint``), one
-per snapshot (``Driver.Probe``).
+per step (``Driver.StepBound``: the batch is copied into buffers bound once with
+``Driver.Bind``, and the step writes the next pre-step fingerprint beside them, so
+the per-step pre-step check costs no second call), one per snapshot (``Driver.Probe``).
 
 ``SoakConfig.extra`` keys read here:
 
@@ -95,6 +96,11 @@ class TorchSharpBackend:
         self._threads = 1
         self._known: dict[int, str] = {}
         self._IntPtr = None
+        # Driver.Bind buffers: inputs, targets (int64, capacity elements) and the fingerprint sink
+        self._xb = self._yb = None
+        self._fp = np.zeros(1, dtype=np.int64)
+        self._cap = 0
+        self._fp_valid = False  # _fp holds the fingerprint after the last step and nothing has run since
 
     # -- setup ---------------------------------------------------------------------------
     def setup(self, cfg: SoakConfig, corpus: Corpus) -> None:
@@ -166,6 +172,7 @@ class TorchSharpBackend:
         return self._threads
 
     def inject(self, name: str, step: int) -> dict:
+        self._fp_valid = False
         try:
             call = self.driver.Inject(name)
         except Exception as e:  # noqa: BLE001
@@ -175,6 +182,7 @@ class TorchSharpBackend:
         return {"call": str(call)}
 
     def lifecycle(self, kind: str, step: int) -> dict:
+        self._fp_valid = False
         try:
             return {"call": str(self.driver.Lifecycle(kind))}
         except Exception as e:  # noqa: BLE001
@@ -183,6 +191,10 @@ class TorchSharpBackend:
             raise
 
     def fingerprint(self) -> int:
+        """ProbeCore.Fingerprint: the value the last step wrote (StepBound computes it after the step)
+        while nothing else has run on the .NET side since, else a fresh call."""
+        if self._fp_valid:
+            return int(self._fp[0])
         return int(self.driver.Fingerprint())
 
     def _ptrs(self, x: np.ndarray, y: np.ndarray):
@@ -192,21 +204,44 @@ class TorchSharpBackend:
             raise ValueError(f"inputs {x.shape} and targets {y.shape} must be equal (B, T) arrays")
         return x, y, self._IntPtr(x.ctypes.data), self._IntPtr(y.ctypes.data)
 
-    def train_step(self, step: int, x, y) -> float:
-        x, y, px, py = self._ptrs(x, y)  # x, y stay referenced until the call returns
-        return float(self.driver.Step(step, px, py, x.shape[0], x.shape[1]))
+    def _bind(self, n: int) -> None:
+        self._xb = np.empty(n, dtype=np.int64)
+        self._yb = np.empty(n, dtype=np.int64)
+        self._cap = n
+        self.driver.Bind(self._IntPtr(self._xb.ctypes.data), self._IntPtr(self._yb.ctypes.data), n,
+                         self._IntPtr(self._fp.ctypes.data))
 
-    def val_loss(self, batches: list) -> float:
+    def train_step(self, step: int, x, y) -> float:
+        if np.shape(x) != np.shape(y) or np.ndim(x) != 2:
+            raise ValueError(f"inputs {np.shape(x)} and targets {np.shape(y)} must be equal (B, T) arrays")
+        b, t = x.shape
+        n = b * t
+        if n > self._cap:
+            self._bind(n)
+        self._xb[:n] = np.ravel(x)  # into the bound buffers: no IntPtr objects, no array marshalling per step
+        self._yb[:n] = np.ravel(y)
+        self._fp_valid = False
+        loss = float(self.driver.StepBound(step, b, t))
+        self._fp_valid = True
+        return loss
+
+    def val_loss(self, batches: list) -> float | None:
+        """Mean held-out loss; None when the trainer has no held-out evaluation (EvalLoss returns NaN,
+        ModuleTrainer's default), so that the report shows none instead of ``nan``."""
+        self._fp_valid = False
         losses = []
         for x, y in batches:
             x, y, px, py = self._ptrs(x, y)
             losses.append(float(self.driver.EvalLoss(px, py, x.shape[0], x.shape[1])))
+        if losses and all(math.isnan(v) for v in losses):
+            return None
         return float(np.mean(losses)) if losses else math.nan
 
     def has_events(self) -> bool:
         return False
 
     def snapshot_body(self) -> dict:
+        self._fp_valid = False
         body = body_from_arrays(read_probe(self.driver.Probe()))
         name_members(body, self._known)
         check = str(self.driver.PreStepCheck())

@@ -417,7 +417,7 @@ namespace OptCheckTest
                 case "module-to-after-optimizer": {
                     // TorchSharp Module.to(Float64): native modules get new wrappers on their converted
                     // tensors (same data here); plain Parameter fields become param.to(dtype) + retain_grad:
-                    // new data, non-leaf (DESIGN.md §6; fixture ...-eager-to-float64.jsonl).
+                    // new data, non-leaf (docs/torchsharp.md; fixture ...-eager-to-float64.jsonl).
                     Model.WteWeight = Rewrap(Model.WteWeight);
                     Model.LmHeadWeight = Tied ? new Param(Model.WteWeight.Storage, Model.WteWeight.Shape) : Rewrap(Model.LmHeadWeight);
                     Model.LmHeadBias = Rewrap(Model.LmHeadBias);
@@ -508,7 +508,7 @@ namespace OptCheckTest
     }
 
     /// <summary>Setup P/Invokes a native library that does not exist: DllNotFoundException, as TorchSharp
-    /// throws when LibTorchSharp cannot be found (DESIGN.md §7).</summary>
+    /// throws when LibTorchSharp cannot be found (docs/torchsharp.md).</summary>
     public sealed class NativeTrainer : TestTrainer
     {
         [DllImport("LibOptcheckMissingNative")]

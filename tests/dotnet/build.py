@@ -25,7 +25,7 @@ class BuildUnavailable(RuntimeError):
 
 
 def source_hash() -> str:
-    h = hashlib.sha256()
+    h = hashlib.sha256(b"assembly-name-TestLoop")  # builds before this named the assembly TestLoop.PID.tmp
     for p in SOURCES:
         h.update(p.name.encode())
         h.update(p.read_bytes())
@@ -52,18 +52,65 @@ def build_testloop(out_dir: str | os.PathLike | None = None) -> Path:
     if dll.exists():
         return dll
     target.mkdir(parents=True, exist_ok=True)
-    tmp = target / f"TestLoop.{os.getpid()}.tmp.dll"
+    # compiled under its own name (the assembly's name is the file's) in a private folder, then moved
+    tmpdir = target / f".build.{os.getpid()}"
+    tmpdir.mkdir(exist_ok=True)
+    tmp = tmpdir / "TestLoop.dll"
     cmd = [mcs, "-target:library", "-langversion:7", "-debug", "-optimize+", "-nologo", f"-out:{tmp}",
            *map(str, SOURCES)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
+        shutil.rmtree(tmpdir, ignore_errors=True)
         raise RuntimeError(f"mcs failed ({res.returncode}):\n{res.stdout}{res.stderr}")
-    os.replace(tmp, dll)
     mdb = Path(str(tmp) + ".mdb")
     if mdb.exists():
         os.replace(mdb, str(dll) + ".mdb")
+    os.replace(tmp, dll)
+    shutil.rmtree(tmpdir, ignore_errors=True)
     return dll
 
 
 if __name__ == "__main__":
     print(build_testloop())
+
+
+# -- TorchSharp's real reference assembly --------------------------------------------------
+
+#: A folder holding TorchSharp's netstandard2.0 TorchSharp.dll and System.Memory.dll (which its API references).
+REF_ENV = "OPTCHECK_TORCHSHARP_REF"
+MONO_FACADE = Path("/usr/lib/mono/4.5/Facades/netstandard.dll")
+
+
+def find_torchsharp_ref(version: str) -> tuple[list[Path], str]:
+    """The reference assemblies to compile against TorchSharp ``version``'s real API with ``mcs``:
+    ``$OPTCHECK_TORCHSHARP_REF/{TorchSharp,System.Memory}.dll``, else the user's NuGet cache
+    (``~/.nuget/packages/torchsharp/VERSION/lib/netstandard2.0/TorchSharp.dll`` and the newest
+    ``system.memory/*/lib/netstandard2.0/System.Memory.dll``).
+
+    Returns:
+        (the two DLL paths, where they came from), or ([], why none was found).
+    """
+    env = os.environ.get(REF_ENV)
+    if env:
+        folder = Path(env).expanduser()
+        dlls = [folder / "TorchSharp.dll", folder / "System.Memory.dll"]
+        missing = [d.name for d in dlls if not d.is_file()]
+        if missing:
+            return [], f"${REF_ENV}={env} has no {' / '.join(missing)}"
+        return dlls, f"${REF_ENV}={env}"
+    nuget = Path(os.environ.get("NUGET_PACKAGES") or Path.home() / ".nuget" / "packages")
+    ts = nuget / "torchsharp" / version / "lib" / "netstandard2.0" / "TorchSharp.dll"
+    mem = sorted(nuget.glob("system.memory/*/lib/netstandard2.0/System.Memory.dll"))
+    if ts.is_file() and mem:
+        return [ts, mem[-1]], f"the NuGet cache {nuget}"
+    return [], (f"no TorchSharp {version} reference assembly: set ${REF_ENV} to a folder holding its "
+                f"netstandard2.0 TorchSharp.dll and System.Memory.dll, or restore TorchSharp {version} "
+                f"with NuGet (looked for {ts})")
+
+
+def mcs_against_ref(refs: list[Path], out: Path, sources: list[Path], *extra: str) -> subprocess.CompletedProcess:
+    """``mcs -target:library`` of ``sources`` against the reference assemblies ``refs`` (Mono's
+    netstandard facade and System.Numerics too, which TorchSharp's netstandard2.0 API needs)."""
+    cmd = ["mcs", "-target:library", "-nologo", f"-out:{out}", *(f"-r:{r}" for r in refs),
+           f"-r:{MONO_FACADE}", "-r:System.Numerics.dll", "-nowarn:1685", *extra, *map(str, sources)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)

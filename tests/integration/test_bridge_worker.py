@@ -186,3 +186,37 @@ def test_missing_assembly_through_the_cli_is_one_line_and_exit_2(tmp_path):
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert lines == [f"optcheck: error: --dotnet-assembly {tmp_path / 'Missing.dll'}: no such file; "
                      f"build the worker assembly first (see dotnet/README.md)"]
+
+
+_FINGERPRINT_SCRIPT = r"""
+import json, sys
+from optcheck.data import BatchSchedule, load_corpus
+from optcheck.torchsharp_bridge.worker import TorchSharpBackend
+from optcheck.config import SoakConfig
+cfg = SoakConfig(backend="torchsharp", n_embd=16, n_head=2, batch_size=4, block_size=16,
+                 extra={"dotnet_runtime": "coreclr", "dotnet_assembly": sys.argv[1],
+                        "dotnet_trainer": "OptCheckTest.LazyTrainer"})
+corpus = load_corpus(None)
+be = TorchSharpBackend()
+be.setup(cfg, corpus)
+sched = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed)
+out = {"before": be.fingerprint()}
+for step in (1, 2, 3):
+    be.train_step(step, *sched.batch(corpus.train, step))
+out["cached"], out["fresh"] = be.fingerprint(), int(be.driver.Fingerprint())
+be.inject("param-replaced", 4)
+out["after_inject"], out["fresh_after_inject"] = be.fingerprint(), int(be.driver.Fingerprint())
+print(json.dumps(out))
+"""
+
+
+def test_the_fingerprint_a_step_returns_is_the_pre_step_check_of_the_next(dll):
+    """StepBound writes ProbeCore.Fingerprint after the step, so the per-step pre-step check needs
+    no second .NET call; anything run in between (here an injected fault) makes the backend ask again."""
+    need("coreclr")
+    res = subprocess.run([sys.executable, "-c", _FINGERPRINT_SCRIPT, str(dll)], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["cached"] == out["fresh"] == out["before"]  # a clean step keeps every identity
+    assert out["after_inject"] == out["fresh_after_inject"] != out["cached"]

@@ -8,7 +8,9 @@ NU1101 / NU1102 / NU1301, a C# compile error) and exits 1, or writes a placehold
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -95,9 +97,53 @@ def test_version_nuget_does_not_have_nu1102(cache, fake):
     with pytest.raises(InputError) as e:
         build.ensure_worker_assembly("0.99.99")
     msg = one_line(e)
-    assert "NuGet has no TorchSharp-cpu 0.99.99 (nearest: 0.100.0)" in msg
-    assert "Unable to find package TorchSharp-cpu with version (>= 0.99.99)" in msg
-    assert "--torchsharp 0.99.6" in msg and "nuget.org/packages/TorchSharp-cpu" in msg
+    assert "NuGet has no TorchSharp-cpu 0.99.99 (asked for exactly [0.99.99])" in msg
+    assert "the sources offer: nuget.org has 64 versions (nearest 0.100.0)" in msg
+    assert "--torchsharp 0.107.0" in msg and "nuget.org/packages/TorchSharp-cpu" in msg
+
+
+def test_csproj_asks_nuget_for_exactly_the_version():
+    """NuGet reads a bare Version="V" as ">= V" and takes the next version when V is gone, with only
+    warning NU1603; "[V]" is exactly V. NU1603 must not be hidden in NoWarn either."""
+    text = (REPO / "dotnet" / "Worker" / "OptCheck.Worker.csproj").read_text()
+    assert 'Include="$(TorchSharpPackage)" Version="[$(TorchSharpVersion)]"' in text
+    assert "NU1603" not in text.split("<NoWarn>")[1].split("</NoWarn>")[0]
+    assert f">{build.DEFAULT_VERSION}</TorchSharpVersion>" in text
+
+
+def test_version_no_source_serves_names_it_and_what_each_source_offers(cache, fake, capsys):
+    fake("not-served")
+    with pytest.raises(InputError) as e:
+        build.ensure_worker_assembly("0.99.6")
+    msg = one_line(e)
+    assert msg.startswith("--torchsharp 0.99.6: NuGet has no TorchSharp-cpu 0.99.6 (asked for exactly [0.99.6]); "
+                          "the sources offer: nuget.org has 37 versions (nearest 0.100.0), /root/local-feed has none;")
+    assert build.cached_builds() == []  # nothing labelled 0.99.6 is left in the cache
+    assert not (cache / "0.99.6" / "build.json").exists()
+
+
+def test_build_json_and_cache_record_the_version_restored(cache, fake, capsys):
+    fake("ok")
+    dll = build.ensure_worker_assembly("0.107.0")
+    rec = json.loads((dll.parent.parent / "build.json").read_text())
+    assert rec["torchsharp"] == "0.107.0" and rec["requested"] == "0.107.0" and rec["restored_from_nuget"]
+    assert dll.parent.parent.name == "0.107.0"
+    err = capsys.readouterr().err.splitlines()
+    # the first build says what it restores and compiles, then how long it took
+    assert err[0].startswith("optcheck: building the TorchSharp worker: restoring TorchSharp-cpu 0.107.0 from NuGet")
+    assert "about 1.4 GB" in err[0] and "source files from" in err[0]
+    assert re.fullmatch(r"optcheck: built OptCheck.Worker.dll against TorchSharp-cpu 0.107.0 in \d+\.\d s", err[1])
+    build.ensure_worker_assembly("0.107.0")
+    assert capsys.readouterr().err == ""  # a cached build is silent
+
+
+def test_a_substituted_version_stops_the_build(cache, fake, monkeypatch):
+    fake("substituted")
+    monkeypatch.setenv("FAKE_DOTNET_RESTORED", "0.107.0")
+    with pytest.raises(InputError) as e:
+        build.ensure_worker_assembly("0.99.6")
+    assert "asked NuGet for exactly TorchSharp-cpu 0.99.6 and it restored 0.107.0" in one_line(e)
+    assert not (cache / "0.99.6" / "build.json").exists()
 
 
 def test_package_nuget_does_not_have_nu1101(cache, fake):

@@ -9,6 +9,7 @@ tensor (lr schedule, fault list, optimizer-state lookup) run on Mono against the
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 import shutil
@@ -19,8 +20,13 @@ import pytest
 
 from optcheck import scenarios
 from optcheck.config import SoakConfig
+from optcheck.torchsharp_bridge.build import DEFAULT_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("optcheck_tests_dotnet_build", REPO / "tests" / "dotnet" / "build.py")
+dotnet_build = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(dotnet_build)
+find_torchsharp_ref, mcs_against_ref = dotnet_build.find_torchsharp_ref, dotnet_build.mcs_against_ref
 WORKER = REPO / "dotnet" / "Worker"
 PROBE = REPO / "dotnet" / "Probe"
 STUB = REPO / "tests" / "dotnet" / "torchsharp_stub" / "TorchSharpStub.cs"
@@ -40,6 +46,18 @@ def worker_sources(folder: Path = WORKER) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
+def torchsharp_ref() -> list[Path]:
+    """TorchSharp DEFAULT_VERSION's real netstandard2.0 reference assembly (+ System.Memory), from
+    $OPTCHECK_TORCHSHARP_REF or the NuGet cache; the test skips, saying why, when there is none."""
+    if shutil.which("mcs") is None:
+        pytest.skip("mcs not installed (Debian mono-mcs)")
+    refs, why = find_torchsharp_ref(DEFAULT_VERSION)
+    if not refs:
+        pytest.skip(why)
+    return refs
+
+
+@pytest.fixture(scope="module")
 def check_exe(tmp_path_factory) -> Path:
     if shutil.which("mcs") is None:
         pytest.skip("mcs not installed")
@@ -55,13 +73,45 @@ def test_worker_compiles_against_the_torchsharp_signatures(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_worker_compiles_against_the_real_torchsharp_api(tmp_path, torchsharp_ref):
+    """dotnet/Worker + dotnet/Probe against TorchSharp's own TorchSharp.dll (0.107.0: Tensor's == / !=
+    are element-wise, so every null check must be ReferenceEquals, and every API used must exist)."""
+    sources = [*sorted(PROBE.glob("*.cs")), *sorted(WORKER.glob("*.cs"))]
+    res = mcs_against_ref(torchsharp_ref, tmp_path / "w.dll", sources)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (tmp_path / "w.dll").is_file()
+
+
+@pytest.mark.parametrize("old, new, errors", [
+    ("return ReferenceEquals(gain, null) ? y : y.mul(gain);", "return gain == null ? y : y.mul(gain);", {"CS0266"}),
+    ("return !ReferenceEquals(p, null) && !p.IsInvalid;", "return p != null && !p.IsInvalid;", {"CS0218", "CS0019"}),
+])
+def test_a_tensor_null_check_with_operators_fails_against_the_real_api(tmp_path, torchsharp_ref, old, new, errors):
+    bad = tmp_path / "Worker"
+    shutil.copytree(WORKER, bad)
+    planted = 0
+    for f in bad.glob("*.cs"):
+        text = f.read_text()
+        if old in text:
+            f.write_text(text.replace(old, new))
+            planted += 1
+    assert planted == 1, old
+    res = mcs_against_ref(torchsharp_ref, tmp_path / "w.dll", [*sorted(PROBE.glob("*.cs")), *sorted(bad.glob("*.cs"))])
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert errors <= set(re.findall(r"error (CS\d+)", out)), out
+
+
 @needs_mcs
 @pytest.mark.parametrize("old, new, error", [
     # TorchSharp's optimizers have step(), not Step()
     ("Optimizer.step();", "Optimizer.Step();", "CS1061"),
     # grad is a method up to 0.102.5 and a property from 0.102.6: source that names either breaks on the other
-    ("Tensor g = TensorFacts.Grad(p);\n                if (g == null) return false;",
-     "Tensor g = p.grad();\n                if (g == null) return false;", "CS1061"),
+    ("Tensor g = TensorFacts.Grad(p);\n                if (ReferenceEquals(g, null)) return false;",
+     "Tensor g = p.grad();\n                if (ReferenceEquals(g, null)) return false;", "CS1061"),
+    # Tensor's == / != are element-wise from 0.10x (they return a Tensor): a null check written with them
+    ("if (ReferenceEquals(g, null)) return false;", "if (g == null) return false;", "CS0266"),
+    ("return !ReferenceEquals(p, null) && !p.IsInvalid;", "return p != null && !p.IsInvalid;", "CS0218"),
     # TorchSharp has no scaled_dot_product_attention in 0.99
     ("att = nn.functional.softmax(att, -1);", "att = nn.functional.scaled_dot_product_attention(q, k, v);", "CS0117"),
 ])
@@ -132,3 +182,37 @@ def test_gpt_field_names_and_order_are_the_pytorch_names():
             assert fields == ["weight", "bias", "gain"]  # gain: null until param-registered-late
             fields = fields[:2]
         assert fields == torch_names, cls
+
+
+def method_bodies(text: str, signature: str) -> list[str]:
+    """The bodies of every C# method whose declaration line matches ``signature`` (a regex)."""
+    bodies = []
+    for m in re.finditer(signature, text):
+        start = text.index("{", m.end())
+        depth, i = 0, start
+        while True:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                break
+            i += 1
+        bodies.append(text[start:i + 1])
+    return bodies
+
+
+FACTORY = re.compile(r"torch\.(?:ones|zeros|arange|tensor|empty|full|rand\w*)\(")
+
+
+@pytest.mark.parametrize("file, signature", [
+    ("GPT.cs", r"public override Tensor forward\("),
+    ("Trainer.cs", r"public double Step\("),
+    ("Trainer.cs", r"double Forward\("),
+])
+def test_tensors_made_in_the_step_take_the_inputs_or_models_device(file, signature):
+    """A CUDA TorchSharp build fails at the first forward when a mask, positions or a batch is made on
+    the CPU: every tensor factory in forward / the step names a device (the input's or the model's)."""
+    bodies = method_bodies((WORKER / file).read_text(), signature)
+    assert bodies, signature
+    calls = [ln.strip() for body in bodies for ln in body.splitlines() if FACTORY.search(ln)]
+    if file == "GPT.cs":
+        assert len(calls) >= 2  # the causal mask and the positions
+    assert calls and all("device:" in c for c in calls), calls

@@ -128,6 +128,31 @@ namespace TorchSharp
             public static implicit operator Tensor(double[] value) { throw null; }
             public static implicit operator Tensor(bool[] value) { throw null; }
             public static implicit operator Tensor(Scalar scalar) { throw null; }
+            // Element-wise comparison and logical operators, as 0.107.0 declares them (Tensor/Tensor.Operators.cs):
+            // `t == null` is then a Tensor, not a bool (CS0266), and `t != null && ...` needs operator
+            // true/false (CS0218). Null checks are written ReferenceEquals(t, null), which means the same on
+            // 0.99.6, where these operators did not exist yet.
+            public static Tensor operator ==(Tensor left, Tensor right) { throw null; }
+            public static Tensor operator ==(Tensor left, Scalar right) { throw null; }
+            public static Tensor operator ==(Scalar left, Tensor right) { throw null; }
+            public static Tensor operator !=(Tensor left, Tensor right) { throw null; }
+            public static Tensor operator !=(Tensor left, Scalar right) { throw null; }
+            public static Tensor operator !=(Scalar left, Tensor right) { throw null; }
+            public static Tensor operator &(Tensor left, Tensor right) { throw null; }
+            public static Tensor operator |(Tensor left, Tensor right) { throw null; }
+            public static Tensor operator ^(Tensor left, Tensor right) { throw null; }
+            public static Tensor operator ~(Tensor left) { throw null; }
+            // and the explicit conversions to scalars (so the compiler says CS0266 "an explicit conversion exists")
+            public static explicit operator float(Tensor value) { throw null; }
+            public static explicit operator double(Tensor value) { throw null; }
+            public static explicit operator sbyte(Tensor value) { throw null; }
+            public static explicit operator byte(Tensor value) { throw null; }
+            public static explicit operator short(Tensor value) { throw null; }
+            public static explicit operator int(Tensor value) { throw null; }
+            public static explicit operator long(Tensor value) { throw null; }
+            public static explicit operator bool(Tensor value) { throw null; }
+            public override bool Equals(object obj) { throw null; }
+            public override int GetHashCode() { throw null; }
         }
 
         // Tensor/Factories/*.cs (0.99.6: Tensor/torch.*.cs)

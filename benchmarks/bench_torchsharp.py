@@ -1,0 +1,273 @@
+"""The TorchSharp soak's cost against the same trainer's plain loop, side by side, interleaved.
+
+For each of ``--pairs`` rounds (order alternating) it runs, each in its own process:
+
+- **plain**: the trainer's own loop inside .NET, as a user runs it: ``OptCheck.Probe.Bench.PlainLoop``
+  (dotnet/Probe/Bench.cs) constructs the trainer, calls ``Setup`` with the soak's options, and
+  steps through the soak's own batches (optcheck.data.BatchSchedule, generated in one block before
+  the loop): no probe, no pre-step check, no Python per step. Time: the loop's Stopwatch.
+- **soak**: ``optcheck soak --backend torchsharp`` of the same trainer, options and batches, with
+  every probe on (pre-step check every step, a snapshot every ``--every`` steps). Time: training
+  time, the ``elapsed_s`` of the last snapshot (set-up and the runtime's start are left out of both).
+
+It prints both times per round, the median ratio soak/plain, and a breakdown of the soak's extra
+cost per step measured in the same process as the bridge (pythonnet call of a step, the pre-step
+fingerprint, one snapshot). By default the trainer is the TorchSharp STAND-IN
+(tests/dotnet/TestLoop.cs compiled with mcs: a ~2 ms step with no libtorch), because TorchSharp
+cannot be installed here; the output says so. On a machine with TorchSharp:
+``--torchsharp 0.107.0`` (builds the worker with the .NET SDK) or ``--dotnet-assembly DLL
+--dotnet-trainer TYPE``.
+
+Usage: ``python benchmarks/bench_torchsharp.py [--steps 2000] [--pairs 5] [--every 100]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+STAND_IN_TRAINER = "OptCheckTest.LazyTrainer"
+
+
+def soak_config(args, dll: str, trainer: str):
+    from optcheck.config import SoakConfig
+
+    return SoakConfig(backend="torchsharp", steps=args.steps, every=args.every, seed=args.seed, n_embd=args.n_embd,
+                      n_head=args.n_head, n_layer=args.n_layer, batch_size=args.batch_size,
+                      block_size=args.block_size, val_every=0, threads=1,
+                      extra={"dotnet_runtime": args.runtime, "dotnet_assembly": dll, "dotnet_trainer": trainer})
+
+
+def plain_child(args) -> None:
+    """In a fresh process: load .NET and the assembly, run Bench.PlainLoop, print JSON."""
+    from optcheck.data import BatchSchedule, load_corpus
+    from optcheck.torchsharp_bridge import runtime
+    from optcheck.torchsharp_bridge.worker import setup_options
+
+    cfg = soak_config(args, args.dll, args.trainer)
+    corpus = load_corpus(cfg.data, cfg.vocab_size)
+    sched = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed)
+    batches = np.empty((cfg.steps, 2, cfg.batch_size, cfg.block_size), dtype=np.int64)
+    for step in range(1, cfg.steps + 1):  # the soak's batches, made before the timed loop
+        x, y = sched.batch(corpus.train, step)
+        batches[step - 1, 0], batches[step - 1, 1] = x, y
+    runtime.load(args.runtime)
+    runtime.load_assembly(args.dll)
+    from OptCheck.Probe import Bench
+    from System import IntPtr
+
+    names, values = setup_options(cfg, corpus)
+    secs, first, last = Bench.PlainLoop(args.trainer, names, values, IntPtr(batches.ctypes.data), cfg.steps,
+                                        cfg.batch_size, cfg.block_size)
+    print(json.dumps({"seconds": secs, "loss_first": first, "loss_last": last}))
+
+
+def run_plain(args, dll: str, trainer: str) -> dict:
+    cmd = [sys.executable, __file__, "--plain-child", "--dll", dll, "--trainer", trainer, *common_flags(args)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if res.returncode != 0:
+        sys.exit(f"bench_torchsharp: the plain loop failed:\n{res.stderr[-2000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def run_soak(args, dll: str, trainer: str, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "optcheck", "soak", "--backend", "torchsharp", "--dotnet-assembly", dll,
+           "--dotnet-trainer", trainer, "--dotnet-runtime", args.runtime, "--steps", str(args.steps),
+           "--every", str(args.every), "--seed", str(args.seed), "--n-embd", str(args.n_embd),
+           "--n-head", str(args.n_head), "--n-layer", str(args.n_layer), "--batch-size", str(args.batch_size),
+           "--block-size", str(args.block_size), "--val-every", "0", "--threads", "1", "--out", str(out), "-q"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if res.returncode not in (0, 1):
+        sys.exit(f"bench_torchsharp: the soak failed (exit {res.returncode}):\n{res.stderr[-2000:]}")
+    snaps = [json.loads(ln) for ln in (out / "snapshots.jsonl").read_text().splitlines() if ln.strip()]
+    summary = json.loads((out / "summary.json").read_text())
+    return {"seconds": snaps[-1]["elapsed_s"], "status": summary["status"], "loss_first": summary["loss_first"],
+            "loss_last": summary["loss_last"]}
+
+
+def common_flags(args) -> list[str]:
+    return ["--steps", str(args.steps), "--every", str(args.every), "--seed", str(args.seed),
+            "--n-embd", str(args.n_embd), "--n-head", str(args.n_head), "--n-layer", str(args.n_layer),
+            "--batch-size", str(args.batch_size), "--block-size", str(args.block_size), "--runtime", args.runtime]
+
+
+def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
+    """Per-step costs in this process, CPU microseconds of this process (``time.process_time``, less
+    disturbed by other processes than wall time; median of 3): the trainer's step inside .NET,
+    the same step from Python as the worker makes it (StepBound + buffer copy + cached fingerprint),
+    a fresh fingerprint from Python, a fingerprint inside .NET, and one snapshot (probe + conversion)."""
+    from optcheck.data import BatchSchedule, load_corpus
+    from optcheck.torchsharp_bridge.worker import TorchSharpBackend
+
+    cfg = soak_config(args, dll, trainer)
+    corpus = load_corpus(cfg.data, cfg.vocab_size)
+    be = TorchSharpBackend()
+    be.setup(cfg, corpus)
+    from OptCheck.Probe import Bench
+    from System import IntPtr
+
+    sched = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed)
+    x, y = sched.batch(corpus.train, 1)
+    xc, yc = np.ascontiguousarray(x), np.ascontiguousarray(y)
+    d, step = be.driver, 1
+    res: dict[str, list[float]] = {k: [] for k in ("net_step", "py_step", "py_fp", "net_fp", "snapshot", "batch")}
+    clock = time.process_time
+    for _ in range(3):
+        t = clock()
+        Bench.TimeSteps(d, step, IntPtr(xc.ctypes.data), IntPtr(yc.ctypes.data), xc.shape[0], xc.shape[1], n)
+        res["net_step"].append((clock() - t) / n)
+        step += n
+        t = clock()
+        for i in range(n):
+            be.fingerprint()
+            be.train_step(step + i, x, y)
+        res["py_step"].append((clock() - t) / n)
+        step += n
+        t = clock()
+        for _ in range(n):
+            d.Fingerprint()
+        res["py_fp"].append((clock() - t) / n)
+        t = clock()
+        Bench.TimeFingerprints(d, n)
+        res["net_fp"].append((clock() - t) / n)
+        t = clock()
+        for _ in range(20):
+            be.snapshot_body()
+        res["snapshot"].append((clock() - t) / 20)
+        t = clock()
+        for i in range(n):
+            sched.batch(corpus.train, i + 1)
+        res["batch"].append((clock() - t) / n)
+    return {k: statistics.median(v) * 1e6 for k, v in res.items()}
+
+
+def in_process(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> tuple[float, float]:
+    """The worker's whole loop (optcheck.worker_loop: batches, pre-step check, step, metrics, snapshots
+    every --every, messages serialised to /dev/null) against Bench.PlainLoop over the same batches, both in
+    this one process and timed in its CPU time, alternating; returns the medians (plain s, worker s).
+    No supervisor, no second process: what is left is the worker's own cost."""
+    import os
+
+    from optcheck.data import BatchSchedule, load_corpus
+    from optcheck.protocol import Stream
+    from optcheck.torchsharp_bridge.worker import TorchSharpBackend, setup_options
+    from optcheck.worker_loop import Loop
+
+    cfg = soak_config(args, dll, trainer)
+    cfg.steps = steps
+    corpus = load_corpus(cfg.data, cfg.vocab_size)
+    sched = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed)
+    batches = np.empty((steps, 2, cfg.batch_size, cfg.block_size), dtype=np.int64)
+    for step in range(1, steps + 1):
+        batches[step - 1, 0], batches[step - 1, 1] = sched.batch(corpus.train, step)
+    from OptCheck.Probe import Bench
+    from System import IntPtr
+
+    names, values = setup_options(cfg, corpus)
+    plain, worker = [], []
+    for i in range(rounds):
+        for kind in (("plain", "worker") if i % 2 == 0 else ("worker", "plain")):
+            if kind == "plain":
+                t = time.process_time()
+                Bench.PlainLoop(trainer, names, values, IntPtr(batches.ctypes.data), steps, cfg.batch_size,
+                                cfg.block_size)
+                plain.append(time.process_time() - t)
+            else:
+                be = TorchSharpBackend()
+                be.setup(cfg, corpus)
+                stream = Stream(os.open(os.devnull, os.O_WRONLY))
+                t = time.process_time()
+                Loop(be, cfg, stream).run(corpus)
+                worker.append(time.process_time() - t)
+                stream.close()
+    return statistics.median(plain), statistics.median(worker)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--every", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=1337)
+    # None: the soak's defaults (64 / 16 / 64) for a real worker; 16 / 4 / 16 for the stand-in, whose
+    # naive C# step would take ~300 ms at the GPT's sizes (TestLoop.cs has no BLAS)
+    ap.add_argument("--n-embd", type=int, default=None)
+    ap.add_argument("--n-head", type=int, default=2)
+    ap.add_argument("--n-layer", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=None)
+    ap.add_argument("--block-size", type=int, default=None)
+    ap.add_argument("--runtime", choices=["coreclr", "mono"], default="coreclr")
+    ap.add_argument("--torchsharp", help="build the real worker for this TorchSharp version (needs the .NET SDK)")
+    ap.add_argument("--dotnet-assembly", help="a built worker assembly (with --dotnet-trainer)")
+    ap.add_argument("--dotnet-trainer", default=None)
+    ap.add_argument("--plain-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--dll", help=argparse.SUPPRESS)
+    ap.add_argument("--trainer", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.plain_child:
+        plain_child(args)
+        return
+
+    stand_in = not (args.torchsharp or args.dotnet_assembly)
+    for name, real, small in (("n_embd", 64, 16), ("batch_size", 16, 4), ("block_size", 64, 16)):
+        if getattr(args, name) is None:
+            setattr(args, name, small if stand_in else real)
+    if args.torchsharp:
+        from optcheck.torchsharp_bridge.build import TRAINER_TYPE, ensure_worker_assembly
+
+        dll, trainer, what = str(ensure_worker_assembly(args.torchsharp)), TRAINER_TYPE, f"TorchSharp {args.torchsharp}"
+    elif args.dotnet_assembly:
+        dll, trainer = args.dotnet_assembly, args.dotnet_trainer or "OptCheck.Worker.GptTrainer"
+        what = f"{trainer} in {dll}"
+    else:
+        sys.path.insert(0, str(ROOT / "tests" / "dotnet"))
+        from build import build_testloop
+
+        dll, trainer = str(build_testloop()), STAND_IN_TRAINER
+        what = (f"the TorchSharp STAND-IN {trainer} (tests/dotnet/TestLoop.cs, no libtorch: not TorchSharp; "
+                f"pass --torchsharp VERSION on a machine with TorchSharp)")
+    print(f"bench_torchsharp: {what}; {args.steps} steps (n_embd {args.n_embd}, batch {args.batch_size} x "
+          f"{args.block_size}), snapshot every {args.every}, {args.pairs} interleaved pairs, {args.runtime}, wall time "
+          f"of the training loop", flush=True)
+    plain_s, soak_s = [], []
+    with tempfile.TemporaryDirectory(prefix="bench_torchsharp.") as tmp:
+        for i in range(args.pairs):
+            order = ("plain", "soak") if i % 2 == 0 else ("soak", "plain")
+            got = {}
+            for kind in order:
+                got[kind] = run_plain(args, dll, trainer) if kind == "plain" else \
+                    run_soak(args, dll, trainer, Path(tmp) / f"soak{i}")
+            plain_s.append(got["plain"]["seconds"])
+            soak_s.append(got["soak"]["seconds"])
+            print(f"  pair {i + 1}: plain {plain_s[-1]:7.2f} s ({1e3 * plain_s[-1] / args.steps:6.2f} ms/step)   "
+                  f"soak {soak_s[-1]:7.2f} s ({1e3 * soak_s[-1] / args.steps:6.2f} ms/step, {got['soak']['status']})   "
+                  f"ratio {soak_s[-1] / plain_s[-1]:.3f}   loss plain {got['plain']['loss_first']:.3f} -> "
+                  f"{got['plain']['loss_last']:.3f}, soak {got['soak']['loss_first']:.3f} -> "
+                  f"{got['soak']['loss_last']:.3f}", flush=True)
+    ratios = sorted(s / p for s, p in zip(soak_s, plain_s))
+    print(f"  ratio soak/plain: median {statistics.median(ratios):.3f} (range {ratios[0]:.3f} to {ratios[-1]:.3f}); "
+          f"median step plain {1e3 * statistics.median(plain_s) / args.steps:.2f} ms, soak "
+          f"{1e3 * statistics.median(soak_s) / args.steps:.2f} ms")
+    b = breakdown(args, dll, trainer)  # loads .NET into this process
+    ip_plain, ip_worker = in_process(args, dll, trainer)
+    print(f"  one process, CPU time, 500 steps x 3 alternating: plain {1e3 * ip_plain / 500:.2f} ms/step, the worker's "
+          f"loop with every probe {1e3 * ip_worker / 500:.2f} ms/step, ratio {ip_worker / ip_plain:.3f}", flush=True)
+    snap_per_step = b["snapshot"] / args.every
+    print(f"  where the soak's time goes, per step (CPU time of one process, median of 3): step inside .NET {b['net_step']:.1f} us; "
+          f"the worker's step from Python (StepBound + batch copy + the pre-step fingerprint it returns) "
+          f"{b['py_step']:.1f} us (+{b['py_step'] - b['net_step']:.1f}); a separate fingerprint call would cost "
+          f"{b['py_fp']:.1f} us ({b['net_fp']:.1f} of it inside .NET); batch generation {b['batch']:.1f} us; "
+          f"one snapshot {b['snapshot']:.0f} us = {snap_per_step:.1f} us/step at --every {args.every}")
+
+
+if __name__ == "__main__":
+    main()

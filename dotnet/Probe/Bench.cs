@@ -1,0 +1,71 @@
+// Benchmark-only entry points (benchmarks/bench_torchsharp.py, benchmarks/bench_bridge.py), kept
+// out of Driver, which holds only what the worker calls. Each runs its loop inside .NET and returns
+// the wall seconds it took (Stopwatch), so no Python call is inside the timed part.
+using System;
+using System.Diagnostics;
+using System.Runtime.InteropServices;
+
+namespace OptCheck.Probe
+{
+    public static class Bench
+    {
+        /// <summary>Plain mode: the trainer's own loop, as a user runs it — no probe, no pre-step check,
+        /// no Python per step. Constructs the ITrainer named <paramref name="trainerType"/> (as
+        /// Driver.ForType), calls Setup(names, values) (not timed), then steps 1..n on the batches at
+        /// <paramref name="batches"/>: int64 (n, 2, batch, time), row-major, inputs then targets of each
+        /// step. Returns {wall seconds of the n steps, loss of step 1, loss of step n}.</summary>
+        public static double[] PlainLoop(string trainerType, string[] names, string[] values, IntPtr batches, int n, int batch, int time)
+        {
+            ITrainer t = Driver.ForType(trainerType).Trainer;
+            t.Setup(names, values);
+            int bt = checked(batch * time);
+            var all = new long[checked(2 * n * bt)];
+            Marshal.Copy(batches, all, 0, all.Length);
+            var x = new long[bt];
+            var y = new long[bt];
+            double first = double.NaN, last = double.NaN;
+            var sw = Stopwatch.StartNew();
+            for (int i = 0; i < n; i++) {
+                Array.Copy(all, (long)2 * i * bt, x, 0, bt);
+                Array.Copy(all, (long)(2 * i + 1) * bt, y, 0, bt);
+                last = t.Step(i + 1, x, y, batch, time);
+                if (i == 0) first = last;
+            }
+            return new[] { sw.Elapsed.TotalSeconds, first, last };
+        }
+
+        /// <summary><paramref name="n"/> steps of the driver's trainer by a loop inside .NET (steps
+        /// first..first+n-1, the same batch each time); wall seconds.</summary>
+        public static double TimeSteps(Driver d, long first, IntPtr x, IntPtr y, int batch, int time, int n)
+        {
+            d.Load(x, y, batch, time);
+            var sw = Stopwatch.StartNew();
+            for (int i = 0; i < n; i++) d.Trainer.Step(first + i, d.xbuf, d.ybuf, batch, time);
+            return sw.Elapsed.TotalSeconds;
+        }
+
+        /// <summary><paramref name="n"/> pre-step fingerprints (ProbeCore.Fingerprint) inside .NET; wall seconds.</summary>
+        public static double TimeFingerprints(Driver d, int n)
+        {
+            var sw = Stopwatch.StartNew();
+            for (int i = 0; i < n; i++) d.Core.Fingerprint();
+            return sw.Elapsed.TotalSeconds;
+        }
+
+        /// <summary><paramref name="n"/> full pre-step checks (ProbeCore.PreStepCheck) inside .NET; wall seconds.</summary>
+        public static double TimePreStepChecks(Driver d, int n)
+        {
+            var sw = Stopwatch.StartNew();
+            for (int i = 0; i < n; i++) d.Core.PreStepCheck();
+            return sw.Elapsed.TotalSeconds;
+        }
+
+        /// <summary><paramref name="n"/> probe readings (ProbeCore.Read) inside .NET; wall seconds.</summary>
+        public static double TimeProbes(Driver d, int n)
+        {
+            var sw = Stopwatch.StartNew();
+            for (int i = 0; i < n; i++) d.Core.Read();
+            return sw.Elapsed.TotalSeconds;
+        }
+    }
+}
