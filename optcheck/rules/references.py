@@ -8,11 +8,16 @@ model's parameters against the previous snapshot. Two identities are compared
 the state lookup throw"; ``data_ptr`` answers "is the optimizer still training
 the model's tensor". Comparing handles alone is wrong on TorchSharp: after
 ``model.to(Float64)`` with an eager optimizer, 29 handles change but 27 still share
-the model's data (``shared/fixtures/torchsharp/…-eager-to-float64.jsonl``).
+the model's data. Comparing data pointers is wrong on PyTorch: a Parameter is an
+autograd leaf of its own, and ``nn.Parameter(t)`` shares ``t``'s storage, so a new
+Parameter on the old one's data (``weight_norm`` applied after the optimizer) gets
+the gradients while the optimizer steps the old object. :func:`identity_by_ref`
+says which applies (``docs/parameter-identity.md``).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Iterable
 
 from optcheck.findings import Finding
@@ -20,17 +25,53 @@ from optcheck.rules.base import Rule, RuleContext, listing, register
 from optcheck.snapshot import members
 
 
+def identity_by_ref(snap: dict) -> bool:
+    """True when a parameter is its ref alone (PyTorch: the Parameter object is the
+    autograd leaf that gets ``.grad`` and the key of the optimizer state; another
+    object on the same storage is another parameter); False when refs are wrappers
+    and tensors sharing a data pointer are one parameter (TorchSharp handles of one
+    native tensor). Read from ``optimizer.identity``, else from the backend."""
+    opt = snap.get("optimizer") or {}
+    if "identity" in opt:
+        return opt["identity"] == "ref"
+    return snap.get("backend") == "pytorch"
+
+
 def _name_of(snap: dict, member: dict) -> str:
-    """Best name for a param-group member: its own, the model's by ref, by data_ptr, or its ref."""
+    """Best name for a param-group member: its own, the model's by ref, by data_ptr
+    (where a shared data pointer means the same parameter), or its ref."""
     if member.get("name"):
         return member["name"]
     for p in snap["params"]:
         if p["ref"] == member["ref"]:
             return p["name"]
-    for p in snap["params"]:
-        if member.get("data_ptr") and p["data_ptr"] == member["data_ptr"]:
-            return p["name"]
+    if not identity_by_ref(snap):
+        for p in snap["params"]:
+            if member.get("data_ptr") and p["data_ptr"] == member["data_ptr"]:
+                return p["name"]
     return f"<ref {member['ref']}>"
+
+
+_ORIGINAL = re.compile(r"^(?:(.*)\.)?parametrizations\.([^.]+)\.original\d*$")
+
+
+def _parametrization(name: str) -> str | None:
+    """``fc.parametrizations.weight.original0`` → ``fc.parametrizations.weight``
+    (``torch.nn.utils.parametrize`` names the tensors a parametrization computes
+    ``fc.weight`` from ``original`` or ``original0``, ``original1``, ...), else None."""
+    m = _ORIGINAL.match(name)
+    return None if m is None else name[:name.rindex(".")]
+
+
+def _parametrized_into(snap: dict, former: str) -> str | None:
+    """The parametrization now standing for the former parameter name ``former``
+    (``fc.weight`` → ``fc.parametrizations.weight``), if the model has one."""
+    head, _, tail = former.rpartition(".")
+    target = f"{head}.parametrizations.{tail}" if head else f"parametrizations.{tail}"
+    return target if any(_parametrization(p["name"]) == target for p in snap["params"]) else None
+
+
+_LATE = "registered after the optimizer was built"
 
 
 def _former_name(ctx: RuleContext, ref: int) -> str | None:
@@ -56,6 +97,12 @@ def _lazy_state(snap: dict) -> bool:
 def _state_keys(snap: dict) -> set[int] | None:
     state = snap.get("state")
     return None if state is None else {s["ref"] for s in state}
+
+
+def _factored(shape, param_shape) -> bool:
+    """True when a state tensor's shape broadcasts to its parameter's, every
+    differing dimension being 1: a factored statistic, not a resized parameter."""
+    return all(a == b or a == 1 for a, b in zip(shape, param_shape))
 
 
 def _nonempty(ptr: int | None) -> bool:
@@ -85,20 +132,26 @@ class StaleParam(Rule):
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         refs = {p["ref"] for p in snap["params"]}
-        ptrs = {p["data_ptr"] for p in snap["params"] if _nonempty(p["data_ptr"])}
+        ptrs = set() if identity_by_ref(snap) else {p["data_ptr"] for p in snap["params"] if _nonempty(p["data_ptr"])}
         stale = [(gi, m) for gi, m in members(snap)
                  if m["ref"] not in refs and not (_nonempty(m.get("data_ptr")) and m["data_ptr"] in ptrs)]
         if not stale:
             return []
-        names = []
+        names, shown = [], []
         for _, m in stale:
-            name = _name_of(snap, m)
+            name = label = _name_of(snap, m)
             if name.startswith("<ref"):
                 former = _former_name(ctx, m["ref"])
-                name = f"{former} (replaced)" if former else name
+                if former:
+                    name, via = former, _parametrized_into(snap, former)
+                    label = (f"{former} (replaced by the parametrization {via}, {_LATE})" if via
+                             else f"{former} (replaced)")
+                else:
+                    label = name
             names.append(name)
+            shown.append(label)
         return [self.finding(
-            snap, self.message.format(n=len(stale), names=listing(names)), subjects=names,
+            snap, self.message.format(n=len(stale), names=listing(shown)), subjects=names,
             key=",".join(str(m["ref"]) for _, m in stale),
             next_failure="these tensors keep being stepped while the model's own parameters of the "
                          "same names get no updates: the loss stops improving without an error",
@@ -129,14 +182,18 @@ class UntrackedParam(Rule):
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         mrefs = {m["ref"] for _, m in members(snap)}
-        mptrs = {m["data_ptr"] for _, m in members(snap) if _nonempty(m.get("data_ptr"))}
+        mptrs = set() if identity_by_ref(snap) else {
+            m["data_ptr"] for _, m in members(snap) if _nonempty(m.get("data_ptr"))}
         lost = [p for p in snap["params"] if p["requires_grad"] and p["ref"] not in mrefs
                 and not (_nonempty(p["data_ptr"]) and p["data_ptr"] in mptrs)]
         if not lost or not snap["groups"]:
             return []
         names = [p["name"] for p in lost]
+        via = sorted({v for v in map(_parametrization, names) if v})
+        why = (f" (the originals of the parametrization{'s' if len(via) > 1 else ''} {listing(via)}, {_LATE})"
+               if via else "")
         return [self.finding(
-            snap, self.message.format(n=len(lost), names=listing(names)), subjects=names,
+            snap, self.message.format(n=len(lost), names=listing(names)) + why, subjects=names,
             key=",".join(f"{p['name']}@{p['ref']}" for p in lost),
             next_failure="these parameters keep their initial values for the rest of the run",
             refs=[p["ref"] for p in lost])]
@@ -212,7 +269,8 @@ class RefChurn(Rule):
             return lazy or keys is None or m["ref"] in keys
 
         tracked_refs = {m["ref"] for _, m in members(snap) if usable(m)}
-        tracked_ptrs = {m["data_ptr"] for _, m in members(snap) if usable(m) and _nonempty(m.get("data_ptr"))}
+        tracked_ptrs = set() if identity_by_ref(snap) else {
+            m["data_ptr"] for _, m in members(snap) if usable(m) and _nonempty(m.get("data_ptr"))}
         churned = []
         for p in snap["params"]:
             old = before.get(p["name"])
@@ -310,7 +368,9 @@ class StateMismatch(Rule):
     optimizer created its state (``model.double()`` / ``model.to(dtype)`` after the
     first step, a resized embedding) or the wrong state was loaded: the next
     ``step()`` raises a dtype/shape error, or silently mixes precisions.
-    Scalar entries (``step``) are ignored.
+    Scalar entries (``step``) are ignored, and so are factored statistics whose
+    shape broadcasts to the parameter's (``torch.optim.Adafactor``'s ``row_var``
+    of shape (m, 1) and ``col_var`` of shape (1, n) for an (m, n) weight).
 
     Fix: convert or resize the model before building the optimizer, or rebuild
     it; load optimizer state that belongs to this model.
@@ -333,7 +393,8 @@ class StateMismatch(Rule):
                 dtype = t.get("dtype") if isinstance(t, dict) else None
                 if not shape:  # scalar (step counter)
                     continue
-                if len(shape) == len(m["shape"]) and list(shape) != list(m["shape"]):
+                if len(shape) == len(m["shape"]) and list(shape) != list(m["shape"]) \
+                        and not _factored(shape, m["shape"]):
                     bad.append((m, key, f"shape {shape} vs {m['shape']}"))
                 elif list(shape) == list(m["shape"]) and dtype and m.get("dtype") and \
                         dtype.lower() != m["dtype"].lower():
