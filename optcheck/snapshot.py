@@ -39,7 +39,9 @@ Param::
     name, ref (int), data_ptr (int), shape (list[int]), dtype (str), device (str),
     is_leaf (bool), requires_grad (bool), grad ("set" | "none"),
     grad_norm (float | null, L2 norm of .grad), version (int | null: the version
-    counter, ``Tensor._version``)
+    counter, ``Tensor._version``), checksum (int | null, optional: the sum of the
+    values' bit patterns, wrapping; equal in two snapshots iff the values did not
+    move, whatever kernel wrote them — fused optimizers do not bump ``version``)
 
 Two identities per tensor (DESIGN.md §3): ``ref`` is what the optimizer keys
 its state by (PyTorch: ``id(param)``; TorchSharp: ``Tensor.Handle``, the address

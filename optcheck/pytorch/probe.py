@@ -4,8 +4,8 @@ groups and state, and memory — metadata only, no tensor is copied.
 Costs (2-layer default GPT, 1 thread): :func:`fingerprint` a few µs per step;
 :func:`snapshot_body` well under a millisecond without the tensor census. The
 parameter pass (:func:`params`) reads every parameter and every gradient once:
-~0.5 ms on the default GPT, ~80 ms on a GPT-2-small-sized model (124 M
-parameters), of which the value checksum is ~35 ms (``benchmarks/bench_probe.py``).
+~0.9 ms on the default GPT, ~105 ms on a GPT-2-small-sized model (124 M
+parameters), of which the value checksum is ~50 ms (``benchmarks/bench_probe.py``).
 Facts used (``docs/parameter-identity.md``): ``optimizer.state`` is keyed by the
 Parameter object (``torch/optim/optimizer.py``), so ``ref = id(param)``;
 ``param_groups`` built from ``named_parameters()`` carry ``param_names``
@@ -66,7 +66,7 @@ def _checksum(p: torch.Tensor) -> torch.Tensor | None:
     quantized). Integer addition is exact and order-free, so the sum is the same
     on any thread count and changes when any element changes by as little as one
     ulp (unless other elements change by exactly the opposite bit difference).
-    Reads the tensor once: ~35 ms for 124 M float32 values on one CPU thread."""
+    Reads the tensor once: 35–50 ms for 124 M float32 values on one CPU thread."""
     if p.layout != torch.strided or p.is_meta or p.is_quantized or p.is_complex():
         return None
     t = p.detach()

@@ -8,11 +8,7 @@ model's parameters against the previous snapshot. Two identities are compared
 the state lookup throw"; ``data_ptr`` answers "is the optimizer still training
 the model's tensor". Comparing handles alone is wrong on TorchSharp: after
 ``model.to(Float64)`` with an eager optimizer, 29 handles change but 27 still share
-the model's data. Comparing data pointers is wrong on PyTorch: a Parameter is an
-autograd leaf of its own, and ``nn.Parameter(t)`` shares ``t``'s storage, so a new
-Parameter on the old one's data (``weight_norm`` applied after the optimizer) gets
-the gradients while the optimizer steps the old object. :func:`identity_by_ref`
-says which applies (``docs/parameter-identity.md``).
+the model's data (``shared/fixtures/torchsharp/…-eager-to-float64.jsonl``).
 """
 
 from __future__ import annotations
@@ -26,11 +22,16 @@ from optcheck.snapshot import members
 
 
 def identity_by_ref(snap: dict) -> bool:
-    """True when a parameter is its ref alone (PyTorch: the Parameter object is the
-    autograd leaf that gets ``.grad`` and the key of the optimizer state; another
-    object on the same storage is another parameter); False when refs are wrappers
-    and tensors sharing a data pointer are one parameter (TorchSharp handles of one
-    native tensor). Read from ``optimizer.identity``, else from the backend."""
+    """True when a parameter is its ref alone, False when tensors sharing a data
+    pointer are one parameter (``docs/parameter-identity.md``).
+
+    Comparing data pointers is wrong on PyTorch: the Parameter object is the
+    autograd leaf that gets ``.grad`` and the key of the optimizer state, and
+    ``nn.Parameter(t)`` shares ``t``'s storage, so a new Parameter on the old one's
+    data (``weight_norm`` applied after the optimizer) gets the gradients while the
+    optimizer steps the old object. On TorchSharp refs are wrappers: two handles of
+    one native tensor share its gradient. Read from the snapshot's
+    ``optimizer.identity`` ("ref" | "data"), else from the backend."""
     opt = snap.get("optimizer") or {}
     if "identity" in opt:
         return opt["identity"] == "ref"
