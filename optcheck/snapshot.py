@@ -70,7 +70,11 @@ Event::
 
     kind (str, e.g. "inject", "lifecycle", "nonleaf_grad_access",
     "inplace_on_saved", "graph_cut", "nonfinite", "exception"), step (int),
-    where (str | null: "file.py:88"), count (int), detail (dict)
+    where (str | null: "file.py:88"), count (int), detail (dict). The
+    gradient-flow events ("grad_not_cleared", "grad_cleared_before_step",
+    "stale_grad_step") keep ``step`` at their first occurrence and come again in
+    every later snapshot with running numbers: ``count`` optimizer steps at which
+    it happened out of ``detail.steps`` checked since
 """
 
 from __future__ import annotations
