@@ -95,10 +95,20 @@ def _grad_norms(grads: list[torch.Tensor | None]) -> list[float | None]:
         acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else None  # never narrower than float32
         for i, n in zip(idx, torch._foreach_norm([grads[i].detach() for i in idx], 2, dtype=acc)):
             results[i] = n
-    if results:
-        keys = list(results)
-        for i, v in zip(keys, torch.stack([results[i].float().cpu() for i in keys]).tolist()):
-            out[i] = v
+    for i, v in _values({i: t.float() for i, t in results.items()}).items():
+        out[i] = v
+    return out
+
+
+def _values(scalars: dict) -> dict:
+    """``{key: 0-d tensor}`` → ``{key: Python number}`` with one stack and one
+    device-to-host copy per device (not one sync per tensor)."""
+    by_device: dict[torch.device, list] = {}
+    for k, t in scalars.items():
+        by_device.setdefault(t.device, []).append(k)
+    out = {}
+    for keys in by_device.values():
+        out.update(zip(keys, torch.stack([scalars[k] for k in keys]).tolist()))
     return out
 
 
@@ -116,10 +126,8 @@ def params(model: torch.nn.Module) -> list[dict]:
     tensors = list(unique.values())
     grads = [p.grad if p.is_leaf else None for p in tensors]  # .grad on a non-leaf warns and is None
     norms = dict(zip(unique, _grad_norms(grads)))
-    sums = [(id(p), _checksum(p)) for p in tensors]
-    sums = [(k, c) for k, c in sums if c is not None]
-    checks = dict(zip([k for k, _ in sums], torch.stack([c.to("cpu", torch.int64) for _, c in sums]).tolist())) \
-        if sums else {}
+    sums = {id(p): _checksum(p) for p in tensors}
+    checks = _values({k: c.long() for k, c in sums.items() if c is not None})
     return [{
         "name": name, "ref": id(p), "data_ptr": p.data_ptr(), "shape": list(p.shape),
         "dtype": dtype_name(p.dtype), "device": str(p.device), "is_leaf": p.is_leaf,
