@@ -156,3 +156,15 @@ def test_oc204_on_a_loop_that_never_clears_counts_every_step(tmp_path):
     last = list(read_jsonl(tmp_path / "run" / "snapshots.jsonl"))[-1]
     ev = next(e for e in last["events"] if e["kind"] == "grad_not_cleared")
     assert last["step"] == 30 and ev["count"] == 29 and ev["detail"]["steps"] == 29
+
+
+def test_oc201_count_says_over_which_steps():
+    """Issue 11 item 8 for OC201: the reads are counted between two snapshots; the message says which steps."""
+    s = at(clean(), 20)
+    s["events"] = [{"kind": "nonleaf_grad_access", "step": 11, "where": "train.py:88", "count": 10,
+                    "detail": {"code": "g = logits.grad", "last_step": 20}}]
+    (f,) = [f for f in check_stream([clean(10), s]) if f.code == "OC201"]
+    assert "10 .grad read(s) on non-leaf tensors at train.py:88 in steps 11–20 (always None)" in f.message
+    s["events"][0].update(count=1, detail={})
+    (f,) = [f for f in check_stream([clean(10), s]) if f.code == "OC201"]
+    assert "1 .grad read(s) on non-leaf tensors at train.py:88 in step 11 (always None)" in f.message
