@@ -378,7 +378,7 @@ class StateMismatch(Rule):
     """
 
     code, symbol, severity, family = "OC107", "state-mismatch", "error", "references"
-    message = "{n} optimizer-state tensor(s) do not match their parameter: {names}"
+    message = "{n} optimizer-state tensor(s) of {m} parameter(s) do not match their parameter: {names}"
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         if not snap.get("state"):
@@ -404,7 +404,7 @@ class StateMismatch(Rule):
             return []
         names = sorted({_name_of(snap, m) for m, _, _ in bad})
         return [self.finding(
-            snap, self.message.format(n=len(bad), names=listing(names)), subjects=names,
+            snap, self.message.format(n=len(bad), m=len(names), names=listing(names)), subjects=names,
             key=",".join(f"{m['ref']}:{k}" for m, k, _ in bad),
             next_failure="the next step() raises a dtype/shape mismatch, or updates in mixed precision",
             mismatches=[{"name": _name_of(snap, m), "state": k, "what": w} for m, k, w in bad])]
