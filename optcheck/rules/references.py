@@ -21,6 +21,19 @@ from optcheck.rules.base import Rule, RuleContext, listing, register
 from optcheck.snapshot import members
 
 
+def _name_of(snap: dict, member: dict) -> str:
+    """Best name for a param-group member: its own, the model's by ref, by data_ptr, or its ref."""
+    if member.get("name"):
+        return member["name"]
+    for p in snap["params"]:
+        if p["ref"] == member["ref"]:
+            return p["name"]
+    for p in snap["params"]:
+        if member.get("data_ptr") and p["data_ptr"] == member["data_ptr"]:
+            return p["name"]
+    return f"<ref {member['ref']}>"
+
+
 def identity_by_ref(snap: dict) -> bool:
     """True when a parameter is its ref alone, False when tensors sharing a data
     pointer are one parameter (``docs/parameter-identity.md``).
@@ -38,19 +51,21 @@ def identity_by_ref(snap: dict) -> bool:
     return snap.get("backend") == "pytorch"
 
 
-def _name_of(snap: dict, member: dict) -> str:
-    """Best name for a param-group member: its own, the model's by ref, by data_ptr
-    (where a shared data pointer means the same parameter), or its ref."""
-    if member.get("name"):
-        return member["name"]
-    for p in snap["params"]:
-        if p["ref"] == member["ref"]:
-            return p["name"]
-    if not identity_by_ref(snap):
-        for p in snap["params"]:
-            if member.get("data_ptr") and p["data_ptr"] == member["data_ptr"]:
-                return p["name"]
-    return f"<ref {member['ref']}>"
+def _by_identity(cls: type[Rule]) -> type[Rule]:
+    """Class decorator: where a parameter is its ref alone (:func:`identity_by_ref`),
+    the rule's ``check`` sees the snapshot without data pointers, so a Parameter that
+    merely shares a member's storage is not taken for that member (nor named after it)."""
+    check = cls.check
+
+    def by_identity(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
+        if identity_by_ref(snap):
+            snap = {**snap, "params": [{**p, "data_ptr": None} for p in snap["params"]],
+                    "groups": [{**g, "members": [{**m, "data_ptr": None} for m in g.get("members", ())]}
+                               for g in snap["groups"]]}
+        return check(self, snap, ctx)
+
+    cls.check = by_identity
+    return cls
 
 
 _ORIGINAL = re.compile(r"^(?:(.*)\.)?parametrizations\.([^.]+)\.original\d*$")
@@ -111,6 +126,7 @@ def _nonempty(ptr: int | None) -> bool:
 
 
 @register
+@_by_identity
 class StaleParam(Rule):
     """A param-group member is no longer one of the model's parameters.
 
@@ -133,7 +149,7 @@ class StaleParam(Rule):
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         refs = {p["ref"] for p in snap["params"]}
-        ptrs = set() if identity_by_ref(snap) else {p["data_ptr"] for p in snap["params"] if _nonempty(p["data_ptr"])}
+        ptrs = {p["data_ptr"] for p in snap["params"] if _nonempty(p["data_ptr"])}
         stale = [(gi, m) for gi, m in members(snap)
                  if m["ref"] not in refs and not (_nonempty(m.get("data_ptr")) and m["data_ptr"] in ptrs)]
         if not stale:
@@ -160,6 +176,7 @@ class StaleParam(Rule):
 
 
 @register
+@_by_identity
 class UntrackedParam(Rule):
     """A trainable model parameter is in no param group.
 
@@ -183,8 +200,7 @@ class UntrackedParam(Rule):
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         mrefs = {m["ref"] for _, m in members(snap)}
-        mptrs = set() if identity_by_ref(snap) else {
-            m["data_ptr"] for _, m in members(snap) if _nonempty(m.get("data_ptr"))}
+        mptrs = {m["data_ptr"] for _, m in members(snap) if _nonempty(m.get("data_ptr"))}
         lost = [p for p in snap["params"] if p["requires_grad"] and p["ref"] not in mrefs
                 and not (_nonempty(p["data_ptr"]) and p["data_ptr"] in mptrs)]
         if not lost or not snap["groups"]:
@@ -270,8 +286,7 @@ class RefChurn(Rule):
             return lazy or keys is None or m["ref"] in keys
 
         tracked_refs = {m["ref"] for _, m in members(snap) if usable(m)}
-        tracked_ptrs = set() if identity_by_ref(snap) else {
-            m["data_ptr"] for _, m in members(snap) if usable(m) and _nonempty(m.get("data_ptr"))}
+        tracked_ptrs = {m["data_ptr"] for _, m in members(snap) if usable(m) and _nonempty(m.get("data_ptr"))}
         churned = []
         for p in snap["params"]:
             old = before.get(p["name"])
