@@ -39,7 +39,9 @@ Param::
     name, ref (int), data_ptr (int), shape (list[int]), dtype (str), device (str),
     is_leaf (bool), requires_grad (bool), grad ("set" | "none"),
     grad_norm (float | null, L2 norm of .grad), version (int | null: the version
-    counter, ``Tensor._version``)
+    counter, ``Tensor._version``), checksum (int | null, optional: the sum of the
+    values' bit patterns, wrapping; equal in two snapshots iff the values did not
+    move, whatever kernel wrote them — fused optimizers do not bump ``version``)
 
 Two identities per tensor (``docs/torchsharp.md``, ``docs/pytorch.md``): ``ref`` is what the optimizer keys
 its state by (PyTorch: ``id(param)``; TorchSharp: ``Tensor.Handle``, the address
@@ -70,7 +72,11 @@ Event::
 
     kind (str, e.g. "inject", "lifecycle", "nonleaf_grad_access",
     "inplace_on_saved", "graph_cut", "nonfinite", "exception"), step (int),
-    where (str | null: "file.py:88"), count (int), detail (dict)
+    where (str | null: "file.py:88"), count (int), detail (dict). The
+    gradient-flow events ("grad_not_cleared", "grad_cleared_before_step",
+    "stale_grad_step") keep ``step`` at their first occurrence and come again in
+    every later snapshot with running numbers: ``count`` optimizer steps at which
+    it happened out of ``detail.steps`` checked since
 """
 
 from __future__ import annotations

@@ -23,7 +23,12 @@ optimizer step pre/post hooks (torch ≥ 2.0) look at that once per step:
 
 Gradient accumulation over micro-batches and closures (LBFGS) stay silent. Cost:
 one Python call per parameter per backward (~2 µs each) and a few checks per
-step. Events are recorded at their first occurrence; repeats raise ``count``.
+step. An event is recorded at its first occurrence (``step``); from then on
+``count`` is the number of optimizer steps at which it happened and
+``detail["steps"]`` the number of optimizer steps checked since (both counting
+the first). Every later :meth:`drain` hands the event again with its running
+numbers, so each snapshot carries them; only a new kind makes :meth:`has_events`
+true (the immediate snapshot).
 """
 
 from __future__ import annotations
@@ -39,8 +44,8 @@ class GradClearProbe:
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer):
-        self.events: list[dict] = []
-        self._by_kind: dict[str, dict] = {}
+        self.events: list[dict] = []  # kinds first seen since the last drain()
+        self._by_kind: dict[str, dict] = {}  # every kind seen, with running numbers
         self._fresh: set[int] = set()
         self._first = False  # the first gradient after a step is still to come
         self._stale = False  # that first gradient found .grad holding the previous step's; no clear seen since
@@ -89,22 +94,26 @@ class GradClearProbe:
         self._fresh = set()
         self._first, self._stale = True, False
         self._steps += 1
+        for ev in self._by_kind.values():  # one more optimizer step checked for every kind seen
+            ev["detail"]["steps"] += 1
 
     def _record(self, kind: str, **detail) -> None:
         ev = self._by_kind.get(kind)
         if ev is None:
             ev = self._by_kind[kind] = {"kind": kind, "step": self._steps + 1, "where": None, "count": 1,
-                                        "detail": detail}
+                                        "detail": {**detail, "steps": 0}}
             self.events.append(ev)
         else:
             ev["count"] += 1
 
     def has_events(self) -> bool:
+        """True when a kind not seen before was recorded since the last :meth:`drain`."""
         return bool(self.events)
 
     def drain(self) -> list[dict]:
-        out, self.events = self.events, []
-        return out
+        """Every event seen so far, as copies with their running ``count`` and ``detail["steps"]``."""
+        self.events = []
+        return [{**ev, "detail": dict(ev["detail"])} for ev in self._by_kind.values()]
 
     def remove(self) -> None:
         for h in self._handles:

@@ -2,10 +2,15 @@
 groups and state, and memory — metadata only, no tensor is copied.
 
 Costs (2-layer default GPT, 1 thread): :func:`fingerprint` a few µs per step;
-:func:`snapshot_body` well under a millisecond without the tensor census.
-Facts used (``docs/pytorch.md``): ``optimizer.state`` is keyed by the Parameter object
-(``torch/optim/optimizer.py``), so ``ref = id(param)``; ``param_groups`` built
-from ``named_parameters()`` carry ``param_names`` (torch ≥ 2.6).
+:func:`snapshot_body` well under a millisecond without the tensor census. The
+parameter pass (:func:`params`) reads every parameter and every gradient once:
+~0.9 ms on the default GPT, ~105 ms on a GPT-2-small-sized model (124 M
+parameters), of which the value checksum is ~50 ms (``benchmarks/bench_probe.py``).
+Facts used (``docs/parameter-identity.md``): ``optimizer.state`` is keyed by the
+Parameter object (``torch/optim/optimizer.py``), so ``ref = id(param)``;
+``param_groups`` built from ``named_parameters()`` carry ``param_names``
+(torch ≥ 2.6); fused optimizer kernels update parameters without bumping their
+version counter, so whether a parameter moved is read from its values.
 """
 
 from __future__ import annotations
@@ -52,21 +57,83 @@ def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tup
             tuple((id(p), p.data_ptr()) for g in optimizer.param_groups for p in g["params"]))
 
 
-def _param(name: str, p: torch.Tensor) -> dict:
-    grad = p.grad if p.is_leaf else None  # .grad on a non-leaf warns and is None
-    return {
-        "name": name, "ref": id(p), "data_ptr": p.data_ptr(), "shape": list(p.shape),
-        "dtype": dtype_name(p.dtype), "device": str(p.device), "is_leaf": p.is_leaf,
-        "requires_grad": p.requires_grad, "grad": "set" if grad is not None else "none",
-        "grad_norm": float(grad.detach().float().norm()) if grad is not None else None,
-        "version": p._version,
-    }
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _checksum(p: torch.Tensor) -> torch.Tensor | None:
+    """Sum of the raw bit patterns of ``p``'s values (a 0-d integer tensor, wrapping
+    on overflow), or None when ``p`` has no plain strided storage (sparse, meta,
+    quantized). Integer addition is exact and order-free, so the sum is the same
+    on any thread count and changes when any element changes by as little as one
+    ulp (unless other elements change by exactly the opposite bit difference).
+    Reads the tensor once: 35–50 ms for 124 M float32 values on one CPU thread."""
+    if p.layout != torch.strided or p.is_meta or p.is_quantized or p.is_complex():
+        return None
+    t = p.detach()
+    try:
+        if (t.numel() * t.element_size()) % 4 == 0 and t.element_size() <= 4:
+            return t.reshape(-1).view(torch.int32).sum(dtype=torch.int32)  # fastest: one int32 lane per word
+        return t.view(_BITS[t.element_size()]).sum(dtype=torch.int64)
+    except (KeyError, RuntimeError, NotImplementedError):
+        return None
+
+
+def _grad_norms(grads: list[torch.Tensor | None]) -> list[float | None]:
+    """L2 norms of the gradients (16-bit ones accumulated in float32), None where there is none:
+    one ``torch._foreach_norm`` per (device, dtype) over the dense ones, one read each."""
+    out: list = [None] * len(grads)
+    buckets: dict[tuple, list[int]] = {}
+    results: dict[int, torch.Tensor] = {}
+    for i, g in enumerate(grads):
+        if g is None:
+            continue
+        if g.layout != torch.strided:  # sparse (nn.Embedding(sparse=True))
+            results[i] = g.detach().coalesce().values().float().norm()
+        else:
+            buckets.setdefault((g.device, g.dtype), []).append(i)
+    for (_, dtype), idx in buckets.items():
+        acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else None  # never narrower than float32
+        for i, n in zip(idx, torch._foreach_norm([grads[i].detach() for i in idx], 2, dtype=acc)):
+            results[i] = n
+    for i, v in _values({i: t.float() for i, t in results.items()}).items():
+        out[i] = v
+    return out
+
+
+def _values(scalars: dict) -> dict:
+    """``{key: 0-d tensor}`` → ``{key: Python number}`` with one stack and one
+    device-to-host copy per device (not one sync per tensor)."""
+    by_device: dict[torch.device, list] = {}
+    for k, t in scalars.items():
+        by_device.setdefault(t.device, []).append(k)
+    out = {}
+    for keys in by_device.values():
+        out.update(zip(keys, torch.stack([scalars[k] for k in keys]).tolist()))
+    return out
 
 
 def params(model: torch.nn.Module) -> list[dict]:
     """Param records of ``named_parameters(remove_duplicate=False)``: a tied weight
-    appears under each of its names, with one ref."""
-    return [_param(n, p) for n, p in model.named_parameters(remove_duplicate=False)]
+    appears under each of its names, with one ref.
+
+    Each distinct tensor is read once, its gradient once: ``grad_norm`` (L2 norm of
+    ``.grad``) and ``checksum`` (:func:`_checksum`: tells whether the values moved,
+    whatever kernel moved them) come from the same pass, with one device sync each."""
+    named = list(model.named_parameters(remove_duplicate=False))
+    unique: dict[int, torch.Tensor] = {}
+    for _, p in named:
+        unique.setdefault(id(p), p)
+    tensors = list(unique.values())
+    grads = [p.grad if p.is_leaf else None for p in tensors]  # .grad on a non-leaf warns and is None
+    norms = dict(zip(unique, _grad_norms(grads)))
+    sums = {id(p): _checksum(p) for p in tensors}
+    checks = _values({k: c.long() for k, c in sums.items() if c is not None})
+    return [{
+        "name": name, "ref": id(p), "data_ptr": p.data_ptr(), "shape": list(p.shape),
+        "dtype": dtype_name(p.dtype), "device": str(p.device), "is_leaf": p.is_leaf,
+        "requires_grad": p.requires_grad, "grad": "set" if p.is_leaf and p.grad is not None else "none",
+        "grad_norm": norms[id(p)], "version": p._version, "checksum": checks.get(id(p)),
+    } for name, p in named]
 
 
 def groups(optimizer: torch.optim.Optimizer) -> list[dict]:
@@ -152,7 +219,7 @@ def snapshot_body(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cens
     st, state_bytes = state(optimizer)
     return {
         "params": params(model), "groups": groups(optimizer), "state": st,
-        "optimizer": {"type": type(optimizer).__name__, "state_init": "lazy"},
+        "optimizer": {"type": type(optimizer).__name__, "state_init": "lazy", "identity": "ref"},
         "memory": memory(state_bytes, census), "notes": [],
     }
 

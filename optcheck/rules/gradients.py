@@ -39,14 +39,16 @@ class NonleafGradAccess(Rule):
     """
 
     code, symbol, severity, family = "OC201", "nonleaf-grad-access", "warning", "gradients"
-    message = "{count} .grad read(s) on non-leaf tensors at {where} (always None)"
+    message = "{count} .grad read(s) on non-leaf tensors at {where} {span} (always None)"
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         out = []
         for e in events(snap, "nonleaf_grad_access"):
             where = e.get("where") or "?"
             code = (e.get("detail") or {}).get("code")
-            msg = self.message.format(count=e.get("count", 1), where=where) + (f": {code}" if code else "")
+            first, last = e.get("step"), (e.get("detail") or {}).get("last_step", e.get("step"))
+            span = f"in steps {first}–{last}" if last != first else f"in step {first}"
+            msg = self.message.format(count=e.get("count", 1), where=where, span=span) + (f": {code}" if code else "")
             out.append(self.finding(
                 snap, msg, subjects=[where], key=where,
                 next_failure="the value read is None: whatever uses it (logging, clipping, a manual update) "

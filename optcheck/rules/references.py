@@ -15,6 +15,7 @@ OC109's alone: these rules skip it, so its handle 0 is never read as a tensor.
 
 from __future__ import annotations
 
+import re
 from typing import Iterable
 
 from optcheck.findings import Finding
@@ -33,6 +34,62 @@ def _name_of(snap: dict, member: dict) -> str:
         if member.get("data_ptr") and p["data_ptr"] == member["data_ptr"]:
             return p["name"]
     return f"<ref {member['ref']}>"
+
+
+def identity_by_ref(snap: dict) -> bool:
+    """True when a parameter is its ref alone, False when tensors sharing a data
+    pointer are one parameter (``docs/parameter-identity.md``).
+
+    Comparing data pointers is wrong on PyTorch: the Parameter object is the
+    autograd leaf that gets ``.grad`` and the key of the optimizer state, and
+    ``nn.Parameter(t)`` shares ``t``'s storage, so a new Parameter on the old one's
+    data (``weight_norm`` applied after the optimizer) gets the gradients while the
+    optimizer steps the old object. On TorchSharp refs are wrappers: two handles of
+    one native tensor share its gradient. Read from the snapshot's
+    ``optimizer.identity`` ("ref" | "data"), else from the backend."""
+    opt = snap.get("optimizer") or {}
+    if "identity" in opt:
+        return opt["identity"] == "ref"
+    return snap.get("backend") == "pytorch"
+
+
+def _by_identity(cls: type[Rule]) -> type[Rule]:
+    """Class decorator: where a parameter is its ref alone (:func:`identity_by_ref`),
+    the rule's ``check`` sees the snapshot without data pointers, so a Parameter that
+    merely shares a member's storage is not taken for that member (nor named after it)."""
+    check = cls.check
+
+    def by_identity(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
+        if identity_by_ref(snap):
+            snap = {**snap, "params": [{**p, "data_ptr": None} for p in snap["params"]],
+                    "groups": [{**g, "members": [{**m, "data_ptr": None} for m in g.get("members", ())]}
+                               for g in snap["groups"]]}
+        return check(self, snap, ctx)
+
+    cls.check = by_identity
+    return cls
+
+
+_ORIGINAL = re.compile(r"^(?:(.*)\.)?parametrizations\.([^.]+)\.original\d*$")
+
+
+def _parametrization(name: str) -> str | None:
+    """``fc.parametrizations.weight.original0`` → ``fc.parametrizations.weight``
+    (``torch.nn.utils.parametrize`` names the tensors a parametrization computes
+    ``fc.weight`` from ``original`` or ``original0``, ``original1``, ...), else None."""
+    m = _ORIGINAL.match(name)
+    return None if m is None else name[:name.rindex(".")]
+
+
+def _parametrized_into(snap: dict, former: str) -> str | None:
+    """The parametrization now standing for the former parameter name ``former``
+    (``fc.weight`` → ``fc.parametrizations.weight``), if the model has one."""
+    head, _, tail = former.rpartition(".")
+    target = f"{head}.parametrizations.{tail}" if head else f"parametrizations.{tail}"
+    return target if any(_parametrization(p["name"]) == target for p in snap["params"]) else None
+
+
+_LATE = "registered after the optimizer was built"
 
 
 def _former_name(ctx: RuleContext, ref: int) -> str | None:
@@ -66,11 +123,18 @@ def _state_keys(snap: dict) -> set[int] | None:
     return None if state is None else {s["ref"] for s in state}
 
 
+def _factored(shape, param_shape) -> bool:
+    """True when a state tensor's shape broadcasts to its parameter's, every
+    differing dimension being 1: a factored statistic, not a resized parameter."""
+    return all(a == b or a == 1 for a, b in zip(shape, param_shape))
+
+
 def _nonempty(ptr: int | None) -> bool:
     return bool(ptr)
 
 
 @register
+@_by_identity
 class StaleParam(Rule):
     """A param-group member is no longer one of the model's parameters.
 
@@ -98,15 +162,21 @@ class StaleParam(Rule):
                  if m["ref"] not in refs and not (_nonempty(m.get("data_ptr")) and m["data_ptr"] in ptrs)]
         if not stale:
             return []
-        names = []
+        names, shown = [], []
         for _, m in stale:
-            name = _name_of(snap, m)
+            name = label = _name_of(snap, m)
             if name.startswith("<ref"):
                 former = _former_name(ctx, m["ref"])
-                name = f"{former} (replaced)" if former else name
+                if former:
+                    name, via = former, _parametrized_into(snap, former)
+                    label = (f"{former} (replaced by the parametrization {via}, {_LATE})" if via
+                             else f"{former} (replaced)")
+                else:
+                    label = name
             names.append(name)
+            shown.append(label)
         return [self.finding(
-            snap, self.message.format(n=len(stale), names=listing(names)), subjects=names,
+            snap, self.message.format(n=len(stale), names=listing(shown)), subjects=names,
             key=",".join(str(m["ref"]) for _, m in stale),
             next_failure="these tensors keep being stepped while the model's own parameters of the "
                          "same names get no updates: the loss stops improving without an error",
@@ -114,6 +184,7 @@ class StaleParam(Rule):
 
 
 @register
+@_by_identity
 class UntrackedParam(Rule):
     """A trainable model parameter is in no param group.
 
@@ -143,8 +214,11 @@ class UntrackedParam(Rule):
         if not lost or not snap["groups"]:
             return []
         names = [p["name"] for p in lost]
+        via = sorted({v for v in map(_parametrization, names) if v})
+        why = (f" (the originals of the parametrization{'s' if len(via) > 1 else ''} {listing(via)}, {_LATE})"
+               if via else "")
         return [self.finding(
-            snap, self.message.format(n=len(lost), names=listing(names)), subjects=names,
+            snap, self.message.format(n=len(lost), names=listing(names)) + why, subjects=names,
             key=",".join(f"{p['name']}@{p['ref']}" for p in lost),
             next_failure="these parameters keep their initial values for the rest of the run",
             refs=[p["ref"] for p in lost])]
@@ -326,14 +400,16 @@ class StateMismatch(Rule):
     optimizer created its state (``model.double()`` / ``model.to(dtype)`` after the
     first step, a resized embedding) or the wrong state was loaded: the next
     ``step()`` raises a dtype/shape error, or silently mixes precisions.
-    Scalar entries (``step``) are ignored.
+    Scalar entries (``step``) are ignored, and so are factored statistics whose
+    shape broadcasts to the parameter's (``torch.optim.Adafactor``'s ``row_var``
+    of shape (m, 1) and ``col_var`` of shape (1, n) for an (m, n) weight).
 
     Fix: convert or resize the model before building the optimizer, or rebuild
     it; load optimizer state that belongs to this model.
     """
 
     code, symbol, severity, family = "OC107", "state-mismatch", "error", "references"
-    message = "{n} optimizer-state tensor(s) do not match their parameter: {names}"
+    message = "{n} optimizer-state tensor(s) of {m} parameter(s) do not match their parameter: {names}"
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         if not snap.get("state"):
@@ -349,7 +425,8 @@ class StateMismatch(Rule):
                 dtype = t.get("dtype") if isinstance(t, dict) else None
                 if not shape:  # scalar (step counter)
                     continue
-                if len(shape) == len(m["shape"]) and list(shape) != list(m["shape"]):
+                if len(shape) == len(m["shape"]) and list(shape) != list(m["shape"]) \
+                        and not _factored(shape, m["shape"]):
                     bad.append((m, key, f"shape {shape} vs {m['shape']}"))
                 elif list(shape) == list(m["shape"]) and dtype and m.get("dtype") and \
                         dtype.lower() != m["dtype"].lower():
@@ -358,7 +435,7 @@ class StateMismatch(Rule):
             return []
         names = sorted({_name_of(snap, m) for m, _, _ in bad})
         return [self.finding(
-            snap, self.message.format(n=len(bad), names=listing(names)), subjects=names,
+            snap, self.message.format(n=len(bad), m=len(names), names=listing(names)), subjects=names,
             key=",".join(f"{m['ref']}:{k}" for m, k, _ in bad),
             next_failure="the next step() raises a dtype/shape mismatch, or updates in mixed precision",
             mismatches=[{"name": _name_of(snap, m), "state": k, "what": w} for m, k, w in bad])]

@@ -233,3 +233,16 @@ def test_oc103_still_flags_a_real_orphan_beside_a_disposed_member():
 def test_oc109_silent_on_a_clean_stream(backend):
     s = clean(backend=backend)
     assert not [f for f in run(s, at(s, 200)) if f.code == "OC109"]
+
+
+def test_oc107_factored_statistics_are_not_a_shape_mismatch():
+    # torch.optim.Adafactor keeps row_var (m, 1) and col_var (1, n) for an (m, n) weight
+    s = clean()
+    for st in s["state"]:
+        st["tensors"] = {"step": {"shape": [], "dtype": "float32"}, "row_var": {"shape": [4, 1], "dtype": "float32"},
+                         "col_var": {"shape": [1, 4], "dtype": "float32"}}
+    assert run(s) == []
+    s["state"][0]["tensors"]["exp_avg"] = {"shape": [6, 4], "dtype": "float32"}  # a resized parameter still is
+    (f,) = [x for x in run(s) if x.code == "OC107"]
+    assert f.message == ("1 optimizer-state tensor(s) of 1 parameter(s) do not match their parameter: "
+                         "layer0.weight") and "shape [6, 4] vs [4, 4]" in f.detail["mismatches"][0]["what"]

@@ -1,0 +1,60 @@
+"""The parameter pass of the PyTorch probe: value checksum and gradient norms in one read."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from optcheck.pytorch import probe  # noqa: E402
+
+
+def _records(model):
+    return {r["name"]: r for r in probe.params(model)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_checksum_moves_with_one_ulp_and_only_then(dtype):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(7, 3).to(dtype)  # 21 weights: an odd count of 16-bit values
+    before = _records(model)
+    assert _records(model)["weight"]["checksum"] == before["weight"]["checksum"]  # deterministic
+    with torch.no_grad():
+        w = model.weight.view(-1)
+        w[5] = torch.nextafter(w[5], torch.tensor(float("inf"), dtype=dtype))  # one element, one ulp
+    after = _records(model)
+    assert after["weight"]["checksum"] != before["weight"]["checksum"]
+    assert after["bias"]["checksum"] == before["bias"]["checksum"]
+
+
+def test_checksum_sees_what_the_version_counter_misses():
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    before = _records(model)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    after = _records(model)
+    assert after["weight"]["version"] == before["weight"]["version"]  # fused: no bump (docs/parameter-identity.md)
+    assert after["weight"]["checksum"] != before["weight"]["checksum"]
+
+
+def test_grad_norms_dense_sparse_mixed_dtypes_and_tied():
+    emb = torch.nn.Embedding(10, 4, sparse=True).double()
+    lin = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    model = torch.nn.ModuleDict({"emb": emb, "lin": lin})
+    model.tied = emb  # the same module under a second name
+    emb.weight.grad = torch.sparse_coo_tensor([[1, 3]], torch.full((2, 4), 0.5, dtype=torch.float64), (10, 4))
+    lin.weight.grad = torch.full((4, 4), 0.25, dtype=torch.bfloat16)
+    recs = probe.params(model)
+    by = {r["name"]: r for r in recs}
+    assert by["emb.weight"]["grad_norm"] == pytest.approx(2 ** 0.5) and by["emb.weight"]["grad"] == "set"
+    assert by["lin.weight"]["grad_norm"] == pytest.approx(1.0)
+    assert by["lin.bias"]["grad_norm"] is None and by["lin.bias"]["grad"] == "none"
+    assert by["tied.weight"]["ref"] == by["emb.weight"]["ref"]
+    assert by["tied.weight"]["checksum"] == by["emb.weight"]["checksum"] is not None
+
+
+def test_snapshot_body_says_identity_is_by_ref():
+    model = torch.nn.Linear(2, 2)
+    body = probe.snapshot_body(model, torch.optim.SGD(model.parameters(), lr=0.1), census=False)
+    assert body["optimizer"]["identity"] == "ref"
