@@ -150,7 +150,7 @@ def worker_command(cfg: SoakConfig, config_path: Path, fd: int) -> list[str]:
 
 def run_soak(cfg: SoakConfig, out: str | os.PathLike | None = None, *, fail_on: str = "warning",
              rule_config: RuleConfig | None = None, progress: bool = True,
-             on_finding=None) -> SoakResult:
+             on_finding=None, ignore: list | None = None) -> SoakResult:
     """Run a soak to the end (or crash, or interrupt) and write the run directory.
 
     Args:
@@ -160,6 +160,8 @@ def run_soak(cfg: SoakConfig, out: str | os.PathLike | None = None, *, fail_on: 
         rule_config: rule knobs (memory budget, grad-starved window...).
         progress: show a progress bar on stderr.
         on_finding: optional callback ``f(Finding)`` called as each finding arrives.
+        ignore: accepted findings (``optcheck.suppress.resolve``): counted in the
+            summary's ``suppressed``, not in ``findings`` nor the exit code.
 
     Raises:
         InputError: bad input (nothing is run).
@@ -174,7 +176,7 @@ def run_soak(cfg: SoakConfig, out: str | os.PathLike | None = None, *, fail_on: 
     cfg.work_dir = str(work)
     config_path = out / "config.json"
     config_path.write_text(cfg.to_json())
-    engine = RuleEngine(rule_config)
+    engine = RuleEngine(rule_config, ignore=ignore)  # ignore: accepted findings (optcheck.suppress)
     st = _State()
     t0 = time.time()
     base = {"run": cfg.run_id, "backend": cfg.backend, "steps_requested": cfg.steps, "corpus": corpus,
@@ -248,7 +250,7 @@ def run_soak(cfg: SoakConfig, out: str | os.PathLike | None = None, *, fail_on: 
     summary = {
         **base, "status": status, "exit_code": code, "fail_on": fail_on, "last_step": st.last_step,
         "snapshots": st.snapshots, "findings": len(findings), "findings_by_code": by_code,
-        "first_finding": findings[0].to_dict() if findings else None,
+        "suppressed": engine.suppressed_by_code(), "first_finding": findings[0].to_dict() if findings else None,
         "loss_first": st.loss_first, "loss_last": done.get("loss_last", st.last_loss),
         "val_loss_first": done.get("val_loss_first"), "val_loss_last": done.get("val_loss_last"),
         "elapsed_s": round(elapsed, 3), "steps_per_s": round(st.last_step / elapsed, 2) if elapsed else None,

@@ -13,10 +13,11 @@ from optcheck.findings import SEVERITIES, severity_rank
 from optcheck.snapshot import SchemaError, StreamDefect, read_snapshots
 
 
-def check_file(path: str | Path) -> tuple[list, list[StreamDefect], int]:
+def check_file(path: str | Path, ignore: list | None = None) -> tuple[list, list[StreamDefect], int]:
     """Findings of a recorded stream: (findings, defects, number of snapshots).
 
-    ``path`` is a ``snapshots.jsonl`` or a run directory holding one.
+    ``path`` is a ``snapshots.jsonl`` or a run directory holding one; ``ignore``:
+    accepted findings (``optcheck.suppress``), left out.
 
     Raises:
         InputError: missing, empty or unreadable stream.
@@ -33,7 +34,7 @@ def check_file(path: str | Path) -> tuple[list, list[StreamDefect], int]:
         raise InputError(str(e) if str(e).startswith(str(p)) else f"{p}: {e}") from None
     if not snaps:
         raise InputError(f"{p}: no snapshots in it")
-    engine = RuleEngine()
+    engine = RuleEngine(ignore=ignore)
     for s in snaps:
         engine.feed(s)
     return engine.findings, defects, len(snaps)
@@ -45,14 +46,18 @@ def register(group: click.Group) -> None:
     @click.option("--fail-on", type=click.Choice(SEVERITIES), default="warning", show_default=True)
     @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Also write JUnit XML.")
     @click.option("--json", "as_json", is_flag=True, help="Print findings as JSON lines.")
-    def check(stream, fail_on, junit, as_json):
+    @click.option("--ignore", "ignores", multiple=True, metavar="CODE[:PATTERN]",
+                  help="Accept a finding (as `optcheck soak --ignore`; repeatable).")
+    def check(stream, fail_on, junit, as_json, ignores):
         """Re-run every rule over a recorded stream (snapshots.jsonl or a run directory).
 
         Exit codes: 0 clean, 1 findings at or above --fail-on, 2 bad input.
         """
         from optcheck.snapshot import dumps
 
-        findings, defects, n = check_file(stream)
+        from optcheck.commands.soak import ignore_entries
+
+        findings, defects, n = check_file(stream, ignore_entries(ignores))
         for d in defects:
             click.echo(f"note: line {d.line}: {d.reason} (skipped)", err=True)
         for f in findings:

@@ -15,6 +15,18 @@ def _print_summary(summary: dict, findings: list) -> None:
     click.echo(render_summary(summary, [f.to_dict() for f in findings]))
 
 
+def ignore_entries(ignores) -> list:
+    """``--ignore`` entries after the nearest pyproject.toml's ``[tool.optcheck] ignore``;
+    InputError (exit 2) on a bad entry."""
+    from optcheck.errors import InputError
+    from optcheck.suppress import resolve
+
+    try:
+        return resolve(ignores)
+    except ValueError as e:
+        raise InputError(f"--ignore: {e}") from None
+
+
 def _compare(run_a, run_b) -> int:
     """Compare two finished runs as ``optcheck compare`` does; return its exit code."""
     from optcheck.compare import compare_runs
@@ -70,13 +82,16 @@ def register(group: click.Group) -> None:
     @click.option("--dotnet-trainer", type=str, default=None, help="TorchSharp backend: trainer type name in it.")
     @click.option("--dotnet-root", type=click.Path(), default=None,
                   help="TorchSharp backend: a .NET installation folder to take CoreCLR from (default: found).")
+    @click.option("--ignore", "ignores", multiple=True, metavar="CODE[:PATTERN]",
+                  help="Accept a finding: a rule code, or CODE:PATTERN on parameter names, e.g. OC205:lm_head.* "
+                       "(repeatable; added to [tool.optcheck] ignore of the nearest pyproject.toml).")
     @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Also write findings as JUnit XML.")
     @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Also write a PNG of loss/time/memory.")
     @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
     def soak(steps, every, seed, data, vocab_size, out, injects, fail_on, backend, same_init, threads, stop_on_finding,
              no_hazards, allow_inplace, val_every, eval_every, checkpoint_every, resume_at, memory_budget, lr,
              optimizer, n_layer, n_embd, n_head, block_size, batch_size, dotnet_runtime, torchsharp,
-             dotnet_assembly, dotnet_trainer, dotnet_root, junit, plot, quiet):
+             dotnet_assembly, dotnet_trainer, dotnet_root, ignores, junit, plot, quiet):
         """Soak-test a GPT training run and flag inconsistencies at the step they happen.
 
         Runs the training in a worker process, takes a snapshot every --every steps
@@ -106,6 +121,7 @@ def register(group: click.Group) -> None:
             checkpoint_every=checkpoint_every, resume_at=resume_at, lr=lr, n_layer=n_layer, n_embd=n_embd,
             n_head=n_head, block_size=block_size, batch_size=batch_size, extra=extra)
         rule_config = RuleConfig()
+        ignore = ignore_entries(ignores)
         if memory_budget:
             from optcheck.units import parse_bytes
 
@@ -116,13 +132,13 @@ def register(group: click.Group) -> None:
             rule_config.memory_budget_bytes = psutil.virtual_memory().total
         if len(backends) > 1:
             results, code = run_backends(cfg, backends, out, same_init=same_init, fail_on=fail_on,
-                                         rule_config=rule_config, progress=not quiet)
+                                         rule_config=rule_config, progress=not quiet, ignore=ignore)
             for r in results:
                 _print_summary(r.summary, r.findings)
             if all(r.summary["status"] in ("clean", "findings") for r in results):
                 code = max(code, _compare(results[0].out, results[1].out))
             return code
-        result = run_soak(cfg, out, fail_on=fail_on, rule_config=rule_config, progress=not quiet)
+        result = run_soak(cfg, out, fail_on=fail_on, rule_config=rule_config, progress=not quiet, ignore=ignore)
         _print_summary(result.summary, result.findings)
         if junit:
             from optcheck.report.junit import write_junit
