@@ -99,7 +99,10 @@ def _wrappers():
     return out
 
 
-@pytest.mark.parametrize("name,wrap", _wrappers(), ids=[n for n, _ in _wrappers()])
+WRAPPERS = _wrappers()
+
+
+@pytest.mark.parametrize("name,wrap", WRAPPERS, ids=[n for n, _ in WRAPPERS])
 def test_wrapped_optimizer_is_watched_clean_and_bug_found(tmp_path, name, wrap):
     model = tiny()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -345,3 +348,21 @@ def test_check_cli_ignore(tmp_path):
     p = check("--ignore", "OC9")
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "optcheck: error: --ignore" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_soak_cli_ignore(tmp_path):
+    from conftest import SMALL, run_cli
+
+    def soak(name, *ignores):
+        out = tmp_path / name
+        args = ["soak", "-q", "--steps", "40", "--every", "20", "--inject", "tie-after-optimizer@30",
+                "--out", str(out), *SMALL]
+        for i in ignores:
+            args += ["--ignore", i]
+        rc, stdout, _ = run_cli(args)
+        return rc, json.loads((out / "summary.json").read_text()), findings(out)
+
+    rc, s, found = soak("accepted", "OC101:*.weight")  # tie-after-optimizer: OC101 names wte.weight / lm_head.weight
+    assert rc == 0 and found == [] and s["status"] == "clean" and s["suppressed"] == {"OC101": 1}
+    rc, s, found = soak("other-param", "OC101:ln_f.*")
+    assert rc == 1 and [f["code"] for f in found] == ["OC101"] and s["suppressed"] == {}
