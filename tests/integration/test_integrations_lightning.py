@@ -49,6 +49,14 @@ class Classifier(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.CosineAnnealingLR(opt, 100)}
 
 
+class ValidatedClassifier(Classifier):
+    """With a validation loop (Lightning runs it under no_grad, mid-epoch here)."""
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.cross_entropy(self.net(x), y))
+
+
 class ManualClassifier(Classifier):
     """Manual optimization with accumulation by hand (step every 2 batches)."""
 
@@ -114,12 +122,13 @@ class ReplaceHead(L.Callback):
 
 def fit(tmp_path, module, steps=40, callbacks=(), **trainer_kw):
     cb = OptcheckCallback(every=10)
+    kw = {"limit_val_batches": 0, **trainer_kw}
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                        default_root_dir=str(tmp_path), callbacks=[cb, *callbacks], **trainer_kw)
+                        enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=str(tmp_path), callbacks=[cb, *callbacks], **kw)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", OptcheckWarning)
-        trainer.fit(module, loader())
+        trainer.fit(module, loader(), loader(64, seed=1) if kw["limit_val_batches"] else None)
     out = tmp_path / "optcheck"
     summary = json.loads((out / "summary.json").read_text())
     found = list(read_jsonl(out / "findings.jsonl"))
@@ -131,8 +140,9 @@ def fit(tmp_path, module, steps=40, callbacks=(), **trainer_kw):
     (Classifier, {}, 40),                                   # automatic optimization, LR scheduler
     (Classifier, {"accumulate_grad_batches": 4}, 10),       # gradient accumulation
     (Classifier, {"precision": "bf16-mixed"}, 30),          # bf16 autocast
-    (ManualClassifier, {}, 40),                             # manual optimization (steps = batches here)
-], ids=["automatic", "accumulate4", "bf16-mixed", "manual"])
+    (ManualClassifier, {}, 40),                             # manual optimization, accumulation by hand
+    (ValidatedClassifier, {"val_check_interval": 10, "limit_val_batches": 2}, 30),  # validation under no_grad
+], ids=["automatic", "accumulate4", "bf16-mixed", "manual", "validation"])
 def test_clean_runs_have_no_findings(tmp_path, module, kw, steps):
     cb, summary, found, shown = fit(tmp_path, module(), steps=steps, **kw)
     assert found == [] and shown == [] and cb.exit_code == 0
