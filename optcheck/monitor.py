@@ -414,7 +414,8 @@ class Monitor:
         the user's loop; leaving saved-tensor hooks installed would switch off
         PyTorch's own version check for whatever runs next)."""
         self._events.append(exc.event)
-        self._snapshot(self.step_count + 1, "pre-step", "hazard")
+        # no FindingError here: StepStopped (raised by the probe after this) is the stop
+        self._snapshot(self.step_count + 1, "pre-step", "hazard", may_raise=False)
         self._stopped = {"step": self.step_count + 1, "reason": str(exc)}
         if torch._C._current_graph_task_id() != -1:
             # inside backward (a write found when backward unpacked a saved tensor, or in a
@@ -440,11 +441,13 @@ class Monitor:
         if self._loss is not None:
             self._losses.append((step, self._loss))
             self._loss = None
-        if self.hazards.has_events() or self.grad_clear.has_events():
-            self._snapshot(step, "post-step", "hazard")
-        elif step % self.every == 0:
-            self._snapshot(step, "post-step", "cadence")
-        self._enter_step()
+        try:
+            if self.hazards.has_events() or self.grad_clear.has_events():
+                self._snapshot(step, "post-step", "hazard")
+            elif step % self.every == 0:
+                self._snapshot(step, "post-step", "cadence")
+        finally:  # a FindingError caught by the user: the next step is still watched
+            self._enter_step()
         self.on_step_end(step)
 
     def _flush_losses(self) -> None:
@@ -460,7 +463,7 @@ class Monitor:
             for s, v in zip(steps, values):
                 self.rundir.metric(s, v, None)
 
-    def _snapshot(self, step: int, phase: str, trigger: str) -> None:
+    def _snapshot(self, step: int, phase: str, trigger: str, may_raise: bool = True) -> None:
         self._flush_losses()
         now = time.perf_counter()
         body = probe.snapshot_body(self.model, self.optimizer, census=self.snapshots % CENSUS_EVERY == 0)
@@ -484,7 +487,7 @@ class Monitor:
         if self.rundir is not None and (new or self.engine.suppressed):
             self._write_summary("running")
         failing = [f for f in new if severity_rank(f.severity) >= self._fail_rank]
-        if self.on_finding_policy == "raise" and failing:
+        if self.on_finding_policy == "raise" and failing and may_raise:
             raise FindingError(failing[0], new)
 
     def _report(self, f: Finding) -> None:

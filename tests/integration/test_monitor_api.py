@@ -185,6 +185,30 @@ def test_raise_from_a_post_step_finding_says_the_step_ran(tmp_path):
     assert len(findings(tmp_path)) == summary(tmp_path)["findings"] >= 1
 
 
+def test_after_a_caught_finding_error_the_next_steps_are_still_watched(tmp_path):
+    from optcheck.worker_loop import StepStopped
+
+    model = tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    caught, planted = [], None
+    with pytest.raises(StepStopped):
+        with optcheck.Monitor(model, opt, every=1, out=str(tmp_path), on_finding="raise"):
+            for i in range(1, 8):
+                x, y = batch()
+                h = torch.sigmoid(model[0](x))
+                if caught and planted is None:  # the very next step after the caught FindingError
+                    planted = i
+                    h.mul_(2.0)  # in place on a tensor sigmoid saved for backward: the hazard probe stops it
+                loss = nn.functional.cross_entropy(model[2](h), y)
+                loss.backward()  # no zero_grad(): OC204 raised after a step, caught below
+                try:
+                    opt.step()
+                except FindingError as e:
+                    caught.append((e.finding.code, e.step_ran))
+    assert caught and caught[0] == ("OC204", True)
+    assert any(f["code"] == "OC301" and f["step"] == planted for f in findings(tmp_path))
+
+
 # ----------------------------------------------------------------- item 11: where warnings point
 def test_warning_names_the_users_step_line(tmp_path):
     model = tiny()
