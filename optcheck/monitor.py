@@ -33,9 +33,17 @@ How it watches (all hooks, nothing copied):
 - gradients left from the previous step (``optcheck/pytorch/grad_clear.py``).
 
 Findings go to ``out/findings.jsonl`` as they happen and, by default, are shown
-as an :class:`OptcheckWarning` (``on_finding="warn"``; "raise" raises
-:class:`FindingError`, "log" logs to the ``optcheck`` logger, "ignore" only
-records).
+as an :class:`OptcheckWarning` attributed to the user's own line
+(``optcheck/userframe.py``; ``on_finding="warn"``); "raise" raises
+:class:`FindingError` once every finding of the snapshot is written, "log" logs
+to the ``optcheck`` logger, "ignore" only records. Accepted findings
+(``ignore=``, ``optcheck/suppress.py``) are only counted. While a monitor is open
+a ``sys.excepthook`` in front of the user's records the exception that ends the
+process as the run's crash, as ``with`` does.
+
+Optimizer wrappers (accelerate, Lightning) and DDP/DataParallel models are
+unwrapped (``optcheck/pytorch/unwrap.py``); the Lightning and Trainer callbacks
+are in ``optcheck/integrations/``.
 """
 
 from __future__ import annotations
