@@ -141,6 +141,23 @@ def test_data_parallel_model_is_watched_under_its_own_names(tmp_path):
     assert [p["name"] for p in snap["params"]][0] == "0.weight"
 
 
+def test_ddp_model_in_a_one_process_gloo_group_is_watched_as_its_module(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        model = tiny()
+        ddp = nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+        with optcheck.Monitor(ddp, opt, every=5, out=str(tmp_path / "run")) as mon:
+            train(ddp, opt, 10)
+    finally:
+        dist.destroy_process_group()
+    assert mon.model is model and findings(tmp_path / "run") == [] and mon.step_count == 10
+    snap = next(iter(read_jsonl(tmp_path / "run" / "snapshots.jsonl")))
+    assert [p["name"] for p in snap["params"]] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+
+
 @pytest.mark.parametrize("bad", [object(), [torch.zeros(1)], HoldsOptimizer(None)])
 def test_anything_else_is_one_clear_type_error(bad):
     with pytest.raises(TypeError) as e:
