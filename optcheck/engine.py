@@ -12,6 +12,7 @@ from typing import Iterable
 
 from optcheck.findings import Finding
 from optcheck.rules import Rule, RuleConfig, RuleContext, catalogue
+from optcheck.suppress import Ignore, is_suppressed
 
 
 class RuleEngine:
@@ -25,10 +26,12 @@ class RuleEngine:
             Rules that need a long series (OC401) keep their own numbers in
             ``memo``. Small on purpose: each snapshot is ~85 KiB of Python objects,
             and a long history would itself look like a leak to OC401.
+        ignore: accepted findings (``optcheck.suppress.resolve``): those go to
+            ``suppressed`` instead of ``findings`` (and so out of the exit code).
     """
 
     def __init__(self, config: RuleConfig | None = None, rules: Iterable[type[Rule]] | None = None,
-                 history_limit: int = 64):
+                 history_limit: int = 64, ignore: list[Ignore] | None = None):
         self.config = config or RuleConfig()
         self.rules = [cls() for cls in (rules if rules is not None else catalogue())]
         self.history: list[dict] = []
@@ -36,6 +39,8 @@ class RuleEngine:
         self.memo: dict[str, dict] = {}
         self._active: dict[str, set[str]] = {}
         self.findings: list[Finding] = []
+        self.ignore = list(ignore or [])
+        self.suppressed: list[Finding] = []
 
     def feed(self, snap: dict) -> list[Finding]:
         """Run every rule on ``snap``; return the findings not reported before."""
@@ -52,22 +57,42 @@ class RuleEngine:
             active = self._active.get(rule.code, set())
             new.extend(f for f in found if f.key not in active)
             self._active[rule.code] = keys
+        new = self._keep(new)
         self.findings.extend(new)
         return new
 
+    def _keep(self, new: list[Finding]) -> list[Finding]:
+        """Move accepted findings to ``suppressed``; return the rest."""
+        if not self.ignore:
+            return new
+        kept = [f for f in new if not is_suppressed(f, self.ignore)]
+        self.suppressed.extend(f for f in new if is_suppressed(f, self.ignore))
+        return kept
+
+    def suppressed_by_code(self) -> dict[str, int]:
+        """How many findings ``ignore`` accepted, by rule code (the summary's ``suppressed``)."""
+        out: dict[str, int] = {}
+        for f in self.suppressed:
+            out[f.code] = out.get(f.code, 0) + 1
+        return out
+
     def add(self, finding: Finding) -> bool:
-        """Record a finding made outside the rules (a worker-side check); False if already active."""
+        """Record a finding made outside the rules (a worker-side check); False if already active
+        or accepted by ``ignore`` (then counted in ``suppressed``)."""
         active = self._active.setdefault(finding.code, set())
         if finding.key and finding.key in active:
             return False
         active.add(finding.key)
+        if not self._keep([finding]):
+            return False
         self.findings.append(finding)
         return True
 
 
-def check_stream(snapshots: Iterable[dict], config: RuleConfig | None = None) -> list[Finding]:
-    """All findings of a recorded snapshot stream, in order."""
-    engine = RuleEngine(config)
+def check_stream(snapshots: Iterable[dict], config: RuleConfig | None = None,
+                 ignore: list[Ignore] | None = None) -> list[Finding]:
+    """All findings of a recorded snapshot stream, in order (without those ``ignore`` accepts)."""
+    engine = RuleEngine(config, ignore=ignore)
     for snap in snapshots:
         engine.feed(snap)
     return engine.findings

@@ -33,15 +33,24 @@ How it watches (all hooks, nothing copied):
 - gradients left from the previous step (``optcheck/pytorch/grad_clear.py``).
 
 Findings go to ``out/findings.jsonl`` as they happen and, by default, are shown
-as an :class:`OptcheckWarning` (``on_finding="warn"``; "raise" raises
-:class:`FindingError`, "log" logs to the ``optcheck`` logger, "ignore" only
-records).
+as an :class:`OptcheckWarning` attributed to the user's own line
+(``optcheck/userframe.py``; ``on_finding="warn"``); "raise" raises
+:class:`FindingError` once every finding of the snapshot is written, "log" logs
+to the ``optcheck`` logger, "ignore" only records. Accepted findings
+(``ignore=``, ``optcheck/suppress.py``) are only counted. While a monitor is open
+a ``sys.excepthook`` in front of the user's records the exception that ends the
+process as the run's crash, as ``with`` does.
+
+Optimizer wrappers (accelerate, Lightning) and DDP/DataParallel models are
+unwrapped (``optcheck/pytorch/unwrap.py``); the Lightning and Trainer callbacks
+are in ``optcheck/integrations/``.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import sys
 import time
 import warnings
 import weakref
@@ -51,13 +60,16 @@ import torch
 
 from optcheck import exitcodes
 from optcheck.engine import RuleEngine
-from optcheck.findings import SEVERITIES, Finding, severity_rank
+from optcheck.findings import SEVERITIES, Finding, lead_time, severity_rank
 from optcheck.pytorch import probe
 from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.train import NullHazards
+from optcheck.pytorch.unwrap import unwrap_model, unwrap_optimizer
 from optcheck.report.rundir import RunDir
 from optcheck.rules import RuleConfig
 from optcheck.snapshot import assemble
+from optcheck.suppress import resolve
+from optcheck.userframe import user_stacklevel
 from optcheck.worker_loop import StepStopped
 
 log = logging.getLogger("optcheck")
@@ -72,11 +84,22 @@ class OptcheckWarning(UserWarning):
 
 
 class FindingError(RuntimeError):
-    """A finding, raised (``Monitor(on_finding="raise")``); ``.finding`` holds it."""
+    """A finding, raised (``Monitor(on_finding="raise")``).
 
-    def __init__(self, finding: Finding):
-        super().__init__(f"step {finding.step}: {finding.code} {finding.symbol}: {finding.message}")
+    ``.finding`` is the first finding at or above ``fail_on`` of the snapshot,
+    ``.findings`` all of that snapshot's (every one already written to
+    ``findings.jsonl`` and ``summary.json``). ``.step_ran`` says whether the
+    optimizer step of ``finding.step`` was taken: False for a "pre-step" finding
+    (raised from the step pre-hook, before ``optimizer.step()`` changed anything),
+    True for a "post-step" one (raised from the post-hook, after it).
+    """
+
+    def __init__(self, finding: Finding, findings: list[Finding] | None = None):
+        self.findings = list(findings or [finding])
+        more = f" (+{len(self.findings) - 1} more finding(s) in findings.jsonl)" if len(self.findings) > 1 else ""
+        super().__init__(f"step {finding.step}: {finding.code} {finding.symbol}: {finding.message}{more}")
         self.finding = finding
+        self.step_ran = finding.phase != "pre-step"
 
 
 _ACTIVE: list["Monitor"] = []
@@ -109,6 +132,36 @@ def _watched(key: str):
 _IN_BACKWARD: list[bool] = []
 
 
+_PREV_EXCEPTHOOK: list = []
+
+
+def _excepthook(exc_type, exc, tb) -> None:
+    """``sys.excepthook`` while a Monitor is open: the exception that ends the process
+    is recorded as the crash of every open monitor (as ``with Monitor`` records it),
+    which then closes, before the previous hook prints the traceback."""
+    for mon in list(_ACTIVE):
+        try:
+            mon._record_crash(exc)
+            mon.close()
+        except Exception:  # never hide the user's traceback behind ours
+            log.exception("optcheck: could not record the crash")
+    prev = _PREV_EXCEPTHOOK[0] if _PREV_EXCEPTHOOK else sys.__excepthook__
+    prev(exc_type, exc, tb)
+
+
+def _install_excepthook() -> None:
+    if not _PREV_EXCEPTHOOK:
+        _PREV_EXCEPTHOOK.append(sys.excepthook)
+        sys.excepthook = _excepthook
+
+
+def _remove_excepthook() -> None:
+    if _PREV_EXCEPTHOOK and not _ACTIVE:
+        prev = _PREV_EXCEPTHOOK.pop()
+        if sys.excepthook is _excepthook:  # someone chained after us: leave theirs (ours passes through)
+            sys.excepthook = prev
+
+
 def _install_backward_wrappers() -> None:
     if not _ORIG:
         _ORIG["tensor"], _ORIG["autograd"] = torch.Tensor.backward, torch.autograd.backward
@@ -126,8 +179,12 @@ class Monitor:
     directory as ``optcheck soak``.
 
     Args:
-        model: the ``nn.Module`` being trained.
-        optimizer: its ``torch.optim.Optimizer`` (torch ≥ 2.0: step hooks).
+        model: the ``nn.Module`` being trained (inside ``DistributedDataParallel`` /
+            ``DataParallel`` is fine: the inner module is watched).
+        optimizer: its ``torch.optim.Optimizer`` (torch ≥ 2.0: step hooks), or a
+            wrapper holding one in ``.optimizer``: accelerate's
+            ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``
+            (``optcheck/pytorch/unwrap.py``).
         every: a snapshot every this many optimizer steps.
         out: run directory (``snapshots.jsonl``, ``findings.jsonl``,
             ``metrics.jsonl``, ``summary.json``); None keeps everything in memory.
@@ -135,7 +192,9 @@ class Monitor:
             graphs, non-leaf ``.grad`` reads, non-finite values).
         allow_inplace: record an in-place write to a saved tensor and let the step
             go on instead of raising ``StepStopped``.
-        on_finding: "warn" | "raise" | "log" | "ignore".
+        on_finding: "warn" | "raise" | "log" | "ignore". "raise" raises
+            :class:`FindingError` after every finding of the snapshot is written;
+            its ``step_ran`` says whether that optimizer step was taken.
         fail_on: lowest severity counted by :attr:`exit_code`.
         rule_config: rule knobs (``optcheck.rules.RuleConfig``).
         run_id: name of the run in snapshots (default: the ``out`` folder's name).
@@ -143,16 +202,26 @@ class Monitor:
             starting it anew.
         state: a :meth:`state_dict` of the monitor of the run being resumed: step
             numbers and snapshot cadence continue from it.
+        ignore: accepted findings, ``CODE`` or ``CODE:PATTERN`` (fnmatch on
+            parameter names), e.g. ``["OC205:lm_head.*"]`` (``optcheck/suppress.py``):
+            counted in the summary's ``suppressed``, not reported.
+        ignore_config: also read ``[tool.optcheck] ignore`` from the nearest
+            ``pyproject.toml`` (True), from this file (a path), or not (False).
 
     Raises:
-        ValueError: ``on_finding`` or ``fail_on`` unknown, ``every`` < 1.
+        TypeError: ``model`` is not an ``nn.Module``, or ``optimizer`` holds no
+            ``torch.optim.Optimizer``.
+        ValueError: ``on_finding`` or ``fail_on`` unknown, ``every`` < 1, a bad
+            ``ignore`` entry.
         optcheck.errors.InputError: ``out`` cannot be written.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, every: int = 100,
                  out: str | None = None, hazards: bool = True, allow_inplace: bool = False,
                  on_finding: str = "warn", fail_on: str = "warning", rule_config: RuleConfig | None = None,
-                 run_id: str | None = None, append: bool = False, state: dict | None = None):
+                 run_id: str | None = None, append: bool = False, state: dict | None = None,
+                 ignore: list[str] | None = None, ignore_config: str | bool = True):
+        model, optimizer = unwrap_model(model), unwrap_optimizer(optimizer)
         if on_finding not in ON_FINDING:
             raise ValueError(f"on_finding must be one of {ON_FINDING}, got {on_finding!r}")
         if every < 1:
@@ -161,7 +230,7 @@ class Monitor:
         self.model, self.optimizer, self.every, self.on_finding_policy = model, optimizer, every, on_finding
         self.rundir = RunDir(out, append=append) if out is not None else None
         self.run_id = run_id or (self.rundir.path.name if self.rundir else "monitor")
-        self.engine = RuleEngine(rule_config)
+        self.engine = RuleEngine(rule_config, ignore=resolve(ignore, ignore_config))
         self.step_count = 0
         self.snapshots = 0
         self.closed = False
@@ -188,6 +257,7 @@ class Monitor:
                          optimizer.register_step_post_hook(self._post_step)]
         _ACTIVE.append(self)
         _install_backward_wrappers()
+        _install_excepthook()
         self._ctx = None
         if state is not None:
             self.load_state_dict(state)
@@ -266,6 +336,7 @@ class Monitor:
         if self in _ACTIVE:
             _ACTIVE.remove(self)
         _remove_backward_wrappers()
+        _remove_excepthook()
         atexit.unregister(self._atexit)
         summary = self.summary()
         self._write_summary(summary["status"], summary)
@@ -287,11 +358,12 @@ class Monitor:
         elapsed = time.perf_counter() - self._t0
         return {"run": self.run_id, "backend": "pytorch", "source": "monitor", "status": status, "exit_code": code,
                 "last_step": self.step_count, "snapshots": self.snapshots, "findings": len(self.findings),
-                "findings_by_code": by_code, "first_finding": self.findings[0].to_dict() if self.findings else None,
+                "findings_by_code": by_code, "suppressed": self.engine.suppressed_by_code(), "first_finding": self.findings[0].to_dict() if self.findings else None,
                 "loss_first": self._loss_first, "loss_last": self._last_loss, "elapsed_s": round(elapsed, 3),
                 "steps_per_s": round(self.step_count / elapsed, 2) if elapsed else None,
                 "peak_rss_bytes": self._peak_rss, "versions": probe.versions(), "threads": torch.get_num_threads(),
-                "crash": self._crash, "stopped": self._stopped, "out": str(self.rundir.path) if self.rundir else None}
+                "crash": self._crash, "stopped": self._stopped,
+                "lead_time": lead_time([f.to_dict() for f in self.findings], self._crash), "out": str(self.rundir.path) if self.rundir else None}
 
     def __enter__(self) -> "Monitor":
         return self
@@ -300,12 +372,20 @@ class Monitor:
         if self.closed or self._stopped is not None:  # mon.close() in the block, or a hazard stopped the step
             self.close()
             return False
-        if exc is not None and not isinstance(exc, (KeyboardInterrupt, GeneratorExit)):
-            self._crash = {"step": self.step_count + 1, "exc_type": type(exc).__qualname__, "message": str(exc)}
-            if self.rundir is not None:
-                self.rundir.event({"kind": "crash", **self._crash})
+        if exc is not None and not isinstance(exc, (KeyboardInterrupt, GeneratorExit, FindingError)):
+            self._record_crash(exc)
         self.close()
         return False
+
+    def _record_crash(self, exc: BaseException) -> None:
+        """The exception that ended the loop (``with`` block, ``sys.excepthook``, a
+        framework's exception callback) as the run's crash: step about to run, type,
+        message. A :class:`FindingError` is the monitor's own stop, not a crash."""
+        if self._crash is not None or self.closed or isinstance(exc, (FindingError, KeyboardInterrupt)):
+            return
+        self._crash = {"step": self.step_count + 1, "exc_type": type(exc).__qualname__, "message": str(exc)}
+        if self.rundir is not None:
+            self.rundir.event({"kind": "crash", **self._crash})
 
     # -- internals --------------------------------------------------------------
     def _enter_step(self) -> None:
@@ -342,7 +422,8 @@ class Monitor:
         the user's loop; leaving saved-tensor hooks installed would switch off
         PyTorch's own version check for whatever runs next)."""
         self._events.append(exc.event)
-        self._snapshot(self.step_count + 1, "pre-step", "hazard")
+        # no FindingError here: StepStopped (raised by the probe after this) is the stop
+        self._snapshot(self.step_count + 1, "pre-step", "hazard", may_raise=False)
         self._stopped = {"step": self.step_count + 1, "reason": str(exc)}
         if torch._C._current_graph_task_id() != -1:
             # inside backward (a write found when backward unpacked a saved tensor, or in a
@@ -368,11 +449,13 @@ class Monitor:
         if self._loss is not None:
             self._losses.append((step, self._loss))
             self._loss = None
-        if self.hazards.has_events() or self.grad_clear.has_events():
-            self._snapshot(step, "post-step", "hazard")
-        elif step % self.every == 0:
-            self._snapshot(step, "post-step", "cadence")
-        self._enter_step()
+        try:
+            if self.hazards.has_events() or self.grad_clear.has_events():
+                self._snapshot(step, "post-step", "hazard")
+            elif step % self.every == 0:
+                self._snapshot(step, "post-step", "cadence")
+        finally:  # a FindingError caught by the user: the next step is still watched
+            self._enter_step()
         self.on_step_end(step)
 
     def _flush_losses(self) -> None:
@@ -388,7 +471,7 @@ class Monitor:
             for s, v in zip(steps, values):
                 self.rundir.metric(s, v, None)
 
-    def _snapshot(self, step: int, phase: str, trigger: str) -> None:
+    def _snapshot(self, step: int, phase: str, trigger: str, may_raise: bool = True) -> None:
         self._flush_losses()
         now = time.perf_counter()
         body = probe.snapshot_body(self.model, self.optimizer, census=self.snapshots % CENSUS_EVERY == 0)
@@ -407,21 +490,24 @@ class Monitor:
             self.rundir.snapshot(snap)
         new = self.engine.feed(snap)
         self.on_snapshot(snap)
-        for f in new:
+        for f in new:  # every finding written and shown before any is raised
             self._report(f)
+        if self.rundir is not None and (new or self.engine.suppressed):
+            self._write_summary("running")
+        failing = [f for f in new if severity_rank(f.severity) >= self._fail_rank]
+        if self.on_finding_policy == "raise" and failing and may_raise:
+            raise FindingError(failing[0], new)
 
     def _report(self, f: Finding) -> None:
         if self.rundir is not None:
             self.rundir.finding(f.to_dict())
-            self._write_summary("running")
         self.on_finding(f)
         text = f"optcheck: step {f.step} ({f.phase}) {f.code} {f.symbol}: {f.message}"
         if self.on_finding_policy == "warn":
-            warnings.warn(text, OptcheckWarning, stacklevel=2)
+            # the user's optimizer.step()/backward() line, not this one (as torch's own warnings)
+            warnings.warn(text, OptcheckWarning, stacklevel=user_stacklevel())
         elif self.on_finding_policy == "log":
             log.warning(text)
-        elif self.on_finding_policy == "raise" and severity_rank(f.severity) >= self._fail_rank:
-            raise FindingError(f)
 
     def _write_summary(self, status: str, summary: dict | None = None) -> None:
         if self.rundir is None:

@@ -174,7 +174,8 @@ def estimate_bytes(cfg: SoakConfig) -> int:
 
 def run_soak(cfg: SoakConfig, out: str | os.PathLike | None = None, *, fail_on: str = "warning",
              rule_config: RuleConfig | None = None, progress: bool = True,
-             on_finding=None, force: bool = False, signals: Signals | None = None) -> SoakResult:
+             on_finding=None, force: bool = False, signals: Signals | None = None,
+             ignore: list | None = None) -> SoakResult:
     """Run a soak to the end (or crash, or interrupt) and write the run directory.
 
     Args:
@@ -189,6 +190,8 @@ def run_soak(cfg: SoakConfig, out: str | os.PathLike | None = None, *, fail_on: 
             :func:`run_backends` for all its runs); default: installed for this
             run and restored after it. Once one has been received no worker is
             started.
+        ignore: accepted findings (``optcheck.suppress.resolve``): counted in the
+            summary's ``suppressed``, not in ``findings`` nor the exit code.
 
     Returns:
         The result; ``exit_code`` 4 (``summary["status"] == "record-failed"``,
@@ -208,18 +211,19 @@ def run_soak(cfg: SoakConfig, out: str | os.PathLike | None = None, *, fail_on: 
             print(f"optcheck: warning: {warning}", file=sys.stderr)
         rundir = RunDir(out, force=force)
         try:
-            return _supervise(cfg, out, rundir, corpus, sig, fail_on, fail_rank, rule_config, progress, on_finding)
+            return _supervise(cfg, out, rundir, corpus, sig, fail_on, fail_rank, rule_config, progress, on_finding,
+                                  ignore)
         finally:
             rundir.close()
 
 
 def _supervise(cfg: SoakConfig, out: Path, rundir: RunDir, corpus: dict, sig: Signals, fail_on: str, fail_rank: int,
-               rule_config, progress: bool, on_finding) -> SoakResult:
+               rule_config, progress: bool, on_finding, ignore: list | None) -> SoakResult:
     cfg.run_id = cfg.run_id or out.name
     work = out / "work"
     if work.is_symlink():
         raise InputError(f"{work}: is a symbolic link; optcheck never writes through one (remove it)")
-    engine = RuleEngine(rule_config)
+    engine = RuleEngine(rule_config, ignore=ignore)  # ignore: accepted findings (optcheck.suppress)
     st = _State()
     t0 = time.time()
     base = {"run": cfg.run_id, "backend": cfg.backend, "steps_requested": cfg.steps, "corpus": corpus,
@@ -318,7 +322,7 @@ def _supervise(cfg: SoakConfig, out: Path, rundir: RunDir, corpus: dict, sig: Si
     summary = {
         **base, "status": status, "exit_code": code, "fail_on": fail_on, "last_step": st.last_step,
         "snapshots": st.snapshots, "findings": len(findings), "findings_by_code": by_code,
-        "first_finding": findings[0].to_dict() if findings else None,
+        "suppressed": engine.suppressed_by_code(), "first_finding": findings[0].to_dict() if findings else None,
         "loss_first": st.loss_first, "loss_last": done.get("loss_last", st.last_loss),
         "val_loss_first": done.get("val_loss_first"), "val_loss_last": done.get("val_loss_last"),
         "val_step_first": done.get("val_step_first"), "val_step_last": done.get("val_step_last"),

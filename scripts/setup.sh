@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up optcheck in the active Python environment (a venv, or the user's Python).
 #   bash scripts/setup.sh          optcheck + PyTorch backend + pythonnet
-#   bash scripts/setup.sh --test   also the test tools and a .NET runtime (Mono, mcs) for the bridge tests
+#   bash scripts/setup.sh --test   also the test tools, the Lightning/transformers integrations (extra
+#                                  `integrations`) and a .NET runtime (Mono, mcs) for the bridge tests
 # torch is pinned to 2.13.0 first: a CPU build is on this machine kind's disk, while a
 # bare `pip install torch` would pull GBs of CUDA packages.
 set -euo pipefail
@@ -12,7 +13,8 @@ want_test=0
 
 "$PY" -m pip install --disable-pip-version-check -q "torch==2.13.0"
 if [ $want_test = 1 ]; then
-  "$PY" -m pip install --disable-pip-version-check -q -e ".[pytorch,torchsharp,test]"
+  # torch stays the CPU 2.13.0 installed above: lightning/transformers/accelerate only need torch>=2.x
+  "$PY" -m pip install --disable-pip-version-check -q -e ".[pytorch,torchsharp,test,integrations]" "torch==2.13.0"
 else
   "$PY" -m pip install --disable-pip-version-check -q -e ".[pytorch,torchsharp]"
 fi

@@ -13,10 +13,11 @@ from optcheck.findings import SEVERITIES, severity_rank
 from optcheck.snapshot import SchemaError, StreamDefect, read_snapshots
 
 
-def check_file(path: str | Path) -> tuple[list, list[StreamDefect], int]:
+def check_file(path: str | Path, ignore: list | None = None) -> tuple[list, list[StreamDefect], int]:
     """Findings of a recorded stream: (findings, defects, number of snapshots).
 
-    ``path`` is a ``snapshots.jsonl`` or a run directory holding one.
+    ``path`` is a ``snapshots.jsonl`` or a run directory holding one; ``ignore``:
+    accepted findings (``optcheck.suppress``), left out.
 
     Every line is checked against ``optcheck/schemas/snapshot-1.json``; a line
     that is not JSON at all (torn, garbage) is skipped and listed in the defects.
@@ -39,7 +40,7 @@ def check_file(path: str | Path) -> tuple[list, list[StreamDefect], int]:
         raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
     if not snaps:
         raise InputError(f"{p}: no snapshots in it")
-    engine = RuleEngine()
+    engine = RuleEngine(ignore=ignore)
     for s in snaps:
         try:
             engine.feed(s)
@@ -56,7 +57,9 @@ def register(group: click.Group) -> None:
     @click.option("--fail-on", type=click.Choice(SEVERITIES), default="warning", show_default=True)
     @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Also write JUnit XML.")
     @click.option("--json", "as_json", is_flag=True, help="Print findings as JSON lines.")
-    def check(stream, fail_on, junit, as_json):
+    @click.option("--ignore", "ignores", multiple=True, metavar="CODE[:PATTERN]",
+                  help="Accept a finding (as `optcheck soak --ignore`; repeatable).")
+    def check(stream, fail_on, junit, as_json, ignores):
         """Re-run every rule over a recorded stream (snapshots.jsonl or a run directory).
 
         Exit codes: 0 clean, 1 findings at or above --fail-on, 2 bad input.
@@ -64,9 +67,11 @@ def register(group: click.Group) -> None:
         from optcheck.commands._paths import check_output_file
         from optcheck.snapshot import dumps
 
+        from optcheck.commands.soak import ignore_entries
+
         if junit:
             check_output_file(junit, "--junit")
-        findings, defects, n = check_file(stream)
+        findings, defects, n = check_file(stream, ignore_entries(ignores))
         where = Path(stream) / "snapshots.jsonl" if Path(stream).is_dir() else stream
         for d in defects:
             click.echo(f"optcheck: note: {where}:{d.line}: {d.reason}; skipped, the rest was read", err=True)

@@ -38,6 +38,18 @@ def _say_record_error(summary: dict) -> bool:
     return True
 
 
+def ignore_entries(ignores) -> list:
+    """``--ignore`` entries after the nearest pyproject.toml's ``[tool.optcheck] ignore``;
+    InputError (exit 2) on a bad entry."""
+    from optcheck.errors import InputError
+    from optcheck.suppress import resolve
+
+    try:
+        return resolve(ignores)
+    except ValueError as e:
+        raise InputError(f"--ignore: {e}") from None
+
+
 def _compare(run_a, run_b) -> int:
     """Compare two finished runs as ``optcheck compare`` does; return its exit code."""
     from optcheck.compare import compare_runs
@@ -97,13 +109,16 @@ def register(group: click.Group) -> None:
     @click.option("--force", is_flag=True, help="Replace a run already in --out (default: refuse).")
     @click.option("--step-timeout", "step_timeout", type=float, default=0.0, metavar="SECONDS",
                   help="Kill a worker that reports no step for this long, exit 3 (default 0: never).")
+    @click.option("--ignore", "ignores", multiple=True, metavar="CODE[:PATTERN]",
+                  help="Accept a finding: a rule code, or CODE:PATTERN on parameter names, e.g. OC205:lm_head.* "
+                       "(repeatable; added to [tool.optcheck] ignore of the nearest pyproject.toml).")
     @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Also write findings as JUnit XML.")
     @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Also write a PNG of loss/time/memory.")
     @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
     def soak(steps, every, seed, data, vocab_size, out, injects, fail_on, backend, same_init, threads, stop_on_finding,
              no_hazards, allow_inplace, val_every, eval_every, checkpoint_every, resume_at, memory_budget, lr,
              optimizer, n_layer, n_embd, n_head, block_size, batch_size, dotnet_runtime, torchsharp,
-             dotnet_assembly, dotnet_trainer, dotnet_root, force, step_timeout, junit, plot, quiet):
+             dotnet_assembly, dotnet_trainer, dotnet_root, force, step_timeout, ignores, junit, plot, quiet):
         """Soak-test a GPT training run and flag inconsistencies at the step they happen.
 
         Runs the training in a worker process, takes a snapshot every --every steps
@@ -139,6 +154,7 @@ def register(group: click.Group) -> None:
             if target:
                 check_output_file(target, option, created_dir=out)
         rule_config = RuleConfig()
+        ignore = ignore_entries(ignores)
         if memory_budget:
             from optcheck.units import parse_bytes
 
@@ -150,7 +166,7 @@ def register(group: click.Group) -> None:
         if len(backends) > 1:
             results, code = run_backends(cfg, backends, out, same_init=same_init, fail_on=fail_on,
                                          rule_config=rule_config, progress=not quiet, force=force,
-                                         signals=Signals(restore=_embedded()))
+                                         signals=Signals(restore=_embedded()), ignore=ignore)
             for r in results:
                 _print_summary(r.summary, r.findings)
                 _say_record_error(r.summary)
@@ -158,7 +174,7 @@ def register(group: click.Group) -> None:
                 code = max(code, _compare(results[0].out, results[1].out))
             return code
         result = run_soak(cfg, out, fail_on=fail_on, rule_config=rule_config, progress=not quiet, force=force,
-                          signals=Signals(restore=_embedded()))
+                          signals=Signals(restore=_embedded()), ignore=ignore)
         _print_summary(result.summary, result.findings)
         if _say_record_error(result.summary):
             return result.exit_code
