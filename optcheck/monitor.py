@@ -158,6 +158,9 @@ class Monitor:
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
         self._fail_rank = severity_rank(fail_on)
+        # torch.compile(model) returns an OptimizedModule keeping the model as _orig_mod: watch the model
+        compiled = type(model).__name__ == "OptimizedModule"
+        model = model._orig_mod if compiled else model  # (names without "_orig_mod.")
         self.model, self.optimizer, self.every, self.on_finding_policy = model, optimizer, every, on_finding
         self.rundir = RunDir(out, append=append) if out is not None else None
         self.run_id = run_id or (self.rundir.path.name if self.rundir else "monitor")
@@ -181,7 +184,7 @@ class Monitor:
         if hazards:
             from optcheck.pytorch.hazards import HazardProbes
 
-            self.hazards = HazardProbes(model, optimizer, allow_inplace=allow_inplace)
+            self.hazards = HazardProbes(model, optimizer, allow_inplace=allow_inplace, compiled=compiled)
             self.hazards.on_stop = self._on_stop
         self.grad_clear = GradClearProbe(optimizer)
         self._handles = [optimizer.register_step_pre_hook(self._pre_step),
@@ -291,7 +294,8 @@ class Monitor:
                 "loss_first": self._loss_first, "loss_last": self._last_loss, "elapsed_s": round(elapsed, 3),
                 "steps_per_s": round(self.step_count / elapsed, 2) if elapsed else None,
                 "peak_rss_bytes": self._peak_rss, "versions": probe.versions(), "threads": torch.get_num_threads(),
-                "crash": self._crash, "stopped": self._stopped, "out": str(self.rundir.path) if self.rundir else None}
+                "crash": self._crash, "stopped": self._stopped, "out": str(self.rundir.path) if self.rundir else None,
+                "not_checked": getattr(self.hazards, "not_checked", [])}
 
     def __enter__(self) -> "Monitor":
         return self

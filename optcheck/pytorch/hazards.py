@@ -70,11 +70,13 @@ import os
 import re
 import sys
 import warnings
+import weakref
 from operator import attrgetter
 from typing import Any, Iterable
 
 import torch
 
+from optcheck.rules.autograd import describe_inplace
 from optcheck.worker_loop import StepStopped
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -87,6 +89,16 @@ _AUGMENTED = re.compile(r"(\+|-|\*|/|//|%|@|\*\*|&|\||\^|<<|>>)=")
 _SETITEM = re.compile(r"\]\s*=[^=]")
 _METHOD_ = re.compile(r"\.[A-Za-z]\w*_\(")
 _CUTTING = re.compile(r"\.detach\(|\.data\b|no_grad|inference_mode|\.numpy\(|\.item\(|\.tolist\(")
+#: what the probes cannot see inside a ``torch.compile``d forward (module hooks are traced as no-ops
+#: there, so the compiled graph has no break and no guard on optcheck's state); see docs/hazards.md
+NOT_CHECKED_UNDER_COMPILE = (
+    "OC203 partial graph cuts inside the compiled forward (a .detach() or no_grad in a module) are not "
+    "named; OC202 still reports the parameters left without gradients",
+    "OC301 write sites inside the compiled forward: an in-place write to a saved tensor there makes "
+    "compilation fail with PyTorch's own 'modified by an inplace operation' error instead",
+    "OC203 full cut (a loss without grad_fn) is still found, without the module that lost grad_fn",
+)
+MAX_EVAL_PASSES = 4  # cut records kept for this many finished passes whose output needs no grad
 MAX_SAMPLES = 8  # per-event lists (parameter names, modules) are cut to this many in "detail"
 
 
@@ -231,6 +243,8 @@ class HazardProbes:
             (backward uses the written values) instead of raising ``StepStopped``.
         grad_check_every: check gradients for NaN/Inf every this many steps
             (1 = every step; 0 = only at drain time via the optimizer state).
+        compiled: the model is run through ``torch.compile`` (``model`` is the module it
+            wraps): :attr:`not_checked` then lists what the probes cannot see.
 
     Raises (from the hooks):
         optcheck.worker_loop.StepStopped: an in-place write to a saved tensor
@@ -239,8 +253,9 @@ class HazardProbes:
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, allow_inplace: bool = False,
-                 grad_check_every: int = 1):
+                 grad_check_every: int = 1, compiled: bool = False):
         self.model, self.optimizer = model, optimizer
+        self.compiled = compiled
         self.allow_inplace = allow_inplace
         self.grad_check_every = grad_check_every
         self._step = 0
@@ -252,25 +267,93 @@ class HazardProbes:
         self._removed = False
         self.on_stop = None  # optional callback f(StepStopped) called before the raise
         self._names: dict[int, str] = {}
-        root = type(model).__name__
-        for name, m in model.named_modules():
-            self._names[id(m)] = name or root
-            self._handles.append(m.register_forward_pre_hook(self._pre))
-            self._handles.append(m.register_forward_hook(self._post))
-        self._param_names = {}
-        for name, p in model.named_parameters():
-            self._param_names.setdefault(id(p), name)
+        self._hooked: dict[int, tuple] = {}  # id(module) -> (weakref to it, its two hook handles)
+        self._param_names: dict[int, str] = {}
+        self._pushed: list[tuple] = []  # (module,) whose call pushed composed checkpoint-recompute hooks
+        self.rescans = 0
+        self._scan()
+        # a sub-module assigned later (``ff[1] = Gate()``, ``m.blocks = Wrapper(m.blocks)``) marks the
+        # names stale; the next hooked forward re-scans (torch/nn/modules/module.py: register_module runs
+        # the global module-registration hooks on every sub-module assignment)
+        self._dirty = False
+        self._handles.append(torch.nn.modules.module.register_module_module_registration_hook(self._registered))
+        self._handles.append(optimizer.register_step_post_hook(self._after_step))
         self._internal_code: dict[Any, bool] = {}
         self._install_warning_hook()
         self._reset_step()
 
+    @property
+    def not_checked(self) -> list[str]:
+        """What these probes do not check on this model (empty for an eager model)."""
+        return list(NOT_CHECKED_UNDER_COMPILE) if self.compiled else []
+
+    # -- following the model as it changes (issue: modules added after the start) --
+    def _scan(self) -> None:
+        """(Re)build module and parameter names from the model as it is now, hook
+        modules not hooked yet and unhook those no longer in it. Cost: one
+        ``named_modules()`` walk (see ``benchmarks/``), run only after a sub-module
+        assignment."""
+        root = type(self.model).__name__
+        names: dict[int, str] = {}
+        self._nchild: dict[int, int] = {}
+        for name, m in self.model.named_modules():
+            names.setdefault(id(m), _clean(name) or root)
+            self._nchild[id(m)] = len(m._modules)
+            have = self._hooked.get(id(m))
+            if have is None or have[0]() is not m:
+                self._hooked[id(m)] = (weakref.ref(m), (m.register_forward_pre_hook(self._pre),
+                                                        m.register_forward_hook(self._post, always_call=True)))
+        for key in [k for k in self._hooked if k not in names]:
+            for h in self._hooked.pop(key)[1]:
+                h.remove()
+        self._names = names
+        self._param_names = {}
+        for name, p in self.model.named_parameters():
+            self._param_names.setdefault(id(p), _clean(name))
+        self._dirty = False
+        self.rescans += 1
+
+    def _registered(self, module, name, submodule):
+        """Global module-registration hook: a sub-module was assigned to a watched module
+        (or a watched module was put into a new one)."""
+        if id(module) in self._names or (submodule is not None and id(submodule) in self._names):
+            self._dirty = True
+        return None
+
     # -- per-step state -------------------------------------------------------
     def _reset_step(self) -> None:
         self._calls: list[str] = []  # module name per forward call, in call order
-        self._cut: list[dict] = []  # modules whose floating outputs lost grad_fn
+        self._pass = -1  # call index of the outermost module call running now (a forward pass)
+        self._forget_cuts()
         self._in_backward = False
         self._reported: set[int] = set()  # ids of saved tensors already reported this step
         self._release()
+
+    def _forget_cuts(self) -> None:
+        """Drop the cut records (after a backward judged them, or at a new step)."""
+        self._cut: list[dict] = []  # modules whose floating outputs lost grad_fn, since the last backward
+        self._cut_passes: dict[int, int] = {}  # pass (call index) -> number of its cut records
+        self._pass_out: dict[int, tuple] = {}  # finished pass with cut records -> (output requires grad, grad_fns)
+        self._judged: set[int] = set()  # passes whose output reached a backwarded loss through its graph
+        self._fed: set[int] = set()  # no-grad passes whose output an op saved for backward
+        self._eval_ptrs: dict[int, int] = {}  # storage address of a finished no-grad pass's output -> pass
+
+    def _add_cut(self, rec: dict) -> None:
+        """Keep a cut record of the current pass. Records of passes whose output did not
+        require grad (evaluation, generation, a teacher forward) are kept for the last
+        ``MAX_EVAL_PASSES`` such passes only: they matter only if the loss comes from one."""
+        rec["pass"] = self._pass
+        if self._pass not in self._cut_passes:
+            done = [p for p in self._cut_passes if p in self._pass_out and not self._pass_out[p][0]]
+            if len(done) >= MAX_EVAL_PASSES:
+                drop = set(done[:len(done) - MAX_EVAL_PASSES + 1])
+                self._cut = [c for c in self._cut if c["pass"] not in drop]
+                for p in drop:
+                    del self._cut_passes[p]
+                    self._pass_out.pop(p, None)
+                self._eval_ptrs = {k: p for k, p in self._eval_ptrs.items() if p not in drop}
+        self._cut_passes[self._pass] = self._cut_passes.get(self._pass, 0) + 1
+        self._cut.append(rec)
 
     def _release(self) -> None:
         """Drop the references to this step's saved tensors and outputs (kept:
@@ -317,6 +400,10 @@ class HazardProbes:
             code = f.f_code
         v = t._version
         rec = (t, v, self._cur, code, f.f_lineno)
+        if self._eval_ptrs:  # the output of a no-grad pass, saved by an op: that pass feeds a graph
+            p = self._eval_ptrs.get(_storage_ptr(t))
+            if p is not None:
+                self._fed.add(p)
         if not _parameter_like(t) and id(t) not in self._live_ids:
             self._live_ids.add(id(t))
             self._live.append(t)
@@ -359,15 +446,14 @@ class HazardProbes:
             "stopped": not self.allow_inplace,
             "pytorch_error": _pytorch_inplace_message(t, v),
         }
+        if self._pushed:  # saved by a non-reentrant checkpoint's recompute: PyTorch checks no version there
+            detail.update(checkpoint="non-reentrant", pytorch_error=None)
         if _parameter_like(t):  # checked at unpack only: an optimizer step or a weight load in between
             base = t._base if t._base is not None else t
             detail["parameter"] = self._param_names.get(id(base)) or f"a parameter {list(base.shape)}"
         event = {"kind": "inplace_on_saved", "step": self._step,
                  "where": written.get("where") or saved_where, "count": 1, "detail": detail}
-        wmod = written.get("module") or "?"
-        msg = (f"step {self._step}: a tensor {tensor['type']} {tensor['shape']} saved for backward by "
-               f"{op or 'an op'} in {detail['saved_by']['module']} ({saved_where}) was written in place "
-               f"(version {v} -> {t._version}) by {wmod} at {written.get('where') or '?'}")
+        msg = f"step {self._step}: {describe_inplace(event)}"
         if self.allow_inplace:
             self._record(event, key=("inplace_on_saved", saved_where, written.get("where")))
             return
@@ -406,12 +492,25 @@ class HazardProbes:
             out["module"] = name
             out["between"] = f"{since} and the return of {name}"
             code = _code_of(self._leaving) if self._leaving is not None else None
+            if code is not None and _internal(code.co_filename):
+                code = None  # a torch container (nn.Sequential, ...): its own code wrote nothing
             if code is not None:
                 first, last = _function_span(code)
                 start = rec[4] if rec[3] is code else first
                 if not self._candidate(out, code, start, last, pick_last=False):
                     self._candidate(out, code, first, last, pick_last=True)
                 out["frame"] = _where(code, first)
+            if not out.get("where") and rec[3] is not None and not _internal(rec[3].co_filename):
+                # the code that saved the tensor (a function or a module without hooks): the write
+                # usually follows the save in the same function
+                first, last = _function_span(rec[3])
+                self._candidate(out, rec[3], rec[4], last, pick_last=False)
+            if not out.get("where") and self._leaving is not None and next(self._leaving.children(), None) is None:
+                # a leaf torch module wrote (nn.ReLU(inplace=True), ...): the statement that called it
+                frame = _user_frame(sys._getframe(1))
+                if frame is not None:
+                    out["where"], out["code"] = (_where(frame.f_code, frame.f_lineno),
+                                                 _line_text(frame.f_code, frame.f_lineno))
         else:  # check_loss or unpack: after the last module boundary
             out["module"] = None
             out["between"] = f"{since} and {detected_at.split(' ')[0]}: code outside the model's modules"
@@ -440,6 +539,10 @@ class HazardProbes:
     def _saving_op(self, t: torch.Tensor) -> str | None:
         """Name of the autograd node that saved ``t`` (a walk of the graph from the
         module outputs seen this step; rare path, on detection only)."""
+        if self._pushed:
+            # inside a non-reentrant checkpoint's recompute: reading a node's saved tensors
+            # would run the unpack hooks of other checkpointed segments (recomputing them)
+            return None
         key = (_ptr(t), tuple(t.shape), t.stride())
 
         def same(v) -> bool:  # unpacking re-wraps the tensor: compare address, shape, strides
@@ -472,17 +575,31 @@ class HazardProbes:
 
     # -- module hooks ------------------------------------------------------------
     def _pre(self, module, args):
-        if not self._active:
+        if torch.compiler.is_compiling() or not self._active:
+            # under torch.compile the hooks are traced: returning at once keeps them out of the graph
+            # (no graph break, no guard on optcheck's state); see docs/hazards.md
             return None
+        if self._dirty:
+            self._scan()
         name = self._names.get(id(module))
         if name is None:  # a copy of a watched module (copy.deepcopy(model) copies its hooks)
             return None
+        if len(module._modules) != self._nchild.get(id(module)):
+            # children added or removed without a registration hook (Sequential.insert and
+            # ModuleList.insert write ``_modules`` directly): re-scan before they run
+            self._scan()
+            name = self._names.get(id(module), name)
+        top = _top_hooks(False)
+        if top is not None and _is_recompute_pack(top[0]):
+            self._compose(module, *top)
         if self._live and sum(map(_VERSION, self._live)) != self._vsum:
             self._entering = name
             self._roots.extend(a.grad_fn for a in _tensors(args) if a.grad_fn is not None)
             self._check_versions("pre-hook")
         idx = len(self._calls)
         self._calls.append(name)
+        if not self._stack:
+            self._pass = idx  # an outermost call: a new forward pass
         self._stack.append(idx)
         self._cur = idx
         self._last = ("pre", idx)
@@ -514,11 +631,36 @@ class HazardProbes:
                f"not require grad itself (a .detach() or .data between them)" if src is not None else
                "its input does not require grad although earlier outputs of this step did: the graph was cut "
                "before it (.detach(), .data, a NumPy round trip, or an op under torch.no_grad())")
-        self._cut.append({"module": self._calls[idx], "call": idx, "how": "detached-input", "grad_enabled": True,
+        self._add_cut({"module": self._calls[idx], "call": idx, "how": "detached-input", "grad_enabled": True,
                           "source_module": self._calls[src] if src is not None else None,
                           "where": where, "code": code, "why": how})
 
+    def _compose(self, module, pack, unpack) -> None:
+        """Inside a non-reentrant checkpoint's recompute (in backward), torch.utils.checkpoint's
+        own saved-tensor hooks shadow ours: push a pair that records each saved tensor for the
+        version check and hands it on to theirs; popped when ``module`` returns or raises."""
+        probes = self
+
+        def cpack(t):
+            inner = pack(t)  # may raise to stop the recompute early: nothing recorded then
+            probes._pack(t)
+            return inner
+
+        cpack.optcheck = True
+        torch._C._autograd._push_saved_tensors_default_hooks(cpack, unpack)
+        self._pushed.append((module,))
+
     def _post(self, module, args, out):
+        if torch.compiler.is_compiling():
+            return None
+        if self._pushed and self._pushed[-1][0] is module:
+            self._pushed.pop()
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+        if out is None and sys.exc_info()[0] is not None:  # the forward raised (an always_call hook)
+            if self._active and id(module) in self._names and self._stack:
+                self._stack.pop()
+                self._cur = self._stack[-1] if self._stack else -1
+            return None
         if not self._active or id(module) not in self._names:
             return None
         idx = self._stack.pop() if self._stack else -1
@@ -541,6 +683,11 @@ class HazardProbes:
                                    if isinstance(v, torch.Tensor) and v.grad_fn is not None)
         elif has_float:
             self._maybe_cut(module, args, idx)
+        if not self._stack and idx in self._cut_passes:  # a pass with cut records ends: keep what it gave
+            outs = _float_tensors(out)
+            self._pass_out[idx] = (rg, _grad_fns(out) if rg else [], outs)  # outs: their addresses stay theirs
+            if not rg:
+                self._eval_ptrs.update((ptr, idx) for ptr in map(_storage_ptr, outs) if ptr)
         return None
 
     def _maybe_cut(self, module, args, idx: int) -> None:
@@ -550,7 +697,7 @@ class HazardProbes:
             return
         frame = _user_frame(sys._getframe(1))
         code = _code_of(module)
-        self._cut.append({
+        self._add_cut({
             "module": self._calls[idx] if 0 <= idx < len(self._calls) else self._names.get(id(module)),
             "call": idx, "how": "output-lost-grad_fn", "grad_enabled": torch.is_grad_enabled(),
             "inputs_require_grad": inputs_rg, "params_require_grad": len(own),
@@ -579,6 +726,8 @@ class HazardProbes:
             return
         if loss.grad_fn is not None:
             self._roots.append(loss.grad_fn)
+            if any(self._pass_out.get(p, (True,))[0] for p in self._cut_passes if p not in self._judged):
+                self._judged |= self._passes_reaching(loss.grad_fn)
         elif not loss.requires_grad:
             self._stop(*self._full_cut(loss))
         elif loss.is_leaf and not any(loss is p for _, p in self._trainable()):
@@ -609,34 +758,84 @@ class HazardProbes:
             where = _backward_caller()  # the line that called backward(): the loss is made just above it
             what = ("no module output lost grad_fn: the loss was computed from a detached tensor "
                     "(.detach(), .item(), .data, numpy) after the model's forward")
+            if not self._calls and self.compiled:
+                first = {"module": "the model's compiled forward", "call": -1, "how": "compiled",
+                         "grad_enabled": None, "where": where, "code": None,
+                         "why": ("torch.compile runs it without optcheck's module hooks, so the module is not "
+                                 "known; it ran under torch.no_grad(), or the loss was computed from a "
+                                 "detached output")}
+                what = f"{first['module']} lost grad_fn: {first['why']}"
             if loss.requires_grad and loss.is_leaf:
                 what = ("no module output lost grad_fn: the loss is a new leaf tensor that requires grad "
                         "(e.g. torch.tensor(loss.item(), requires_grad=True)), not connected to the model")
         detail = {"cut": "full", "loss_requires_grad": loss.requires_grad, "grad_enabled_at_loss": grad_on,
-                  "first_module": first, "modules_without_grad_fn": [c["module"] for c in self._cut][:MAX_SAMPLES],
+                  "first_module": first,
+                  "modules_without_grad_fn": [c["module"] for c in self._judged_cuts(full=True)][:MAX_SAMPLES],
                   "n_params_without_grad": len(trainable), "params_without_grad": trainable[:MAX_SAMPLES],
                   "pytorch_error": "element 0 of tensors does not require grad and does not have a grad_fn"}
         event = {"kind": "graph_cut", "step": self._step, "where": where, "count": 1, "detail": detail}
         msg = f"step {self._step}: the loss has no grad_fn, backward() would raise; {what}"
         return msg, event
 
-    def _first_cut(self) -> dict | None:
-        if not self._cut:
+    def _passes_reaching(self, root) -> set[int]:
+        """Passes with cut records whose output's ``grad_fn`` is reached from ``root`` (the
+        loss's) through ``next_functions``; a pass still running counts as reaching it.
+        Runs only when such records exist (a real cut, or an evaluation forward that kept
+        grad on); cost: one walk of the loss's graph."""
+        out = {p for p in self._cut_passes if p not in self._pass_out}
+        want = {}
+        for p, (rg, fns, _) in self._pass_out.items():
+            for fn in fns if rg else ():
+                want.setdefault(fn, set()).add(p)
+        seen, todo = set(), [root]
+        while todo and want and len(seen) < 200_000:
+            node = todo.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            hit = want.pop(node, None)
+            if hit:
+                out |= hit
+            todo.extend(n for n, _ in getattr(node, "next_functions", ()))
+        return out
+
+    def _judged_cuts(self, full: bool, fed: bool = False) -> list[dict]:
+        """The cut records that can explain a cut. A loss without ``grad_fn``: those of the
+        last pass whose output did not require grad (the loss came from it). Otherwise: those
+        of passes whose output reached a loss that was backwarded (through its graph, or saved
+        by one of its ops, as a generator's no-grad output is by the discriminator), the last
+        such pass first. A forward whose output never reaches a backward (validation,
+        generation, an EMA or teacher forward) is evaluation, not a cut."""
+        if full:
+            done = [p for p in self._cut_passes if not self._pass_out.get(p, (False,))[0]]
+            return [c for c in self._cut if c["pass"] == done[-1]] if done else []
+        passes = sorted((p for p in self._cut_passes if p in self._judged or (fed and p in self._fed)), reverse=True)
+        return [c for p in passes for c in self._cut if c["pass"] == p]
+
+    def _first_cut(self, cuts: list[dict] | None = None) -> dict | None:
+        cuts = self._judged_cuts(full=True) if cuts is None else cuts
+        if not cuts:
             return None
-        for c in self._cut:  # a cut made while autograd was recording is the informative one
+        for c in cuts:  # a cut made while autograd was recording is the informative one
             if c["grad_enabled"] and (c.get("inputs_require_grad") or c["how"] == "detached-input"):
                 return c
-        return self._cut[0]
+        return cuts[0]
 
     def after_backward(self, step: int) -> None:
         """After ``loss.backward()``: confirm partial graph cuts (optimizer
         parameters at or before a cut got no gradient) and check gradients."""
         self._in_backward = False
         trainable = self._trainable()
-        if self._cut:
+        cuts = self._judged_cuts(full=False) if self._cut else []
+        if cuts:  # passes connected to this loss by its graph: judged now, then forgotten
             starved = [(n, p) for n, p in trainable if p.grad is None]
             if starved:
-                self._partial_cut(starved)
+                self._partial_cut(starved, cuts)
+            done = {c["pass"] for c in cuts}
+            self._cut = [c for c in self._cut if c["pass"] not in done]
+            for p in done:
+                self._cut_passes.pop(p, None)
+                self._pass_out.pop(p, None)
         if self.grad_check_every and step % self.grad_check_every == 0:
             grads = [_dense(p.grad) for _, p in trainable if p.grad is not None]
             if grads and not bool(torch.stack(torch._foreach_norm(grads)).isfinite().all()):
@@ -646,10 +845,26 @@ class HazardProbes:
                               "detail": {"what": "grad", "params": bad[:MAX_SAMPLES], "n_params": len(bad)}},
                              key=("nonfinite", "grad"))
 
-    def _partial_cut(self, starved: list[tuple[str, torch.Tensor]]) -> None:
+    def _after_step(self, optimizer, args, kwargs) -> None:
+        """Optimizer step post-hook: a no-grad forward whose output an op saved for backward
+        (a generator run under ``no_grad`` whose output the discriminator's loss uses) is
+        judged at the step of the watched optimizer, not at that backward (the discriminator's
+        step legitimately leaves the generator without gradients): a partial cut when optimizer
+        parameters at or before one of its cuts have no gradient when the optimizer steps."""
+        if torch.compiler.is_compiling() or self._removed:
+            return
+        cuts = self._judged_cuts(full=False, fed=True) if self._cut else []
+        self._forget_cuts()
+        if cuts:
+            starved = [(n, p) for n, p in self._trainable() if p.grad is None]
+            if starved:
+                self._partial_cut(starved, cuts)
+
+    def _partial_cut(self, starved: list[tuple[str, torch.Tensor]], cuts: list[dict]) -> None:
         first_call = {}
-        for i, name in enumerate(self._calls):
-            first_call.setdefault(name, i)
+        start = min(c["pass"] for c in cuts)  # the judged passes' calls only (not an earlier evaluation)
+        for i in range(max(start, 0), len(self._calls)):
+            first_call.setdefault(self._calls[i], i)
 
         def call_of(param_name: str) -> int | None:
             mod = param_name.rpartition(".")[0] or self._names[id(self.model)]
@@ -660,17 +875,17 @@ class HazardProbes:
                     return None
                 mod = mod.rpartition(".")[0]
 
-        last_cut = max(c["call"] for c in self._cut)
-        prefixes = tuple(c["module"] + "." for c in self._cut)
+        last_cut = max(c["call"] for c in cuts)
+        prefixes = tuple(c["module"] + "." for c in cuts)
         affected = [n for n, _ in starved
                     if ((c := call_of(n)) is not None and c <= last_cut) or n.startswith(prefixes)]
         if not affected:
             return
-        first = next((c for c in self._cut if any(call_of(n) is not None and call_of(n) <= c["call"]
+        first = next((c for c in cuts if any(call_of(n) is not None and call_of(n) <= c["call"]
                                                    or n.startswith(c["module"] + ".") for n in affected)),
-                     self._cut[0])
-        detail = {"cut": "partial", "first_module": first, "cuts": [c["module"] for c in self._cut][:MAX_SAMPLES],
-                  "n_cuts": len(self._cut), "n_params_without_grad": len(affected),
+                     cuts[0])
+        detail = {"cut": "partial", "first_module": first, "cuts": [c["module"] for c in cuts][:MAX_SAMPLES],
+                  "n_cuts": len(cuts), "n_params_without_grad": len(affected),
                   "params_without_grad": affected[:MAX_SAMPLES]}
         self._record({"kind": "graph_cut", "step": self._step, "where": first.get("where"), "count": 1,
                       "detail": detail}, key=("graph_cut", first["module"], first["how"]))
@@ -764,6 +979,10 @@ class HazardProbes:
         for h in self._handles:
             h.remove()
         self._handles = []
+        for _, hs in self._hooked.values():
+            for h in hs:
+                h.remove()
+        self._hooked = {}
         if warnings.showwarning is self._showwarning:
             warnings.showwarning = self._orig_showwarning
         try:
@@ -773,6 +992,47 @@ class HazardProbes:
             pass
         self._active = False
         self._removed = True
+
+
+_top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+
+
+def _is_recompute_pack(pack) -> bool:
+    """The pack hook ``torch.utils.checkpoint`` pushes while a non-reentrant checkpoint
+    re-runs its function in backward (``_recomputation_hook``; torch/utils/checkpoint.py)."""
+    fn = getattr(pack, "__wrapped__", pack)  # it is wrapped in torch._dynamo.disable
+    return getattr(fn, "__module__", None) == "torch.utils.checkpoint" and \
+        getattr(fn, "__qualname__", "").startswith("_recomputation_hook.")
+
+
+def _clean(name: str) -> str:
+    """A module or parameter name without the ``_orig_mod`` level ``torch.compile`` adds
+    (``OptimizedModule`` keeps the model as ``_orig_mod``): ``_orig_mod.fc.weight`` → ``fc.weight``."""
+    if "_orig_mod" not in name:
+        return name
+    return ".".join(part for part in name.split(".") if part != "_orig_mod")
+
+
+def _float_tensors(out) -> list:
+    """The floating tensors of a module output (a tensor, or a tuple/list/dict of them)."""
+    vals = [out] if isinstance(out, torch.Tensor) else \
+        list(out.values()) if isinstance(out, dict) else list(out) if isinstance(out, (tuple, list)) else []
+    return [v for v in vals if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())]
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 - sparse, meta, tensor subclasses without storage
+        return 0
+
+
+def _grad_fns(out) -> list:
+    """``grad_fn`` of each tensor of a module output (a tensor, or a tuple/list/dict of them)."""
+    if isinstance(out, torch.Tensor):
+        return [out.grad_fn] if out.grad_fn is not None else []
+    vals: Iterable = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ()
+    return [v.grad_fn for v in vals if isinstance(v, torch.Tensor) and v.grad_fn is not None]
 
 
 def _backward_caller() -> str | None:
