@@ -20,7 +20,7 @@ What is recorded (event ``kind`` → rule):
     ``torch.autograd.graph.saved_tensors_hooks`` pack hook with its version counter
     (``Tensor._version``), the module that was running and the user source line of
     the op; the unpack hook compares the version. Installing these hooks switches
-    off PyTorch's own version check (DESIGN.md §5; ``torch/csrc/autograd/saved_variable.cpp``
+    off PyTorch's own version check (docs/hazards.md; ``torch/csrc/autograd/saved_variable.cpp``
     skips ``version_counter`` checks when hooks are set), so a mutated saved tensor
     would otherwise flow into backward silently. The *write* is found where it
     happens: the versions of the saved tensors are compared at every module
@@ -32,7 +32,10 @@ What is recorded (event ``kind`` → rule):
     gradient is ever computed). With ``allow_inplace=True`` the event is recorded
     and the run continues: backward then uses the *written* values (what PyTorch
     would have refused with "one of the variables needed for gradient computation
-    has been modified by an inplace operation").
+    has been modified by an inplace operation"). The finding and the exception share one
+    sentence (``optcheck.rules.autograd.describe_inplace``). Inside a non-reentrant
+    checkpoint's recompute, ``torch.utils.checkpoint``'s own saved-tensor hooks are
+    innermost: the probes compose theirs with it (docs/hazards.md).
 
 ``graph_cut`` (OC203)
     Full cut: ``check_loss`` sees a loss without ``grad_fn``; it raises
@@ -46,7 +49,15 @@ What is recorded (event ``kind`` → rule):
     step goes on. Leaf loss: the loss is a new leaf that requires grad
     (``torch.tensor(loss.item(), requires_grad=True)``, written to make the
     error above go away): ``backward()`` runs and no parameter gets a gradient;
-    recorded, the step goes on.
+    recorded, the step goes on. Cut records are kept per forward pass and judged only
+    when that pass's output reaches a backward (its graph, or an op that saved it) or
+    the loss: a validation, generation, EMA or teacher forward is not a cut.
+
+Modules assigned after the probes start are hooked and every name follows the
+model's current structure (a module-registration hook and a children count mark it
+stale; ``named_modules()`` is re-scanned then). Under ``torch.compile`` the module
+hooks do nothing inside the compiled forward (no graph break); see
+:data:`NOT_CHECKED_UNDER_COMPILE`.
 
 ``nonleaf_grad_access`` (OC201)
     PyTorch warns "The .grad attribute of a Tensor that is not a leaf Tensor is
