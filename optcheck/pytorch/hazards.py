@@ -503,25 +503,30 @@ class HazardProbes:
             out["module"] = name
             out["between"] = f"{since} and the return of {name}"
             code = _code_of(self._leaving) if self._leaving is not None else None
-            if code is not None and _internal(code.co_filename):
-                code = None  # a torch container (nn.Sequential, ...): its own code wrote nothing
+            internal = code is not None and _internal(code.co_filename)
+            if internal:
+                code = None  # torch's own module code (nn.Sequential, nn.ReLU, ...) has no user line
             if code is not None:
                 first, last = _function_span(code)
                 start = rec[4] if rec[3] is code else first
                 if not self._candidate(out, code, start, last, pick_last=False):
                     self._candidate(out, code, first, last, pick_last=True)
                 out["frame"] = _where(code, first)
-            if not out.get("where") and rec[3] is not None and not _internal(rec[3].co_filename):
-                # the code that saved the tensor (a function or a module without hooks): the write
-                # usually follows the save in the same function
-                first, last = _function_span(rec[3])
-                self._candidate(out, rec[3], rec[4], last, pick_last=False)
-            if not out.get("where") and self._leaving is not None and next(self._leaving.children(), None) is None:
-                # a leaf torch module wrote (nn.ReLU(inplace=True), ...): the statement that called it
+            elif internal and self._last == ("pre", self._cur_post) and \
+                    next(self._leaving.children(), None) is None:
+                # a torch module without children wrote, inside its own call (nn.ReLU(inplace=True)):
+                # the statement that called it
                 frame = _user_frame(sys._getframe(1))
                 if frame is not None:
                     out["where"], out["code"] = (_where(frame.f_code, frame.f_lineno),
                                                  _line_text(frame.f_code, frame.f_lineno))
+            if not out.get("where") and rec[3] is not None and not _internal(rec[3].co_filename):
+                # the user code that saved the tensor (a function, or a module without hooks): the
+                # write usually follows the save in the same function
+                caller = _user_frame(sys._getframe(1))
+                last = caller.f_lineno if caller is not None and caller.f_code is rec[3] else \
+                    _function_span(rec[3])[1]  # still running: not past the line running now
+                self._candidate(out, rec[3], rec[4], last, pick_last=False)
         else:  # check_loss or unpack: after the last module boundary
             out["module"] = None
             out["between"] = f"{since} and {detected_at.split(' ')[0]}: code outside the model's modules"

@@ -205,6 +205,26 @@ def test_inplace_names_the_statement_that_wrote(act):
     assert f.detail["saved_by"]["code"] == "y = torch.sigmoid(x)"
 
 
+class SigmoidThenInplaceReLU(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(8, 8), nn.ReLU(inplace=True), nn.Linear(8, 1)
+
+    def forward(self, x):
+        h = torch.sigmoid(self.fc1(x))
+        h = self.act(h)  # relu_ on sigmoid's saved output
+        h += 1
+        return self.fc2(h)
+
+
+def test_a_torch_module_writing_in_place_is_named_by_the_statement_calling_it():
+    mon, exc = run_net(SigmoidThenInplaceReLU())
+    f = one_finding_same_as_exception(mon, exc)
+    assert f.detail["written"]["module"] == "act" and f.detail["written"]["code"] == "h = self.act(h)  # relu_ on " \
+        "sigmoid's saved output"
+    assert f.detail["saved_by"]["code"] == "h = torch.sigmoid(self.fc1(x))"
+
+
 def test_a_module_swapped_in_after_the_monitor_started_is_watched():
     def swap(model):
         model.blocks[0].ff[1] = Gate()  # ff[1] = MyGate()
