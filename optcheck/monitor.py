@@ -25,7 +25,7 @@ How it watches (all hooks, nothing copied):
 - after every ``optimizer.step()``: every ``every`` steps a snapshot; at once when
   a hazard probe saw something new;
 - around forward and backward: the autograd hazard probes
-  (``optcheck/pytorch/hazards.py``): an in-place write to a saved tensor or a loss
+  (``optcheck/pytorch/hazards/``): an in-place write to a saved tensor or a loss
   without ``grad_fn`` is recorded as a finding and then raised as
   :class:`optcheck.worker_loop.StepStopped` (PyTorch would fail at ``backward()``
   with a message that names neither module nor line); ``Tensor.backward`` and

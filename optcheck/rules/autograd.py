@@ -1,7 +1,7 @@
 """Autograd rule OC301: a tensor saved for backward was written in place.
 
 Reads the ``inplace_on_saved`` events of the PyTorch hazard probes
-(``optcheck/pytorch/hazards.py``).
+(``optcheck/pytorch/hazards/``).
 """
 
 from __future__ import annotations
