@@ -25,7 +25,7 @@ How it watches (all hooks, nothing copied):
 - after every ``optimizer.step()``: every ``every`` steps a snapshot; at once when
   a hazard probe saw something new;
 - around forward and backward: the autograd hazard probes
-  (``optcheck/pytorch/hazards.py``): an in-place write to a saved tensor or a loss
+  (``optcheck/pytorch/hazards/``): an in-place write to a saved tensor or a loss
   without ``grad_fn`` is recorded as a finding and then raised as
   :class:`optcheck.worker_loop.StepStopped` (PyTorch would fail at ``backward()``
   with a message that names neither module nor line); ``Tensor.backward`` and
@@ -227,6 +227,9 @@ class Monitor:
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
         self._fail_rank = severity_rank(fail_on)
+        # torch.compile(model) returns an OptimizedModule keeping the model as _orig_mod: watch the model
+        compiled = type(model).__name__ == "OptimizedModule"
+        model = model._orig_mod if compiled else model  # (names without "_orig_mod.")
         self.model, self.optimizer, self.every, self.on_finding_policy = model, optimizer, every, on_finding
         self.rundir = RunDir(out, append=append) if out is not None else None
         self.run_id = run_id or (self.rundir.path.name if self.rundir else "monitor")
@@ -250,7 +253,7 @@ class Monitor:
         if hazards:
             from optcheck.pytorch.hazards import HazardProbes
 
-            self.hazards = HazardProbes(model, optimizer, allow_inplace=allow_inplace)
+            self.hazards = HazardProbes(model, optimizer, allow_inplace=allow_inplace, compiled=compiled)
             self.hazards.on_stop = self._on_stop
         self.grad_clear = GradClearProbe(optimizer)
         self._handles = [optimizer.register_step_pre_hook(self._pre_step),
@@ -363,7 +366,9 @@ class Monitor:
                 "steps_per_s": round(self.step_count / elapsed, 2) if elapsed else None,
                 "peak_rss_bytes": self._peak_rss, "versions": probe.versions(), "threads": torch.get_num_threads(),
                 "crash": self._crash, "stopped": self._stopped,
-                "lead_time": lead_time([f.to_dict() for f in self.findings], self._crash), "out": str(self.rundir.path) if self.rundir else None}
+                "lead_time": lead_time([f.to_dict() for f in self.findings], self._crash),
+                "out": str(self.rundir.path) if self.rundir else None,
+                "not_checked": getattr(self.hazards, "not_checked", [])}
 
     def __enter__(self) -> "Monitor":
         return self

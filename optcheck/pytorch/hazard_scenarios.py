@@ -1,4 +1,5 @@
-"""The autograd seeds (the failure reports 000–004 named in each scenario's ``reproduces``) as scenarios ``--inject NAME@STEP`` can plant.
+"""The autograd seed failures 000–004 (listed in ``optcheck/scenarios.py``) as scenarios
+``--inject NAME@STEP`` can plant.
 
 Each ``fn(trainer, step) -> {"call": ...}`` changes the running
 :class:`optcheck.pytorch.train.Trainer` from that step on the way the real bug
@@ -112,27 +113,28 @@ def _attention_with_shared_mask(attn, model):
     return forward
 
 
-def _checkpointed(block):
+def _checkpointed(block, use_reentrant: bool = True):
     """Gradient checkpointing as HF ``gradient_checkpointing_enable()`` did it by default:
-    the block's forward re-run in backward (``use_reentrant=True``)."""
+    the block's forward re-run in backward (``use_reentrant=True``; ``False`` is the form
+    PyTorch now recommends, which runs on saved-tensor hooks of its own)."""
     inner = block.forward
 
     def forward(x):
-        return torch.utils.checkpoint.checkpoint(inner, x, use_reentrant=True)
+        return torch.utils.checkpoint.checkpoint(inner, x, use_reentrant=use_reentrant)
 
     return forward
 
 
 @implements("mask-inplace")
-def mask_inplace(trainer, step: int) -> dict:
+def mask_inplace(trainer, step: int, use_reentrant: bool = True) -> dict:
     model = trainer.model
     T = model.config.block_size
     model.register_buffer("mask_cache", torch.tril(torch.ones(T, T)).view(1, 1, T, T), persistent=False)
     for block in model.h:
         block.attn.forward = _attention_with_shared_mask(block.attn, model)
-        block.forward = _checkpointed(block)
+        block.forward = _checkpointed(block, use_reentrant)
     return {"call": "att = softmax(att) * mask_cache; mask_cache.masked_fill_(~causal, 0.0) in every attention, "
-                    "blocks under torch.utils.checkpoint(use_reentrant=True)"}
+                    f"blocks under torch.utils.checkpoint(use_reentrant={use_reentrant})"}
 
 
 # -- fp32-cast-nograd (seed 002) ---------------------------------------------------

@@ -48,7 +48,7 @@ class NullHazards:
 
 
 def make_hazards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: SoakConfig):
-    """The hazard probes of ``optcheck/pytorch/hazards.py`` when ``cfg.hazards``, else a NullHazards."""
+    """The hazard probes of ``optcheck/pytorch/hazards/`` when ``cfg.hazards``, else a NullHazards."""
     if not cfg.hazards:
         return NullHazards()
     from optcheck.pytorch.hazards import HazardProbes

@@ -1,7 +1,7 @@
 """Autograd rule OC301: a tensor saved for backward was written in place.
 
 Reads the ``inplace_on_saved`` events of the PyTorch hazard probes
-(``optcheck/pytorch/hazards.py``).
+(``optcheck/pytorch/hazards/``).
 """
 
 from __future__ import annotations
@@ -11,6 +11,34 @@ from typing import Iterable
 from optcheck.findings import Finding
 from optcheck.rules._events import events
 from optcheck.rules.base import Rule, RuleContext, register
+
+
+def describe_inplace(event: dict) -> str:
+    """The one sentence for an ``inplace_on_saved`` event (a schema-1 event dict):
+    used by OC301's finding and by the ``StepStopped`` the PyTorch probes raise, so
+    both name the same write site. The write site is ``detail.written.where`` (the
+    statement that wrote in place); when the probes could not find it, the sentence
+    says so and gives the window it happened in, never the line that saved the tensor."""
+    d = event.get("detail") or {}
+    t, saved, written = d.get("tensor") or {}, d.get("saved_by") or {}, d.get("written") or {}
+    if written.get("where"):
+        where = written["where"]
+    elif str(written.get("detected_at", "")).startswith("unpack"):
+        where = "a line before backward() (found when backward needed it)"
+    else:
+        where = "an unknown line" + (f" ({written['between']})" if written.get("between") else "")
+    msg = (f"{t.get('type') or t.get('dtype', 'tensor')} {t.get('shape')} saved by {saved.get('op') or 'an op'} "
+           f"in {saved.get('module') or '?'} ({saved.get('where') or '?'}) was written in place by "
+           f"{written.get('module') or 'code outside the model'} at {where} "
+           f"(version {d.get('saved_version')} -> {d.get('version')})")
+    if written.get("code"):
+        msg += f": {written['code']}"
+    if str(d.get("phase", "")).startswith("backward"):
+        msg += " (during the checkpoint recompute in backward)"
+    if d.get("parameter"):
+        msg += (f"; it is (a view of) {d['parameter']}: an optimizer.step() or a weight load between "
+                f"this forward and its backward() wrote it")
+    return msg
 
 
 @register
@@ -41,32 +69,21 @@ class InplaceOnSaved(Rule):
 
     code, symbol, severity, family = "OC301", "inplace-on-saved", "error", "autograd"
     message = ("{tensor} saved by {op} in {saved_module} ({saved_where}) was written in place by {module} "
-               "at {where} (version {v0} -> {v1})")
+               "at {where} (version {v0} -> {v1})")  # the text is built by describe_inplace
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         out = []
         for e in events(snap, "inplace_on_saved"):
             d = e.get("detail") or {}
             t, saved, written = d.get("tensor") or {}, d.get("saved_by") or {}, d.get("written") or {}
-            tensor = f"{t.get('type') or t.get('dtype', 'tensor')} {t.get('shape')}"
-            msg = self.message.format(
-                tensor=tensor, op=saved.get("op") or "an op", saved_module=saved.get("module") or "?",
-                saved_where=saved.get("where") or "?", module=written.get("module") or "code outside the model",
-                where=written.get("where") or (
-                    "a line before backward() (found when backward needed it)"
-                    if str(written.get("detected_at", "")).startswith("unpack") else e.get("where") or "?"),
-                v0=d.get("saved_version"), v1=d.get("version"))
-            if written.get("code"):
-                msg += f": {written['code']}"
-            if d.get("phase", "").startswith("backward"):
-                msg += " (during the checkpoint recompute in backward)"
-            if d.get("parameter"):
-                msg += (f"; it is (a view of) {d['parameter']}: an optimizer.step() or a weight load between "
-                        f"this forward and its backward() wrote it")
+            msg = describe_inplace(e)
             subjects = list(dict.fromkeys(s for s in (saved.get("module"), written.get("module")) if s))
             out.append(self.finding(
                 snap, msg, subjects=subjects, key=f"{saved.get('where')}->{written.get('where')}",
                 next_failure=("backward() raises RuntimeError: " + d["pytorch_error"]) if d.get("pytorch_error")
+                else ("backward() runs on the written values without an error (a non-reentrant checkpoint's "
+                      "recompute checks no version counter): wrong gradients, silently")
+                if d.get("checkpoint") == "non-reentrant"
                 else "backward() raises: one of the variables needed for gradient computation has been modified "
                      "by an inplace operation",
                 first_step=e.get("step"), stopped=d.get("stopped"), phase=d.get("phase"),

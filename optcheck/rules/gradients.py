@@ -1,7 +1,7 @@
 """Gradient rules OC201–OC203: do the parameters get the gradients the loss should give them?
 
 OC201 and OC203 read the hazard events the PyTorch probes record
-(``optcheck/pytorch/hazards.py``; the TorchSharp bridge may record the same kinds);
+(``optcheck/pytorch/hazards/``; the TorchSharp bridge may record the same kinds);
 OC202 reads only the ``grad`` field of the snapshot's params, so it works on any
 recorded stream.
 """

@@ -1,4 +1,4 @@
-"""The autograd seeds (failure reports 000–004, see each scenario's ``reproduces``) as scenarios, run both ways.
+"""The autograd seed failures 000–004 (``optcheck/scenarios.py``) as scenarios, run both ways.
 
 With the hazard probes on, each scenario is flagged at the injection step, naming
 the op or module and the user source line; with them off
@@ -20,7 +20,7 @@ from conftest import SMALL, run_cli
 from optcheck import exitcodes
 from optcheck.config import SoakConfig
 from optcheck.engine import check_stream
-from optcheck.pytorch import scenarios
+from optcheck.pytorch import hazard_scenarios, scenarios
 from optcheck.pytorch.train import Trainer
 from optcheck.snapshot import read_jsonl
 from optcheck.worker_loop import StepStopped
@@ -35,14 +35,15 @@ def trainer(hazards: bool, n_layer: int = 2) -> Trainer:
     return Trainer(cfg, vocab_size=256)
 
 
-def run(tr: Trainer, name: str, steps: int = INJECT + 1):
-    """Train ``steps`` steps, injecting ``name`` at step INJECT; return (events by step, exception, step)."""
+def run(tr: Trainer, name: str, steps: int = INJECT + 1, inject=None):
+    """Train ``steps`` steps, injecting ``name`` (or calling ``inject(trainer, step)``) at step
+    INJECT; return (events by step, exception, step)."""
     rng = np.random.default_rng(0)
     x, y = rng.integers(0, 256, (4, 32)), rng.integers(0, 256, (4, 32))
     events = {}
     for step in range(1, steps + 1):
         if step == INJECT:
-            scenarios.apply(name, tr, step)
+            scenarios.apply(name, tr, step) if inject is None else inject(tr, step)
         try:
             tr.train_step(step, x, y)
         except (StepStopped, RuntimeError) as e:
@@ -79,6 +80,25 @@ def test_mask_inplace_caught_in_the_checkpoint_recompute(n_layer):
     expected = (f"[torch.FloatTensor [1, 1, 32, 32]] is at version {n_layer + 1}; "
                 f"expected version {n_layer} instead.")
     assert expected in str(exc2) and expected in d["pytorch_error"]  # optcheck predicted PyTorch's text
+
+
+@pytest.mark.parametrize("n_layer", [1, 2])
+def test_mask_inplace_under_non_reentrant_checkpoint(n_layer):
+    """``use_reentrant=False``: torch.utils.checkpoint's own saved-tensor hooks replace the
+    probes' during the recompute; the write is still found there, at the injection step.
+    Without optcheck PyTorch says nothing (the recompute checks no version counter)."""
+    def inject(tr, step):
+        return hazard_scenarios.mask_inplace(tr, step, use_reentrant=False)
+
+    _, exc, step = run(trainer(True, n_layer), "mask-inplace", inject=inject)
+    assert isinstance(exc, StepStopped) and step == INJECT
+    d = exc.event["detail"]
+    assert d["phase"] == "backward (recompute)" and d["checkpoint"] == "non-reentrant"
+    assert d["written"]["code"].startswith("keep.masked_fill_(~causal, 0.0)")
+    assert d["saved_by"]["code"] == "att = F.softmax(att, dim=-1) * keep"
+    assert d["saved_by"]["module"] == f"h.{n_layer - 1}.attn" and d["version"] == d["saved_version"] + 1
+    events, exc2, _ = run(trainer(False, n_layer), "mask-inplace", inject=inject)
+    assert exc2 is None and all(not e for e in events.values())  # silent without optcheck
 
 
 def test_fp32_cast_nograd_partial_cut_and_silent_training_without_optcheck():

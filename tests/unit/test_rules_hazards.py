@@ -106,3 +106,40 @@ def test_oc501_from_events_and_from_a_recorded_stream():
     assert s["loss"] == "nan"
     (f,) = [f for f in check_stream([s]) if f.code == "OC501"]
     assert f.detail["what"] == "loss"
+
+
+def _inplace_event(written):
+    return ev("inplace_on_saved", 201, written.get("where") or "model.py:40",
+              tensor={"type": "torch.FloatTensor", "shape": [4, 16]}, saved_version=0, version=1,
+              saved_by={"op": "SigmoidBackward0", "module": "ff.1", "where": "model.py:40",
+                        "code": "y = torch.sigmoid(x)"},
+              written=written, phase="forward", stopped=True)
+
+
+def test_oc301_names_the_write_not_the_save_and_matches_describe_inplace():
+    from optcheck.rules.autograd import describe_inplace
+
+    snaps = stream(3)
+    e = _inplace_event({"module": "ff.1", "where": "model.py:41", "code": "y.mul_(2.0)"})
+    snaps[1]["events"] = [e]
+    (f,) = [f for f in check_stream(snaps) if f.code in MINE]
+    assert f.message == describe_inplace(e)
+    assert "written in place by ff.1 at model.py:41" in f.message and f.message.endswith("-> 1): y.mul_(2.0)")
+
+
+def test_oc301_with_an_unknown_write_site_says_so_and_never_names_the_save_line_as_the_write():
+    snaps = stream(3)
+    snaps[1]["events"] = [_inplace_event({"module": "ff", "detected_at": "post-hook",
+                                          "between": "the return of ff.0 and the return of ff"})]
+    (f,) = [f for f in check_stream(snaps) if f.code in MINE]
+    assert "at an unknown line (the return of ff.0 and the return of ff)" in f.message
+    assert "at model.py:40" not in f.message and "(model.py:40)" in f.message  # the save site, as the save site
+
+
+def test_oc301_under_a_non_reentrant_checkpoint_says_backward_will_not_raise():
+    snaps = stream(3)
+    e = _inplace_event({"module": "blk", "where": "model.py:41", "code": "keep.masked_fill_(m, 0)"})
+    e["detail"].update(phase="backward (recompute)", checkpoint="non-reentrant", pytorch_error=None)
+    snaps[1]["events"] = [e]
+    (f,) = [f for f in check_stream(snaps) if f.code in MINE]
+    assert "silently" in f.next_failure and "(during the checkpoint recompute in backward)" in f.message

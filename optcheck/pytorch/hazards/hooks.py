@@ -1,0 +1,345 @@
+"""The hook installer: :class:`HazardProbes` puts the module, saved-tensor, optimizer and
+module-registration hooks in place and hands each event to the probe that reads it
+(``inplace``, ``graph_cut``, ``nonleaf``, ``nonfinite``)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import weakref
+from typing import Any
+
+import torch
+
+from optcheck.pytorch.hazards._tensors import (_VERSION, _clean, _float_outputs, _float_tensors, _grad_fns, _ptr,
+                                               _storage_ptr, _tensors)
+from optcheck.pytorch.hazards.graph_cut import GraphCutProbe
+from optcheck.pytorch.hazards.inplace import InplaceProbe, _is_recompute_pack, _top_hooks
+from optcheck.pytorch.hazards.nonfinite import NonfiniteProbe
+from optcheck.pytorch.hazards.nonleaf import NonleafGradProbe
+from optcheck.worker_loop import StepStopped
+
+#: what the probes cannot see inside a ``torch.compile``d forward (module hooks are traced as no-ops
+#: there, so the compiled graph has no break and no guard on optcheck's state); see docs/hazards.md
+NOT_CHECKED_UNDER_COMPILE = (
+    "OC203 partial graph cuts inside the compiled forward (a .detach() or no_grad in a module) are not "
+    "named; OC202 still reports the parameters left without gradients",
+    "OC301 write sites inside the compiled forward: an in-place write to a saved tensor there makes "
+    "compilation fail with PyTorch's own 'modified by an inplace operation' error instead",
+    "OC203 full cut (a loss without grad_fn) is still found, without the module that lost grad_fn",
+)
+
+
+class HazardProbes(InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe):
+    """Autograd hazard probes for one model and optimizer (see the package docstring).
+
+    Args:
+        model: any ``nn.Module``; forward pre/post hooks go on every sub-module.
+        optimizer: its param groups define "the parameters that should get gradients".
+        allow_inplace: record an in-place write to a saved tensor and continue
+            (backward uses the written values) instead of raising ``StepStopped``.
+        grad_check_every: check gradients for NaN/Inf every this many steps
+            (1 = every step; 0 = only at drain time via the optimizer state).
+        compiled: the model is run through ``torch.compile`` (``model`` is the module it
+            wraps): :attr:`not_checked` then lists what the probes cannot see.
+
+    Raises (from the hooks):
+        optcheck.worker_loop.StepStopped: an in-place write to a saved tensor
+            (unless ``allow_inplace``), or a loss without ``grad_fn``; ``.event``
+            is the schema-1 event (it is *not* also returned by :meth:`drain`).
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, allow_inplace: bool = False,
+                 grad_check_every: int = 1, compiled: bool = False):
+        self.model, self.optimizer = model, optimizer
+        self.compiled = compiled
+        self.allow_inplace = allow_inplace
+        self.grad_check_every = grad_check_every
+        self._step = 0
+        self._active = False
+        self._events: dict[tuple, dict] = {}
+        self._seen_keys: set[tuple] = set()
+        self._urgent = False
+        self._handles = []
+        self._removed = False
+        self.on_stop = None  # optional callback f(StepStopped) called before the raise
+        self._names: dict[int, str] = {}
+        self._hooked: dict[int, tuple] = {}  # id(module) -> (weakref to it, its two hook handles)
+        self._param_names: dict[int, str] = {}
+        self._pushed: list[tuple] = []  # (module,) whose call pushed composed checkpoint-recompute hooks
+        self.rescans = 0
+        self._scan()
+        # a sub-module assigned later (``ff[1] = Gate()``, ``m.blocks = Wrapper(m.blocks)``) marks the
+        # names stale; the next hooked forward re-scans (torch/nn/modules/module.py: register_module runs
+        # the global module-registration hooks on every sub-module assignment)
+        self._dirty = False
+        self._handles.append(torch.nn.modules.module.register_module_module_registration_hook(self._registered))
+        self._handles.append(optimizer.register_step_post_hook(self._after_step))
+        self._internal_code: dict[Any, bool] = {}
+        self._install_warning_hook()
+        self._reset_step()
+
+    @property
+    def not_checked(self) -> list[str]:
+        """What these probes do not check on this model (empty for an eager model)."""
+        return list(NOT_CHECKED_UNDER_COMPILE) if self.compiled else []
+
+    def _scan(self) -> None:
+        """(Re)build module and parameter names from the model as it is now, hook
+        modules not hooked yet and unhook those no longer in it. Cost: one
+        ``named_modules()`` walk (see ``benchmarks/``), run only after a sub-module
+        assignment."""
+        root = type(self.model).__name__
+        names: dict[int, str] = {}
+        self._nchild: dict[int, int] = {}
+        for name, m in self.model.named_modules():
+            names.setdefault(id(m), _clean(name) or root)
+            self._nchild[id(m)] = len(m._modules)
+            have = self._hooked.get(id(m))
+            if have is None or have[0]() is not m:
+                self._hooked[id(m)] = (weakref.ref(m), (m.register_forward_pre_hook(self._pre),
+                                                        m.register_forward_hook(self._post, always_call=True)))
+        for key in [k for k in self._hooked if k not in names]:
+            for h in self._hooked.pop(key)[1]:
+                h.remove()
+        self._names = names
+        self._param_names = {}
+        for name, p in self.model.named_parameters():
+            self._param_names.setdefault(id(p), _clean(name))
+        self._dirty = False
+        self.rescans += 1
+
+    def _registered(self, module, name, submodule):
+        """Global module-registration hook: a sub-module was assigned to a watched module
+        (or a watched module was put into a new one)."""
+        if id(module) in self._names or (submodule is not None and id(submodule) in self._names):
+            self._dirty = True
+        return None
+
+    def _reset_step(self) -> None:
+        self._calls: list[str] = []  # module name per forward call, in call order
+        self._pass = -1  # call index of the outermost module call running now (a forward pass)
+        self._forget_cuts()
+        self._in_backward = False
+        self._reported: set[int] = set()  # ids of saved tensors already reported this step
+        self._release()
+
+    def _release(self) -> None:
+        """Drop the references to this step's saved tensors and outputs (kept:
+        call names and cut records, small, for ``after_backward``)."""
+        self._live: list[torch.Tensor] = []  # saved non-parameter tensors, deduplicated
+        self._live_rec: list[tuple] = []  # their pack records, same order
+        self._live_ids: set[int] = set()
+        self._vsum = 0  # sum of their versions when saved (or when last accepted)
+        self._stack: list[int] = []  # call indices of the modules running now
+        self._cur = -1
+        self._last = ("start", -1)  # last boundary: ("pre"|"post"|"loss"|"start", call index)
+        self._roots: list = []  # grad_fns of module outputs (graph walk on detection only)
+        self._grad_ptrs: dict[int, tuple] = {}  # data_ptr of outputs that require grad -> (call, tensor)
+        self._introspecting = False
+        self._entering = None
+        self._cur_post, self._leaving = -1, None
+
+    @contextlib.contextmanager
+    def step_context(self, step: int):
+        """Wrap forward and backward of training step ``step`` (1-based). After
+        :meth:`remove` it does nothing (PyTorch's own version check applies again)."""
+        if self._removed:
+            yield self
+            return
+        self._step = step
+        self._reset_step()
+        self._active = True
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                yield self
+        finally:
+            self._active = False
+            self._release()
+
+    def _pre(self, module, args):
+        if torch.compiler.is_compiling() or not self._active:
+            # under torch.compile the hooks are traced: returning at once keeps them out of the graph
+            # (no graph break, no guard on optcheck's state); see docs/hazards.md
+            return None
+        if self._dirty:
+            self._scan()
+        name = self._names.get(id(module))
+        if name is None:  # a copy of a watched module (copy.deepcopy(model) copies its hooks)
+            return None
+        if len(module._modules) != self._nchild.get(id(module)):
+            # children added or removed without a registration hook (Sequential.insert and
+            # ModuleList.insert write ``_modules`` directly): re-scan before they run
+            self._scan()
+            name = self._names.get(id(module), name)
+        top = _top_hooks(False)
+        if top is not None and _is_recompute_pack(top[0]):
+            self._compose(module, *top)
+        if self._live and sum(map(_VERSION, self._live)) != self._vsum:
+            self._entering = name
+            self._roots.extend(a.grad_fn for a in _tensors(args) if a.grad_fn is not None)
+            self._check_versions("pre-hook")
+        idx = len(self._calls)
+        self._calls.append(name)
+        if not self._stack:
+            self._pass = idx  # an outermost call: a new forward pass
+        self._stack.append(idx)
+        self._cur = idx
+        self._last = ("pre", idx)
+        if module is self.model:  # a new forward pass: its inputs are data, earlier outputs are another pass's
+            self._grad_ptrs = {}
+        elif self._grad_ptrs and args:
+            a = args[0]
+            if isinstance(a, torch.Tensor) and not a.requires_grad and a.is_floating_point() \
+                    and torch.is_grad_enabled():
+                src = self._grad_ptrs.get(_ptr(a))
+                self._detached_input(idx, src[0] if src else None)
+        return None
+
+    def _post(self, module, args, out):
+        if torch.compiler.is_compiling():
+            return None
+        if self._pushed and self._pushed[-1][0] is module:
+            self._pushed.pop()
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+        if out is None and sys.exc_info()[0] is not None:  # the forward raised (an always_call hook)
+            if self._active and id(module) in self._names and self._stack:
+                self._stack.pop()
+                self._cur = self._stack[-1] if self._stack else -1
+            return None
+        if not self._active or id(module) not in self._names:
+            return None
+        idx = self._stack.pop() if self._stack else -1
+        if self._live and sum(map(_VERSION, self._live)) != self._vsum:
+            self._cur_post, self._leaving = idx, module
+            if isinstance(out, torch.Tensor) and out.grad_fn is not None:
+                self._roots.append(out.grad_fn)
+            self._check_versions("post-hook")
+        self._cur = self._stack[-1] if self._stack else -1
+        self._last = ("post", idx)
+        has_float, rg = _float_outputs(out)
+        if rg:
+            if isinstance(out, torch.Tensor):
+                self._roots.append(out.grad_fn)
+                ptr = _ptr(out)
+                if ptr:
+                    self._grad_ptrs[ptr] = (idx, out)  # the reference keeps the address from being reused
+            else:
+                self._roots.extend(v.grad_fn for v in (out.values() if isinstance(out, dict) else out)
+                                   if isinstance(v, torch.Tensor) and v.grad_fn is not None)
+        elif has_float:
+            self._maybe_cut(module, args, idx)
+        if not self._stack and idx in self._cut_passes:  # a pass with cut records ends: keep what it gave
+            outs = _float_tensors(out)
+            self._pass_out[idx] = (rg, _grad_fns(out) if rg else [], outs)  # outs: their addresses stay theirs
+            if not rg:
+                self._eval_ptrs.update((ptr, idx) for ptr in map(_storage_ptr, outs) if ptr)
+        return None
+
+    def check_loss(self, loss: torch.Tensor, step: int) -> None:
+        """Before ``loss.backward()``: in-place writes since the last module
+        boundary, a loss without ``grad_fn`` (raises ``StepStopped``; a leaf loss
+        that requires grad is recorded instead: backward would run), a non-finite
+        loss (recorded)."""
+        self._step = step
+        if self._active:
+            self._check_versions("check_loss (after the model's forward, before backward)")
+            self._last = ("loss", -1)
+            self._in_backward = True
+            roots = self._roots
+            self._release()  # backward frees saved tensors as it goes: hold none of them from here on
+            self._roots = roots
+        if not isinstance(loss, torch.Tensor):
+            return
+        if loss.grad_fn is not None:
+            self._roots.append(loss.grad_fn)
+        self._check_loss_graph(loss)
+        self._check_loss_finite(loss, step)
+
+    def after_backward(self, step: int) -> None:
+        """After ``loss.backward()``: confirm partial graph cuts (optimizer
+        parameters at or before a cut got no gradient) and check gradients."""
+        self._in_backward = False
+        trainable = self._trainable()
+        self._judge_at_backward(trainable)
+        self._check_grads_finite(trainable, step)
+
+    def _trainable(self) -> list[tuple[str, torch.Tensor]]:
+        out = []
+        for g in self.optimizer.param_groups:
+            for p in g["params"]:
+                if p.requires_grad:
+                    out.append((self._param_names.get(id(p), f"<param {id(p)}>"), p))
+        return out
+
+    def _stop(self, msg: str, event: dict) -> None:
+        """Raise StepStopped, after telling ``on_stop`` (a Monitor records the finding
+        there, before the exception unwinds the user's forward)."""
+        exc = StepStopped(msg, event)
+        if self.on_stop is not None:
+            self.on_stop(exc)
+        raise exc
+
+    def _record(self, event: dict, key: tuple) -> None:
+        """Merge ``event`` into the pending one of the same ``key`` (count summed,
+        first step kept, ``last_step`` updated); a key not seen before forces a snapshot."""
+        pending = self._events.get(key)
+        if pending is None:
+            self._events[key] = event
+            if key not in self._seen_keys:
+                self._seen_keys.add(key)
+                self._urgent = True
+        else:
+            pending["count"] += event["count"]
+            pending["detail"]["last_step"] = event["step"]
+
+    def has_events(self) -> bool:
+        """True when an event of a kind/place not seen before was recorded since the last drain."""
+        return self._urgent
+
+    def drain(self) -> list[dict]:
+        """Events since the last drain (then forgotten), plus non-finite parameters and
+        optimizer state found now (checked here, at snapshot time)."""
+        self._check_state()
+        out = list(self._events.values())
+        self._events.clear()
+        self._urgent = False
+        return out
+
+    def __deepcopy__(self, memo):
+        """``copy.deepcopy(model)`` (a best-model copy, ``AveragedModel``) copies the
+        module hooks, which are bound to these probes: the copy shares the probes,
+        whose hooks ignore modules they were not built for."""
+        return self
+
+    def __reduce__(self):
+        """``torch.save(model)`` pickles the module hooks: they unpickle as no-ops."""
+        return (_inert_probes, ())
+
+    def remove(self) -> None:
+        """Remove every hook and the warnings filter; the probes record nothing afterwards."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for _, hs in self._hooked.values():
+            for h in hs:
+                h.remove()
+        self._hooked = {}
+        self._remove_warning_hook()
+        self._active = False
+        self._removed = True
+
+
+class _InertProbes:
+    """What a watched model's hooks point to after it was pickled (``torch.save(model)``):
+    nothing (the probes belong to the process that watched it)."""
+
+    def _pre(self, module, args):
+        return None
+
+    def _post(self, module, args, out):
+        return None
+
+
+def _inert_probes() -> _InertProbes:
+    return _InertProbes()
