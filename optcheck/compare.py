@@ -433,7 +433,8 @@ def _divergence(v: Verdict, loss: LossComparison, a: RunInfo, b: RunInfo, pa: Pa
                f"(B), beyond the numerical-noise tolerance {v.tolerance:.2g} of same-seed runs; largest relative "
                f"difference {v.max_rel_diff:.2g} at step {v.max_step:,}")
     else:
-        msg = f"parameters diverge from step {v.first_step:,} although the losses agree"
+        msg = (f"parameters diverge from step {v.first_step:,} although the losses agree within numerical noise "
+               f"(largest relative difference {v.max_rel_diff:.2g})")
     if v.where is not None:
         msg += "; " + v.where.text()
     return rule.finding(

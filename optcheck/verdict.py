@@ -89,7 +89,10 @@ class Verdict:
             tolerance given by the caller, for single runs of different seeds).
         steps: common steps compared.
         max_abs_diff, max_rel_diff, max_step: the largest loss difference, relative to A's loss, and its step.
-        first_step: first step beyond tolerance (diverged only).
+        first_step: first step beyond tolerance (diverged only); when only the parameters
+            diverge, the first step whose loss differs at all (the paths split there), else the
+            first snapshot step that differs.
+        first_differs: first step whose losses are not bit-for-bit equal (None when none is).
         loss_a, loss_b, tolerance: the losses there and the tolerance (absolute, loss units).
         fingerprints: parameter fingerprints compared (0 when none were recorded).
         where: the first snapshot that differs (same-seed runs), or None.
@@ -103,6 +106,7 @@ class Verdict:
     max_rel_diff: float = 0.0
     max_step: int | None = None
     first_step: int | None = None
+    first_differs: int | None = None
     loss_a: float | None = None
     loss_b: float | None = None
     tolerance: float | None = None
@@ -129,9 +133,11 @@ class Verdict:
             what = {"same-seed": "same seed and batches, float-rounding size",
                     "seed-band": "inside the baseline seeds' band",
                     "tolerance": "different seeds, inside the given tolerance"}[self.basis]
-            return f"WITHIN NUMERICAL NOISE ({what}): {size}"
+            since = f", first differing at step {self.first_differs:,}" if self.first_differs is not None else ""
+            return f"WITHIN NUMERICAL NOISE ({what}): {size}{since}"
         first = (f"loss {self.loss_a:.6g} (A) vs {self.loss_b:.6g} (B), beyond tolerance {self.tolerance:.2g}"
-                 if self.loss_a is not None and self.loss_b is not None and self.tolerance is not None else "")
+                 if self.loss_a is not None and self.loss_b is not None and self.tolerance is not None
+                 else "the parameters differ beyond noise, the losses within it")
         return f"DIVERGED from step {self.first_step:,}: {first}; {size}"
 
     def lines(self) -> list[str]:
@@ -294,9 +300,11 @@ def judge(loss_a: dict[int, float], loss_b: dict[int, float], *, same_seed: bool
     scale = np.maximum(np.nan_to_num(np.abs(a), nan=0.0, posinf=0.0), LOSS_FLOOR)
     rel = diff / scale
     i = int(np.argmax(rel))
+    differs = np.nonzero(diff > 0)[0]
     v = Verdict(kind=WITHIN_NOISE, basis="same-seed" if same_seed else "tolerance", steps=len(common),
                 max_abs_diff=float(diff[i]), max_rel_diff=float(rel[i]), max_step=int(steps[i]),
-                fingerprints=n_fp, differences=differences)
+                fingerprints=n_fp, differences=differences,
+                first_differs=int(steps[differs[0]]) if len(differs) else None)
     if same.all() and fp_equal:
         v.kind = IDENTICAL
         return v
@@ -308,8 +316,9 @@ def judge(loss_a: dict[int, float], loss_b: dict[int, float], *, same_seed: bool
             v.kind, v.first_step = DIVERGED, int(steps[j])
             v.loss_a, v.loss_b, v.tolerance = float(a[j]), float(b[j]), float(tol[j])
         v.where = localise(list(snaps_a), list(snaps_b))
-        if v.where is not None and not v.diverged and v.where.param is not None:
-            v.kind, v.first_step = DIVERGED, v.where.step  # same losses, different parameters
+        if v.where is not None and not v.diverged and v.where.param is not None:  # losses agree, parameters not
+            split = v.first_differs is not None and v.first_differs <= v.where.step
+            v.kind, v.first_step = DIVERGED, v.first_differs if split else v.where.step
         return v
     if smoothed is not None and smoothed.diverged:
         v.kind, v.first_step = DIVERGED, smoothed.first_beyond_step

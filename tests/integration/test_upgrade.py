@@ -1,0 +1,117 @@
+"""Issue 12 on real soaks: the verdict (identical / within numerical noise / diverged) with its
+measured size, where a same-seed divergence starts, and `optcheck upgrade` with another
+interpreter. The default GPT (2 layers, 64 wide) for 60 steps: a smaller model does not
+split its matrix products over two threads, so --threads 2 would be bit-identical."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from conftest import run_cli
+from optcheck import exitcodes
+from optcheck.compare import compare_runs
+from optcheck.verdict import DIVERGED, IDENTICAL, WITHIN_NOISE
+
+STEPS = ["--steps", "60", "--every", "10", "--val-every", "0", "--seed", "7"]
+
+
+@pytest.fixture(scope="module")
+def soaks(tmp_path_factory):
+    root = tmp_path_factory.mktemp("verdict")
+    runs = {}
+    for name, extra in (("base", []), ("again", []), ("threads2", ["--threads", "2"]), ("lr1.2", ["--lr", "0.0012"]),
+                        ("lr1.01", ["--lr", "0.00101"]), ("perturb", ["--inject", "perturb-param@25"])):
+        out = root / name
+        rc, stdout, stderr = run_cli(["soak", "-q", "--out", str(out), *STEPS, *extra])
+        assert rc == exitcodes.CLEAN, stdout + stderr
+        runs[name] = out
+    return runs
+
+
+def test_same_run_twice_is_identical(soaks):
+    res = compare_runs(soaks["base"], soaks["again"])
+    v = res.verdict
+    assert v.kind == IDENTICAL and v.max_abs_diff == 0.0 and v.steps == 60
+    assert v.fingerprints >= 7 * 14 * 2  # 7 snapshots x 14 parameters x value and grad norms
+    assert res.exit_code == exitcodes.CLEAN and res.findings == []
+    assert res.render().splitlines()[1] == f"IDENTICAL: 60 steps, bit-for-bit equal losses and {v.fingerprints:,} " \
+                                           f"parameter fingerprints"
+
+
+def test_two_threads_are_within_noise_with_the_size(soaks):
+    res = compare_runs(soaks["base"], soaks["threads2"])
+    v = res.verdict
+    assert v.kind == WITHIN_NOISE and v.basis == "same-seed", res.render()
+    assert 0 < v.max_abs_diff < 1e-5 and 0 < v.max_rel_diff < 1e-5 and v.first_differs >= 1
+    assert res.exit_code == exitcodes.CLEAN and "threads 1 vs 2" in v.differences
+    line = res.render().splitlines()[1]
+    assert line.startswith("WITHIN NUMERICAL NOISE (same seed and batches, float-rounding size): largest loss "
+                           f"difference {v.max_abs_diff:.2g}")
+
+
+@pytest.mark.parametrize("name, lr", [("lr1.2", "0.0012"), ("lr1.01", "0.00101")])
+def test_a_changed_learning_rate_diverges_and_is_named(soaks, name, lr):
+    res = compare_runs(soaks["base"], soaks[name])
+    v = res.verdict
+    assert v.kind == DIVERGED and v.basis == "same-seed", res.render()
+    assert 2 <= v.first_step <= 10 and v.max_rel_diff > 1e-4
+    assert abs(v.loss_a - v.loss_b) > v.tolerance
+    assert f"lr 0.001 vs {lr}" in v.differences
+    assert v.where.step == 0 and f"lr 0.001 vs {lr} on group 0" in v.where.options
+    [f] = res.findings
+    assert (f.code, f.symbol, f.step) == ("OC601", "run-divergence", v.first_step)
+    assert res.exit_code == exitcodes.FINDINGS
+    assert res.render().splitlines()[1].startswith(f"DIVERGED from step {v.first_step:,}: loss ")
+
+
+def test_one_perturbed_parameter_is_named_with_its_step(soaks):
+    res = compare_runs(soaks["base"], soaks["perturb"])
+    v = res.verdict
+    assert v.kind == DIVERGED and v.first_step == v.first_differs == 25, res.render()
+    assert res.render().splitlines()[1].startswith("DIVERGED from step 25: the parameters differ beyond noise")
+    assert v.where.step == 30 and v.where.param == "h.0.mlp.c_fc.weight" and v.where.quantity == "value_norm"
+    assert v.where.rel_diff == pytest.approx(1e-3, rel=0.2) and v.where.options == []
+    assert "inject - vs perturb-param@25" in v.differences
+    assert "h.0.mlp.c_fc.weight value_norm" in res.findings[0].message
+
+
+def test_upgrade_with_another_interpreter(tmp_path):
+    """The candidate runs under an interpreter given by path (here this one, through a
+    symlink as in a venv): same torch, so identical; its versions are recorded."""
+    py = tmp_path / "bin" / "python"
+    py.parent.mkdir()
+    py.symlink_to(sys.executable)
+    rc, stdout, stderr = run_cli(["upgrade", "-q", "--candidate-python", str(py), "--steps", "20", "--every", "10",
+                                  "--seed", "7", "--out", str(tmp_path / "u")])
+    assert rc == exitcodes.CLEAN, stdout + stderr
+    lines = stdout.splitlines()
+    assert lines[0].startswith("IDENTICAL: 20 steps, bit-for-bit equal losses and ")
+    assert f"candidate: pytorch ({py})" in stdout
+    assert (tmp_path / "u" / "candidate" / "summary.json").exists()
+
+
+def test_upgrade_scenario_matrix(tmp_path):
+    rc, stdout, stderr = run_cli(["upgrade", "-q", "--steps", "10", "--every", "5", "--out", str(tmp_path / "u"),
+                                  "--scenarios", "--scenario", "module-to-after-optimizer", "--scenario",
+                                  "perturb-param", "--scenario-steps", "8"])
+    assert rc == exitcodes.CLEAN, stdout + stderr
+    table = stdout[stdout.index("Scenario matrix"):].splitlines()
+    assert table[1].split()[:2] == ["scenario", "baseline"]
+    row = next(line for line in table if "module-to-after-optimizer@4" in line)
+    assert not row.startswith("*") and row.count("OC107") == 2 and row.count("at step 4") == 2
+    row = next(line for line in table if "perturb-param@4" in line)
+    assert row.split().count("none") == 2 and row.count("no crash") == 2
+    assert table[-1] == "0 of 2 scenarios changed behaviour (marked *)"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--candidate-python", "/nonexistent/python"], "--candidate-python /nonexistent/python: not an executable"),
+    (["--candidate-backend", "torchsharp", "--candidate-python", sys.executable], "only for the pytorch backend"),
+    (["--scenario", "param-rebind"], "--scenario needs --scenarios"),
+    (["--scenarios", "--scenario", "no-such"], "unknown scenario 'no-such'"),
+])
+def test_upgrade_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    rc, stdout, stderr = run_cli(["upgrade", "-q", "--steps", "10", "--out", str(tmp_path / "u"), *args])
+    assert rc == exitcodes.USAGE and message in stderr and "Traceback" not in stderr + stdout
