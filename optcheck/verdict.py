@@ -21,7 +21,7 @@ step 1,000), 30x above the measured rounding noise at every step.
 
 Runs of different seeds cannot be judged on one pair: with several seeds per
 side (``optcheck soak --seeds 1,2,3``) :func:`judge_seed_band` checks that each
-candidate seed's smoothed loss stays inside the band the baseline seeds span.
+candidate seed's smoothed loss stays inside the band around the baseline seeds' mean.
 """
 
 from __future__ import annotations
@@ -327,10 +327,13 @@ def judge(loss_a: dict[int, float], loss_b: dict[int, float], *, same_seed: bool
 
 
 def judge_seed_band(baseline: list[dict[int, float]], candidate: list[dict[int, float]], *,
-                    window: int = 50, margin: float = 0.5) -> Verdict:
+                    window: int = 50, k: float = 5.0) -> Verdict:
     """Runs of several seeds per side: each candidate seed's trailing-mean loss (``window``
-    common steps) must stay inside the band the baseline seeds' trailing means span, widened
-    by ``margin`` x its width on each side (three seeds under-estimate the spread).
+    common steps) must stay within ``k`` seed standard deviations of the baseline seeds' mean.
+
+    The seed standard deviation at a step is the baseline seeds' sample deviation there, but
+    at least their median deviation over all steps (three seeds can agree by chance at one
+    step), widened by sqrt(1 + 1/n) for the uncertainty of an n-seed mean.
 
     Raises:
         ValueError: fewer than two baseline seeds, no candidate, or no step common to all.
@@ -345,27 +348,25 @@ def judge_seed_band(baseline: list[dict[int, float]], candidate: list[dict[int, 
     w = min(window, len(common))
     means = lambda r: _trailing_mean(np.array([r[s] for s in common], float), w)[0]  # noqa: E731
     base = np.vstack([means(r) for r in baseline])
-    lo, hi = np.nanmin(base, axis=0), np.nanmax(base, axis=0)
-    width = hi - lo
-    lo_w, hi_w = lo - margin * width, hi + margin * width
-    centre = (lo + hi) / 2
+    centre = np.nanmean(base, axis=0)
+    sd = np.nanstd(base, axis=0, ddof=1)
+    sd = np.maximum(sd, np.nanmedian(sd)) * math.sqrt(1 + 1 / len(baseline))
+    half = k * sd
     steps = np.array(common[w - 1:])
     v = Verdict(kind=WITHIN_NOISE, basis="seed-band", steps=len(common))
     first = None
     for r in candidate:
         m = means(r)
-        out = ~((m >= lo_w) & (m <= hi_w))
         dist = np.abs(m - centre)
-        k = int(np.nanargmax(dist))
-        if dist[k] > v.max_abs_diff:
-            v.max_abs_diff, v.max_step = float(dist[k]), int(steps[k])
-            v.max_rel_diff = float(dist[k] / max(abs(centre[k]), LOSS_FLOOR))
-        idx = np.nonzero(out)[0]
+        kk = int(np.nanargmax(dist))
+        if dist[kk] > v.max_abs_diff:
+            v.max_abs_diff, v.max_step = float(dist[kk]), int(steps[kk])
+            v.max_rel_diff = float(dist[kk] / max(abs(centre[kk]), LOSS_FLOOR))
+        idx = np.nonzero(~(dist <= half))[0]
         if len(idx) and (first is None or steps[idx[0]] < steps[first[0]]):
             first = (int(idx[0]), m)
     if first is not None:
         j, m = first
         v.kind, v.first_step = DIVERGED, int(steps[j])
-        v.loss_a, v.loss_b = float(centre[j]), float(m[j])
-        v.tolerance = float((hi_w[j] - lo_w[j]) / 2)
+        v.loss_a, v.loss_b, v.tolerance = float(centre[j]), float(m[j]), float(half[j])
     return v

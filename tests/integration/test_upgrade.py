@@ -6,14 +6,18 @@ split its matrix products over two threads, so --threads 2 would be bit-identica
 from __future__ import annotations
 
 import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
+import xmlschema
 
 from conftest import run_cli
 from optcheck import exitcodes
 from optcheck.compare import compare_runs
 from optcheck.verdict import DIVERGED, IDENTICAL, WITHIN_NOISE
 
+XSD = Path(__file__).resolve().parents[1] / "fixtures" / "junit.xsd"
 STEPS = ["--steps", "60", "--every", "10", "--val-every", "0", "--seed", "7"]
 
 
@@ -92,18 +96,44 @@ def test_upgrade_with_another_interpreter(tmp_path):
     assert (tmp_path / "u" / "candidate" / "summary.json").exists()
 
 
-def test_upgrade_scenario_matrix(tmp_path):
+def test_upgrade_scenario_matrix_and_junit(tmp_path):
+    xml = tmp_path / "upgrade.xml"
     rc, stdout, stderr = run_cli(["upgrade", "-q", "--steps", "10", "--every", "5", "--out", str(tmp_path / "u"),
                                   "--scenarios", "--scenario", "module-to-after-optimizer", "--scenario",
-                                  "perturb-param", "--scenario-steps", "8"])
+                                  "perturb-param", "--scenario-steps", "8", "--junit", str(xml)])
     assert rc == exitcodes.CLEAN, stdout + stderr
     table = stdout[stdout.index("Scenario matrix"):].splitlines()
     assert table[1].split()[:2] == ["scenario", "baseline"]
     row = next(line for line in table if "module-to-after-optimizer@4" in line)
-    assert not row.startswith("*") and row.count("OC107") == 2 and row.count("at step 4") == 2
+    assert not row.startswith("*") and row.count("OC107") == 4 and row.count("RuntimeError at step 4") == 2
     row = next(line for line in table if "perturb-param@4" in line)
     assert row.split().count("none") == 2 and row.count("no crash") == 2
     assert table[-1] == "0 of 2 scenarios changed behaviour (marked *)"
+    xmlschema.XMLSchema(XSD).validate(str(xml))
+    suite = ET.parse(xml).getroot().find("testsuite")
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert set(cases) == {"verdict", "scenario module-to-after-optimizer@4", "scenario perturb-param@4"}
+    assert all(float(c.get("time")) > 0 for c in cases.values()) and suite.get("failures") == "0"
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert props["baseline.versions.torch"] == props["candidate.versions.torch"] and props["seed"] == "1337"
+    assert props["scenario.perturb-param.inject"] == "perturb-param@4"
+
+
+def test_seed_bands(tmp_path):
+    """soak --seeds writes one run per seed; compare judges the candidate seeds against the
+    baseline seeds' band: other seeds pass, a 10x learning rate does not."""
+    small = ["-q", "--steps", "40", "--every", "20", "--n-layer", "1", "--n-embd", "32", "--val-every", "0"]
+    for name, extra in (("base", ["--seeds", "1,2,3"]), ("same", ["--seeds", "4"]),
+                        ("lr10", ["--seeds", "4", "--lr", "0.01"])):
+        rc, stdout, stderr = run_cli(["soak", *small, "--out", str(tmp_path / name), *extra])
+        assert rc == exitcodes.CLEAN, stdout + stderr
+    assert sorted(p.name for p in (tmp_path / "base").iterdir()) == ["seed-1", "seed-2", "seed-3"]
+    rc, stdout, _ = run_cli(["compare", "--window", "10", str(tmp_path / "base"), str(tmp_path / "same")])
+    assert rc == exitcodes.CLEAN and stdout.startswith("WITHIN NUMERICAL NOISE (inside the baseline seeds' band)")
+    rc, stdout, _ = run_cli(["compare", "--window", "10", str(tmp_path / "base"), str(tmp_path / "lr10")])
+    assert rc == exitcodes.FINDINGS and stdout.startswith("DIVERGED from step "), stdout
+    rc, _, stderr = run_cli(["soak", *small, "--out", str(tmp_path / "bad"), "--seeds", "1,x"])
+    assert rc == exitcodes.USAGE and "--seeds '1,x'" in stderr
 
 
 @pytest.mark.parametrize("args, message", [
