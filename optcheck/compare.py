@@ -24,7 +24,7 @@ from optcheck.errors import InputError
 from optcheck.exitcodes import CLEAN, FINDINGS
 from optcheck.report.text import num_text, versions_text
 from optcheck.findings import Finding
-from optcheck.report.rundir import read_findings, read_metrics, read_summary
+from optcheck.report.records import read_findings, read_metrics, read_summary
 from optcheck.rules.parity import RunDivergence
 from optcheck.snapshot import StreamDefect, read_jsonl, to_float
 from optcheck.units import format_bytes

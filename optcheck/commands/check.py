@@ -67,8 +67,9 @@ def register(group: click.Group) -> None:
         if junit:
             check_output_file(junit, "--junit")
         findings, defects, n = check_file(stream)
+        where = Path(stream) / "snapshots.jsonl" if Path(stream).is_dir() else stream
         for d in defects:
-            click.echo(f"optcheck: note: {stream}:{d.line}: {d.reason}; skipped, the rest was read", err=True)
+            click.echo(f"optcheck: note: {where}:{d.line}: {d.reason}; skipped, the rest was read", err=True)
         for f in findings:
             if as_json:
                 click.echo(dumps(f.to_dict()))

@@ -477,7 +477,8 @@ def test_check_junit_target_is_checked_before_reading(finished_run, tmp_path):
     ("summary.json", '{"status": 3}', "summary.json: status: 3 is not of type 'string'"),
     ("findings.jsonl", "[1]\n", "findings.jsonl:1: (the record): [1] is not of type 'object'"),
     ("findings.jsonl", '{"code": "OC101", "subjects": "x"}\n', "findings.jsonl:1: subjects: 'x' is not of type"),
-    ("metrics.jsonl", '{"step": 1, "loss": [2]}\n', "metrics.jsonl:1: loss: [2] is not valid"),
+    ("metrics.jsonl", '{"step": 1, "loss": [2]}\n', "metrics.jsonl:1: loss: [2] is not of type 'number', 'null'"),
+    ("metrics.jsonl", '{"step": 1, "loss": "lots"}\n', "metrics.jsonl:1: loss: 'lots' does not match"),
 ])
 def test_compare_names_file_line_and_field(tmp_path, finished_run, fname, content, needle):
     b = copy_run(finished_run, tmp_path / "b")
