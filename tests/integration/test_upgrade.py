@@ -145,3 +145,29 @@ def test_seed_bands(tmp_path):
 def test_upgrade_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     rc, stdout, stderr = run_cli(["upgrade", "-q", "--steps", "10", "--out", str(tmp_path / "u"), *args])
     assert rc == exitcodes.USAGE and message in stderr and "Traceback" not in stderr + stdout
+
+
+@pytest.mark.dotnet
+def test_torchsharp_sides_through_the_stand_in(tmp_path):
+    """Two TorchSharp sides (the .NET stand-in loop of tests/dotnet/TestLoop.cs, compiled with
+    mcs, on CoreCLR): the same build twice is identical, and the verdict records the backend."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dotnet"))
+    from build import BuildUnavailable, build_testloop
+
+    from optcheck.config import SoakConfig
+    from optcheck.torchsharp_bridge import runtime
+    from optcheck.upgrade import Side, render, run_upgrade
+
+    try:
+        dll = build_testloop()
+        runtime.select("coreclr")
+    except (BuildUnavailable, Exception) as e:  # no mcs / no CoreCLR here: nothing to run
+        pytest.skip(str(e))
+    cfg = SoakConfig(backend="torchsharp", steps=30, every=10, n_embd=16, n_head=2, batch_size=4, block_size=16,
+                     lr=1e-2, val_every=0, extra={"dotnet_runtime": "coreclr", "dotnet_assembly": str(dll),
+                                                 "dotnet_trainer": "OptCheckTest.LazyTrainer"})
+    sides = [Side("baseline", "torchsharp"), Side("candidate", "torchsharp")]
+    res = run_upgrade(cfg, *sides, tmp_path / "u")
+    assert res.exit_code == exitcodes.CLEAN and res.compare.verdict.kind == IDENTICAL
+    assert render(res, sides).startswith("IDENTICAL: 30 steps, bit-for-bit equal losses")
+    assert res.baseline.summary["backend"] == res.candidate.summary["backend"] == "torchsharp"
