@@ -171,3 +171,10 @@ def test_torchsharp_sides_through_the_stand_in(tmp_path):
     assert res.exit_code == exitcodes.CLEAN and res.compare.verdict.kind == IDENTICAL
     assert render(res, sides).startswith("IDENTICAL: 30 steps, bit-for-bit equal losses")
     assert res.baseline.summary["backend"] == res.candidate.summary["backend"] == "torchsharp"
+
+
+def test_soak_python_must_be_an_interpreter(tmp_path):
+    rc, stdout, stderr = run_cli(["soak", "-q", "--steps", "5", "--python", str(tmp_path / "nope"),
+                                  "--out", str(tmp_path / "r")])
+    assert rc == exitcodes.USAGE and f"--python {tmp_path / 'nope'}: not an executable file" in stderr
+    assert not (tmp_path / "r").exists()
