@@ -178,7 +178,7 @@ def config_differences(summary_a: dict, summary_b: dict) -> list[str]:
         out.append(f"inject {','.join(summary_a.get('inject') or []) or '-'} vs "
                    f"{','.join(summary_b.get('inject') or []) or '-'}")
     va, vb = summary_a.get("versions") or {}, summary_b.get("versions") or {}
-    for k in sorted(set(va) | set(vb)):
+    for k in sorted(set(va) | set(vb)) if va and vb else ():  # a run without versions (still running) says nothing
         if va.get(k) != vb.get(k):
             out.append(f"{k} {va.get(k, '-')} → {vb.get(k, '-')}")
     return out
