@@ -39,7 +39,9 @@ Param::
     name, ref (int), data_ptr (int), shape (list[int]), dtype (str), device (str),
     is_leaf (bool), requires_grad (bool), grad ("set" | "none"),
     grad_norm (float | null, L2 norm of .grad), version (int | null: the version
-    counter, ``Tensor._version``)
+    counter, ``Tensor._version``), value_norm (float, optional: L2 norm of the
+    values in float32, the parameter fingerprint ``optcheck.verdict`` compares;
+    PyTorch records it)
 
 Two identities per tensor (``docs/torchsharp.md``, ``docs/pytorch.md``): ``ref`` is what the optimizer keys
 its state by (PyTorch: ``id(param)``; TorchSharp: ``Tensor.Handle``, the address

@@ -59,7 +59,8 @@ def _param(name: str, p: torch.Tensor) -> dict:
         "dtype": dtype_name(p.dtype), "device": str(p.device), "is_leaf": p.is_leaf,
         "requires_grad": p.requires_grad, "grad": "set" if grad is not None else "none",
         "grad_norm": float(grad.detach().float().norm()) if grad is not None else None,
-        "value_norm": float(p.detach().double().norm()),  # the parameter's fingerprint (optcheck.verdict)
+        # the parameter's fingerprint (optcheck.verdict); float32 as grad_norm: no float64 copy of a large weight
+        "value_norm": float(p.detach().float().norm()),
         "version": p._version,
     }
 
