@@ -35,7 +35,7 @@ def register(group: click.Group) -> None:
         """
         from pathlib import Path
 
-        from optcheck.compare import compare_seed_sets, seed_runs
+        from optcheck.upgrade import compare_seed_sets, seed_runs
 
         if not (Path(run_a) / "summary.json").exists() and seed_runs(run_a) and seed_runs(run_b):
             verdict, code, text = compare_seed_sets(run_a, run_b, window=window)
