@@ -8,7 +8,7 @@ gradient, 1 thread:
 - ``checksum``: the value checksum alone (``probe._checksum`` of every distinct
   parameter, one stack and one ``tolist``) — what OC205 reads to tell whether a
   parameter moved;
-- ``grad norms``: the gradient norms alone (``probe._grad_norms``);
+- ``grad norms``: the gradient norms alone (``probe._norms``);
 - ``params()``: the whole parameter pass (both, plus the metadata);
 - ``old grad norms``: the per-parameter ``float(grad.float().norm())`` loop the
   probe used before (for comparison).
@@ -49,7 +49,7 @@ def measure(label: str, cfg: GPTConfig, repeat: int) -> dict:
         p.grad = torch.randn_like(p)
     out = {
         "checksum": median_ms(lambda: torch.stack([probe._checksum(p).long() for p in tensors]).tolist(), repeat),
-        "grad norms": median_ms(lambda: probe._grad_norms([p.grad for p in tensors]), repeat),
+        "grad norms": median_ms(lambda: probe._norms([p.grad for p in tensors]), repeat),
         "params()": median_ms(lambda: probe.params(model), repeat),
         "old grad norms": median_ms(lambda: [float(p.grad.float().norm()) for p in tensors], repeat),
     }

@@ -2,7 +2,9 @@
 
 ``compare_runs(A, B)`` reads what a soak (or a Monitor) wrote — ``metrics.jsonl``,
 ``findings.jsonl``, ``snapshots.jsonl``, ``summary.json`` (``optcheck.report.rundir``)
-— and answers: do the loss trajectories agree (OC601 when not), which findings
+— and answers: the verdict first (identical, within numerical noise, or diverged,
+from ``optcheck.verdict``, the one function ``optcheck upgrade`` uses too; OC601
+when diverged), which findings
 does one run have and the other not, how do step time and peak memory compare,
 and which library versions ran. ``optcheck compare RUN_A RUN_B`` prints it.
 """
@@ -23,9 +25,10 @@ from optcheck.exitcodes import CLEAN, FINDINGS
 from optcheck.report.text import num_text, versions_text
 from optcheck.findings import Finding
 from optcheck.report.records import read_findings, read_metrics, read_summary
-from optcheck.rules.parity import BackendDivergence
+from optcheck.rules.parity import RunDivergence
 from optcheck.snapshot import StreamDefect, read_jsonl, to_float
 from optcheck.units import format_bytes
+from optcheck.verdict import Verdict, judge, same_batches
 
 #: Defaults: two clean soaks of the built-in GPT with different seeds stay well
 #: inside them; --lr 10x either way or another optimizer leave them.
@@ -129,7 +132,8 @@ class CompareResult:
             run has and the other not, matched by code and subjects.
         step_time_ratio: median step time B / A (None if either is missing).
         peak_memory_ratio: peak RSS B / A (None if either is missing).
-        findings: the OC601 finding when the trajectories diverge.
+        findings: the OC601 finding when the verdict is ``diverged``.
+        verdict: identical / within numerical noise / diverged (``optcheck.verdict.judge``).
         incomplete: why a run cannot pass ("B: crashed at step 200 of 5,000",
             "B: shorter than A: 200 of 5,000 steps"), empty when both are complete.
         exit_code: ``optcheck.exitcodes.FINDINGS`` when there is a finding, a run
@@ -149,10 +153,11 @@ class CompareResult:
     findings: list[Finding]
     exit_code: int
     incomplete: list[str] = field(default_factory=list)
+    verdict: Verdict | None = None
 
     @property
     def diverged(self) -> bool:
-        return self.loss.diverged
+        return self.verdict.diverged if self.verdict is not None else self.loss.diverged
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -217,6 +222,25 @@ def _snapshot_facts(path: Path) -> tuple[float | None, dict]:
     except (ValueError, OSError) as e:
         raise InputError(f"{f}: unreadable ({e})") from None
     return peak, versions
+
+
+def read_snapshots(path: str | os.PathLike) -> list[dict]:
+    """The snapshot dicts of run directory ``path`` (``[]`` without snapshots.jsonl; lines that
+    are not JSON are skipped, as :func:`read_run` notes them)."""
+    f = Path(path) / "snapshots.jsonl"
+    if not f.exists():
+        return []
+    try:
+        recs = read_jsonl(f, defects=[])
+    except (ValueError, OSError) as e:
+        raise InputError(f"{f}: unreadable ({e})") from None
+    out = []
+    for rec in recs:
+        if isinstance(rec, dict) and rec.get("type") == "snapshot":
+            rec = rec.get("snapshot")
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
 
 
 def read_run(path: str | os.PathLike, label: str = "") -> tuple[RunInfo, dict[int, float], list[dict]]:
@@ -352,9 +376,14 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, *, loss_rto
         window: trailing-mean window in steps.
         fail_on_new: also return the findings exit code when B has findings A has not.
 
+    Two runs whose ``summary.json`` configs record the same seed, batch shape and corpus
+    are judged step by step against the numerical-noise tolerance
+    (``optcheck.verdict.noise_tolerance``, not the seed-noise ``loss_rtol``/``loss_atol``);
+    other pairs against the smoothed tolerance.
+
     Returns:
         A :class:`CompareResult`; ``findings`` holds one OC601 finding when the
-        trajectories diverge, at the first step beyond tolerance.
+        verdict is ``diverged``, at its first step.
 
     Raises:
         InputError: a path is not a run directory, a file in it is unreadable, the
@@ -368,24 +397,14 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, *, loss_rto
     a, loss_a, find_a = read_run(pa, la)
     b, loss_b, find_b = read_run(pb, lb)
     loss = compare_losses(loss_a, loss_b, rtol=loss_rtol, atol=loss_atol, window=window)
+    sum_a = read_summary(pa) if (pa / "summary.json").exists() else {}
+    sum_b = read_summary(pb) if (pb / "summary.json").exists() else {}
+    verdict = judge(loss_a, loss_b, same_seed=same_batches(sum_a, sum_b), snaps_a=read_snapshots(pa),
+                    snaps_b=read_snapshots(pb), summary_a=sum_a, summary_b=sum_b, smoothed=loss)
     only_a, only_b = _difference(find_a, find_b), _difference(find_b, find_a)
     findings = []
-    if loss.diverged:
-        rule = BackendDivergence()
-        pseudo = {"step": loss.first_beyond_step, "phase": "post-step", "backend": b.backend, "run": pb.name}
-        msg = rule.message.format(step=f"{loss.first_beyond_step:,}", window=loss.window, a=loss.mean_a,
-                                  b=loss.mean_b, tol=loss.tolerance)
-        if math.isfinite(loss.max_rel_diff):
-            msg += f"; largest relative difference {loss.max_rel_diff:.1%} at step {loss.max_rel_step:,}"
-        else:
-            msg += "; one run's loss is not finite"
-        findings.append(rule.finding(
-            pseudo, msg, subjects=[str(pa), str(pb)], key="loss",
-            next_failure="the two sides train differently: results from one do not carry over to the other",
-            window=loss.window, rtol=loss_rtol, atol=loss_atol, first_beyond_step=loss.first_beyond_step,
-            mean_a=loss.mean_a, mean_b=loss.mean_b, max_abs_diff=loss.max_abs_diff,
-            max_rel_diff=loss.max_rel_diff if math.isfinite(loss.max_rel_diff) else None,
-            versions_a=a.versions, versions_b=b.versions))
+    if verdict.diverged:
+        findings.append(_divergence(verdict, loss, a, b, pa, pb, loss_rtol, loss_atol))
     incomplete = [f"{name}: {why}" for name, why in (("A", a.incomplete()), ("B", b.incomplete())) if why]
     for short, long_, name in ((a, b, "A"), (b, a, "B")):
         if short.last_step < long_.last_step:
@@ -394,7 +413,38 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, *, loss_rto
     return CompareResult(a=a, b=b, rtol=loss_rtol, atol=loss_atol, window=window, loss=loss, only_in_a=only_a,
                          only_in_b=only_b, step_time_ratio=_ratio(b.step_time_s, a.step_time_s),
                          peak_memory_ratio=_ratio(b.peak_rss_bytes, a.peak_rss_bytes), findings=findings,
-                         exit_code=code, incomplete=incomplete)
+                         exit_code=code, incomplete=incomplete, verdict=verdict)
+
+
+def _divergence(v: Verdict, loss: LossComparison, a: RunInfo, b: RunInfo, pa: Path, pb: Path, rtol: float,
+                atol: float) -> Finding:
+    """The OC601 finding of a ``diverged`` verdict, at its first step."""
+    rule = RunDivergence()
+    pseudo = {"step": v.first_step, "phase": "post-step", "backend": b.backend, "run": pb.name}
+    if v.basis == "tolerance":
+        msg = rule.message.format(step=f"{loss.first_beyond_step:,}", window=loss.window, a=loss.mean_a,
+                                  b=loss.mean_b, tol=loss.tolerance)
+        if math.isfinite(loss.max_rel_diff):
+            msg += f"; largest relative difference {loss.max_rel_diff:.1%} at step {loss.max_rel_step:,}"
+        else:
+            msg += "; one run's loss is not finite"
+    elif v.loss_a is not None:
+        msg = (f"loss trajectories diverge from step {v.first_step:,}: loss {v.loss_a:.6g} (A) vs {v.loss_b:.6g} "
+               f"(B), beyond the numerical-noise tolerance {v.tolerance:.2g} of same-seed runs; largest relative "
+               f"difference {v.max_rel_diff:.2g} at step {v.max_step:,}")
+    else:
+        msg = (f"parameters diverge from step {v.first_step:,} although the losses agree within numerical noise "
+               f"(largest relative difference {v.max_rel_diff:.2g})")
+    if v.where is not None:
+        msg += "; " + v.where.text()
+    return rule.finding(
+        pseudo, msg, subjects=[str(pa), str(pb)], key="loss",
+        next_failure="the two sides train differently: results from one do not carry over to the other",
+        basis=v.basis, window=loss.window, rtol=rtol, atol=atol, first_beyond_step=v.first_step,
+        mean_a=loss.mean_a, mean_b=loss.mean_b, max_abs_diff=v.max_abs_diff if math.isfinite(v.max_abs_diff) else None,
+        max_rel_diff=v.max_rel_diff if math.isfinite(v.max_rel_diff) else None,
+        where=v.where.text() if v.where else None, differences=v.differences,
+        versions_a=a.versions, versions_b=b.versions)
 
 
 # -- the table ----------------------------------------------------------------
@@ -423,7 +473,10 @@ def render(res: CompareResult) -> str:
          "-" if b.peak_rss_bytes is None else format_bytes(b.peak_rss_bytes), num_text(res.peak_memory_ratio, "{:.2f}x")),
         ("versions", _versions(a.versions), _versions(b.versions)),
     ]
-    lines = [f"optcheck compare   {a.label}   vs   {b.label}", "", *_table(rows)]
+    lines = [f"optcheck compare   {a.label}   vs   {b.label}"]
+    if res.verdict is not None:
+        lines += res.verdict.lines()
+    lines += ["", *_table(rows)]
     for info in (a, b):
         if info.crash:
             c = info.crash
@@ -455,9 +508,10 @@ def render(res: CompareResult) -> str:
         lines.append(f"FAIL (exit {res.exit_code}): cannot pass an incomplete run: {'; '.join(res.incomplete)}; "
                      f"{L.common_steps:,} common steps compared")
     if res.findings:
-        lines.append(f"FAIL (exit {res.exit_code}): OC601 backend-divergence: {res.findings[0].message}")
+        lines.append(f"FAIL (exit {res.exit_code}): OC601 run-divergence: {res.findings[0].message}")
     elif res.exit_code and not res.incomplete:
         lines.append(f"FAIL (exit {res.exit_code}): findings only in B")
     elif not res.exit_code:
         lines.append(f"PASS (exit {res.exit_code})")
     return "\n".join(lines)
+

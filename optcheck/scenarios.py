@@ -181,6 +181,14 @@ CATALOGUE: dict[str, ScenarioInfo] = {s.name: s for s in (
         "a leaking cache or an appended loss history",
         ("OC401",),
         "memory grows until the process is killed"),
+    ScenarioInfo(
+        "perturb-param", ("pytorch",),
+        "test-only: h.0.mlp.c_fc.weight scaled in place by 1.001 (no identity change, no finding)",
+        "a silent numerical change in one parameter, as a kernel or initialisation change in an upgrade makes; "
+        "optcheck compare / upgrade must name the parameter and the step",
+        (),
+        "trains on; a same-seed run departs from the unperturbed one at that step (OC601 in optcheck compare, "
+        "naming h.0.mlp.c_fc.weight)"),
 )}
 
 
@@ -242,6 +250,7 @@ OUTCOMES: dict[str, tuple[Outcome, ...]] = {
     "detached-loss": (_pt(CATALOGUE["detached-loss"].without_optcheck, "tests/integration/test_seeds_pytorch.py"),),
     "nonleaf-grad-read": (_pt(CATALOGUE["nonleaf-grad-read"].without_optcheck,
                               "tests/integration/test_seeds_pytorch.py"),),
+    "perturb-param": (_pt(CATALOGUE["perturb-param"].without_optcheck, "tests/integration/test_upgrade.py"),),
     "state-leak": (
         _pt("memory grows by what each step keeps until the process is killed", "tests/integration/test_soak_memory.py"),
         Outcome("torchsharp", "0.107.0", "live tensors +1 and RSS +2.2 MiB per step (2,611 tensors, 5.3 GiB after "

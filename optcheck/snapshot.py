@@ -41,7 +41,10 @@ Param::
     grad_norm (float | null, L2 norm of .grad), version (int | null: the version
     counter, ``Tensor._version``), checksum (int | null, optional: the sum of the
     values' bit patterns, wrapping; equal in two snapshots iff the values did not
-    move, whatever kernel wrote them — fused optimizers do not bump ``version``)
+    move, whatever kernel wrote them — fused optimizers do not bump ``version``),
+    value_norm (float, optional: L2 norm of the
+    values in float32, the parameter fingerprint ``optcheck.verdict`` compares;
+    PyTorch records it)
 
 Two identities per tensor (``docs/torchsharp.md``, ``docs/pytorch.md``): ``ref`` is what the optimizer keys
 its state by (PyTorch: ``id(param)``; TorchSharp: ``Tensor.Handle``, the address

@@ -88,7 +88,10 @@ def validate(cfg: SoakConfig) -> dict:
     cfg.validate()
     for inj in cfg.inject:
         scenario_catalogue.get(inj.name, cfg.backend)
-    if cfg.backend == "pytorch":
+    python = cfg.extra.get("python")
+    if python is not None and not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        raise InputError(f"--python {python}: not an executable file (give a venv's bin/python)")
+    if cfg.backend == "pytorch" and python is None:  # another interpreter's torch is checked by its worker
         from optcheck import torch_version
 
         torch_version.require()  # torch >= 2.1, read from its metadata: torch is not imported here
@@ -160,7 +163,19 @@ def _signal_name(returncode: int) -> str | None:
 
 
 def worker_command(cfg: SoakConfig, config_path: Path, fd: int) -> list[str]:
-    return [sys.executable, "-m", WORKER_MODULES[cfg.backend], "--config", str(config_path), "--stream-fd", str(fd)]
+    """The worker's command line: ``cfg.extra["python"]`` (``--python``, e.g. another venv's
+    interpreter with another torch) or this interpreter, running the backend's worker module."""
+    return [cfg.extra.get("python") or sys.executable, "-m", WORKER_MODULES[cfg.backend], "--config", str(config_path), "--stream-fd", str(fd)]
+
+
+def worker_env(cfg: SoakConfig) -> dict:
+    """The worker's environment. With ``--python`` the folder holding this ``optcheck`` package
+    goes first on PYTHONPATH, so the other interpreter runs this optcheck with its own torch."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if cfg.extra.get("python"):
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
 
 
 def estimate_bytes(cfg: SoakConfig) -> int:
@@ -247,7 +262,7 @@ def _supervise(cfg: SoakConfig, out: Path, rundir: RunDir, corpus: dict, sig: Si
         record_error = RecordError(work, e)
     if record_error is None and not sig.count:
         r, w = os.pipe()
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = worker_env(cfg)
         proc = subprocess.Popen(worker_command(cfg, config_path, w), pass_fds=(w,), stdin=subprocess.DEVNULL,
                                 stdout=rundir.worker_log, stderr=subprocess.PIPE, env=env, start_new_session=True)
         os.close(w)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from optcheck.compare import DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_WINDOW, compare_runs
@@ -25,9 +27,20 @@ def register(group: click.Group) -> None:
         and peak-memory ratios (B/A), library versions.
 
         RUN_A is the reference (e.g. the last good version), RUN_B the candidate.
+        The verdict comes first: IDENTICAL, WITHIN NUMERICAL NOISE (same seed: float-rounding
+        size) or DIVERGED. Folders of `optcheck soak --seeds 1,2,3` (seed-N runs inside)
+        are compared as seed bands: the candidate's seeds against the baseline's.
         Exit codes: 0 the trajectories agree, 1 OC601 (or, with --fail-on-new, findings
         only in B), 2 bad input.
         """
+        from pathlib import Path
+
+        from optcheck.upgrade import compare_seed_sets, seed_runs
+
+        if not (Path(run_a) / "summary.json").exists() and seed_runs(run_a) and seed_runs(run_b):
+            verdict, code, text = compare_seed_sets(run_a, run_b, window=window)
+            click.echo(json.dumps(verdict.to_dict(), indent=2) if as_json else text)
+            return code
         res = compare_runs(run_a, run_b, loss_rtol=rtol, loss_atol=atol, window=window, fail_on_new=fail_on_new)
         click.echo(res.to_json() if as_json else res.render())
         return res.exit_code

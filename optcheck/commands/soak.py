@@ -64,6 +64,11 @@ def register(group: click.Group) -> None:
     @click.option("--steps", type=int, default=20_000, show_default=True, help="Training steps to run.")
     @click.option("--every", type=int, default=100, show_default=True, help="A snapshot every N steps.")
     @click.option("--seed", type=int, default=1337, show_default=True, help="Seeds init and batches.")
+    @click.option("--seeds", type=str, default=None, metavar="N,N,...",
+                  help="Run once per seed into --out/seed-N (a seed band for `optcheck compare --band`).")
+    @click.option("--python", "python", type=click.Path(dir_okay=False), default=None,
+                  help="PyTorch backend: the interpreter to run the worker with (another venv's bin/python: "
+                       "its torch, this optcheck).")
     @click.option("--data", type=str, default=None,
                   help="Text file, or nanoGPT .bin of uint16 token ids. Default: the Python stdlib's sources.")
     @click.option("--vocab-size", type=int, default=None, help="Vocabulary of a .bin without meta.pkl beside it.")
@@ -115,7 +120,7 @@ def register(group: click.Group) -> None:
     @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Also write findings as JUnit XML.")
     @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Also write a PNG of loss/time/memory.")
     @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-    def soak(steps, every, seed, data, vocab_size, out, injects, fail_on, backend, same_init, threads, stop_on_finding,
+    def soak(steps, every, seed, seeds, python, data, vocab_size, out, injects, fail_on, backend, same_init, threads, stop_on_finding,
              no_hazards, allow_inplace, val_every, eval_every, checkpoint_every, resume_at, memory_budget, lr,
              optimizer, n_layer, n_embd, n_head, block_size, batch_size, dotnet_runtime, torchsharp,
              dotnet_assembly, dotnet_trainer, dotnet_root, force, step_timeout, ignores, junit, plot, quiet):
@@ -139,7 +144,7 @@ def register(group: click.Group) -> None:
             raise InputError("--same-init needs two backends: --backend pytorch,torchsharp")
 
         extra = {"optimizer": optimizer, "dotnet_runtime": dotnet_runtime}
-        for key, value in (("torchsharp", torchsharp), ("dotnet_assembly", dotnet_assembly),
+        for key, value in (("python", python), ("torchsharp", torchsharp), ("dotnet_assembly", dotnet_assembly),
                            ("dotnet_trainer", dotnet_trainer), ("dotnet_root", dotnet_root)):
             if value:
                 extra[key] = value
@@ -163,6 +168,17 @@ def register(group: click.Group) -> None:
             import psutil
 
             rule_config.memory_budget_bytes = psutil.virtual_memory().total
+        if seeds is not None:
+            from optcheck.upgrade import parse_seeds, run_seeds
+
+            if len(backends) > 1:
+                raise InputError("--seeds runs one backend: give --backend pytorch or torchsharp")
+            results, code = run_seeds(cfg, parse_seeds(seeds), out, fail_on=fail_on, rule_config=rule_config,
+                                      progress=not quiet, force=force, signals=Signals(restore=_embedded()))
+            for r in results:
+                _print_summary(r.summary, r.findings)
+                _say_record_error(r.summary)
+            return code
         if len(backends) > 1:
             results, code = run_backends(cfg, backends, out, same_init=same_init, fail_on=fail_on,
                                          rule_config=rule_config, progress=not quiet, force=force,

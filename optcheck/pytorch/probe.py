@@ -78,12 +78,14 @@ def _checksum(p: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
-def _grad_norms(grads: list[torch.Tensor | None]) -> list[float | None]:
-    """L2 norms of the gradients (16-bit ones accumulated in float32), None where there is none:
-    one ``torch._foreach_norm`` per (device, dtype) over the dense ones, one read each."""
+def _norms(tensors: list[torch.Tensor | None]) -> list[float | None]:
+    """L2 norms (16-bit tensors accumulated in float32), None where there is no tensor:
+    one ``torch._foreach_norm`` per (device, dtype) over the dense ones, one read each.
+    Used for the gradients (``grad_norm``) and the values (``value_norm``)."""
     out: list = [None] * len(grads)
     buckets: dict[tuple, list[int]] = {}
     results: dict[int, torch.Tensor] = {}
+    grads = tensors
     for i, g in enumerate(grads):
         if g is None:
             continue
@@ -116,23 +118,27 @@ def params(model: torch.nn.Module) -> list[dict]:
     """Param records of ``named_parameters(remove_duplicate=False)``: a tied weight
     appears under each of its names, with one ref.
 
-    Each distinct tensor is read once, its gradient once: ``grad_norm`` (L2 norm of
-    ``.grad``) and ``checksum`` (:func:`_checksum`: tells whether the values moved,
-    whatever kernel moved them) come from the same pass, with one device sync each."""
+    Each distinct tensor is read once per field, its gradient once: ``grad_norm`` (L2
+    norm of ``.grad``), ``value_norm`` (L2 norm of the values, float32: the parameter
+    fingerprint :mod:`optcheck.verdict` compares between runs) and ``checksum``
+    (:func:`_checksum`: tells whether the values moved, whatever kernel moved them),
+    each batched per device and dtype with one device sync."""
     named = list(model.named_parameters(remove_duplicate=False))
     unique: dict[int, torch.Tensor] = {}
     for _, p in named:
         unique.setdefault(id(p), p)
     tensors = list(unique.values())
     grads = [p.grad if p.is_leaf else None for p in tensors]  # .grad on a non-leaf warns and is None
-    norms = dict(zip(unique, _grad_norms(grads)))
+    norms = dict(zip(unique, _norms(grads)))
+    value_norms = dict(zip(unique, _norms([p.detach() for p in tensors])))
     sums = {id(p): _checksum(p) for p in tensors}
     checks = _values({k: c.long() for k, c in sums.items() if c is not None})
     return [{
         "name": name, "ref": id(p), "data_ptr": p.data_ptr(), "shape": list(p.shape),
         "dtype": dtype_name(p.dtype), "device": str(p.device), "is_leaf": p.is_leaf,
         "requires_grad": p.requires_grad, "grad": "set" if p.is_leaf and p.grad is not None else "none",
-        "grad_norm": norms[id(p)], "version": p._version, "checksum": checks.get(id(p)),
+        "grad_norm": norms[id(p)], "value_norm": value_norms[id(p)], "version": p._version,
+        "checksum": checks.get(id(p)),
     } for name, p in named]
 
 

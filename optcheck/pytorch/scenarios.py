@@ -99,6 +99,14 @@ def param_registered_late(trainer, step: int) -> dict:
     return {"call": "model.ln_f.register_parameter('gain', nn.Parameter(...))"}
 
 
+@implements("perturb-param")
+def perturb_param(trainer, step: int) -> dict:
+    w = trainer.model.h[0].mlp.c_fc.weight
+    with torch.no_grad():  # in place: same tensor, same data pointer; only the values move
+        w.mul_(1.001)
+    return {"call": "model.h[0].mlp.c_fc.weight *= 1.001 (test-only perturbation)"}
+
+
 @implements("no-zero-grad")
 def no_zero_grad(trainer, step: int) -> dict:
     trainer.zero_grad = False

@@ -175,3 +175,72 @@ def write_junit(findings: Iterable[dict], path: str | os.PathLike, *, suite_name
     except OSError as e:
         raise InputError(f"--junit {path}: cannot write there ({e.strerror or e})") from None
     return p
+
+
+def build_upgrade_junit(result, sides) -> ET.ElementTree:
+    """``optcheck upgrade --junit``: one ``<testcase>`` for the verdict (failing when diverged,
+    ``time`` the two soaks' seconds) and one per scenario-matrix row (failing when the row
+    changed, ``time`` its two runs' seconds). The suite's properties: each side's versions,
+    backend and interpreter, the seed, and each scenario's injected fault.
+
+    ``result`` is an ``optcheck.upgrade.UpgradeResult``, ``sides`` its two ``Side``s."""
+    suite = ET.Element("testsuite")
+    props = ET.SubElement(suite, "properties")
+    values: dict[str, str] = {}
+    for side, run in zip(sides, (result.baseline, result.candidate)):
+        values[f"{side.name}.backend"] = side.backend
+        values[f"{side.name}.environment"] = side.python or side.torchsharp or "this environment"
+        if run is not None:
+            values.update(_flatten(run.summary.get("versions") or {}, f"{side.name}.versions."))
+            values["seed"] = _text((run.summary.get("config") or {}).get("seed"))
+            values["steps"] = _text((run.summary.get("config") or {}).get("steps"))
+    for row in result.rows:
+        values[f"scenario.{row.scenario}.inject"] = f"{row.scenario}@{row.step}"
+    for k, v in sorted(values.items()):
+        ET.SubElement(props, "property", name=_text(k), value=_text(v))
+    failures = 0
+    cmp = result.compare
+    seconds = sum(float(r.summary.get("elapsed_s") or 0) for r in (result.baseline, result.candidate) if r)
+    tc = ET.SubElement(suite, "testcase", name="verdict", classname="optcheck.upgrade", time=f"{seconds:.3f}")
+    if cmp is None or cmp.verdict is None or cmp.exit_code:
+        text = cmp.verdict.headline() if cmp is not None and cmp.verdict is not None else "a side did not finish"
+        el = ET.SubElement(tc, "failure", message=_text(text), type="OC601 run-divergence")
+        el.text = _text("\n".join(cmp.verdict.lines() if cmp is not None and cmp.verdict is not None else [text]))
+        failures += 1
+    else:
+        ET.SubElement(tc, "system-out").text = _text("\n".join(cmp.verdict.lines()))
+    for row in result.rows:
+        tc = ET.SubElement(suite, "testcase", name=f"scenario {row.scenario}@{row.step}",
+                           classname="optcheck.upgrade.scenarios", time=f"{row.time_s:.3f}")
+        text = (f"baseline: findings {row.baseline[0]}, {row.baseline[1]}, lead {row.baseline[2]}; "
+                f"candidate: findings {row.candidate[0]}, {row.candidate[1]}, lead {row.candidate[2]}")
+        if row.changed:
+            ET.SubElement(tc, "failure", message=_text(text), type="changed behaviour").text = _text(text)
+            failures += 1
+        else:
+            ET.SubElement(tc, "system-out").text = _text(text)
+    n = 1 + len(result.rows)
+    suite.set("name", "optcheck upgrade")
+    suite.set("tests", str(n))
+    suite.set("failures", str(failures))
+    suite.set("errors", "0")
+    suite.set("skipped", "0")
+    suite.set("time", f"{result.time_s:.3f}")
+    suite.set("timestamp", _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None, microsecond=0).isoformat())
+    suite.set("hostname", _text(socket.gethostname()) or "localhost")
+    root = ET.Element("testsuites", name="optcheck upgrade", tests=str(n), failures=str(failures), errors="0",
+                      time=suite.get("time"))
+    root.append(suite)
+    ET.indent(root)
+    return ET.ElementTree(root)
+
+
+def write_upgrade_junit(result, sides, path: str | os.PathLike) -> Path:
+    """Write :func:`build_upgrade_junit` to ``path``; InputError when it cannot be written."""
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        build_upgrade_junit(result, sides).write(p, encoding="utf-8", xml_declaration=True)
+    except OSError as e:
+        raise InputError(f"--junit {path}: cannot write there ({e.strerror or e})") from None
+    return p

@@ -1,4 +1,4 @@
-"""Parity rule OC601: two runs that should train alike do not.
+"""Parity rule OC601 (``run-divergence``): two runs that should train alike do not.
 
 OC601 is a rule over a *comparison* of two run directories, not over one
 snapshot stream: its :meth:`check` is silent on a single stream, and
@@ -15,8 +15,19 @@ from optcheck.rules.base import Rule, RuleContext, register
 
 
 @register
-class BackendDivergence(Rule):
+class RunDivergence(Rule):
     """Two runs that should train alike have loss trajectories that differ beyond tolerance.
+
+    Any two runs: two versions of one backend (an upgrade), two backends, two
+    configurations. Until issue 12 its symbol was ``backend-divergence`` (retired;
+    the code OC601 is unchanged, so findings.jsonl files of older runs still read).
+
+    Runs of the same seed and batches (their ``summary.json`` configs say so) are
+    judged step by step against the numerical-noise tolerance of
+    ``optcheck.verdict`` (relative 1e-5, growing with steps; ``docs/verdict.md``):
+    then OC601 fires at the first step whose loss differs by more than float
+    rounding explains, and names the first snapshot, parameter and option that
+    differ. Runs of different seeds are judged as follows.
 
     ``optcheck compare RUN_A RUN_B`` aligns the two runs' training losses
     (``metrics.jsonl``) by step, smooths each with a trailing mean over
@@ -40,7 +51,7 @@ class BackendDivergence(Rule):
     to separate initialisation from training differences.
     """
 
-    code, symbol, severity, family = "OC601", "backend-divergence", "error", "parity"
+    code, symbol, severity, family = "OC601", "run-divergence", "error", "parity"
     message = ("loss trajectories diverge from step {step}: {window}-step mean loss {a:.4f} (A) vs {b:.4f} (B), "
                "beyond tolerance {tol:.4f}")
 

@@ -34,7 +34,7 @@ def test_two_seeds_pass_with_the_defaults(soaks):
 def test_ten_times_the_learning_rate_fails_through_the_cli(soaks):
     rc, stdout, _ = run_cli(["compare", str(soaks["seed1"]), str(soaks["lr10x"])])
     assert rc == exitcodes.FINDINGS, stdout
-    assert "OC601 backend-divergence: loss trajectories diverge from step" in stdout
+    assert "OC601 run-divergence: loss trajectories diverge from step" in stdout
     res = compare_runs(soaks["seed1"], soaks["lr10x"])
     assert res.findings[0].step <= 150
 

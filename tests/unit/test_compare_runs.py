@@ -73,11 +73,11 @@ def test_slower_training_diverges_with_first_step(tmp_path):
     res = compare_runs(a, b)
     assert res.diverged and res.exit_code == FINDINGS
     [f] = res.findings
-    assert (f.code, f.symbol, f.severity) == ("OC601", "backend-divergence", "error")
+    assert (f.code, f.symbol, f.severity) == ("OC601", "run-divergence", "error")
     assert f.step == res.loss.first_beyond_step and 50 <= f.step < 150
     assert f.message.startswith(f"loss trajectories diverge from step {f.step:,}: 50-step mean loss ")
     assert f.detail["mean_b"] > f.detail["mean_a"] and f.detail["rtol"] == 0.05
-    assert "FAIL (exit 1): OC601 backend-divergence" in res.render()
+    assert "FAIL (exit 1): OC601 run-divergence" in res.render()
 
 
 def test_noise_spike_does_not_diverge_but_sustained_shift_does(tmp_path):
@@ -194,7 +194,7 @@ def test_oc601_is_in_the_catalogue_and_silent_on_one_stream():
     from optcheck.rules import RuleConfig, RuleContext
 
     cls = get("OC601")
-    assert cls.symbol == "backend-divergence" and "optcheck compare" in cls.doc()
+    assert cls.symbol == "run-divergence" and "optcheck compare" in cls.doc()
     snap = {"schema": SCHEMA, "backend": "pytorch", "run": "r", "step": 1, "phase": "post-step",
             "trigger": "cadence", "params": [], "groups": []}
     assert list(cls().check(snap, RuleContext(None, [snap], RuleConfig(), {}))) == []

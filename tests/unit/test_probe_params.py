@@ -48,6 +48,8 @@ def test_grad_norms_dense_sparse_mixed_dtypes_and_tied():
     recs = probe.params(model)
     by = {r["name"]: r for r in recs}
     assert by["emb.weight"]["grad_norm"] == pytest.approx(2 ** 0.5) and by["emb.weight"]["grad"] == "set"
+    assert by["lin.weight"]["value_norm"] == pytest.approx(float(lin.weight.float().norm()), rel=1e-6)
+    assert by["tied.weight"]["value_norm"] == by["emb.weight"]["value_norm"]  # one tensor, read once
     assert by["lin.weight"]["grad_norm"] == pytest.approx(1.0)
     assert by["lin.bias"]["grad_norm"] is None and by["lin.bias"]["grad"] == "none"
     assert by["tied.weight"]["ref"] == by["emb.weight"]["ref"]

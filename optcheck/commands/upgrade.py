@@ -1,0 +1,89 @@
+"""``optcheck upgrade``: is it safe to move from version A to version B? (issue 12)."""
+
+from __future__ import annotations
+
+import click
+
+
+def register(group: click.Group) -> None:
+    @group.command()
+    @click.option("--baseline-python", type=click.Path(dir_okay=False), default=None,
+                  help="PyTorch: the baseline's interpreter (default: this one).")
+    @click.option("--candidate-python", type=click.Path(dir_okay=False), default=None,
+                  help="PyTorch: the candidate's interpreter, e.g. /venv-new-torch/bin/python.")
+    @click.option("--baseline-torchsharp", type=str, default=None,
+                  help="TorchSharp: the baseline's version (or a local build's folder).")
+    @click.option("--candidate-torchsharp", type=str, default=None,
+                  help="TorchSharp: the candidate's version (or a local build's folder).")
+    @click.option("--baseline-backend", type=click.Choice(["pytorch", "torchsharp"]), default=None,
+                  help="Default: torchsharp when --baseline-torchsharp is given, else pytorch.")
+    @click.option("--candidate-backend", type=click.Choice(["pytorch", "torchsharp"]), default=None,
+                  help="Default: torchsharp when --candidate-torchsharp is given, else pytorch. Two backends "
+                       "start from the same initial weights.")
+    @click.option("--steps", type=int, default=2000, show_default=True, help="Training steps of the soak.")
+    @click.option("--every", type=int, default=100, show_default=True, help="A snapshot every N steps.")
+    @click.option("--seed", type=int, default=1337, show_default=True, help="Seeds init and batches (both sides).")
+    @click.option("--lr", type=float, default=1e-3, show_default=True, help="Peak learning rate (both sides).")
+    @click.option("--threads", type=int, default=1, show_default=True, help="Intra-op threads (both sides).")
+    @click.option("--data", type=str, default=None, help="Training text or .bin (default: the stdlib's sources).")
+    @click.option("--n-layer", type=int, default=2, show_default=True)
+    @click.option("--n-embd", type=int, default=64, show_default=True)
+    @click.option("--batch-size", type=int, default=16, show_default=True)
+    @click.option("--scenarios", "with_scenarios", is_flag=True,
+                  help="Also run every --inject scenario both sides support (short runs) and print the matrix.")
+    @click.option("--scenario", "only", multiple=True, metavar="NAME",
+                  help="With --scenarios: only these scenarios (repeatable).")
+    @click.option("--scenario-steps", type=int, default=40, show_default=True,
+                  help="Steps of each scenario run; the fault is planted halfway.")
+    @click.option("--out", type=click.Path(file_okay=False), default=None,
+                  help="Folder for baseline/, candidate/ and scenarios/ (default: runs/<UTC time>).")
+    @click.option("--force", is_flag=True, help="Replace runs already in --out.")
+    @click.option("--junit", type=click.Path(dir_okay=False), default=None,
+                  help="Also write one testcase per verdict and per scenario row as JUnit XML.")
+    @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
+    def upgrade(baseline_python, candidate_python, baseline_torchsharp, candidate_torchsharp, baseline_backend,
+                candidate_backend, steps, every, seed, lr, threads, data, n_layer, n_embd, batch_size,
+                with_scenarios, only, scenario_steps, out, force, junit, quiet):
+        """Run the same soak (seed, data, batches, config) on a baseline and a candidate
+        and print the verdict first: IDENTICAL, WITHIN NUMERICAL NOISE (with the measured
+        size) or DIVERGED (from which step, by how much, where: parameter, option, versions).
+
+        \b
+        optcheck upgrade --candidate-python /venv-torch-new/bin/python --steps 2000
+        optcheck upgrade --baseline-torchsharp 0.99.6 --candidate-torchsharp 0.107.0
+        optcheck upgrade --candidate-backend torchsharp          # PyTorch against TorchSharp
+
+        Exit codes: 0 identical or within noise (and, with --scenarios, no scenario changed),
+        1 diverged or a scenario changed behaviour, 2 bad input, 3 a side crashed, 130 interrupted.
+        """
+        from optcheck.commands._paths import check_output_file
+        from optcheck.config import SoakConfig
+        from optcheck.errors import InputError
+        from optcheck.upgrade import Side, check_python, render, run_upgrade, shared_scenarios
+
+        sides = []
+        for name, python, ts, backend in (("baseline", baseline_python, baseline_torchsharp, baseline_backend),
+                                          ("candidate", candidate_python, candidate_torchsharp, candidate_backend)):
+            backend = backend or ("torchsharp" if ts else "pytorch")
+            if python and backend != "pytorch":
+                raise InputError(f"--{name}-python: only for the pytorch backend ({name} is {backend})")
+            if ts and backend != "torchsharp":
+                raise InputError(f"--{name}-torchsharp: only for the torchsharp backend ({name} is {backend})")
+            sides.append(Side(name, backend, check_python(python, f"--{name}-python"), ts))
+        if only and not with_scenarios:
+            raise InputError("--scenario needs --scenarios")
+        if junit:
+            check_output_file(junit, "--junit", created_dir=out)
+        cfg = SoakConfig(steps=steps, every=every, seed=seed, lr=lr, threads=threads, data=data, n_layer=n_layer,
+                         n_embd=n_embd, batch_size=batch_size, val_every=0,
+                         extra={"optimizer": "adamw", "dotnet_runtime": "coreclr"})
+        cfg.validate()
+        names = (list(only) or shared_scenarios(sides)) if with_scenarios else []
+        result = run_upgrade(cfg, sides[0], sides[1], out, scenarios=names, scenario_steps=scenario_steps,
+                             progress=not quiet, force=force)
+        click.echo(render(result, sides))
+        if junit:
+            from optcheck.report.junit import write_upgrade_junit
+
+            write_upgrade_junit(result, sides, junit)
+        return result.exit_code

@@ -1,0 +1,313 @@
+"""``optcheck upgrade``: the same soak on a baseline and a candidate, and the verdict. Torch-free.
+
+A *side* is what a soak runs on: a backend, and for PyTorch the interpreter of
+the worker (``--python``: another venv, another torch), for TorchSharp the
+version or build (``--torchsharp``). Both sides get the same
+:class:`optcheck.config.SoakConfig` (seed, data, batches, model, optimizer), so
+``optcheck.verdict.judge`` compares them step by step: identical, within
+numerical noise, or diverged. Two backends (PyTorch against TorchSharp) start
+from the same initial weights (``--same-init``, ``optcheck.soak.export_same_init``).
+
+With ``scenarios`` every ``--inject`` scenario both sides support also runs on
+both (short runs), and :func:`render_matrix` puts their outcomes side by side:
+the findings, the crash (type and step) or "no crash", and the lead time.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from optcheck import exitcodes
+from optcheck import scenarios as catalogue
+from optcheck.config import Injection, SoakConfig
+from optcheck.errors import InputError
+
+_ORDER = [exitcodes.CLEAN, exitcodes.FINDINGS, exitcodes.CRASHED, exitcodes.RECORD_FAILED, exitcodes.INTERRUPTED]
+
+
+def worst(codes) -> int:
+    """The worst of run exit codes (interrupted > record-failed > crashed > findings > clean)."""
+    codes = list(codes)
+    return max(codes, key=lambda c: _ORDER.index(c) if c in _ORDER else len(_ORDER)) if codes else exitcodes.CLEAN
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"1,2,3"`` -> [1, 2, 3]. Raises InputError on anything but distinct whole numbers >= 0."""
+    try:
+        seeds = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) < len(seeds):
+        raise InputError(f"--seeds {text!r}: distinct whole numbers >= 0 separated by commas, e.g. 1,2,3")
+    return seeds
+
+
+def run_seeds(cfg: SoakConfig, seeds: list[int], out, **kwargs):
+    """Run ``cfg`` once per seed into ``out/seed-N`` (``optcheck.soak.run_soak`` each);
+    returns (results, worst exit code). Every seed's config is validated before any runs."""
+    from optcheck.soak import default_out_dir, run_soak, validate
+    from optcheck.watch import Signals
+
+    out = Path(out) if out is not None else default_out_dir()
+    cfgs = []
+    for s in seeds:
+        c = SoakConfig.from_json(cfg.to_json())
+        c.seed, c.run_id = s, f"{out.name}-seed-{s}"
+        c.validate()
+        cfgs.append(c)
+    validate(cfgs[0])
+    results = []
+    with kwargs.pop("signals", None) or Signals() as sig:
+        for c in cfgs:
+            if sig.count:
+                break
+            results.append(run_soak(c, out / f"seed-{c.seed}", signals=sig, **kwargs))
+    return results, worst(r.exit_code for r in results)
+
+
+@dataclass
+class Side:
+    """One side of an upgrade check.
+
+    Attributes:
+        name: ``baseline`` or ``candidate`` (also its folder under ``--out``).
+        backend: ``pytorch`` or ``torchsharp``.
+        python: PyTorch: the worker's interpreter (None: this one).
+        torchsharp: TorchSharp: a version to build the worker for, or a local build's folder.
+    """
+
+    name: str
+    backend: str = "pytorch"
+    python: str | None = None
+    torchsharp: str | None = None
+
+    def config(self, cfg: SoakConfig) -> SoakConfig:
+        c = SoakConfig.from_json(cfg.to_json())
+        c.backend = self.backend
+        for key in ("python", "torchsharp"):
+            c.extra.pop(key, None)
+            if getattr(self, key):
+                c.extra[key] = getattr(self, key)
+        return c
+
+    def text(self) -> str:
+        what = self.python or self.torchsharp or "this environment"
+        return f"{self.name}: {self.backend} ({what})"
+
+
+@dataclass
+class ScenarioRow:
+    """One scenario on both sides: per side its outcome as (findings, crash, lead time) texts."""
+
+    scenario: str
+    step: int
+    baseline: tuple[str, str, str]
+    candidate: tuple[str, str, str]
+    time_s: float = 0.0
+    seconds: dict = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        return self.baseline != self.candidate
+
+
+@dataclass
+class UpgradeResult:
+    """What :func:`run_upgrade` returns: the two runs' results, the comparison, the matrix."""
+
+    baseline: object
+    candidate: object
+    compare: object | None
+    rows: list[ScenarioRow]
+    exit_code: int
+    time_s: float = 0.0
+
+
+def outcome(summary: dict) -> tuple[str, str, str]:
+    """(findings by code, crash ``Type at step N`` or ``no crash``, lead time) of a run's summary."""
+    codes = ", ".join(sorted(summary.get("findings_by_code") or {})) or "none"
+    crash = summary.get("crash")
+    crash_text = f"{crash.get('exc_type') or crash.get('signal')} at step {crash.get('step')}" if crash else "no crash"
+    if summary.get("stopped"):
+        crash_text = f"stopped at step {summary['stopped'].get('step')}"
+    lead = summary.get("lead_time")
+    lead_text = f"{lead['lead_steps']} steps ({lead['finding'].split()[0]})" if lead else "-"
+    return codes, crash_text, lead_text
+
+
+def shared_scenarios(sides: list[Side]) -> list[str]:
+    """Catalogue scenarios every side's backend implements, in catalogue order."""
+    return [n for n, s in catalogue.CATALOGUE.items() if all(side.backend in s.backends for side in sides)]
+
+
+def _same_init(cfg: SoakConfig, sides: list[Side], out: Path) -> None:
+    if len({s.backend for s in sides}) > 1:
+        from optcheck.soak import export_same_init
+
+        cfg.extra["same_init_dir"] = str(export_same_init(cfg, out))
+
+
+def _run_pair(cfg: SoakConfig, sides: list[Side], out: Path, sig, **kwargs) -> list:
+    from optcheck.soak import run_soak
+
+    results = []
+    for side in sides:
+        if sig.count:
+            break
+        c = side.config(cfg)
+        if c.extra.get("same_init_dir") and side.backend == "torchsharp":
+            c.extra["same_init"] = c.extra["same_init_dir"]
+        c.extra.pop("same_init_dir", None)
+        c.run_id = f"{out.name}-{side.name}"
+        results.append(run_soak(c, out / side.name, signals=sig, **kwargs))
+    return results
+
+
+def run_upgrade(cfg: SoakConfig, baseline: Side, candidate: Side, out, *, scenarios: list[str] | None = None,
+                scenario_steps: int = 40, progress: bool = False, force: bool = False, signals=None,
+                **kwargs) -> UpgradeResult:
+    """Run ``cfg`` on both sides into ``out/baseline`` and ``out/candidate``, compare them
+    (``optcheck.compare.compare_runs``: the verdict of ``optcheck.verdict.judge``), and with
+    ``scenarios`` run each named scenario at step ``scenario_steps // 2`` of a
+    ``scenario_steps``-step soak on both sides into ``out/scenarios/NAME/``.
+
+    Raises:
+        InputError: bad option on either side (checked for both before anything runs),
+            a scenario a side's backend lacks.
+    """
+    from optcheck.compare import compare_runs
+    from optcheck.soak import default_out_dir, validate
+    from optcheck.watch import Signals
+
+    t0 = time.time()
+    out = Path(out) if out is not None else default_out_dir()
+    sides = [baseline, candidate]
+    for side in sides:
+        validate(side.config(cfg))
+    names = scenarios or []
+    for n in names:
+        for side in sides:
+            catalogue.get(n, side.backend)
+    if names and scenario_steps < 2:
+        raise InputError(f"--scenario-steps {scenario_steps}: must be at least 2")
+    kwargs.update(progress=progress, force=force)
+    rows: list[ScenarioRow] = []
+    with signals or Signals() as sig:
+        _same_init(cfg, sides, out)
+        results = _run_pair(cfg, sides, out, sig, **kwargs)
+        res = None
+        if len(results) == 2 and all(r.summary["status"] in ("clean", "findings") for r in results):
+            res = compare_runs(results[0].out, results[1].out)
+        for n in names:
+            sc = SoakConfig.from_json(cfg.to_json())
+            step = max(1, scenario_steps // 2)
+            sc.steps, sc.every, sc.val_every = scenario_steps, max(1, scenario_steps // 4), 0
+            sc.inject = [Injection(n, step)]
+            ts = time.time()
+            pair = _run_pair(sc, sides, out / "scenarios" / n, sig, **kwargs)
+            if len(pair) < 2:
+                break
+            rows.append(ScenarioRow(n, step, outcome(pair[0].summary), outcome(pair[1].summary),
+                                    time_s=time.time() - ts,
+                                    seconds={s.name: r.summary.get("elapsed_s") for s, r in zip(sides, pair)}))
+    codes = [r.exit_code for r in results]
+    if sig.count:
+        code = exitcodes.INTERRUPTED
+    elif any(c in (exitcodes.CRASHED, exitcodes.RECORD_FAILED) for c in codes):
+        code = worst(codes)
+    else:
+        code = res.exit_code if res is not None else exitcodes.FINDINGS
+        if any(r.changed for r in rows):
+            code = max(code, exitcodes.FINDINGS)
+    return UpgradeResult(results[0] if results else None, results[1] if len(results) > 1 else None, res, rows,
+                         code, time.time() - t0)
+
+
+def render_matrix(rows: list[ScenarioRow], baseline: str = "baseline", candidate: str = "candidate") -> str:
+    """The scenario matrix as a table: scenario, then findings / crash / lead time on each
+    side; a changed row starts with ``*``."""
+    head = ("", "scenario", f"{baseline} findings", "crash", "lead", f"{candidate} findings", "crash", "lead")
+    body = [("*" if r.changed else "", f"{r.scenario}@{r.step}", *r.baseline, *r.candidate) for r in rows]
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(widths[i]) for i, c in enumerate(x)).rstrip() for x in [head, *body]]
+    changed = sum(r.changed for r in rows)
+    lines.append(f"{changed} of {len(rows)} scenarios changed behaviour (marked *)")
+    return "\n".join(lines)
+
+
+def render(result: UpgradeResult, sides: list[Side]) -> str:
+    """The verdict first, then the comparison table and the scenario matrix."""
+    lines = []
+    if result.compare is not None and result.compare.verdict is not None:
+        lines += result.compare.verdict.lines()
+    else:
+        why = [f"{s.name}: {r.summary['status']}" for s, r in zip(sides, (result.baseline, result.candidate)) if r]
+        lines.append("NO VERDICT: a side did not finish (" + "; ".join(why) + ")")
+    lines += ["  " + s.text() for s in sides]
+    if result.compare is not None:  # its table, without the verdict printed above
+        text = result.compare.render().split("\n")
+        lines += ["", text[0], *text[1 + len(result.compare.verdict.lines()):]]
+    if result.rows:
+        lines += ["", "Scenario matrix (baseline beside candidate):", render_matrix(result.rows)]
+    return "\n".join(lines)
+
+
+def check_python(path: str | None, option: str) -> str | None:
+    """``path`` made absolute when it is an executable file; InputError otherwise."""
+    if path is None:
+        return None
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise InputError(f"{option} {path}: not an executable file (give a venv's bin/python)")
+    return os.path.abspath(path)
+
+
+# -- several seeds per side ----------------------------------------------------
+
+def seed_runs(path: str | os.PathLike) -> list[Path]:
+    """The ``seed-N`` run directories of ``optcheck soak --seeds`` under ``path``, by N."""
+    p = Path(path)
+    found = [d for d in p.glob("seed-*") if d.is_dir() and d.name[5:].isdecimal()] if p.is_dir() else []
+    return sorted(found, key=lambda d: int(d.name[5:]))
+
+
+def compare_seed_sets(dir_a: str | os.PathLike, dir_b: str | os.PathLike, *,
+                      window: int = 50) -> tuple:
+    """Baseline seeds (``dir_a/seed-N``) against candidate seeds (``dir_b/seed-N``):
+    ``optcheck.verdict.judge_seed_band``. Returns (verdict, exit code, text).
+
+    Raises:
+        InputError: fewer than two baseline seeds or no candidate seed, a run unreadable,
+            or no step common to all.
+    """
+    from optcheck.compare import read_run
+    from optcheck.exitcodes import CLEAN, FINDINGS
+    from optcheck.verdict import judge_seed_band
+
+    runs_a, runs_b = seed_runs(dir_a), seed_runs(dir_b)
+    if len(runs_a) < 2 or not runs_b:
+        raise InputError(f"{dir_a} / {dir_b}: a seed band needs at least two seed-N runs in the first and one in "
+                         f"the second (optcheck soak --seeds 1,2,3 --out DIR), found {len(runs_a)} and {len(runs_b)}")
+    infos, losses = [], []
+    for d in runs_a + runs_b:
+        info, loss, _ = read_run(d, d.parent.name + "/" + d.name)
+        infos.append(info)
+        losses.append(loss)
+    try:
+        v = judge_seed_band(losses[:len(runs_a)], losses[len(runs_a):], window=window)
+    except ValueError as e:
+        raise InputError(f"{dir_a} / {dir_b}: {e}") from None
+    incomplete = [f"{i.label}: {i.incomplete()}" for i in infos if i.incomplete()]
+    lines = v.lines() + [f"  baseline seeds: {', '.join(d.name[5:] for d in runs_a)} ({dir_a}); "
+                         f"candidate seeds: {', '.join(d.name[5:] for d in runs_b)} ({dir_b}); "
+                         f"{window}-step trailing mean, band: 5 seed standard deviations"]
+    code = FINDINGS if v.diverged or incomplete else CLEAN
+    if incomplete:
+        lines.append(f"FAIL (exit {code}): cannot pass an incomplete run: {'; '.join(incomplete)}")
+    elif v.diverged:
+        lines.append(f"FAIL (exit {code}): OC601 run-divergence: the candidate's loss leaves the baseline seeds' band")
+    else:
+        lines.append(f"PASS (exit {code})")
+    return v, code, "\n".join(lines)

@@ -1,0 +1,372 @@
+"""The verdict on two runs that should train alike: identical, within numerical noise, or diverged.
+
+One function decides it for ``optcheck compare``, ``optcheck upgrade`` and any
+later baseline check, so they can never disagree: :func:`judge`. Torch-free.
+
+* **identical**: every common step's training loss is bit-for-bit equal, and so
+  is every recorded parameter fingerprint (``value_norm`` and ``grad_norm`` of
+  each parameter in each snapshot both runs took at the same step).
+* **within numerical noise**: the two runs used the same seed and batches (their
+  ``summary.json`` configs say so) and no step's loss differs by more than float
+  rounding explains: ``|loss_A - loss_B| <= noise_tolerance(step) x max(|loss_A|, 1e-3)``.
+* **diverged**: a step's loss differs beyond that (the first such step and the
+  size are reported), or, for runs of different seeds, beyond the seed band.
+
+The same-seed tolerance comes from measurements on the built-in GPT (2 layers,
+64 wide, AdamW, torch 2.13 CPU), recorded in ``docs/verdict.md``: ``--threads 2``
+against 1 differs by at most 4.8e-7 (relative ~3e-7) over 2,000 steps, while
+``--lr`` x 1.01 differs by 5.2e-6 relative at step 2, 1.4e-5 at step 3 and
+1.9e-4 at step 10. The tolerance starts at 1e-5 and grows linearly (2x at
+step 1,000), 30x above the measured rounding noise at every step.
+
+Runs of different seeds cannot be judged on one pair: with several seeds per
+side (``optcheck soak --seeds 1,2,3``) :func:`judge_seed_band` checks that each
+candidate seed's smoothed loss stays inside the band around the baseline seeds' mean.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+IDENTICAL, WITHIN_NOISE, DIVERGED = "identical", "within-noise", "diverged"
+#: Relative per-step loss tolerance of a same-seed comparison at step 0.
+NOISE_RTOL = 1e-5
+#: The tolerance grows by NOISE_RTOL every this many steps (rounding differences accumulate).
+NOISE_GROWTH_STEPS = 1000
+#: Loss magnitude below which the relative tolerance is taken of this floor (nats).
+LOSS_FLOOR = 1e-3
+#: Snapshot quantities are more sensitive than the loss: their tolerance is this many times the loss's.
+QUANTITY_FACTOR = {"value_norm": 10.0, "grad_norm": 100.0}
+#: Config keys that name a run, not its training.
+_NOT_TRAINING = {"run_id", "work_dir", "step_timeout_s", "stop_on_finding"}
+
+
+def noise_tolerance(step: int | np.ndarray):
+    """Relative loss difference float rounding explains at ``step`` (dimensionless)."""
+    return NOISE_RTOL * (1.0 + np.asarray(step, float) / NOISE_GROWTH_STEPS)
+
+
+@dataclass
+class Localisation:
+    """Where two same-seed runs first differ in their snapshots.
+
+    Attributes:
+        step: the first snapshot step both runs took where a quantity differs beyond noise.
+        param: the parameter whose quantity differs most there (relative to its tolerance), or None.
+        quantity: ``value_norm`` or ``grad_norm`` (of ``param``).
+        a, b: its values in run A and B.
+        rel_diff: |a - b| / |a|.
+        options: optimizer options that differ at that snapshot, as "lr 0.001 vs 0.00101 on group 0".
+    """
+
+    step: int
+    param: str | None = None
+    quantity: str | None = None
+    a: float | None = None
+    b: float | None = None
+    rel_diff: float | None = None
+    options: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        parts = []
+        if self.param is not None:
+            parts.append(f"{self.param} {self.quantity} {self.a:.6g} vs {self.b:.6g} (relative {self.rel_diff:.2g})")
+        parts += self.options
+        return f"first differs at snapshot step {self.step:,}: " + "; ".join(parts)
+
+
+@dataclass
+class Verdict:
+    """The answer for two runs; :meth:`headline` is the line printed first.
+
+    Attributes:
+        kind: ``identical``, ``within-noise`` or ``diverged``.
+        basis: ``same-seed`` (per-step tolerance of :func:`noise_tolerance`),
+            ``seed-band`` (:func:`judge_seed_band`) or ``tolerance`` (a smoothed
+            tolerance given by the caller, for single runs of different seeds).
+        steps: common steps compared.
+        max_abs_diff, max_rel_diff, max_step: the largest loss difference, relative to A's loss, and its step.
+        first_step: first step beyond tolerance (diverged only); when only the parameters
+            diverge, the first step whose loss differs at all (the paths split there), else the
+            first snapshot step that differs.
+        first_differs: first step whose losses are not bit-for-bit equal (None when none is).
+        loss_a, loss_b, tolerance: the losses there and the tolerance (absolute, loss units).
+        fingerprints: parameter fingerprints compared (0 when none were recorded).
+        where: the first snapshot that differs (same-seed runs), or None.
+        differences: what differs between the runs' configs and versions.
+    """
+
+    kind: str
+    basis: str
+    steps: int
+    max_abs_diff: float = 0.0
+    max_rel_diff: float = 0.0
+    max_step: int | None = None
+    first_step: int | None = None
+    first_differs: int | None = None
+    loss_a: float | None = None
+    loss_b: float | None = None
+    tolerance: float | None = None
+    fingerprints: int = 0
+    where: Localisation | None = None
+    differences: list[str] = field(default_factory=list)
+
+    @property
+    def diverged(self) -> bool:
+        return self.kind == DIVERGED
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def headline(self) -> str:
+        """``IDENTICAL: ...``, ``WITHIN NUMERICAL NOISE: ...`` or ``DIVERGED from step N: ...``, with the size."""
+        size = (f"largest loss difference {self.max_abs_diff:.2g} (relative {self.max_rel_diff:.2g}) "
+                f"at step {self.max_step:,}" if self.max_step is not None and math.isfinite(self.max_abs_diff)
+                else "a non-finite loss in one run only")
+        if self.kind == IDENTICAL:
+            fp = f" and {self.fingerprints:,} parameter fingerprints" if self.fingerprints else ""
+            return f"IDENTICAL: {self.steps:,} steps, bit-for-bit equal losses{fp}"
+        if self.kind == WITHIN_NOISE:
+            what = {"same-seed": "same seed and batches, float-rounding size",
+                    "seed-band": "inside the baseline seeds' band",
+                    "tolerance": "different seeds, inside the given tolerance"}[self.basis]
+            since = f", first differing at step {self.first_differs:,}" if self.first_differs is not None else ""
+            return f"WITHIN NUMERICAL NOISE ({what}): {size}{since}"
+        first = (f"loss {self.loss_a:.6g} (A) vs {self.loss_b:.6g} (B), beyond tolerance {self.tolerance:.2g}"
+                 if self.loss_a is not None and self.loss_b is not None and self.tolerance is not None
+                 else "the parameters differ beyond noise, the losses within it")
+        return f"DIVERGED from step {self.first_step:,}: {first}; {size}"
+
+    def lines(self) -> list[str]:
+        """The headline, then where it first differs and what differs between the runs."""
+        out = [self.headline()]
+        if self.where is not None:
+            out.append("  " + self.where.text())
+        if self.differences:
+            out.append("  runs differ in: " + "; ".join(self.differences))
+        return out
+
+
+# -- what differs between two runs --------------------------------------------------------
+
+def _flat(config: dict) -> dict:
+    out = {}
+    for k, v in (config or {}).items():
+        if k in _NOT_TRAINING:
+            continue
+        if isinstance(v, dict):
+            out.update({f"{k}.{kk}": vv for kk, vv in v.items()})
+        else:
+            out[k] = v
+    return out
+
+
+def config_differences(summary_a: dict, summary_b: dict) -> list[str]:
+    """What differs between two runs' ``summary.json``: backend, config values, injected
+    faults and library versions, as ``"lr 0.001 vs 0.0012"``, ``"torch 2.13.0 → 2.14.1"``."""
+    out = []
+    if summary_a.get("backend") != summary_b.get("backend"):
+        out.append(f"backend {summary_a.get('backend')} vs {summary_b.get('backend')}")
+    ca, cb = _flat(summary_a.get("config") or {}), _flat(summary_b.get("config") or {})
+    for k in sorted(set(ca) | set(cb)):
+        if k != "backend" and ca.get(k) != cb.get(k):
+            out.append(f"{k} {ca.get(k, '-')} vs {cb.get(k, '-')}")
+    if (summary_a.get("inject") or []) != (summary_b.get("inject") or []):
+        out.append(f"inject {','.join(summary_a.get('inject') or []) or '-'} vs "
+                   f"{','.join(summary_b.get('inject') or []) or '-'}")
+    va, vb = summary_a.get("versions") or {}, summary_b.get("versions") or {}
+    for k in sorted(set(va) | set(vb)) if va and vb else ():  # a run without versions (still running) says nothing
+        if va.get(k) != vb.get(k):
+            out.append(f"{k} {va.get(k, '-')} → {vb.get(k, '-')}")
+    return out
+
+
+def same_batches(summary_a: dict, summary_b: dict) -> bool:
+    """True when both runs record a config with the same seed, batch shape and corpus:
+    they read the same batches (``optcheck.data.BatchSchedule``), so a same-seed verdict applies."""
+    ca, cb = summary_a.get("config"), summary_b.get("config")
+    if not isinstance(ca, dict) or not isinstance(cb, dict):
+        return False
+    keys = ("seed", "batch_size", "block_size")
+    corpus = lambda s: (s.get("corpus") or {}).get("sha256")  # noqa: E731
+    return all(ca.get(k) == cb.get(k) for k in keys) and corpus(summary_a) == corpus(summary_b)
+
+
+# -- snapshots ------------------------------------------------------------------------------
+
+def _index(snaps: list[dict]) -> dict[tuple, dict]:
+    """Snapshots by (step, phase); the last of each wins."""
+    return {(s.get("step"), s.get("phase")): s for s in snaps if isinstance(s, dict)}
+
+
+def _num(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _option_diffs(sa: dict, sb: dict) -> list[str]:
+    out = []
+    for ga, gb in zip(sa.get("groups") or [], sb.get("groups") or []):
+        oa, ob = ga.get("options") or {}, gb.get("options") or {}
+        for k in sorted(set(oa) | set(ob)):
+            if oa.get(k) != ob.get(k):
+                out.append(f"{k} {oa.get(k, '-')} vs {ob.get(k, '-')} on group {ga.get('index', '?')}")
+    return out
+
+
+def fingerprints(snaps_a: list[dict], snaps_b: list[dict]) -> tuple[int, bool]:
+    """(number of parameter fingerprints both runs recorded at the same snapshots, all bit-equal)."""
+    ia, ib = _index(snaps_a), _index(snaps_b)
+    n, equal = 0, True
+    for key in sorted(set(ia) & set(ib), key=lambda k: (k[0] or 0, str(k[1]))):
+        pb = {p.get("name"): p for p in ib[key].get("params") or []}
+        for p in ia[key].get("params") or []:
+            q = pb.get(p.get("name"))
+            for qty in QUANTITY_FACTOR:
+                if q is not None and qty in p and qty in q:
+                    n += 1
+                    equal = equal and p[qty] == q[qty]
+    return n, equal
+
+
+def localise(snaps_a: list[dict], snaps_b: list[dict]) -> Localisation | None:
+    """The first snapshot (by step) both runs took where an optimizer option differs or a
+    parameter's ``value_norm`` / ``grad_norm`` differs by more than
+    ``QUANTITY_FACTOR[q] x noise_tolerance(step)`` relative; the parameter named is the one
+    whose difference is largest against its tolerance. None when nothing differs beyond noise."""
+    ia, ib = _index(snaps_a), _index(snaps_b)
+    for key in sorted(set(ia) & set(ib), key=lambda k: (k[0] or 0, str(k[1]))):
+        sa, sb = ia[key], ib[key]
+        step = int(key[0] or 0)
+        options = _option_diffs(sa, sb)
+        best, best_ratio = None, 1.0
+        pb = {p.get("name"): p for p in sb.get("params") or []}
+        for p in sa.get("params") or []:
+            q = pb.get(p.get("name"))
+            if q is None:
+                continue
+            for qty, factor in QUANTITY_FACTOR.items():
+                x, y = _num(p.get(qty)), _num(q.get(qty))
+                if x is None or y is None:
+                    if (x is None) != (y is None) and qty in p and qty in q:
+                        best, best_ratio = (p["name"], qty, x, y, math.inf), math.inf
+                    continue
+                rel = abs(x - y) / max(abs(x), LOSS_FLOOR)
+                ratio = rel / (factor * float(noise_tolerance(step)))
+                if ratio > best_ratio:
+                    best, best_ratio = (p["name"], qty, x, y, rel), ratio
+        if best is not None or options:
+            loc = Localisation(step=step, options=options)
+            if best is not None:
+                loc.param, loc.quantity, loc.a, loc.b, loc.rel_diff = best
+                loc.a = math.nan if loc.a is None else loc.a
+                loc.b = math.nan if loc.b is None else loc.b
+            return loc
+    return None
+
+
+# -- the verdict ----------------------------------------------------------------------------
+
+def judge(loss_a: dict[int, float], loss_b: dict[int, float], *, same_seed: bool,
+          snaps_a: list[dict] = (), snaps_b: list[dict] = (), summary_a: dict | None = None,
+          summary_b: dict | None = None, smoothed=None) -> Verdict:
+    """The verdict on runs A (reference) and B, from their losses ``{step: loss}`` (common steps only).
+
+    Args:
+        same_seed: the runs read the same batches from the same initialisation
+            (:func:`same_batches`); then the per-step :func:`noise_tolerance` applies.
+        snaps_a, snaps_b: their snapshots (dicts), for fingerprints and :func:`localise`.
+        summary_a, summary_b: their ``summary.json``, for :func:`config_differences`.
+        smoothed: for runs of different seeds, an ``optcheck.compare.LossComparison``
+            of the smoothed trajectories (the caller's tolerance); None for same-seed runs.
+
+    Raises:
+        ValueError: the runs have no step in common.
+    """
+    common = sorted(set(loss_a) & set(loss_b))
+    if not common:
+        raise ValueError("no common step")
+    steps = np.array(common)
+    a = np.array([loss_a[s] for s in common], float)
+    b = np.array([loss_b[s] for s in common], float)
+    differences = config_differences(summary_a or {}, summary_b or {})
+    n_fp, fp_equal = fingerprints(list(snaps_a), list(snaps_b))
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    with np.errstate(invalid="ignore"):
+        diff = np.where(same, 0.0, np.abs(a - b))
+    diff = np.where(np.isnan(diff), np.inf, diff)  # one side non-finite
+    scale = np.maximum(np.nan_to_num(np.abs(a), nan=0.0, posinf=0.0), LOSS_FLOOR)
+    rel = diff / scale
+    i = int(np.argmax(rel))
+    differs = np.nonzero(diff > 0)[0]
+    v = Verdict(kind=WITHIN_NOISE, basis="same-seed" if same_seed else "tolerance", steps=len(common),
+                max_abs_diff=float(diff[i]), max_rel_diff=float(rel[i]), max_step=int(steps[i]),
+                fingerprints=n_fp, differences=differences,
+                first_differs=int(steps[differs[0]]) if len(differs) else None)
+    if same.all() and fp_equal:
+        v.kind = IDENTICAL
+        return v
+    if same_seed:
+        tol = noise_tolerance(steps) * scale
+        beyond = np.nonzero(diff > tol)[0]
+        if len(beyond):
+            j = int(beyond[0])
+            v.kind, v.first_step = DIVERGED, int(steps[j])
+            v.loss_a, v.loss_b, v.tolerance = float(a[j]), float(b[j]), float(tol[j])
+        v.where = localise(list(snaps_a), list(snaps_b))
+        if v.where is not None and not v.diverged and v.where.param is not None:  # losses agree, parameters not
+            split = v.first_differs is not None and v.first_differs <= v.where.step
+            v.kind, v.first_step = DIVERGED, v.first_differs if split else v.where.step
+        return v
+    if smoothed is not None and smoothed.diverged:
+        v.kind, v.first_step = DIVERGED, smoothed.first_beyond_step
+        v.loss_a, v.loss_b, v.tolerance = smoothed.mean_a, smoothed.mean_b, smoothed.tolerance
+    return v
+
+
+def judge_seed_band(baseline: list[dict[int, float]], candidate: list[dict[int, float]], *,
+                    window: int = 50, k: float = 5.0) -> Verdict:
+    """Runs of several seeds per side: each candidate seed's trailing-mean loss (``window``
+    common steps) must stay within ``k`` seed standard deviations of the baseline seeds' mean.
+
+    The seed standard deviation at a step is the baseline seeds' sample deviation there, but
+    at least their median deviation over all steps (three seeds can agree by chance at one
+    step), widened by sqrt(1 + 1/n) for the uncertainty of an n-seed mean.
+
+    Raises:
+        ValueError: fewer than two baseline seeds, no candidate, or no step common to all.
+    """
+    from optcheck.compare import _trailing_mean  # compare imports this module
+
+    if len(baseline) < 2 or not candidate:
+        raise ValueError("a seed band needs at least two baseline seeds and one candidate seed")
+    common = sorted(set.intersection(*(set(r) for r in baseline + candidate)))
+    if not common:
+        raise ValueError("no step common to every run")
+    w = min(window, len(common))
+    means = lambda r: _trailing_mean(np.array([r[s] for s in common], float), w)[0]  # noqa: E731
+    base = np.vstack([means(r) for r in baseline])
+    centre = np.nanmean(base, axis=0)
+    sd = np.nanstd(base, axis=0, ddof=1)
+    sd = np.maximum(sd, np.nanmedian(sd)) * math.sqrt(1 + 1 / len(baseline))
+    half = k * sd
+    steps = np.array(common[w - 1:])
+    v = Verdict(kind=WITHIN_NOISE, basis="seed-band", steps=len(common))
+    first = None
+    for r in candidate:
+        m = means(r)
+        dist = np.abs(m - centre)
+        kk = int(np.nanargmax(dist))
+        if dist[kk] > v.max_abs_diff:
+            v.max_abs_diff, v.max_step = float(dist[kk]), int(steps[kk])
+            v.max_rel_diff = float(dist[kk] / max(abs(centre[kk]), LOSS_FLOOR))
+        idx = np.nonzero(~(dist <= half))[0]
+        if len(idx) and (first is None or steps[idx[0]] < steps[first[0]]):
+            first = (int(idx[0]), m)
+    if first is not None:
+        j, m = first
+        v.kind, v.first_step = DIVERGED, int(steps[j])
+        v.loss_a, v.loss_b, v.tolerance = float(centre[j]), float(m[j]), float(half[j])
+    return v

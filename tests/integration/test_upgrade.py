@@ -1,0 +1,180 @@
+"""Issue 12 on real soaks: the verdict (identical / within numerical noise / diverged) with its
+measured size, where a same-seed divergence starts, and `optcheck upgrade` with another
+interpreter. The default GPT (2 layers, 64 wide) for 60 steps: a smaller model does not
+split its matrix products over two threads, so --threads 2 would be bit-identical."""
+
+from __future__ import annotations
+
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import xmlschema
+
+from conftest import run_cli
+from optcheck import exitcodes
+from optcheck.compare import compare_runs
+from optcheck.verdict import DIVERGED, IDENTICAL, WITHIN_NOISE
+
+XSD = Path(__file__).resolve().parents[1] / "fixtures" / "junit.xsd"
+STEPS = ["--steps", "60", "--every", "10", "--val-every", "0", "--seed", "7"]
+
+
+@pytest.fixture(scope="module")
+def soaks(tmp_path_factory):
+    root = tmp_path_factory.mktemp("verdict")
+    runs = {}
+    for name, extra in (("base", []), ("again", []), ("threads2", ["--threads", "2"]), ("lr1.2", ["--lr", "0.0012"]),
+                        ("lr1.01", ["--lr", "0.00101"]), ("perturb", ["--inject", "perturb-param@25"])):
+        out = root / name
+        rc, stdout, stderr = run_cli(["soak", "-q", "--out", str(out), *STEPS, *extra])
+        assert rc == exitcodes.CLEAN, stdout + stderr
+        runs[name] = out
+    return runs
+
+
+def test_same_run_twice_is_identical(soaks):
+    res = compare_runs(soaks["base"], soaks["again"])
+    v = res.verdict
+    assert v.kind == IDENTICAL and v.max_abs_diff == 0.0 and v.steps == 60
+    assert v.fingerprints >= 7 * 14 * 2  # 7 snapshots x 14 parameters x value and grad norms
+    assert res.exit_code == exitcodes.CLEAN and res.findings == []
+    assert res.render().splitlines()[1] == f"IDENTICAL: 60 steps, bit-for-bit equal losses and {v.fingerprints:,} " \
+                                           f"parameter fingerprints"
+
+
+def test_two_threads_are_within_noise_with_the_size(soaks):
+    res = compare_runs(soaks["base"], soaks["threads2"])
+    v = res.verdict
+    assert v.kind == WITHIN_NOISE and v.basis == "same-seed", res.render()
+    assert 0 < v.max_abs_diff < 1e-5 and 0 < v.max_rel_diff < 1e-5 and v.first_differs >= 1
+    assert res.exit_code == exitcodes.CLEAN and "threads 1 vs 2" in v.differences
+    line = res.render().splitlines()[1]
+    assert line.startswith("WITHIN NUMERICAL NOISE (same seed and batches, float-rounding size): largest loss "
+                           f"difference {v.max_abs_diff:.2g}")
+
+
+@pytest.mark.parametrize("name, lr", [("lr1.2", "0.0012"), ("lr1.01", "0.00101")])
+def test_a_changed_learning_rate_diverges_and_is_named(soaks, name, lr):
+    res = compare_runs(soaks["base"], soaks[name])
+    v = res.verdict
+    assert v.kind == DIVERGED and v.basis == "same-seed", res.render()
+    assert 2 <= v.first_step <= 10 and v.max_rel_diff > 1e-4
+    assert abs(v.loss_a - v.loss_b) > v.tolerance
+    assert f"lr 0.001 vs {lr}" in v.differences
+    assert v.where.step == 0 and f"lr 0.001 vs {lr} on group 0" in v.where.options
+    [f] = res.findings
+    assert (f.code, f.symbol, f.step) == ("OC601", "run-divergence", v.first_step)
+    assert res.exit_code == exitcodes.FINDINGS
+    assert res.render().splitlines()[1].startswith(f"DIVERGED from step {v.first_step:,}: loss ")
+
+
+def test_one_perturbed_parameter_is_named_with_its_step(soaks):
+    res = compare_runs(soaks["base"], soaks["perturb"])
+    v = res.verdict
+    assert v.kind == DIVERGED and v.first_step == v.first_differs == 25, res.render()
+    assert res.render().splitlines()[1].startswith("DIVERGED from step 25: the parameters differ beyond noise")
+    assert v.where.step == 30 and v.where.param == "h.0.mlp.c_fc.weight" and v.where.quantity == "value_norm"
+    assert v.where.rel_diff == pytest.approx(1e-3, rel=0.2) and v.where.options == []
+    assert "inject - vs perturb-param@25" in v.differences
+    assert "h.0.mlp.c_fc.weight value_norm" in res.findings[0].message
+
+
+def test_upgrade_with_another_interpreter(tmp_path):
+    """The candidate runs under an interpreter given by path (here this one, through a
+    symlink as in a venv): same torch, so identical; its versions are recorded."""
+    py = tmp_path / "bin" / "python"
+    py.parent.mkdir()
+    py.symlink_to(sys.executable)
+    rc, stdout, stderr = run_cli(["upgrade", "-q", "--candidate-python", str(py), "--steps", "20", "--every", "10",
+                                  "--seed", "7", "--out", str(tmp_path / "u")])
+    assert rc == exitcodes.CLEAN, stdout + stderr
+    lines = stdout.splitlines()
+    assert lines[0].startswith("IDENTICAL: 20 steps, bit-for-bit equal losses and ")
+    assert f"candidate: pytorch ({py})" in stdout
+    assert (tmp_path / "u" / "candidate" / "summary.json").exists()
+
+
+def test_upgrade_scenario_matrix_and_junit(tmp_path):
+    xml = tmp_path / "upgrade.xml"
+    rc, stdout, stderr = run_cli(["upgrade", "-q", "--steps", "10", "--every", "5", "--out", str(tmp_path / "u"),
+                                  "--scenarios", "--scenario", "module-to-after-optimizer", "--scenario",
+                                  "perturb-param", "--scenario-steps", "8", "--junit", str(xml)])
+    assert rc == exitcodes.CLEAN, stdout + stderr
+    table = stdout[stdout.index("Scenario matrix"):].splitlines()
+    assert table[1].split()[:2] == ["scenario", "baseline"]
+    row = next(line for line in table if "module-to-after-optimizer@4" in line)
+    assert not row.startswith("*") and row.count("OC107") == 4 and row.count("RuntimeError at step 4") == 2
+    row = next(line for line in table if "perturb-param@4" in line)
+    assert row.split().count("none") == 2 and row.count("no crash") == 2
+    assert table[-1] == "0 of 2 scenarios changed behaviour (marked *)"
+    xmlschema.XMLSchema(XSD).validate(str(xml))
+    suite = ET.parse(xml).getroot().find("testsuite")
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert set(cases) == {"verdict", "scenario module-to-after-optimizer@4", "scenario perturb-param@4"}
+    assert all(float(c.get("time")) > 0 for c in cases.values()) and suite.get("failures") == "0"
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert props["baseline.versions.torch"] == props["candidate.versions.torch"] and props["seed"] == "1337"
+    assert props["scenario.perturb-param.inject"] == "perturb-param@4"
+
+
+def test_seed_bands(tmp_path):
+    """soak --seeds writes one run per seed; compare judges the candidate seeds against the
+    baseline seeds' band: other seeds pass, a 10x learning rate does not."""
+    small = ["-q", "--steps", "40", "--every", "20", "--n-layer", "1", "--n-embd", "32", "--val-every", "0"]
+    for name, extra in (("base", ["--seeds", "1,2,3"]), ("same", ["--seeds", "4"]),
+                        ("lr10", ["--seeds", "4", "--lr", "0.01"])):
+        rc, stdout, stderr = run_cli(["soak", *small, "--out", str(tmp_path / name), *extra])
+        assert rc == exitcodes.CLEAN, stdout + stderr
+    assert sorted(p.name for p in (tmp_path / "base").iterdir()) == ["seed-1", "seed-2", "seed-3"]
+    rc, stdout, _ = run_cli(["compare", "--window", "10", str(tmp_path / "base"), str(tmp_path / "same")])
+    assert rc == exitcodes.CLEAN and stdout.startswith("WITHIN NUMERICAL NOISE (inside the baseline seeds' band)")
+    rc, stdout, _ = run_cli(["compare", "--window", "10", str(tmp_path / "base"), str(tmp_path / "lr10")])
+    assert rc == exitcodes.FINDINGS and stdout.startswith("DIVERGED from step "), stdout
+    rc, _, stderr = run_cli(["soak", *small, "--out", str(tmp_path / "bad"), "--seeds", "1,x"])
+    assert rc == exitcodes.USAGE and "--seeds '1,x'" in stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--candidate-python", "/nonexistent/python"], "--candidate-python /nonexistent/python: not an executable"),
+    (["--candidate-backend", "torchsharp", "--candidate-python", sys.executable], "only for the pytorch backend"),
+    (["--scenario", "param-rebind"], "--scenario needs --scenarios"),
+    (["--scenarios", "--scenario", "no-such"], "unknown scenario 'no-such'"),
+])
+def test_upgrade_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    rc, stdout, stderr = run_cli(["upgrade", "-q", "--steps", "10", "--out", str(tmp_path / "u"), *args])
+    assert rc == exitcodes.USAGE and message in stderr and "Traceback" not in stderr + stdout
+
+
+@pytest.mark.dotnet
+def test_torchsharp_sides_through_the_stand_in(tmp_path):
+    """Two TorchSharp sides (the .NET stand-in loop of tests/dotnet/TestLoop.cs, compiled with
+    mcs, on CoreCLR): the same build twice is identical, and the verdict records the backend."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dotnet"))
+    from build import BuildUnavailable, build_testloop
+
+    from optcheck.config import SoakConfig
+    from optcheck.torchsharp_bridge import runtime
+    from optcheck.upgrade import Side, render, run_upgrade
+
+    try:
+        dll = build_testloop()
+        runtime.select("coreclr")
+    except (BuildUnavailable, Exception) as e:  # no mcs / no CoreCLR here: nothing to run
+        pytest.skip(str(e))
+    cfg = SoakConfig(backend="torchsharp", steps=30, every=10, n_embd=16, n_head=2, batch_size=4, block_size=16,
+                     lr=1e-2, val_every=0, extra={"dotnet_runtime": "coreclr", "dotnet_assembly": str(dll),
+                                                 "dotnet_trainer": "OptCheckTest.LazyTrainer"})
+    sides = [Side("baseline", "torchsharp"), Side("candidate", "torchsharp")]
+    res = run_upgrade(cfg, *sides, tmp_path / "u")
+    assert res.exit_code == exitcodes.CLEAN and res.compare.verdict.kind == IDENTICAL
+    assert render(res, sides).startswith("IDENTICAL: 30 steps, bit-for-bit equal losses")
+    assert res.baseline.summary["backend"] == res.candidate.summary["backend"] == "torchsharp"
+
+
+def test_soak_python_must_be_an_interpreter(tmp_path):
+    rc, stdout, stderr = run_cli(["soak", "-q", "--steps", "5", "--python", str(tmp_path / "nope"),
+                                  "--out", str(tmp_path / "r")])
+    assert rc == exitcodes.USAGE and f"--python {tmp_path / 'nope'}: not an executable file" in stderr
+    assert not (tmp_path / "r").exists()
