@@ -82,20 +82,19 @@ def _norms(tensors: list[torch.Tensor | None]) -> list[float | None]:
     """L2 norms (16-bit tensors accumulated in float32), None where there is no tensor:
     one ``torch._foreach_norm`` per (device, dtype) over the dense ones, one read each.
     Used for the gradients (``grad_norm``) and the values (``value_norm``)."""
-    out: list = [None] * len(grads)
+    out: list = [None] * len(tensors)
     buckets: dict[tuple, list[int]] = {}
     results: dict[int, torch.Tensor] = {}
-    grads = tensors
-    for i, g in enumerate(grads):
-        if g is None:
+    for i, t in enumerate(tensors):
+        if t is None:
             continue
-        if g.layout != torch.strided:  # sparse (nn.Embedding(sparse=True))
-            results[i] = g.detach().coalesce().values().float().norm()
+        if t.layout != torch.strided:  # sparse (nn.Embedding(sparse=True))
+            results[i] = t.detach().coalesce().values().float().norm()
         else:
-            buckets.setdefault((g.device, g.dtype), []).append(i)
+            buckets.setdefault((t.device, t.dtype), []).append(i)
     for (_, dtype), idx in buckets.items():
         acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else None  # never narrower than float32
-        for i, n in zip(idx, torch._foreach_norm([grads[i].detach() for i in idx], 2, dtype=acc)):
+        for i, n in zip(idx, torch._foreach_norm([tensors[i].detach() for i in idx], 2, dtype=acc)):
             results[i] = n
     for i, v in _values({i: t.float() for i, t in results.items()}).items():
         out[i] = v
