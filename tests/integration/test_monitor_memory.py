@@ -44,8 +44,9 @@ class TinyGPT(nn.Module):
         return self.head(self.ln_f(self.block(x)))
 
 
-def train(out, steps, bug=None):
-    """A plain loop; optcheck is the three marked lines."""
+def train(out, steps, bug=None, every=10, leak_from=0):
+    """A plain loop; optcheck is the three marked lines. ``bug="loss-history"`` keeps
+    each step's loss tensor, graph and all, from step ``leak_from`` on."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     data = torch.randint(0, VOCAB, (50_000,))
@@ -54,7 +55,7 @@ def train(out, steps, bug=None):
     history = []
     with warnings.catch_warnings(record=True) as shown:
         warnings.simplefilter("always")
-        mon = optcheck.Monitor(model, opt, every=10, out=str(out))             # optcheck 1
+        mon = optcheck.Monitor(model, opt, every=every, out=str(out))          # optcheck 1
         for step in range(steps):
             ix = torch.randint(0, len(data) - CTX - 1, (16,))
             x = torch.stack([data[i:i + CTX] for i in ix])
@@ -66,7 +67,7 @@ def train(out, steps, bug=None):
             loss.backward()
             opt.step()
             mon.step(loss)                                                      # optcheck 2
-            history.append(loss if bug == "loss-history" else loss.item())
+            history.append(loss if bug == "loss-history" and step >= leak_from else loss.item())
         mon.close()                                                             # optcheck 3
     found = list(read_jsonl(out / "findings.jsonl"))
     return found, [str(w.message) for w in shown if "optcheck" in str(w.message)]
