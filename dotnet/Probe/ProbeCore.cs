@@ -38,6 +38,8 @@ namespace OptCheck.Probe
 
         public string OptimizerType;
         public long LiveTensors, PeakTensors, ManagedBytes, RssBytes;
+        /// <summary>IDisposeScopeStatistics of the target; -1 = unknown.</summary>
+        public long CreatedOutsideScope = -1, DisposedOutsideScope = -1;
         public string[] Notes;
         /// <summary>Seconds spent inside Probe() (the .NET side of a snapshot's cost).</summary>
         public double ProbeSeconds;
@@ -235,6 +237,11 @@ namespace OptCheck.Probe
                 GC.Collect(); GC.WaitForPendingFinalizers(); GC.Collect();
             }
             r.LiveTensors = target.LiveTensors; r.PeakTensors = target.PeakTensors;
+            var scopes = target as IDisposeScopeStatistics;
+            if (scopes != null) {
+                r.CreatedOutsideScope = scopes.TensorsCreatedOutsideScope;
+                r.DisposedOutsideScope = scopes.TensorsDisposedOutsideScope;
+            }
             r.ManagedBytes = GC.GetTotalMemory(false);
             r.RssBytes = RssBytes();
             r.Notes = notes.ToArray();
