@@ -233,7 +233,7 @@ namespace OptCheck.Probe
             r.OptimizerType = target.OptimizerType;
             if (CollectBeforeMemory) {
                 // Tensors dropped without a DisposeScope are freed by finalizers: count what is
-                // really alive, not what the GC has not reached yet (DESIGN.md §6).
+                // really alive, not what the GC has not reached yet (docs/memory.md).
                 GC.Collect(); GC.WaitForPendingFinalizers(); GC.Collect();
             }
             r.LiveTensors = target.LiveTensors; r.PeakTensors = target.PeakTensors;

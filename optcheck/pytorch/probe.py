@@ -3,7 +3,7 @@ groups and state, and memory — metadata only, no tensor is copied.
 
 Costs (2-layer default GPT, 1 thread): :func:`fingerprint` a few µs per step;
 :func:`snapshot_body` well under a millisecond without the tensor census.
-Facts used (DESIGN.md §5): ``optimizer.state`` is keyed by the Parameter object
+Facts used: ``optimizer.state`` is keyed by the Parameter object
 (``torch/optim/optimizer.py``), so ``ref = id(param)``; ``param_groups`` built
 from ``named_parameters()`` carry ``param_names`` (torch ≥ 2.6).
 """

@@ -39,7 +39,7 @@ class MissingDisposeScope(Rule):
     A TorchSharp tensor owns native memory that only ``Dispose()`` (or the GC's
     finalizer, much later) frees; a step run without ``torch.NewDisposeScope()``
     leaves every temporary of forward and backward to the finalizer
-    (TorchSharp issues #1278 and #252; ``docs/torchsharp-memory.md``). The
+    (TorchSharp issues #1278 and #252; ``docs/memory.md``). The
     snapshot count after the probe's ``GC.Collect()`` looks clean, so the leak
     rules see nothing; what shows is the native memory held in between.
 

@@ -71,10 +71,25 @@ def _amount(value: float, kind: str) -> str:
 class MemoryGrowth(Rule):
     """Memory keeps growing with the step count: a leak that ends the run later.
 
-    For each memory metric of the snapshots (RSS, live tensor count and bytes,
-    optimizer state bytes, .NET managed heap, device allocated / reserved bytes
-    and allocation retries; whichever the backend records), the rule fits a robust
-    trend of value against step and fires once per metric when all of these hold
+    Three shapes, checked in this order, each metric reported once:
+
+    1. **Steady rise of an exact metric** (live tensor count and bytes, malloc heap
+       in use, optimizer state bytes, device allocated bytes), at every snapshot:
+       the last three intervals between snapshots all rise, by the same amount per
+       step within ±50 %, at least the floors below, from the highest value seen so
+       far, and each rise is 3x the wobble of the earlier rises. A list that gets one
+       tensor per step does exactly that; jitter does not. Byte metrics compare
+       snapshots >= 50 steps apart that differ by >= 1 MiB (the monitor's own
+       bounded history stays below that). "live tensor count rises by 1 tensor per
+       step at every snapshot (steps 500-800: 111 -> 411 tensors); RSS +1.7 MiB per
+       step over the same steps" — found three snapshots after the leak starts.
+    2. **RSS level shift**: a jump of >= 256 MiB and >= half the level, 8x the
+       earlier snapshot-to-snapshot wobble, flat before and still there one snapshot
+       later, is reported as what it is: "RSS rose by 1.3 GiB between steps 500 and
+       600 (302.9 MiB -> 1.6 GiB) and stayed", not as a slow trend with a far
+       projection.
+    3. **Slow trend** of any metric (RSS and the .NET heap wander, so they take only
+       this path): the rule fits a robust trend of value against step and fires when all of these hold
     after the warm-up (``RuleConfig.memory_warmup_fraction`` of the steps so far,
     default the first 20 %) over at least ``memory_min_snapshots`` snapshots:
 
@@ -97,7 +112,7 @@ class MemoryGrowth(Rule):
     Typical causes: keeping tensors that hold a graph (``losses.append(loss)``
     instead of ``loss.item()``), a cache or history appended every step, hooks
     that store activations, TorchSharp tensors created outside a ``DisposeScope``
-    (the live count grows until the .NET GC runs, DESIGN.md §6), an optimizer
+    (OC402 names that case, ``docs/memory.md``), an optimizer
     whose state grows (parameters added every step).
 
     Fix: store Python numbers (``loss.item()``) or ``detach()``-ed tensors; bound
@@ -145,7 +160,7 @@ class MemoryGrowth(Rule):
             if math.isnan(vals[-1]) and not final:
                 continue
             min_slope = _min_growth_per_1k(kind, cfg) / 1000.0
-            fast = self._fast(memo, metric, min_slope) if not math.isnan(vals[-1]) else None
+            fast = self._fast(memo, metric, min_slope, cfg) if not math.isnan(vals[-1]) else None
             if fast is not None:
                 found = fast(snap, metric, label, kind)
                 # the bytes a count leak holds are named in its finding: one leak, one finding
@@ -177,7 +192,7 @@ class MemoryGrowth(Rule):
         ok = np.isfinite(y) & (x >= 1)
         return x[ok], y[ok]
 
-    def _fast(self, memo: dict, metric: str, min_slope: float):
+    def _fast(self, memo: dict, metric: str, min_slope: float, cfg: RuleConfig):
         """A finding-maker when the latest snapshots already show the leak's shape: a steady
         rise of an exact metric, or an RSS level shift that stayed; else None."""
         if metric in EXACT:
@@ -190,7 +205,8 @@ class MemoryGrowth(Rule):
                 min_rise = STEADY_MIN_RISE_BYTES
             steady = steady_growth(x, y, min_rate=min_slope, min_rise=min_rise)
             if steady is not None:
-                return lambda snap, m, label, kind: self._steady_finding(snap, memo, m, label, kind, steady)
+                return lambda snap, m, label, kind: self._steady_finding(snap, memo, m, label, kind, steady,
+                                                                         cfg.memory_budget_bytes)
         if metric == "rss_bytes":
             x, y = self._points(memo, metric)
             shift = level_shift(x, y)
@@ -211,7 +227,8 @@ class MemoryGrowth(Rule):
             return None
         return (vb - va) / (b - a)
 
-    def _steady_finding(self, snap: dict, memo: dict, metric: str, label: str, kind: str, st: Steady) -> Finding:
+    def _steady_finding(self, snap: dict, memo: dict, metric: str, label: str, kind: str, st: Steady,
+                        budget: int | None) -> Finding:
         a, b = st.steps[0], st.steps[-1]
         per_step = _amount(st.rate, kind) if kind != "bytes" else format_bytes(st.rate)
         if kind == "tensors":
@@ -231,11 +248,23 @@ class MemoryGrowth(Rule):
             bytes_per_step, bytes_metric = st.rate, metric
         nxt = ("every step keeps more alive; memory grows by the same amount each step until the process "
                "is killed (OOM) or allocation fails")
+        projected = None
+        rss_now = memo["values"]["rss_bytes"][-1]
+        if budget and bytes_per_step and not math.isnan(rss_now):
+            # the leak's bytes per step added to today's RSS: where --memory-budget is crossed
+            if rss_now >= budget:
+                projected = snap["step"]
+                msg += f"; RSS already above the {format_bytes(budget)} budget"
+            else:
+                projected = max(int(round_sig(snap["step"] + (budget - rss_now) / bytes_per_step, 3)), snap["step"] + 1)
+                msg += f"; at this rate RSS exceeds the {format_bytes(budget)} budget at step ~{format_steps(projected)}"
+            nxt = (f"RSS reaches the {format_bytes(budget)} budget around step {format_steps(projected)}; past the "
+                   "machine's memory the process is killed (OOM) or allocation fails")
         return self.finding(
             snap, msg, subjects=[metric], key=metric, next_failure=nxt, metric=metric, unit=kind, shape="steady",
             per_step=st.rate, slope_per_1k_steps=st.rate * 1000, window=[a, b], points=len(st.steps),
             values=st.values, bytes_per_step=bytes_per_step, bytes_metric=bytes_metric,
-            budget_bytes=None, projected_step=None)
+            budget_bytes=budget, projected_step=projected)
 
     def _shift_finding(self, snap: dict, metric: str, label: str, sh: Shift) -> Finding:
         msg = (f"{label} rose by {format_bytes(sh.rise)} between steps {format_steps(sh.from_step)} and "
