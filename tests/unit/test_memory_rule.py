@@ -417,3 +417,23 @@ def test_unscoped_from_the_first_step_is_found_at_the_first_snapshot():
         engine.feed(s)
     assert [(f.code, f.step) for f in engine.findings] == [("OC402", 100)]
     assert "rose from 110 to 8,693 between steps 0 and 100" in engine.findings[0].message
+
+
+# ------------------------------------------------------------------ the malloc heap reading itself
+@pytest.mark.skipif(__import__("optcheck.heap").heap.in_use_bytes() is None, reason="no glibc mallinfo2 here")
+def test_heap_in_use_counts_a_block_until_it_is_freed():
+    """A real 64 MiB malloc() shows in heap_in_use_bytes and leaves it at free()."""
+    import ctypes
+
+    from optcheck import heap
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    before = heap.in_use_bytes()
+    block = libc.malloc(64 * MiB)
+    during = heap.in_use_bytes()
+    libc.free(block)
+    after = heap.in_use_bytes()
+    assert during - before >= 64 * MiB
+    assert abs(after - before) < 4 * MiB
