@@ -437,3 +437,19 @@ def test_heap_in_use_counts_a_block_until_it_is_freed():
     after = heap.in_use_bytes()
     assert during - before >= 64 * MiB
     assert abs(after - before) < 4 * MiB
+
+
+def test_dispose_scope_tensors_kept_alive_are_not_garbage():
+    """A resume at every=1: 100 tensors made outside any scope in one step and kept as the new
+    model (the post-GC count rises by as many) — not left for the GC, so silent; the same 100
+    dropped (the live count unchanged) is the finding."""
+    from optcheck.rules.dispose_scope import MissingDisposeScope
+
+    x = np.arange(1, 11)
+    created = np.where(x >= 6, 100, 0)
+    for live, expect in ((110 + created, []), (np.full(len(x), 110), [("OC402", 6)])):
+        engine = RuleEngine(RuleConfig(), rules=[MissingDisposeScope])
+        for s in ts_stream(x, tensors_created_outside_scope=created, tensors_disposed_outside_scope=np.zeros(len(x)),
+                           live_tensors=live, peak_tensors=live + 183):
+            engine.feed(s)
+        assert [(f.code, f.step) for f in engine.findings] == expect
