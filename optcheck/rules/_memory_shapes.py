@@ -151,6 +151,8 @@ def level_shift(x, y, *, min_jump: float = SHIFT_MIN_BYTES, min_fraction: float 
     if np.ptp(pre) > flat or np.ptp(post) > flat:
         return None
     changes = np.diff(y[:j])
-    if jump < SHIFT_NOISE_FACTOR * 1.4826 * float(np.median(np.abs(changes - np.median(changes)))):
+    med = float(np.median(changes))
+    # a series already rising (a leak) moves by its median change each snapshot: no shift
+    if jump < SHIFT_NOISE_FACTOR * (abs(med) + 1.4826 * float(np.median(np.abs(changes - med)))):
         return None
     return Shift(int(x[j - 1]), int(x[j]), float(pre[-1]), float(np.median(post)), int(x[-1]), float(y[-1]))
