@@ -66,10 +66,25 @@ State (one per key of the optimizer's per-parameter state)::
     ref (int: the key), step (int | null), tensors: {key: {"shape": [...],
     "dtype": str}}
 
-Memory (every field optional; bytes are bytes, not MiB)::
+Memory (every field optional; bytes are bytes, not MiB; ``docs/memory.md`` says
+which backend records what, and how)::
 
-    rss_bytes, live_tensors, live_tensor_bytes, state_bytes, managed_bytes,
+    rss_bytes            resident set size of the worker process
+    heap_in_use_bytes    bytes malloc has handed out and not taken back (glibc
+                         mallinfo2 uordblks + hblkhd; PyTorch, every snapshot)
+    live_tensors         live tensor count (PyTorch: census of gc-tracked tensors
+                         after gc.collect(), every 10th snapshot; TorchSharp:
+                         Tensor.TotalCount after GC.Collect())
+    live_tensor_bytes    bytes of their storages, each counted once (PyTorch)
+    peak_tensors         Tensor.PeakCount, the high-water mark since the process
+                         started (TorchSharp)
+    tensors_created_outside_scope, tensors_disposed_outside_scope
+                         cumulative counts of the training thread's
+                         DisposeScopeManager.Statistics (TorchSharp)
+    state_bytes          bytes of the optimizer-state tensors
+    managed_bytes        .NET GC heap (GC.GetTotalMemory(false))
     device_allocated_bytes, device_reserved_bytes, device_alloc_retries
+                         CUDA caching allocator (torch.cuda.memory_stats)
 
 Event::
 

@@ -73,6 +73,18 @@ namespace OptCheck.Probe
         long PeakTensors { get; }
     }
 
+    /// <summary>Optional, next to IProbeTarget: the training thread's DisposeScope bookkeeping
+    /// (TorchSharp: DisposeScopeManager.Statistics, a per-thread ThreadDisposeScopeStatistics).
+    /// Cumulative counts since the thread started; -1 = unknown. Read on the thread that runs
+    /// the training step (the probe runs there). Rule OC402 uses created minus disposed.</summary>
+    public interface IDisposeScopeStatistics
+    {
+        /// <summary>Tensors created while no DisposeScope was open (CreatedOutsideScopeCount).</summary>
+        long TensorsCreatedOutsideScope { get; }
+        /// <summary>Of those, disposed by this thread (DisposedOutsideScopeCount); the rest wait for the GC.</summary>
+        long TensorsDisposedOutsideScope { get; }
+    }
+
     /// <summary>One optimizer-state entry, as IProbeTarget.DescribeState reports it.</summary>
     public sealed class StateView
     {

@@ -38,6 +38,8 @@ namespace OptCheck.Probe
 
         public string OptimizerType;
         public long LiveTensors, PeakTensors, ManagedBytes, RssBytes;
+        /// <summary>IDisposeScopeStatistics of the target; -1 = unknown.</summary>
+        public long CreatedOutsideScope = -1, DisposedOutsideScope = -1;
         public string[] Notes;
         /// <summary>Seconds spent inside Probe() (the .NET side of a snapshot's cost).</summary>
         public double ProbeSeconds;
@@ -231,10 +233,15 @@ namespace OptCheck.Probe
             r.OptimizerType = target.OptimizerType;
             if (CollectBeforeMemory) {
                 // Tensors dropped without a DisposeScope are freed by finalizers: count what is
-                // really alive, not what the GC has not reached yet (docs/torchsharp.md).
+                // really alive, not what the GC has not reached yet (docs/memory.md).
                 GC.Collect(); GC.WaitForPendingFinalizers(); GC.Collect();
             }
             r.LiveTensors = target.LiveTensors; r.PeakTensors = target.PeakTensors;
+            var scopes = target as IDisposeScopeStatistics;
+            if (scopes != null) {
+                r.CreatedOutsideScope = scopes.TensorsCreatedOutsideScope;
+                r.DisposedOutsideScope = scopes.TensorsDisposedOutsideScope;
+            }
             r.ManagedBytes = GC.GetTotalMemory(false);
             r.RssBytes = RssBytes();
             r.Notes = notes.ToArray();

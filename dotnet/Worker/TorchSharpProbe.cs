@@ -233,13 +233,53 @@ namespace OptCheck.Worker
         public object state;
     }
 
+    /// <summary>The training thread's DisposeScope bookkeeping: TorchSharp's public static
+    /// DisposeScopeManager.Statistics (a [ThreadStatic] ThreadDisposeScopeStatistics, in
+    /// src/TorchSharp/DisposeScopeManager.cs), CreatedOutsideScopeCount and DisposedOutsideScopeCount.
+    /// Bound by reflection once, so one source builds on every TorchSharp (0.107.0 has them; the
+    /// 0.99 stub declares no DisposeScopeManager); -1 where this TorchSharp has no such members.</summary>
+    public static class ScopeStatistics
+    {
+        static readonly PropertyInfo Stats = Bind("TorchSharp.DisposeScopeManager", "Statistics", true);
+        static readonly PropertyInfo Created = Member("CreatedOutsideScopeCount");
+        static readonly PropertyInfo Disposed = Member("DisposedOutsideScopeCount");
+
+        static PropertyInfo Bind(string type, string name, bool isStatic)
+        {
+            Type t = typeof(torch).Assembly.GetType(type, false);
+            if (t == null) return null;
+            return t.GetProperty(name, BindingFlags.Public | (isStatic ? BindingFlags.Static : BindingFlags.Instance));
+        }
+
+        static PropertyInfo Member(string name)
+        {
+            if (Stats == null) return null;
+            PropertyInfo p = Stats.PropertyType.GetProperty(name, BindingFlags.Public | BindingFlags.Instance);
+            return p != null && p.PropertyType == typeof(long) ? p : null;
+        }
+
+        static long Read(PropertyInfo p)
+        {
+            if (p == null) return -1;
+            try {
+                object stats = Stats.GetValue(null, null);
+                return stats == null ? -1 : (long)p.GetValue(stats, null);
+            } catch (Exception) {
+                return -1;
+            }
+        }
+
+        public static long CreatedOutsideScope { get { return Read(Created); } }
+        public static long DisposedOutsideScope { get { return Read(Disposed); } }
+    }
+
     /// <summary>IProbeTarget over any TorchSharp (Module, Optimizer) pair, read through two getters so
     /// that a trainer which rebuilds either (resume) is always read live: the model's
     /// named_parameters() walk, the optimizer's param groups (any built-in optimizer: their options by
     /// reflection, OptionReader) and its per-parameter state (OptimizerHelper._state, where all twelve
     /// built-in optimizers keep it, docs/torchsharp.md). GptTrainer and ModuleTrainer (a user's own
     /// model) both use it; PreStepGuard checks it before a step.</summary>
-    public sealed class TorchSharpTarget : IProbeTarget
+    public sealed class TorchSharpTarget : IProbeTarget, IDisposeScopeStatistics
     {
         /// <summary>OptimizerHelper._state, or null when this TorchSharp has no such field.</summary>
         public static readonly FieldInfo StateField =
@@ -352,5 +392,7 @@ namespace OptCheck.Worker
         public string OptimizerType { get { return Optimizer.GetType().Name; } }
         public long LiveTensors { get { return Tensor.TotalCount; } }
         public long PeakTensors { get { return Tensor.PeakCount; } }
+        public long TensorsCreatedOutsideScope { get { return ScopeStatistics.CreatedOutsideScope; } }
+        public long TensorsDisposedOutsideScope { get { return ScopeStatistics.DisposedOutsideScope; } }
     }
 }

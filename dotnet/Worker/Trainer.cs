@@ -28,7 +28,8 @@ namespace OptCheck.Worker
         /// <summary>The full type name the Python worker is given (SoakConfig.extra["dotnet_trainer"]).</summary>
         public const string TypeName = "OptCheck.Worker.GptTrainer";
 
-        static readonly string[] Faults = { "module-to-after-optimizer", "param-replaced", "param-registered-late", "eager-param-list" };
+        static readonly string[] Faults = { "module-to-after-optimizer", "param-replaced", "param-registered-late", "eager-param-list",
+                                            "state-leak", "no-dispose-scope" };
 
         // SoakConfig values (optcheck/config.py), set by Setup.
         long seed = 1337, steps = 20000, warmupSteps = 100;
@@ -41,6 +42,11 @@ namespace OptCheck.Worker
         int lastB, lastT;
         bool lastIsHeldOut;
         string initSource = "TorchSharp init (seeded)";
+
+        // memory faults (optcheck/scenarios.py): each step's loss kept, graph and all; the step run
+        // without its DisposeScope
+        readonly List<Tensor> keptLosses = new List<Tensor>();
+        bool keepLosses, noDisposeScope;
 
         public GPT Model { get; private set; }
         public AdamW Optimizer { get; private set; }
@@ -165,17 +171,24 @@ namespace OptCheck.Worker
             if (!lastIsHeldOut || lastX.Length == 0) Remember(inputs, targets, batch, time, false);
             double lrNow = LrAt(step);
             foreach (var g in Optimizer.ParamGroups) g.LearningRate = lrNow;
+            if (noDisposeScope) return StepBody(inputs, targets, batch, time);  // every temporary left for the GC
             using (DisposeScope scope = torch.NewDisposeScope()) {
-                Optimizer.zero_grad();
-                Device device = Model.TiedWeight().device;  // batches go where the model is (CPU or CUDA)
-                Tensor x = torch.tensor(inputs, device: device).view(batch, time);
-                Tensor y = torch.tensor(targets, device: device).view(batch, time);
-                Tensor loss = GPT.Loss(Model.call(x), y);
-                loss.backward();
-                if (gradClip > 0) torch.nn.utils.clip_grad_norm_(Model.parameters(), gradClip);
-                Optimizer.step();
-                return loss.to(ScalarType.Float64).item<double>();
+                return StepBody(inputs, targets, batch, time);
             }
+        }
+
+        double StepBody(long[] inputs, long[] targets, int batch, int time)
+        {
+            Optimizer.zero_grad();
+            Device device = Model.TiedWeight().device;  // batches go where the model is (CPU or CUDA)
+            Tensor x = torch.tensor(inputs, device: device).view(batch, time);
+            Tensor y = torch.tensor(targets, device: device).view(batch, time);
+            Tensor loss = GPT.Loss(Model.call(x), y);
+            loss.backward();
+            if (gradClip > 0) torch.nn.utils.clip_grad_norm_(Model.parameters(), gradClip);
+            Optimizer.step();
+            if (keepLosses) keptLosses.Add(loss.MoveToOuterDisposeScope());  // `losses.Add(loss)`: survives the scope
+            return loss.to(ScalarType.Float64).item<double>();
         }
 
         public double EvalLoss(long[] inputs, long[] targets, int batch, int time)
@@ -228,6 +241,12 @@ namespace OptCheck.Worker
                 }
                 Model.to(ScalarType.Float64);
                 return "optimizer groups from model.parameters().ToList(); model.to(ScalarType.Float64)";
+            case "state-leak":
+                keepLosses = true;
+                return "losses.Add(loss) every step (the loss tensor, graph and all, never disposed)";
+            case "no-dispose-scope":
+                noDisposeScope = true;
+                return "the training step run without `using (torch.NewDisposeScope())`: its temporaries wait for the GC";
             default:
                 throw new ArgumentException("scenario '" + name + "' has no TorchSharp implementation (TorchSharp has: " +
                                             string.Join(", ", Faults) + ")");

@@ -23,6 +23,8 @@ from typing import Any
 import psutil
 import torch
 
+from optcheck import heap
+
 _PROC = psutil.Process()
 
 
@@ -204,9 +206,14 @@ def tensor_census() -> tuple[int, int]:
 
 
 def memory(state_bytes: int, census: bool = True) -> dict:
-    """Memory record: RSS (bytes, psutil), optimizer-state bytes, live tensors and
-    their bytes (when ``census``), CUDA allocated/reserved/retries when a GPU is used."""
+    """Memory record: RSS (bytes, psutil), malloc heap in use (bytes, ``optcheck.heap``;
+    ~2 µs, every snapshot: it carries OC401's fast path), optimizer-state bytes, live
+    tensors and their bytes (when ``census``), CUDA allocated/reserved/retries when a
+    GPU is used."""
     mem = {"rss_bytes": _PROC.memory_info().rss, "state_bytes": state_bytes}
+    heap_bytes = heap.in_use_bytes()
+    if heap_bytes is not None:
+        mem["heap_in_use_bytes"] = heap_bytes
     if census:
         mem["live_tensors"], mem["live_tensor_bytes"] = tensor_census()
     if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -8,23 +8,17 @@ Torch-free: it sees numbers only.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
 
 from optcheck.findings import Finding
+from optcheck.rules._memory_shapes import (STEADY_MIN_INTERVAL_STEPS, STEADY_MIN_RISE_BYTES, Shift, Steady,
+                                           level_shift, steady_growth, thin)
+from optcheck.rules._memory_trend import RETEST_FRACTION, Trend, _stats, find_trend, window_trend  # noqa: F401
 from optcheck.rules.base import Rule, RuleConfig, RuleContext, register
 from optcheck.snapshot import to_float
 from optcheck.units import format_bytes, format_steps, round_sig
-
-def _stats():
-    """``scipy.stats``, imported on first use: it costs ~1 s, and every worker and
-    ``optcheck check`` imports this module whether or not a trend is ever tested."""
-    from scipy import stats
-
-    return stats
-
 
 #: metric -> (label in messages, unit kind). Byte metrics use
 #: ``RuleConfig.memory_min_growth_bytes_per_1k_steps``; the others their own floor.
@@ -37,178 +31,18 @@ METRICS: dict[str, tuple[str, str]] = {
     "device_reserved_bytes": ("device reserved memory", "bytes"),
     "live_tensors": ("live tensor count", "tensors"),
     "device_alloc_retries": ("device allocation retry count", "retries"),
+    "heap_in_use_bytes": ("malloc heap in use", "bytes"),
 }
+
+#: Exact metrics (a count, or bytes an allocator hands out): a leak raises them by the
+#: same amount between snapshots, so :func:`steady_growth` finds it in a few snapshots.
+#: RSS, the .NET heap and device *reserved* bytes wander; they keep the slow trend test.
+EXACT = ("live_tensors", "heap_in_use_bytes", "live_tensor_bytes", "state_bytes", "device_allocated_bytes")
 
 #: Default floors for the count metrics, per 1,000 steps (override with
 #: ``RuleConfig.extra["memory_min_growth_tensors_per_1k_steps"]`` / ``..._retries_...``).
 MIN_GROWTH_TENSORS_PER_1K_STEPS = 100.0
 MIN_GROWTH_RETRIES_PER_1K_STEPS = 10.0
-
-MAX_POINTS = 400        # a window is subsampled evenly to at most this many snapshots
-RETEST_FRACTION = 1 / 25  # re-test a metric after the series grew by this fraction
-HALF_ALPHA = 0.05       # each half of a window must rise at this level
-DECELERATION = 1 / 3    # a second half rising < 1/3 as fast as the first is levelling off
-MIN_RISE_STEPS = 1000   # the fitted rise must be >= what 1,000 steps at the minimum slope add
-CI_FRACTION = 0.5       # the slope's 95 % lower bound must be >= this fraction of it
-SNR = 3.0               # rise over the window >= SNR x robust scale of the residuals
-CLEAR_SNR = 20.0        # above this the autocorrelation correction is not needed
-
-
-@dataclass
-class Trend:
-    """A significant, sustained upward trend of one metric.
-
-    Attributes:
-        slope: Theil–Sen slope, metric units (bytes, tensors) per step.
-        intercept: value of the fitted line at step 0.
-        tau, p_value: Kendall's tau of value against step, and its two-sided p-value.
-        start_step, end_step: the window tested (steps).
-        points: snapshots in the window (after subsampling).
-        half_slopes: Theil–Sen slopes of the window's two halves (units per step).
-        slope_ci: 95 % confidence interval of ``slope`` (Sen's, assumes independent
-            noise). At the first snapshot that shows a leak the estimate tends to be
-            high (the test fires when the noise happens to help); it is reported once.
-    """
-
-    slope: float
-    intercept: float
-    tau: float
-    p_value: float
-    start_step: int
-    end_step: int
-    points: int
-    half_slopes: tuple[float, ...]
-    slope_ci: tuple[float, float] = (math.nan, math.nan)
-
-    def at(self, step: float) -> float:
-        """The fitted value at ``step``."""
-        return self.intercept + self.slope * step
-
-
-def _subsample(x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
-    if len(x) <= limit:
-        return x, y
-    idx = np.unique(np.linspace(0, len(x) - 1, limit).round().astype(int))
-    return x[idx], y[idx]
-
-
-def _rising(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[float, float] | None:
-    """(tau, p) when Kendall's tau of ``y`` against ``x`` is positive with p < alpha."""
-    if np.ptp(y) == 0:
-        return None
-    tau, p = _stats().kendalltau(x, y)
-    if not (math.isfinite(tau) and math.isfinite(p)) or tau <= 0 or p >= alpha:
-        return None
-    return float(tau), float(p)
-
-
-def _lag1(r: np.ndarray) -> float:
-    """Lag-1 autocorrelation of ``r``, clipped to [0, 0.95] (0 for a constant)."""
-    r = r - r.mean()
-    den = float(np.dot(r, r))
-    if den == 0:
-        return 0.0
-    return min(max(float(np.dot(r[:-1], r[1:])) / den, 0.0), 0.95)
-
-
-def window_trend(x: np.ndarray, y: np.ndarray, *, min_slope: float, alpha: float, min_points: int) -> Trend | None:
-    """Test one window of (step, value) points for sustained growth.
-
-    All of these must hold:
-
-    1. at least ``min_points`` points (and 8);
-    2. Kendall's tau > 0 with p < ``alpha``, where the p-value is corrected for
-       autocorrelated noise (RSS wanders rather than jitters): the z-score is divided
-       by sqrt((1 + r1) / (1 - r1)), r1 the lag-1 autocorrelation of the residuals
-       of the fit (an AR(1) variance-inflation correction in the spirit of Hamed &
-       Rao, 1998). The correction is skipped when the rise across the window is over
-       ``CLEAR_SNR`` times the noise scale: such growth is plain whatever the noise;
-    3. the Theil–Sen slope is >= ``min_slope`` (units per step), and the lower
-       end of its 95 % confidence interval is >= ``CI_FRACTION`` (1/2) of it, so
-       the rate (and the budget projection) reported is good to about a factor 2;
-    4. the rise of the fitted line across the window is >= ``SNR`` times the
-       robust scale (1.4826 x MAD) of the residuals, and at least what
-       ``MIN_RISE_STEPS`` (1,000) steps at ``min_slope`` add (8 MiB with the
-       defaults): a few MiB of wander over a short window is not a leak;
-    5. the growth is spread over the window and not levelling off: each half of
-       the window rises on its own (Kendall tau > 0 with p < ``HALF_ALPHA``,
-       Theil–Sen slope >= max(min_slope / 2, slope / 4)), and the second half
-       rises at least ``DECELERATION`` (1/3) as fast as the first. A one-off step
-       up (the first validation pass, an allocator taking a new arena) leaves one
-       half flat; an allocator warming up to a plateau decelerates: both stay
-       silent.
-
-    Cost: O(n log n) for the tau test and, only when that passed, O(n^2) for
-    Theil–Sen, on at most ``MAX_POINTS`` points.
-    """
-    x, y = _subsample(np.asarray(x, float), np.asarray(y, float))
-    n = len(x)
-    if n < max(min_points, 8):
-        return None
-    sig = _rising(x, y, alpha)
-    if sig is None:
-        return None
-    slope, intercept, low, high = (float(v) for v in _stats().theilslopes(y, x, alpha=0.95))
-    if not slope >= min_slope or slope <= 0 or low < slope * CI_FRACTION:
-        return None
-    resid = y - (intercept + slope * x)
-    scale = 1.4826 * float(np.median(np.abs(resid - np.median(resid))))
-    rise = slope * (x[-1] - x[0])
-    if rise < SNR * scale or rise < min_slope * MIN_RISE_STEPS:
-        return None
-    tau, p = sig
-    if rise < CLEAR_SNR * scale:
-        r1 = _lag1(resid)
-        z = _stats().norm.isf(p / 2) / math.sqrt((1 + r1) / (1 - r1))
-        p = float(2 * _stats().norm.sf(z))
-        if p >= alpha:
-            return None
-    floor = max(min_slope / 2, slope / 4)
-    half_slopes = []
-    h = n // 2
-    for xs, ys in ((x[:h], y[:h]), (x[h:], y[h:])):
-        if _rising(xs, ys, HALF_ALPHA) is None:
-            return None
-        half_slopes.append(float(_stats().theilslopes(ys, xs)[0]))
-        if half_slopes[-1] < floor:
-            return None
-    if half_slopes[1] < half_slopes[0] * DECELERATION:
-        return None
-    return Trend(slope, intercept, tau, p, int(x[0]), int(x[-1]), n, tuple(half_slopes), (low, high))
-
-
-def find_trend(steps: Iterable[float], values: Iterable[float], *, min_slope: float, alpha: float,
-               min_points: int, warmup_fraction: float) -> Trend | None:
-    """Sustained growth in a metric's series, or None.
-
-    Args:
-        steps, values: the series in step order (non-finite values are dropped).
-        min_slope: smallest growth that matters, units per step.
-        alpha: significance level of the whole-window Kendall test.
-        min_points: snapshots needed after the warm-up.
-        warmup_fraction: points before ``warmup_fraction x last step`` are ignored.
-
-    Two windows are tested (:func:`window_trend`): everything after the warm-up,
-    and the last half of it, so a leak that starts late in a long run is found
-    once it covers most of that last half (a leak starting at step S is found by
-    about step 1.6 S) instead of waiting for it to dominate the whole run.
-    """
-    x = np.asarray(list(steps), float)
-    y = np.asarray(list(values), float)
-    ok = np.isfinite(x) & np.isfinite(y)
-    x, y = x[ok], y[ok]
-    if len(x) == 0:
-        return None
-    keep = (x >= warmup_fraction * x[-1]) & (x >= 1)
-    x, y = x[keep], y[keep]
-    windows = [(x, y)]
-    if len(x) >= 2 * min_points:
-        windows.append((x[len(x) // 2:], y[len(x) // 2:]))
-    for xs, ys in windows:
-        trend = window_trend(xs, ys, min_slope=min_slope, alpha=alpha, min_points=min_points)
-        if trend is not None:
-            return trend
-    return None
 
 
 def _min_growth_per_1k(kind: str, config: RuleConfig) -> float:
@@ -237,10 +71,25 @@ def _amount(value: float, kind: str) -> str:
 class MemoryGrowth(Rule):
     """Memory keeps growing with the step count: a leak that ends the run later.
 
-    For each memory metric of the snapshots (RSS, live tensor count and bytes,
-    optimizer state bytes, .NET managed heap, device allocated / reserved bytes
-    and allocation retries; whichever the backend records), the rule fits a robust
-    trend of value against step and fires once per metric when all of these hold
+    Three shapes, checked in this order, each metric reported once:
+
+    1. **Steady rise of an exact metric** (live tensor count and bytes, malloc heap
+       in use, optimizer state bytes, device allocated bytes), at every snapshot:
+       the last three intervals between snapshots all rise, by the same amount per
+       step within ±50 %, at least the floors below, from the highest value seen so
+       far, and each rise is 3x the wobble of the earlier rises. A list that gets one
+       tensor per step does exactly that; jitter does not. Byte metrics compare
+       snapshots >= 50 steps apart that differ by >= 1 MiB (the monitor's own
+       bounded history stays below that). "live tensor count rises by 1 tensor per
+       step at every snapshot (steps 500-800: 111 -> 411 tensors); RSS +1.7 MiB per
+       step over the same steps" — found three snapshots after the leak starts.
+    2. **RSS level shift**: a jump of >= 256 MiB and >= half the level, 8x the
+       earlier snapshot-to-snapshot wobble, flat before and still there one snapshot
+       later, is reported as what it is: "RSS rose by 1.3 GiB between steps 500 and
+       600 (302.9 MiB -> 1.6 GiB) and stayed", not as a slow trend with a far
+       projection.
+    3. **Slow trend** of any metric (RSS and the .NET heap wander, so they take only
+       this path): the rule fits a robust trend of value against step and fires when all of these hold
     after the warm-up (``RuleConfig.memory_warmup_fraction`` of the steps so far,
     default the first 20 %) over at least ``memory_min_snapshots`` snapshots:
 
@@ -263,7 +112,7 @@ class MemoryGrowth(Rule):
     Typical causes: keeping tensors that hold a graph (``losses.append(loss)``
     instead of ``loss.item()``), a cache or history appended every step, hooks
     that store activations, TorchSharp tensors created outside a ``DisposeScope``
-    (the live count grows until the .NET GC runs, docs/torchsharp.md), an optimizer
+    (OC402 names that case, ``docs/memory.md``), an optimizer
     whose state grows (parameters added every step).
 
     Fix: store Python numbers (``loss.item()``) or ``detach()``-ed tensors; bound
@@ -284,6 +133,7 @@ class MemoryGrowth(Rule):
         if "steps" not in memo or (memo["steps"] and snap["step"] < memo["steps"][-1]):
             # first call (or a new run in the same engine): start from the history
             memo.update(steps=[], values={m: [] for m in METRICS}, tested={}, fired=set())
+            _stats()  # scipy's import adds ~20 MiB to the malloc heap: now, not mid-run as a one-off step
             feed = ctx.history if ctx.history and ctx.history[-1] is snap else [*ctx.history, snap]
         else:
             feed = [snap]
@@ -309,12 +159,19 @@ class MemoryGrowth(Rule):
             vals = memo["values"][metric]
             if math.isnan(vals[-1]) and not final:
                 continue
+            min_slope = _min_growth_per_1k(kind, cfg) / 1000.0
+            fast = self._fast(memo, metric, min_slope, cfg) if not math.isnan(vals[-1]) else None
+            if fast is not None:
+                found = fast(snap, metric, label, kind)
+                # the bytes a count leak holds are named in its finding: one leak, one finding
+                memo["fired"].update(filter(None, (metric, found.detail.get("bytes_metric"))))
+                out.append(found)
+                continue
             n = len(vals)
             last = memo["tested"].get(metric, 0)
             if not final and n - last < max(1, int(n * RETEST_FRACTION)):
                 continue
             memo["tested"][metric] = n
-            min_slope = _min_growth_per_1k(kind, cfg) / 1000.0
             trend = find_trend(memo["steps"], vals, min_slope=min_slope, alpha=cfg.memory_alpha,
                                min_points=cfg.memory_min_snapshots, warmup_fraction=cfg.memory_warmup_fraction)
             if trend is None:
@@ -326,6 +183,99 @@ class MemoryGrowth(Rule):
             memo["fired"].add(metric)
             out.append(self._finding(snap, metric, label, kind, trend, _budget(metric, cfg)))
         return out
+
+    @staticmethod
+    def _points(memo: dict, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        """The metric's finite points after step 0 (the start snapshot precedes any step)."""
+        x = np.asarray(memo["steps"], float)
+        y = np.asarray(memo["values"][metric], float)
+        ok = np.isfinite(y) & (x >= 1)
+        return x[ok], y[ok]
+
+    def _fast(self, memo: dict, metric: str, min_slope: float, cfg: RuleConfig):
+        """A finding-maker when the latest snapshots already show the leak's shape: a steady
+        rise of an exact metric, or an RSS level shift that stayed; else None."""
+        if metric in EXACT:
+            x, y = self._points(memo, metric)
+            min_rise = 0.0
+            if METRICS[metric][1] == "bytes":
+                # compare snapshots >= 50 steps apart by >= 1 MiB: a loop's own small, bounded
+                # retention (the monitor's last 64 snapshots) cannot rise three times in a row
+                x, y = thin(x, y, STEADY_MIN_INTERVAL_STEPS)
+                min_rise = STEADY_MIN_RISE_BYTES
+            steady = steady_growth(x, y, min_rate=min_slope, min_rise=min_rise)
+            if steady is not None:
+                return lambda snap, m, label, kind: self._steady_finding(snap, memo, m, label, kind, steady,
+                                                                         cfg.memory_budget_bytes)
+        if metric == "rss_bytes":
+            x, y = self._points(memo, metric)
+            shift = level_shift(x, y)
+            if shift is not None:
+                return lambda snap, m, label, kind: self._shift_finding(snap, m, label, shift)
+        return None
+
+    @staticmethod
+    def _rate(memo: dict, metric: str, a: int, b: int) -> float | None:
+        """Per-step change of ``metric`` between the snapshots at steps ``a`` and ``b``."""
+        steps, vals = memo["steps"], memo["values"][metric]
+        try:
+            ia, ib = steps.index(float(a)), len(steps) - 1 - steps[::-1].index(float(b))
+        except ValueError:
+            return None
+        va, vb = vals[ia], vals[ib]
+        if math.isnan(va) or math.isnan(vb) or b <= a:
+            return None
+        return (vb - va) / (b - a)
+
+    def _steady_finding(self, snap: dict, memo: dict, metric: str, label: str, kind: str, st: Steady,
+                        budget: int | None) -> Finding:
+        a, b = st.steps[0], st.steps[-1]
+        per_step = _amount(st.rate, kind) if kind != "bytes" else format_bytes(st.rate)
+        if kind == "tensors":
+            per_step = f"{st.rate:,.3g} tensor{'s' if round(st.rate, 3) != 1 else ''}"
+        msg = (f"{label} rises by {per_step} per step at every snapshot "
+               f"(steps {format_steps(a)}-{format_steps(b)}: {_amount(st.values[0], kind)} -> "
+               f"{_amount(st.values[-1], kind)})")
+        bytes_per_step, bytes_metric = None, None
+        if kind != "bytes":
+            for other in ("heap_in_use_bytes", "live_tensor_bytes", "rss_bytes"):
+                r = self._rate(memo, other, a, b)
+                if r is not None and r * (b - a) >= STEADY_MIN_RISE_BYTES:
+                    bytes_per_step, bytes_metric = r, other
+                    msg += f"; {METRICS[other][0]} +{format_bytes(r)} per step over the same steps"
+                    break
+        else:
+            bytes_per_step, bytes_metric = st.rate, metric
+        nxt = ("every step keeps more alive; memory grows by the same amount each step until the process "
+               "is killed (OOM) or allocation fails")
+        projected = None
+        rss_now = memo["values"]["rss_bytes"][-1]
+        if budget and bytes_per_step and not math.isnan(rss_now):
+            # the leak's bytes per step added to today's RSS: where --memory-budget is crossed
+            if rss_now >= budget:
+                projected = snap["step"]
+                msg += f"; RSS already above the {format_bytes(budget)} budget"
+            else:
+                projected = max(int(round_sig(snap["step"] + (budget - rss_now) / bytes_per_step, 3)), snap["step"] + 1)
+                msg += f"; at this rate RSS exceeds the {format_bytes(budget)} budget at step ~{format_steps(projected)}"
+            nxt = (f"RSS reaches the {format_bytes(budget)} budget around step {format_steps(projected)}; past the "
+                   "machine's memory the process is killed (OOM) or allocation fails")
+        return self.finding(
+            snap, msg, subjects=[metric], key=metric, next_failure=nxt, metric=metric, unit=kind, shape="steady",
+            per_step=st.rate, slope_per_1k_steps=st.rate * 1000, window=[a, b], points=len(st.steps),
+            values=st.values, bytes_per_step=bytes_per_step, bytes_metric=bytes_metric,
+            budget_bytes=budget, projected_step=projected)
+
+    def _shift_finding(self, snap: dict, metric: str, label: str, sh: Shift) -> Finding:
+        msg = (f"{label} rose by {format_bytes(sh.rise)} between steps {format_steps(sh.from_step)} and "
+               f"{format_steps(sh.to_step)} ({format_bytes(sh.before)} -> {format_bytes(sh.after)}) and stayed "
+               f"({format_bytes(sh.now)} at step {format_steps(sh.now_step)}): a one-off level shift, not a trend")
+        nxt = ("the process keeps the larger footprint for the rest of the run; another shift of this size "
+               "may exceed the machine's memory")
+        return self.finding(
+            snap, msg, subjects=[metric], key=metric, next_failure=nxt, metric=metric, unit="bytes", shape="shift",
+            rise_bytes=sh.rise, window=[sh.from_step, sh.to_step], before=sh.before, after=sh.after,
+            budget_bytes=None, projected_step=None)
 
     def _finding(self, snap: dict, metric: str, label: str, kind: str, trend: Trend, budget: int | None) -> Finding:
         rate = _amount(trend.slope * 1000, kind)

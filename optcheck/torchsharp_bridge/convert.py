@@ -17,7 +17,8 @@ state entries)::
     MemberShapes[..] MemberDTypes[m]
     StateReadable StateKeys[k] StateSteps[k] StateTensorCounts[k] StateTensorNames[..]
     StateTensorRanks[..] StateTensorShapes[..] StateTensorDTypes[..]
-    OptimizerType LiveTensors PeakTensors ManagedBytes RssBytes Notes[..] ProbeSeconds
+    OptimizerType LiveTensors PeakTensors ManagedBytes RssBytes CreatedOutsideScope
+    DisposedOutsideScope Notes[..] ProbeSeconds
 
 Flags: bit 0 is_leaf, bit 1 requires_grad, bit 2 grad set. Handles, data
 pointers and byte counts are integers; a missing value is -1 (memory) or NaN
@@ -41,7 +42,9 @@ NUMERIC = {
 }
 STRINGS = ("ParamNames", "ParamDTypes", "ParamDevices", "GroupOptionNames", "MemberNames", "MemberDTypes",
            "StateTensorNames", "StateTensorDTypes", "Notes")
-SCALARS = ("StateReadable", "OptimizerType", "LiveTensors", "PeakTensors", "ManagedBytes", "RssBytes", "ProbeSeconds")
+SCALARS = ("StateReadable", "OptimizerType", "LiveTensors", "PeakTensors", "ManagedBytes", "RssBytes", "ProbeSeconds",
+           "CreatedOutsideScope", "DisposedOutsideScope")
+OPTIONAL_SCALARS = ("CreatedOutsideScope", "DisposedOutsideScope")
 
 
 def _numbers(arr: Any, code: str) -> list:
@@ -66,7 +69,8 @@ def read_probe(pa: Any) -> dict:
         arr = getattr(pa, name)
         out[name] = [] if arr is None else [None if s is None else str(s) for s in arr]
     for name in SCALARS:
-        v = getattr(pa, name)
+        # the DisposeScope counts are newer than some built workers: absent reads as unknown
+        v = getattr(pa, name) if name not in OPTIONAL_SCALARS else getattr(pa, name, -1)
         out[name] = v if isinstance(v, (bool, int, float)) or v is None else str(v)
     out["StateReadable"] = bool(out["StateReadable"])
     return out
@@ -165,7 +169,8 @@ def body_from_arrays(a: dict, device_default: str = "cpu") -> dict:
 
     memory = {}
     for field, key in (("rss_bytes", "RssBytes"), ("live_tensors", "LiveTensors"), ("peak_tensors", "PeakTensors"),
-                       ("managed_bytes", "ManagedBytes")):
+                       ("managed_bytes", "ManagedBytes"), ("tensors_created_outside_scope", "CreatedOutsideScope"),
+                       ("tensors_disposed_outside_scope", "DisposedOutsideScope")):
         v = a.get(key)
         if v is not None and int(v) >= 0:
             memory[field] = int(v)

@@ -26,7 +26,8 @@
 // pattern), OptCheckTest.EagerTrainer (groups from ToList()), OptCheckTest.TiedTrainer
 // (`lm_head.weight = wte.weight` done the obvious way: two wrappers, one Storage).
 // Faults (Inject): param-replaced, module-to-after-optimizer, param-registered-late,
-// eager-param-list, failfast (Environment.FailFast: SIGABRT, exit 134). Setup option
+// eager-param-list, state-leak (a Storage kept per step), no-dispose-scope (the step's 24 native
+// temporaries left to the finalizer instead of disposed), failfast (Environment.FailFast: SIGABRT, exit 134). Setup option
 // "extra.failfast_at" = N calls FailFast at the start of step N. NativeTrainer P/Invokes a
 // native library that does not exist (DllNotFoundException in Setup).
 using System;
@@ -41,7 +42,15 @@ namespace OptCheckTest
     /// <summary>Tensor data: a pinned double[] (its address is the data pointer) and its gradient.</summary>
     public sealed class Storage
     {
-        public static long Live;
+        public static long Live, Peak;
+
+        /// <summary>One more live tensor (TorchSharp: Tensor.TotalCount++, PeakCount kept as the high-water mark).</summary>
+        public static void Born()
+        {
+            long now = System.Threading.Interlocked.Increment(ref Live), peak;
+            while (now > (peak = System.Threading.Interlocked.Read(ref Peak)) &&
+                   System.Threading.Interlocked.CompareExchange(ref Peak, now, peak) != peak) { }
+        }
         public readonly double[] Data;
         public double[] Grad;
         public string DType = "float32";
@@ -51,7 +60,7 @@ namespace OptCheckTest
         {
             Data = new double[n];
             pin = GCHandle.Alloc(Data, GCHandleType.Pinned);
-            System.Threading.Interlocked.Increment(ref Live);
+            Born();
         }
 
         public long DataPtr { get { return pin.AddrOfPinnedObject().ToInt64(); } }
@@ -61,6 +70,43 @@ namespace OptCheckTest
             if (pin.IsAllocated) pin.Free();
             System.Threading.Interlocked.Decrement(ref Live);
         }
+    }
+
+    /// <summary>A step's temporary (an activation): native memory the GC does not see, freed by
+    /// Dispose (a DisposeScope) or, when nobody disposes it, by the finalizer whenever the GC runs,
+    /// as a TorchSharp tensor is. Counts in Storage.Live / Peak and in the DisposeScope statistics.</summary>
+    public sealed class Temp : IDisposable
+    {
+        public const int Bytes = 16 * 1024;
+        /// <summary>The thread's DisposeScope bookkeeping (TorchSharp: DisposeScopeManager.Statistics).</summary>
+        public static long CreatedOutsideScope, DisposedOutsideScope;
+        IntPtr mem;
+        readonly bool outside;
+
+        public Temp(bool inScope)
+        {
+            mem = Marshal.AllocHGlobal(Bytes);
+            outside = !inScope;
+            if (outside) CreatedOutsideScope++;
+            Storage.Born();
+        }
+
+        void Free()
+        {
+            IntPtr m = System.Threading.Interlocked.Exchange(ref mem, IntPtr.Zero);
+            if (m == IntPtr.Zero) return;
+            Marshal.FreeHGlobal(m);
+            System.Threading.Interlocked.Decrement(ref Storage.Live);
+        }
+
+        public void Dispose()
+        {
+            if (outside && mem != IntPtr.Zero) DisposedOutsideScope++;
+            Free();
+            GC.SuppressFinalize(this);
+        }
+
+        ~Temp() { Free(); }  // on the finalizer thread: not this thread's DisposedOutsideScope
     }
 
     /// <summary>A parameter wrapper with its own handle (TorchSharp: Parameter / Tensor.Handle).</summary>
@@ -283,7 +329,7 @@ namespace OptCheckTest
         }
     }
 
-    sealed class Target : IProbeTarget
+    sealed class Target : IProbeTarget, IDisposeScopeStatistics
     {
         readonly TestTrainer t;
         public Target(TestTrainer t) { this.t = t; }
@@ -311,7 +357,9 @@ namespace OptCheckTest
         }
         public string OptimizerType { get { return "AdamW"; } }
         public long LiveTensors { get { return System.Threading.Interlocked.Read(ref Storage.Live); } }
-        public long PeakTensors { get { return -1; } }
+        public long PeakTensors { get { return System.Threading.Interlocked.Read(ref Storage.Peak); } }
+        public long TensorsCreatedOutsideScope { get { return Temp.CreatedOutsideScope; } }
+        public long TensorsDisposedOutsideScope { get { return Temp.DisposedOutsideScope; } }
     }
 
     // -- the trainers ----------------------------------------------------------------------------
@@ -374,12 +422,27 @@ namespace OptCheckTest
             }
             Optimizer.ZeroGrad();
             foreach (var p in Model.Parameters()) Array.Clear(p.Storage.Grad, 0, p.Storage.Grad.Length);
+            // the step's temporaries (TorchSharp: forward and backward intermediates), disposed at the end
+            // of the step by its DisposeScope unless the no-dispose-scope fault removed it
+            var temps = new List<Temp>(TempsPerStep);
+            for (int i = 0; i < TempsPerStep; i++) temps.Add(new Temp(!noDisposeScope));
             double loss = Model.Loss(inputs, targets, batch * time, true);
             double clip = D("grad_clip", 1.0);
             if (clip > 0) Clip(clip);
             Optimizer.Step();
+            if (keepLosses) {  // `losses.Add(loss)`: the loss and the activation it holds, never released
+                var kept = new Storage(batch * time * Model.D);
+                kept.Data[0] = loss;
+                keptLosses.Add(kept);
+            }
+            if (!noDisposeScope) foreach (Temp t in temps) t.Dispose();
             return loss;
         }
+
+        /// <summary>Temporaries a step makes (a TorchSharp GPT step makes ~180; fewer keep the test fast).</summary>
+        public const int TempsPerStep = 24;
+        bool noDisposeScope, keepLosses;
+        readonly List<Storage> keptLosses = new List<Storage>();
 
         void Clip(double max)
         {
@@ -401,7 +464,8 @@ namespace OptCheckTest
 
         public string[] Scenarios
         {
-            get { return new[] { "param-replaced", "module-to-after-optimizer", "param-registered-late", "eager-param-list", "failfast" }; }
+            get { return new[] { "param-replaced", "module-to-after-optimizer", "param-registered-late", "eager-param-list",
+                                 "state-leak", "no-dispose-scope", "failfast" }; }
         }
 
         public string Inject(string name)
@@ -436,6 +500,12 @@ namespace OptCheckTest
                     Inject("module-to-after-optimizer");
                     return "optimizer = AdamW(model.parameters().ToList()); model.to(ScalarType.Float64)";
                 }
+                case "state-leak":
+                    keepLosses = true;
+                    return "losses.Add(loss) every step (the loss and its activation, never disposed)";
+                case "no-dispose-scope":
+                    noDisposeScope = true;
+                    return "the training step run without its DisposeScope: its temporaries wait for the GC";
                 case "failfast":
                     Environment.FailFast("optcheck test loop: FailFast injected");
                     return "Environment.FailFast";

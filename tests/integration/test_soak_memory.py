@@ -37,3 +37,60 @@ def test_default_20k_soak_is_clean(tmp_path):
     assert rc == exitcodes.CLEAN, stdout
     snaps = list(read_jsonl(out / "snapshots.jsonl"))
     assert len(snaps) == 201 and snaps[-1]["step"] == 20000
+
+
+# ---------------------------------------------------------------- TorchSharp: the .NET stand-in through pythonnet
+def standin_soak(tmp_path, inject: list[str], kind: str = "coreclr", steps: int = 300):
+    """The stand-in training loop (tests/dotnet/TestLoop.cs) soaked through the real worker on
+    a real .NET runtime, a snapshot every 20 steps."""
+    import sys
+    from pathlib import Path
+
+    from optcheck.config import Injection, SoakConfig
+    from optcheck.errors import InputError
+    from optcheck.soak import run_soak
+    from optcheck.torchsharp_bridge import runtime
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dotnet"))
+    from build import BuildUnavailable, build_testloop
+
+    try:
+        dll = build_testloop()
+        runtime.select(kind)
+    except (BuildUnavailable, InputError) as e:
+        pytest.skip(str(e))
+    cfg = SoakConfig(backend="torchsharp", steps=steps, every=20, n_embd=16, n_head=2, batch_size=4, block_size=16,
+                     lr=1e-2, val_every=100, inject=[Injection.parse(i) for i in inject],
+                     extra={"dotnet_runtime": kind, "dotnet_assembly": str(dll),
+                            "dotnet_trainer": "OptCheckTest.LazyTrainer"})
+    out = tmp_path / "run"
+    run_soak(cfg, out, progress=False)
+    return list(read_jsonl(out / "findings.jsonl")), list(read_jsonl(out / "snapshots.jsonl"))
+
+
+@pytest.mark.dotnet
+@pytest.mark.parametrize("kind", ["coreclr", "mono"])
+def test_standin_without_dispose_scope_is_named_at_the_next_snapshot(tmp_path, kind):
+    found, snaps = standin_soak(tmp_path, ["no-dispose-scope@100"], kind)
+    scope = [f for f in found if f["code"] == "OC402"]
+    assert scope and scope[0]["step"] == 120, found
+    assert scope[0]["detail"]["source"] == "statistics" and scope[0]["detail"]["tensors_per_step"] == 24
+    assert "24 tensors per step created outside any scope and never disposed" in scope[0]["message"]
+    mem = snaps[-1]["memory"]
+    assert mem["tensors_created_outside_scope"] > mem["tensors_disposed_outside_scope"] >= 0
+
+
+@pytest.mark.dotnet
+def test_standin_state_leak_is_a_steady_rise_of_live_tensors(tmp_path):
+    found, _ = standin_soak(tmp_path, ["state-leak@100"])
+    assert [(f["code"], f["step"], f["subjects"]) for f in found] == [("OC401", 160, ["live_tensors"])], found
+    assert found[0]["message"].startswith("live tensor count rises by 1 tensor per step at every snapshot")
+
+
+@pytest.mark.dotnet
+def test_standin_clean_soak_has_no_memory_finding(tmp_path):
+    found, snaps = standin_soak(tmp_path, [])
+    assert found == []
+    mem = snaps[-1]["memory"]
+    assert mem["tensors_created_outside_scope"] == mem["tensors_disposed_outside_scope"] == 0
+    assert mem["peak_tensors"] > mem["live_tensors"] > 0

@@ -70,6 +70,7 @@ namespace TorchSharp
             public IntPtr Handle { get { throw null; } }
             public static long TotalCount { get { throw null; } }
             public static long PeakCount { get { throw null; } }
+            public Tensor MoveToOuterDisposeScope() { throw null; }                 // Tensor.cs (DisposeScope, 0.97+)
             public bool is_leaf { get { throw null; } }
             public bool requires_grad { get { throw null; } set { } }
             public long[] shape { get { throw null; } }
