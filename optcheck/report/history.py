@@ -113,7 +113,8 @@ def render_history(nights: list[Night]) -> str:
     lines = [head]
     for n in nights:
         ver = ", ".join(f"{k} {v}" for k, v in n.versions.items() if k != "numpy")
-        rss = format_bytes(n.peak_rss_bytes) if isinstance(n.peak_rss_bytes, (int, float)) else "-"
+        rss = format_bytes(n.peak_rss_bytes) if isinstance(n.peak_rss_bytes, (int, float)) \
+            and np.isfinite(n.peak_rss_bytes) else "-"
         line = (f"{n.run[:20]:<20} {n.status:<9} {num_text(n.loss_last):>8} {num_text(n.val_loss_last):>8} "
                 f"{num_text(n.steps_per_s, '{:.2f}'):>8} {rss:>10} {n.findings:>8}  {ver}")
         if n.marks:

@@ -12,6 +12,7 @@ the plot when one was written. Numbers and versions are formatted by
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -77,7 +78,7 @@ def render_markdown(summary: dict, findings: list[dict] | None = None, plot: str
         rows.append(("loss", f"{num_text(s.get('loss_first'))} → {num_text(s.get('loss_last'))}"))
     rows.append(("held-out loss", _held_out(s)))
     rows.append(("steps/s", num_text(s.get("steps_per_s"), "{:.2f}")))
-    if isinstance(s.get("peak_rss_bytes"), (int, float)):
+    if isinstance(s.get("peak_rss_bytes"), (int, float)) and math.isfinite(s["peak_rss_bytes"]):
         rows.append(("peak RSS", format_bytes(s["peak_rss_bytes"])))
     rows.append(("versions", versions_text(s.get("versions")) or "-"))
     if s.get("inject"):
