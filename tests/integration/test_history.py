@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -84,3 +86,13 @@ def test_history_bad_input_is_one_line_exit_2(args, needle, tmp_path, monkeypatc
 def test_folder_without_runs_is_refused(tmp_path):
     rc, stdout, stderr = run_cli(["history", str(tmp_path)])
     assert rc == exitcodes.USAGE and "no run directory in it" in stdout + stderr
+
+
+def test_unreadable_summary_is_one_line_exit_2(tmp_path):
+    (tmp_path / "night1").mkdir()
+    (tmp_path / "night1" / "summary.json").write_text("{torn", encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "optcheck", "history", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == exitcodes.USAGE
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "summary.json: unreadable" in err[0] and "Traceback" not in proc.stderr
