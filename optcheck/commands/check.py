@@ -56,10 +56,12 @@ def register(group: click.Group) -> None:
     @click.argument("stream", type=click.Path())
     @click.option("--fail-on", type=click.Choice(SEVERITIES), default="warning", show_default=True)
     @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Also write JUnit XML.")
+    @click.option("--summary-md", "summary_md", type=click.Path(dir_okay=False), default=None,
+                  help="Also write a Markdown report (as `optcheck soak --summary-md`).")
     @click.option("--json", "as_json", is_flag=True, help="Print findings as JSON lines.")
     @click.option("--ignore", "ignores", multiple=True, metavar="CODE[:PATTERN]",
                   help="Accept a finding (as `optcheck soak --ignore`; repeatable).")
-    def check(stream, fail_on, junit, as_json, ignores):
+    def check(stream, fail_on, junit, summary_md, as_json, ignores):
         """Re-run every rule over a recorded stream (snapshots.jsonl or a run directory).
 
         Exit codes: 0 clean, 1 findings at or above --fail-on, 2 bad input.
@@ -71,6 +73,8 @@ def register(group: click.Group) -> None:
 
         if junit:
             check_output_file(junit, "--junit")
+        if summary_md:
+            check_output_file(summary_md, "--summary-md")
         findings, defects, n = check_file(stream, ignore_entries(ignores))
         where = Path(stream) / "snapshots.jsonl" if Path(stream).is_dir() else stream
         for d in defects:
@@ -87,5 +91,29 @@ def register(group: click.Group) -> None:
 
             write_junit([f.to_dict() for f in findings], junit, suite_name=f"optcheck check {stream}", fail_on=fail_on)
         worst = max((severity_rank(f.severity) for f in findings), default=None)
-        return exitcodes.run_exit_code(crashed=False, interrupted=False, worst_rank=worst,
+        code = exitcodes.run_exit_code(crashed=False, interrupted=False, worst_rank=worst,
                                        fail_on_rank=severity_rank(fail_on))
+        if summary_md:
+            from optcheck.report.markdown import write_markdown
+
+            dicts = [f.to_dict() for f in findings]
+            by_code: dict = {}
+            for f in dicts:
+                by_code[f["code"]] = by_code.get(f["code"], 0) + 1
+            summary = {"command": "check", "run": str(stream), "status": "findings" if findings else "clean",
+                       "exit_code": code, "snapshots": n, "findings": len(dicts), "findings_by_code": by_code}
+            if Path(stream).is_dir() and (Path(stream) / "summary.json").exists():
+                from optcheck.report.records import read_summary
+
+                recorded = read_summary(stream)
+                summary = {**{k: recorded.get(k) for k in ("backend", "steps_requested", "last_step", "loss_first",
+                                                           "loss_last", "val_loss_first", "val_loss_last",
+                                                           "val_step_first", "val_step_last", "steps_per_s",
+                                                           "peak_rss_bytes", "versions")}, **summary}
+            try:
+                write_markdown(summary_md, [(summary, dicts)])
+            except OSError as e:
+                from optcheck.errors import RecordError
+
+                raise RecordError(summary_md, e) from None
+        return code

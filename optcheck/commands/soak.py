@@ -50,6 +50,12 @@ def ignore_entries(ignores) -> list:
         raise InputError(f"--ignore: {e}") from None
 
 
+def _write_md(path: str, runs: list, plot) -> None:
+    from optcheck.report.markdown import write_markdown
+
+    write_markdown(path, [(s, [f.to_dict() for f in fs]) for s, fs in runs], plot)
+
+
 def _compare(run_a, run_b) -> int:
     """Compare two finished runs as ``optcheck compare`` does; return its exit code."""
     from optcheck.compare import compare_runs
@@ -119,11 +125,13 @@ def register(group: click.Group) -> None:
                        "(repeatable; added to [tool.optcheck] ignore of the nearest pyproject.toml).")
     @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Also write findings as JUnit XML.")
     @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Also write a PNG of loss/time/memory.")
+    @click.option("--summary-md", "summary_md", type=click.Path(dir_okay=False), default=None,
+                  help="Also write a Markdown report (e.g. $GITHUB_STEP_SUMMARY; appended to when it is that file).")
     @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
     def soak(steps, every, seed, seeds, python, data, vocab_size, out, injects, fail_on, backend, same_init, threads, stop_on_finding,
              no_hazards, allow_inplace, val_every, eval_every, checkpoint_every, resume_at, memory_budget, lr,
              optimizer, n_layer, n_embd, n_head, block_size, batch_size, dotnet_runtime, torchsharp,
-             dotnet_assembly, dotnet_trainer, dotnet_root, force, step_timeout, ignores, junit, plot, quiet):
+             dotnet_assembly, dotnet_trainer, dotnet_root, force, step_timeout, ignores, junit, plot, summary_md, quiet):
         """Soak-test a GPT training run and flag inconsistencies at the step they happen.
 
         Runs the training in a worker process, takes a snapshot every --every steps
@@ -155,7 +163,7 @@ def register(group: click.Group) -> None:
             checkpoint_every=checkpoint_every, resume_at=resume_at, lr=lr, n_layer=n_layer, n_embd=n_embd,
             n_head=n_head, block_size=block_size, batch_size=batch_size, step_timeout_s=step_timeout, extra=extra)
         cfg.validate()  # every option before anything is created
-        for option, target in (("--junit", junit), ("--plot", plot)):
+        for option, target in (("--junit", junit), ("--plot", plot), ("--summary-md", summary_md)):
             if target:
                 check_output_file(target, option, created_dir=out)
         rule_config = RuleConfig()
@@ -186,6 +194,8 @@ def register(group: click.Group) -> None:
             for r in results:
                 _print_summary(r.summary, r.findings)
                 _say_record_error(r.summary)
+            if summary_md:
+                _write_md(summary_md, [(r.summary, r.findings) for r in results], None)
             if all(r.summary["status"] in ("clean", "findings") for r in results):
                 code = max(code, _compare(results[0].out, results[1].out))
             return code
@@ -205,6 +215,8 @@ def register(group: click.Group) -> None:
                 from optcheck.report.plot import plot_run
 
                 plot_run(result.out, plot)
+            if summary_md:
+                _write_md(summary_md, [(result.summary, result.findings)], plot)
         except OSError as e:
-            raise RecordError(e.filename or junit or plot, e) from None
+            raise RecordError(e.filename or junit or plot or summary_md, e) from None
         return result.exit_code

@@ -68,3 +68,26 @@ def _records(p: Path, kind: str, defects: list | None) -> list[dict]:
         raise InputError(str(e)) from None
     except OSError as e:
         raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
+
+
+def run_dirs(paths) -> list[Path]:
+    """Run directories named by ``paths``: each is a run directory (has a
+    ``summary.json``) or a folder whose immediate subfolders holding one are
+    taken, in name order. Duplicates are dropped, order kept.
+
+    Raises:
+        InputError: a path that does not exist, or a folder with no run in it.
+    """
+    found: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if (p / "summary.json").is_file():
+            runs = [p]
+        elif p.is_dir():
+            runs = sorted(c for c in p.iterdir() if (c / "summary.json").is_file())
+            if not runs:
+                raise InputError(f"{raw}: no run directory in it (no summary.json in it or its subfolders)")
+        else:
+            raise InputError(f"{raw}: no such run directory")
+        found += [r for r in runs if r not in found]
+    return found

@@ -1,0 +1,98 @@
+"""``optcheck history`` over five nights. One real short soak is run; the other
+four nights are copies of its run directory with ``summary.json`` edited (start
+time, versions, final loss, findings), since what is tested is the trend and its
+marks, not training: night 3 moves torch 2.13.0 -> 2.14.1, night 5 plants a
+loss regression and two new finding codes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import SMALL, run_cli
+from optcheck import exitcodes
+
+
+@pytest.fixture(scope="module")
+def nights(tmp_path_factory):
+    base = tmp_path_factory.mktemp("nights")
+    real = base / "night1"
+    rc, stdout, _ = run_cli(["soak", "-q", "--steps", "40", "--every", "20", "--out", str(real),
+                             *[a for a in SMALL if a not in ("--val-every", "100")], "--val-every", "20"])
+    assert rc == exitcodes.CLEAN, stdout
+    for i in range(1, 5):
+        d = base / f"night{i + 1}"
+        shutil.copytree(real, d)
+        s = json.loads((d / "summary.json").read_text())
+        s["run"], s["started"] = d.name, f"2026-11-{18 + i}T02:00:00+00:00"
+        s["loss_last"] += 0.004 * (-1) ** i          # night-to-night noise
+        s["versions"]["torch"] = "2.13.0" if i < 2 else "2.14.1"
+        if i == 4:                                      # the planted regression
+            s["loss_last"] += 0.5
+            s["status"], s["findings"], s["findings_by_code"] = "findings", 2, {"OC101": 1, "OC102": 1}
+        (d / "summary.json").write_text(json.dumps(s))
+    s = json.loads((real / "summary.json").read_text())
+    s["started"], s["versions"]["torch"] = "2026-11-18T02:00:00+00:00", "2.13.0"
+    (real / "summary.json").write_text(json.dumps(s))
+    return base
+
+
+def _row(stdout: str, night: str) -> str:
+    return next(line for line in stdout.splitlines() if line.startswith(night + " "))
+
+
+def test_history_marks_the_version_change_and_the_regression(nights, tmp_path):
+    png = tmp_path / "history.png"
+    rc, stdout, _ = run_cli(["history", str(nights), "--plot", str(png)])
+    assert rc == exitcodes.CLEAN, stdout
+    assert "<-" not in _row(stdout, "night1") + _row(stdout, "night2") + _row(stdout, "night4")
+    assert _row(stdout, "night3").endswith("<- version: torch 2.13.0 → 2.14.1")
+    last = _row(stdout, "night5")
+    assert "new findings: OC101, OC102" in last and "loss regression" in last and "held-out" not in last
+    assert "5 night(s), 2 marked" in stdout
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_plot_draws_the_same_marks(nights, tmp_path):
+    from optcheck.report.history import mark_nights, plot_history, read_nights
+
+    drawn = plot_history(mark_nights(read_nights([nights])), tmp_path / "h.png")
+    assert drawn == ["night3: version: torch 2.13.0 → 2.14.1", "night5: new findings: OC101, OC102",
+                     "night5: loss regression"]
+
+
+def test_noise_alone_is_not_a_regression(nights):
+    from optcheck.report.history import mark_nights, read_nights
+
+    first_four = mark_nights(read_nights([nights / f"night{i}" for i in (1, 2, 4)]))
+    assert [n.marks for n in first_four] == [[], [], ["version: torch 2.13.0 → 2.14.1"]]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["/nonexistent/run"], "/nonexistent/run: no such run directory"),
+    (["--k", "0", "."], "--k 0.0: must be a positive number"),
+])
+def test_history_bad_input_is_one_line_exit_2(args, needle, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc, stdout, stderr = run_cli(["history", *args])
+    assert rc == exitcodes.USAGE and needle in stdout + stderr
+
+
+def test_folder_without_runs_is_refused(tmp_path):
+    rc, stdout, stderr = run_cli(["history", str(tmp_path)])
+    assert rc == exitcodes.USAGE and "no run directory in it" in stdout + stderr
+
+
+def test_unreadable_summary_is_one_line_exit_2(tmp_path):
+    (tmp_path / "night1").mkdir()
+    (tmp_path / "night1" / "summary.json").write_text("{torn", encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "optcheck", "history", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == exitcodes.USAGE
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "summary.json: unreadable" in err[0] and "Traceback" not in proc.stderr
