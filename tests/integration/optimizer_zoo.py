@@ -168,12 +168,9 @@ def train_sparse_adam(monitor=None, steps=120, seed=0):
     return losses, mon
 
 
-def train_muon(monitor=None, steps=120, seed=0):
-    """Muon (2-D parameters only): a bias-free MLP without LayerNorm."""
-    torch.manual_seed(seed)
-    x, y = data(seed=seed)
-    model = nn.Sequential(nn.Linear(16, 32, bias=False), nn.Tanh(), nn.Linear(32, 4, bias=False))
-    opt = torch.optim.Muon(model.parameters(), lr=0.02)
+def _fit(model, opt, x, y, monitor, steps):
+    """The plain regression loop every optimizer below runs: batches of 64, MSE,
+    ``zero_grad`` / ``backward`` / ``step``; returns (losses, the Monitor or None)."""
     losses = []
     with _monitor(model, opt, monitor) as mon:
         for _ in range(steps):
@@ -184,6 +181,15 @@ def train_muon(monitor=None, steps=120, seed=0):
             opt.step()
             losses.append(loss.item())
     return losses, mon
+
+
+def train_muon(monitor=None, steps=120, seed=0):
+    """Muon (2-D parameters only): a bias-free MLP without LayerNorm."""
+    torch.manual_seed(seed)
+    x, y = data(seed=seed)
+    model = nn.Sequential(nn.Linear(16, 32, bias=False), nn.Tanh(), nn.Linear(32, 4, bias=False))
+    opt = torch.optim.Muon(model.parameters(), lr=0.02)
+    return _fit(model, opt, x, y, monitor, steps)
 
 
 @contextlib.contextmanager
@@ -208,16 +214,7 @@ def train_zero(monitor=None, steps=120, seed=0):
     with one_process_group():
         model = Regressor()
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-2)
-        losses = []
-        with _monitor(model, opt, monitor) as mon:
-            for _ in range(steps):
-                idx = torch.randint(0, len(x), (64,))
-                opt.zero_grad()
-                loss = F.mse_loss(model(x[idx]), y[idx])
-                loss.backward()
-                opt.step()
-                losses.append(loss.item())
-    return losses, mon
+        return _fit(model, opt, x, y, monitor, steps)
 
 
 class ByHand(torch.optim.Optimizer):
@@ -253,13 +250,4 @@ def train_by_hand(style="add", monitor=None, steps=120, seed=0):
     x, y = data(seed=seed)
     model = Regressor()
     opt = ByHand(model.parameters(), lr=0.05, style=style)
-    losses = []
-    with _monitor(model, opt, monitor) as mon:
-        for _ in range(steps):
-            idx = torch.randint(0, len(x), (64,))
-            opt.zero_grad()
-            loss = F.mse_loss(model(x[idx]), y[idx])
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-    return losses, mon
+    return _fit(model, opt, x, y, monitor, steps)
