@@ -117,6 +117,10 @@ namespace OptCheckTest
         public readonly long[] Shape;
         public bool IsLeaf = true;
         public bool RequiresGrad = true;
+        /// <summary>TorchSharp 0.107.0's Module.to(dtype) disposes the tensors it replaced: an optimizer
+        /// that still holds one reads Handle 0 (IsInvalid) and its zero_grad()/step() throws
+        /// InvalidOperationException (docs/torchsharp.md, "Disposed tensors").</summary>
+        public bool Disposed;
 
         public Param(Storage storage, long[] shape)
         {
@@ -265,14 +269,17 @@ namespace OptCheckTest
         public void ZeroGrad()
         {
             foreach (var g in Groups)
-                foreach (var p in g.Parameters)
+                foreach (var p in g.Parameters) {
+                    if (p.Disposed) throw new InvalidOperationException("Tensor invalid -- empty handle.");
                     if (p.Grad != null) Array.Clear(p.Grad, 0, p.Grad.Length);
+                }
         }
 
         public void Step()
         {
             foreach (var g in Groups) {
                 foreach (var p in g.Parameters) {
+                    if (p.Disposed) throw new InvalidOperationException("Tensor invalid -- empty handle.");
                     State st = _state[p.Handle];          // before the null-grad check, as TorchSharp
                     double[] grad = p.Grad;
                     if (grad == null) continue;
@@ -298,12 +305,12 @@ namespace OptCheckTest
         readonly Param p; readonly string name;
         public ParamView(string name, Param p) { this.name = name; this.p = p; }
         public string Name { get { return name; } }
-        public long Handle { get { return p.Handle.ToInt64(); } }
-        public long DataPtr { get { return p.Storage.DataPtr; } }
+        public long Handle { get { return p.Disposed ? 0 : p.Handle.ToInt64(); } }
+        public long DataPtr { get { return p.Disposed ? 0 : p.Storage.DataPtr; } }
         public bool IsLeaf { get { return p.IsLeaf; } }
         public bool RequiresGrad { get { return p.RequiresGrad; } }
         public long[] Shape { get { return p.Shape; } }
-        public string DType { get { return p.Storage.DType; } }
+        public string DType { get { return p.Disposed ? "disposed" : p.Storage.DType; } }
         public string Device { get { return "cpu"; } }
         public bool HasGrad { get { return p.Grad != null; } }
         public double GradNorm()
@@ -442,6 +449,8 @@ namespace OptCheckTest
         /// <summary>Temporaries a step makes (a TorchSharp GPT step makes ~180; fewer keep the test fast).</summary>
         public const int TempsPerStep = 24;
         bool noDisposeScope, keepLosses;
+        /// <summary>Module.to disposes the tensors it replaces (TorchSharp 0.107.0; DisposingTrainer).</summary>
+        protected bool DisposesReplaced;
         readonly List<Storage> keptLosses = new List<Storage>();
 
         void Clip(double max)
@@ -497,8 +506,13 @@ namespace OptCheckTest
                 case "eager-param-list": {
                     // The optimizer rebuilt from materialised lists (fresh state), then Module.to(Float64).
                     Optimizer = BuildOptimizer(true);
+                    var held = new List<Param>();
+                    foreach (var g in Optimizer.Groups) held.AddRange(g.Parameters);
                     Inject("module-to-after-optimizer");
-                    return "optimizer = AdamW(model.parameters().ToList()); model.to(ScalarType.Float64)";
+                    if (!DisposesReplaced) return "optimizer = AdamW(model.parameters().ToList()); model.to(ScalarType.Float64)";
+                    var now = new HashSet<Param>(Model.Parameters());
+                    foreach (var p in held) if (!now.Contains(p)) p.Disposed = true;
+                    return "optimizer = AdamW(model.parameters().ToList()); model.to(ScalarType.Float64), which disposes the replaced tensors";
                 }
                 case "state-leak":
                     keepLosses = true;
@@ -566,6 +580,14 @@ namespace OptCheckTest
     }
 
     /// <summary>Optimizer groups built from materialised lists (model.parameters().ToList()).</summary>
+    /// <summary>TorchSharp 0.107.0's Module.to(dtype): the tensors it replaces are disposed, so an optimizer
+    /// built from a materialised list holds disposed tensors (the recorded run eager-param-list-1000 in
+    /// tests/fixtures/torchsharp/0.107.0-runs); 0.99.6 left them alive (EagerTrainer).</summary>
+    public sealed class DisposingTrainer : TestTrainer
+    {
+        public DisposingTrainer() { DisposesReplaced = true; }
+    }
+
     public sealed class EagerTrainer : TestTrainer
     {
         protected override bool Eager { get { return true; } }

@@ -142,6 +142,29 @@ def test_eager_list_flags_only_the_rebuilt_plain_fields(dll, tmp_path):
     assert not any(f.code == "OC108" for f in res.findings)
 
 
+def test_disposed_members_are_named_and_the_invalid_operation_predicted(dll, tmp_path):
+    """TorchSharp 0.107.0's Module.to disposes the tensors an eager optimizer list still holds
+    (stand-in: DisposingTrainer): OC109 names them by the names they had, the pre-step check says
+    what zero_grad() will throw, no handle-0 artefacts (OC101/OC105/OC106/OC108), and the crash that
+    follows is linked to the finding."""
+    need("mono")
+    res = soak(config(dll, "mono", "OptCheckTest.DisposingTrainer", steps=200, inject=["eager-param-list@150"]),
+               tmp_path / "run")
+    (oc109,) = [f for f in res.findings if f.code == "OC109"]
+    assert oc109.step == 150 and set(oc109.subjects) == {
+        "wte.weight", "ln_f.weight", "ln_f.bias", "lm_head.weight", "lm_head.bias"}
+    assert "InvalidOperationException" in oc109.next_failure
+    assert not {"OC101", "OC105", "OC106", "OC108"} & {f.code for f in res.findings}
+    crash = res.summary["crash"]
+    assert res.exit_code == 3 and crash["step"] == 150 and "InvalidOperationException" in crash["exc_type"]
+    lead = res.summary["lead_time"]
+    assert lead and "OC109" in json.dumps(lead)
+    snaps = read_snapshots(res.out / "snapshots.jsonl")
+    (pre,) = [x for x in snaps if x["step"] == 150 and x.get("phase") == "pre-step"]
+    assert pre["prestep_check"][0].startswith("5 optimizer member(s) are disposed tensors (empty handle)")
+    assert not any("key 0" in ln or "<handle 0>" in ln for ln in pre["prestep_check"]), pre["prestep_check"]
+
+
 def test_tied_weight_is_a_duplicate(dll, tmp_path):
     need("coreclr")
     res = soak(config(dll, trainer="OptCheckTest.TiedTrainer", steps=100), tmp_path / "run")
