@@ -138,6 +138,9 @@ class Verdict:
         first = (f"loss {self.loss_a:.6g} (A) vs {self.loss_b:.6g} (B), beyond tolerance {self.tolerance:.2g}"
                  if self.loss_a is not None and self.loss_b is not None and self.tolerance is not None
                  else "the parameters differ beyond noise, the losses within it")
+        if self.loss_a is not None and self.loss_b is not None \
+                and math.isfinite(self.loss_a) != math.isfinite(self.loss_b):
+            first += f" (one run's loss is not finite from step {self.first_step:,})"
         return f"DIVERGED from step {self.first_step:,}: {first}; {size}"
 
     def lines(self) -> list[str]:
