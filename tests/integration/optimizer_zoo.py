@@ -80,6 +80,29 @@ def make_optimizer(name: str, flag: str, params):
     return cls(params, **kwargs, **FLAG_KWARGS[flag])
 
 
+def _fit(model, opt, x, y, monitor, steps, scaler=None, sched=None):
+    """The plain regression loop the optimizers here run: batches of 64, MSE,
+    ``zero_grad`` / ``backward`` / ``step`` (through a ``GradScaler`` when given),
+    then the LR scheduler's step; returns (losses, the Monitor or None)."""
+    losses = []
+    with _monitor(model, opt, monitor) as mon:
+        for _ in range(steps):
+            idx = torch.randint(0, len(x), (64,))
+            opt.zero_grad()
+            loss = F.mse_loss(model(x[idx]), y[idx])
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
+            if sched is not None:
+                sched.step()
+            losses.append(loss.item())
+    return losses, mon
+
+
 def train(name="AdamW", flag="for-loop", bug=None, monitor=None, steps=120, seed=0, dtype=torch.float32,
           warmup=None):
     """One optimizer, one implementation flag. ``warmup``: "linear" (lr from 0 over
@@ -100,23 +123,7 @@ def train(name="AdamW", flag="for-loop", bug=None, monitor=None, steps=120, seed
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / 100))
     elif warmup == "delayed":
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.0 if s < 30 else 1.0)
-    losses = []
-    with _monitor(model, opt, monitor) as mon:
-        for step in range(steps):
-            idx = torch.randint(0, len(x), (64,))
-            opt.zero_grad()
-            loss = F.mse_loss(model(x[idx]), y[idx])
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
-            else:
-                loss.backward()
-                opt.step()
-            if sched is not None:
-                sched.step()
-            losses.append(loss.item())
-    return losses, mon
+    return _fit(model, opt, x, y, monitor, steps, scaler=scaler, sched=sched)
 
 
 def train_lbfgs(monitor=None, steps=120, seed=0):
@@ -168,19 +175,6 @@ def train_sparse_adam(monitor=None, steps=120, seed=0):
     return losses, mon
 
 
-def _fit(model, opt, x, y, monitor, steps):
-    """The plain regression loop every optimizer below runs: batches of 64, MSE,
-    ``zero_grad`` / ``backward`` / ``step``; returns (losses, the Monitor or None)."""
-    losses = []
-    with _monitor(model, opt, monitor) as mon:
-        for _ in range(steps):
-            idx = torch.randint(0, len(x), (64,))
-            opt.zero_grad()
-            loss = F.mse_loss(model(x[idx]), y[idx])
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-    return losses, mon
 
 
 def train_muon(monitor=None, steps=120, seed=0):
