@@ -102,25 +102,25 @@ def _wrappers():
 WRAPPERS = _wrappers()
 
 
+def _watched_run(out, name, wrap, steps, **train_kw):
+    """A fresh tiny model and AdamW, handed to the Monitor through ``wrap``, trained ``steps`` steps;
+    returns (the Monitor, the inner optimizer)."""
+    model = tiny()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    wrapped = wrap(opt)
+    stepper = opt if "Lightning" in name else wrapped
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OptcheckWarning)
+        with optcheck.Monitor(model, wrapped, every=5, out=str(out)) as mon:
+            train(model, opt, steps, step_opt=stepper, **train_kw)
+    return mon, opt
+
+
 @pytest.mark.parametrize("name,wrap", WRAPPERS, ids=[n for n, _ in WRAPPERS])
 def test_wrapped_optimizer_is_watched_clean_and_bug_found(tmp_path, name, wrap):
-    model = tiny()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    wrapped = wrap(opt)
-    stepper = opt if "Lightning" in name else wrapped
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", OptcheckWarning)
-        with optcheck.Monitor(model, wrapped, every=5, out=str(tmp_path / "clean")) as mon:
-            train(model, opt, 20, step_opt=stepper)
+    mon, opt = _watched_run(tmp_path / "clean", name, wrap, 20)
     assert mon.optimizer is opt and mon.step_count == 20 and findings(tmp_path / "clean") == []
-    model = tiny()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    wrapped = wrap(opt)
-    stepper = opt if "Lightning" in name else wrapped
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", OptcheckWarning)
-        with optcheck.Monitor(model, wrapped, every=5, out=str(tmp_path / "bug")) as mon:
-            train(model, opt, 12, replace_at=7, step_opt=stepper)
+    _watched_run(tmp_path / "bug", name, wrap, 12, replace_at=7)
     got = {(f["code"], f["step"]) for f in findings(tmp_path / "bug")}
     assert {("OC101", 7), ("OC102", 7), ("OC104", 7)} <= got
 
