@@ -329,14 +329,42 @@ def judge(loss_a: dict[int, float], loss_b: dict[int, float], *, same_seed: bool
     return v
 
 
+def seed_band(baseline: list[dict[int, float]], steps: list[int], *, window: int = 50,
+              k: float = 5.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The band of several baseline seeds over ``steps`` (steps every run has).
+
+    Each seed's loss is smoothed with a trailing mean over ``w = min(window, len(steps))``
+    points; the band's centre is the seeds' mean, its half-width ``k`` seed standard
+    deviations: the seeds' sample deviation at a step, but at least their median deviation
+    over all steps (three seeds can agree by chance at one step), widened by sqrt(1 + 1/n)
+    for the uncertainty of an n-seed mean.
+
+    Returns:
+        (steps of the smoothed points, centre, half-width, w): arrays of
+        ``len(steps) - w + 1`` points, losses in the runs' units (nats per token).
+
+    Raises:
+        ValueError: fewer than two baseline seeds, or no step.
+    """
+    from optcheck.compare import _trailing_mean  # compare imports this module
+
+    if len(baseline) < 2:
+        raise ValueError("a seed band needs at least two baseline seeds")
+    if not steps:
+        raise ValueError("no step common to every run")
+    w = min(window, len(steps))
+    base = np.vstack([_trailing_mean(np.array([r[s] for s in steps], float), w)[0] for r in baseline])
+    centre = np.nanmean(base, axis=0)
+    sd = np.nanstd(base, axis=0, ddof=1)
+    sd = np.maximum(sd, np.nanmedian(sd)) * math.sqrt(1 + 1 / len(baseline))
+    return np.array(steps[w - 1:]), centre, k * sd, w
+
+
 def judge_seed_band(baseline: list[dict[int, float]], candidate: list[dict[int, float]], *,
                     window: int = 50, k: float = 5.0) -> Verdict:
     """Runs of several seeds per side: each candidate seed's trailing-mean loss (``window``
-    common steps) must stay within ``k`` seed standard deviations of the baseline seeds' mean.
-
-    The seed standard deviation at a step is the baseline seeds' sample deviation there, but
-    at least their median deviation over all steps (three seeds can agree by chance at one
-    step), widened by sqrt(1 + 1/n) for the uncertainty of an n-seed mean.
+    common steps) must stay within the :func:`seed_band` of the baseline seeds
+    (``k`` seed standard deviations around their mean).
 
     Raises:
         ValueError: fewer than two baseline seeds, no candidate, or no step common to all.
@@ -346,16 +374,8 @@ def judge_seed_band(baseline: list[dict[int, float]], candidate: list[dict[int, 
     if len(baseline) < 2 or not candidate:
         raise ValueError("a seed band needs at least two baseline seeds and one candidate seed")
     common = sorted(set.intersection(*(set(r) for r in baseline + candidate)))
-    if not common:
-        raise ValueError("no step common to every run")
-    w = min(window, len(common))
+    steps, centre, half, w = seed_band(baseline, common, window=window, k=k)
     means = lambda r: _trailing_mean(np.array([r[s] for s in common], float), w)[0]  # noqa: E731
-    base = np.vstack([means(r) for r in baseline])
-    centre = np.nanmean(base, axis=0)
-    sd = np.nanstd(base, axis=0, ddof=1)
-    sd = np.maximum(sd, np.nanmedian(sd)) * math.sqrt(1 + 1 / len(baseline))
-    half = k * sd
-    steps = np.array(common[w - 1:])
     v = Verdict(kind=WITHIN_NOISE, basis="seed-band", steps=len(common))
     first = None
     for r in candidate:

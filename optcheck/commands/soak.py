@@ -50,10 +50,10 @@ def ignore_entries(ignores) -> list:
         raise InputError(f"--ignore: {e}") from None
 
 
-def _write_md(path: str, runs: list, plot) -> None:
+def _write_md(path: str, runs: list, plot, baseline=None) -> None:
     from optcheck.report.markdown import write_markdown
 
-    write_markdown(path, [(s, [f.to_dict() for f in fs]) for s, fs in runs], plot)
+    write_markdown(path, [(s, [f.to_dict() for f in fs]) for s, fs in runs], plot, baseline=baseline)
 
 
 def _compare(run_a, run_b) -> int:
@@ -127,11 +127,16 @@ def register(group: click.Group) -> None:
     @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Also write a PNG of loss/time/memory.")
     @click.option("--summary-md", "summary_md", type=click.Path(dir_okay=False), default=None,
                   help="Also write a Markdown report (e.g. $GITHUB_STEP_SUMMARY; appended to when it is that file).")
+    @click.option("--baseline", type=click.Path(), default=None, metavar="DIR",
+                  help="Compare with a kept run (or a folder of seed-N runs) and fail only on a regression "
+                       "(new findings, loss above its band, steps/s or peak RSS worse beyond tolerance).")
+    @click.option("--speed-tolerance", default="15%", show_default=True, help="With --baseline: steps/s drop allowed.")
+    @click.option("--memory-tolerance", default="15%", show_default=True, help="With --baseline: peak RSS rise allowed.")
     @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
     def soak(steps, every, seed, seeds, python, data, vocab_size, out, injects, fail_on, backend, same_init, threads, stop_on_finding,
              no_hazards, allow_inplace, val_every, eval_every, checkpoint_every, resume_at, memory_budget, lr,
              optimizer, n_layer, n_embd, n_head, block_size, batch_size, dotnet_runtime, torchsharp,
-             dotnet_assembly, dotnet_trainer, dotnet_root, force, step_timeout, ignores, junit, plot, summary_md, quiet):
+             dotnet_assembly, dotnet_trainer, dotnet_root, force, step_timeout, ignores, junit, plot, summary_md, baseline, speed_tolerance, memory_tolerance, quiet):
         """Soak-test a GPT training run and flag inconsistencies at the step they happen.
 
         Runs the training in a worker process, takes a snapshot every --every steps
@@ -163,6 +168,9 @@ def register(group: click.Group) -> None:
             checkpoint_every=checkpoint_every, resume_at=resume_at, lr=lr, n_layer=n_layer, n_embd=n_embd,
             n_head=n_head, block_size=block_size, batch_size=batch_size, step_timeout_s=step_timeout, extra=extra)
         cfg.validate()  # every option before anything is created
+        from optcheck.baseline import after_soak, prepare
+        prepared = prepare(baseline, cfg.to_json(), seeds=seeds, backends=backends, speed=speed_tolerance,
+                           memory=memory_tolerance)
         for option, target in (("--junit", junit), ("--plot", plot), ("--summary-md", summary_md)):
             if target:
                 check_output_file(target, option, created_dir=out)
@@ -204,6 +212,7 @@ def register(group: click.Group) -> None:
         _print_summary(result.summary, result.findings)
         if _say_record_error(result.summary):
             return result.exit_code
+        against, code = after_soak(result.out, prepared, result.exit_code, click.echo) if prepared else (None, None)
         try:
             if junit:
                 from optcheck.report.junit import write_junit
@@ -216,7 +225,7 @@ def register(group: click.Group) -> None:
 
                 plot_run(result.out, plot)
             if summary_md:
-                _write_md(summary_md, [(result.summary, result.findings)], plot)
+                _write_md(summary_md, [(result.summary, result.findings)], plot, against)
         except OSError as e:
             raise RecordError(e.filename or junit or plot or summary_md, e) from None
-        return result.exit_code
+        return result.exit_code if code is None else code

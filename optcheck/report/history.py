@@ -18,6 +18,12 @@ Marks (a night can carry several):
   the floor keeps nights that repeat the same value from flagging noise).
   Needs ``MIN_NIGHTS`` earlier nights; ``k`` is ``K_MAD`` (default 5) unless
   given. Lower is better for both losses, so only a rise is marked.
+- ``steps/s regression`` / ``peak RSS regression``: a step change: worse than
+  the previous night by more than ``PERF_FLOOR`` (15 %, ``optcheck.baseline``'s
+  default tolerance) and beyond the band of all earlier nights (as for the
+  losses, with the spread at least ``PERF_FLOOR / k`` of the median: step times
+  move by +-20 % on a shared runner from load alone). A new level is marked on
+  the night it appears, not again on the nights that keep it.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ VERSION_KEYS = ("torch", "torchsharp", "dotnet", "python", "numpy")
 K_MAD = 5.0
 REL_FLOOR = 0.01
 MIN_NIGHTS = 2
+#: Smallest band of steps/s and peak RSS, relative to the median (see the module docstring).
+PERF_FLOOR = 0.15
 
 
 @dataclass
@@ -76,14 +84,18 @@ def read_nights(paths) -> list[Night]:
     return nights
 
 
-def _above_band(earlier: list, value, k: float) -> bool:
+def _above_band(earlier: list, value, k: float, floor: float | None = None, lower: bool = False) -> bool:
+    """``value`` beyond ``median + k * spread`` of ``earlier`` (below ``median - k * spread``
+    with ``lower``); the spread is at least ``REL_FLOOR`` of the median, or with ``floor``
+    at least ``floor / k`` of it."""
     xs = np.array([v for v in earlier if isinstance(v, (int, float))], dtype=float)
     xs = xs[np.isfinite(xs)]
     if len(xs) < MIN_NIGHTS or not isinstance(value, (int, float)):
         return False
     med = float(np.median(xs))
-    spread = max(1.4826 * float(np.median(np.abs(xs - med))), REL_FLOOR * abs(med))
-    return bool(value > med + k * spread)
+    rel = REL_FLOOR if floor is None else floor / k
+    spread = max(1.4826 * float(np.median(np.abs(xs - med))), rel * abs(med))
+    return bool(value < med - k * spread) if lower else bool(value > med + k * spread)
 
 
 def mark_nights(nights: list[Night], k: float = K_MAD) -> list[Night]:
@@ -103,6 +115,12 @@ def mark_nights(nights: list[Night], k: float = K_MAD) -> list[Night]:
         earlier = nights[:i]
         for label, attr in (("loss", "loss_last"), ("held-out loss", "val_loss_last")):
             if _above_band([getattr(e, attr) for e in earlier], getattr(n, attr), k):
+                n.marks.append(f"{label} regression")
+        for label, attr, lower in (("steps/s", "steps_per_s", True), ("peak RSS", "peak_rss_bytes", False)):
+            v, before = getattr(n, attr), getattr(prev, attr)
+            step = isinstance(v, (int, float)) and isinstance(before, (int, float)) and \
+                (v < before * (1 - PERF_FLOOR) if lower else v > before * (1 + PERF_FLOOR))
+            if step and _above_band([getattr(e, attr) for e in earlier], v, k, PERF_FLOOR, lower):
                 n.marks.append(f"{label} regression")
     return nights
 
@@ -126,15 +144,28 @@ def render_history(nights: list[Night]) -> str:
 
 
 def plot_history(nights: list[Night], png_path: str | os.PathLike, *, dpi: int = 100) -> list[str]:
-    """A PNG of the trend: losses, steps/s, peak RSS (MiB) and findings per night;
-    a dashed vertical line at each version change (labelled with it), a red
-    cross on each regressed night and a red label over each night with new findings.
+    """A PNG of :func:`history_figure`.
 
     Returns:
         the labels drawn, as ``"<run>: <mark>"``, in night order.
 
     Raises:
         OSError: the file cannot be written.
+    """
+    fig, drawn = history_figure(nights, dpi=dpi)
+    fig.savefig(Path(png_path), format="png")
+    return drawn
+
+
+def history_figure(nights: list[Night], *, dpi: int = 100):
+    """The trend as a matplotlib ``Figure`` of four axes sharing x (one tick per night):
+    losses, steps/s, peak RSS (MiB) and findings; a dashed vertical line at each version
+    change on every axis, annotated with the change on the loss axis; a red cross and a
+    red label on the loss axis at each loss regression, and a red label over the findings
+    bar of each night with new findings.
+
+    Returns:
+        (figure, the labels drawn as ``"<run>: <mark>"`` in night order).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -167,12 +198,13 @@ def plot_history(nights: list[Night], png_path: str | os.PathLike, *, dpi: int =
                 axes[0].annotate(m.removeprefix("version: "), (i - 0.5, 1.0), xycoords=("data", "axes fraction"),
                                  fontsize=8, va="top", ha="left", rotation=0)
             else:
-                y = n.loss_last if "loss" in m and isinstance(n.loss_last, (int, float)) else None
-                if "held-out" in m and isinstance(n.val_loss_last, (int, float)):
-                    y = n.val_loss_last
-                if y is not None:
-                    axes[0].plot([i], [y], "x", color="red", markersize=14, mew=3)
-                    axes[0].annotate(m, (i, y), fontsize=8, color="red", xytext=(5, 5), textcoords="offset points")
+                ax, y = next(((axes[j], v) for key, j, v in (
+                    ("held-out loss", 0, n.val_loss_last), ("loss", 0, n.loss_last), ("steps/s", 1, n.steps_per_s),
+                    ("peak RSS", 2, n.peak_rss_bytes / 2**20 if isinstance(n.peak_rss_bytes, (int, float)) else None))
+                    if m.startswith(key) and isinstance(v, (int, float))), (None, None))
+                if ax is not None:
+                    ax.plot([i], [y], "x", color="red", markersize=14, mew=3)
+                    ax.annotate(m, (i, y), fontsize=8, color="red", xytext=(5, 5), textcoords="offset points")
                 else:
                     axes[3].annotate(m, (i, n.findings), fontsize=8, color="red", xytext=(0, 3),
                                      textcoords="offset points", ha="center")
@@ -180,5 +212,4 @@ def plot_history(nights: list[Night], png_path: str | os.PathLike, *, dpi: int =
     axes[3].set_xticks(x, [n.run for n in nights], rotation=30, ha="right", fontsize=8)
     fig.suptitle("optcheck history: night by night")
     fig.tight_layout()
-    fig.savefig(Path(png_path), format="png")
-    return drawn
+    return fig, drawn

@@ -43,8 +43,28 @@ def _held_out(s: dict) -> str:
     return f"{num_text(first)} → {num_text(last)}"
 
 
+_STATUS_ICON = {"regression": "❌", "ok": "✅", "differs": "⚠️", "not compared": "➖"}
+
+
+def render_baseline(result) -> str:
+    """The comparison with a baseline (an ``optcheck.baseline.BaselineResult``) as a
+    Markdown section: heading with the job's verdict, the baseline, one row per check
+    (status, check, step, what was compared). Ends with a newline."""
+    icon = "❌" if result.regressions else ("⚠️" if not result.compared else "✅")
+    lines = [f"### {icon} Against the baseline: {_cell(result.headline(), 400)}", "",
+             f"Baseline: {_cell(result.baseline.text(), 300)}", ""]
+    if result.regressions:
+        lines += ["**Fails the job (exit 1):** " + "; ".join(
+            f"{c.name}: {_cell(c.text, 300)}" for c in result.regressions), ""]
+    lines += ["| | check | step | compared |", "|---|---|---:|---|"]
+    for c in result.checks:
+        lines.append(f"| {_STATUS_ICON.get(c.status, '')} {c.status} | {c.name} | {_int(c.step)} | "
+                     f"{_cell(c.text, 400)} |")
+    return "\n".join(lines) + "\n"
+
+
 def render_markdown(summary: dict, findings: list[dict] | None = None, plot: str | os.PathLike | None = None,
-                    relative_to: str | os.PathLike | None = None) -> str:
+                    relative_to: str | os.PathLike | None = None, baseline=None) -> str:
     """Markdown text of a finished run (ends with a newline).
 
     Args:
@@ -54,6 +74,8 @@ def render_markdown(summary: dict, findings: list[dict] | None = None, plot: str
         plot: the PNG written with ``--plot``, linked (as an image) when given.
         relative_to: the folder the Markdown file lives in; the plot link is made
             relative to it when possible, else left as given.
+        baseline: an ``optcheck.baseline.BaselineResult`` (``--baseline``): its section
+            (:func:`render_baseline`) follows the verdict line.
     """
     s = summary
     findings = sorted(findings or [], key=lambda f: (f.get("step") or 0))
@@ -70,6 +92,8 @@ def render_markdown(summary: dict, findings: list[dict] | None = None, plot: str
     verdict = "no findings" if not nf else f"{nf} finding(s): " + ", ".join(f"{c} ×{n}" for c, n in by_code.items())
     lines += [f"**Verdict:** {verdict}" + (f" — crashed: {_cell((s.get('crash') or {}).get('exc_type') or 'crash')}"
                                            if s.get("crash") else ""), ""]
+    if baseline is not None:
+        lines += [render_baseline(baseline)]
 
     rows = [("run", f"`{s.get('run') or '-'}` ({s.get('backend') or '-'})")]
     if s.get("steps_requested") is not None or s.get("last_step") is not None:
@@ -114,17 +138,18 @@ def render_markdown(summary: dict, findings: list[dict] | None = None, plot: str
 
 
 def write_markdown(path: str | os.PathLike, runs: list[tuple[dict, list[dict]]],
-                   plot: str | os.PathLike | None = None) -> None:
+                   plot: str | os.PathLike | None = None, baseline=None) -> None:
     """Write :func:`render_markdown` of each ``(summary, findings)`` in ``runs``
     (one per backend) to ``path``, UTF-8. When ``path`` is the file
     ``$GITHUB_STEP_SUMMARY`` names, append instead, as GitHub expects of steps
-    sharing it.
+    sharing it. ``baseline``: the first run's comparison with its baseline (``--baseline``).
 
     Raises:
         OSError: the file cannot be written.
     """
     p = Path(path)
-    text = "\n".join(render_markdown(s, f, plot=plot, relative_to=p.parent) for s, f in runs)
+    text = "\n".join(render_markdown(s, f, plot=plot, relative_to=p.parent, baseline=baseline if i == 0 else None)
+                     for i, (s, f) in enumerate(runs))
     gh = os.environ.get("GITHUB_STEP_SUMMARY")
     append = bool(gh) and Path(gh).absolute() == p.absolute()
     with open(p, "a" if append else "w", encoding="utf-8") as fh:

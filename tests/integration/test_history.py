@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +97,56 @@ def test_unreadable_summary_is_one_line_exit_2(tmp_path):
     assert proc.returncode == exitcodes.USAGE
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and "summary.json: unreadable" in err[0] and "Traceback" not in proc.stderr
+
+
+# -- five recorded nights (tests/fixtures/nights/README.md): real runs, torch 2.13.0 -> 2.14.1 ------------
+
+NIGHTS = Path(__file__).resolve().parents[1] / "fixtures" / "nights"
+UPGRADE = "version: torch 2.13.0+cpu → 2.14.1+cu130"
+
+
+def test_recorded_nights_mark_the_torch_upgrade_and_the_planted_regression(tmp_path):
+    png = tmp_path / "history.png"
+    rc, stdout, _ = run_cli(["history", str(NIGHTS), "--plot", str(png)])
+    assert rc == exitcodes.CLEAN, stdout
+    for n in (1, 2, 3):
+        assert "<-" not in _row(stdout, f"night-{n}-torch2.13")
+    assert _row(stdout, "night-4-torch2.14").endswith(
+        f"<- {UPGRADE}; steps/s regression; peak RSS regression")   # the cu130 wheel loads CUDA on CPU too
+    assert _row(stdout, "night-5-torch2.14-re").endswith(
+        "<- new findings: OC101, OC102, OC104; loss regression; held-out loss regression")
+    assert "5 night(s), 2 marked" in stdout
+    from matplotlib.image import imread
+
+    img = imread(png)
+    assert img.shape[:2] == (900, 1200) and img[..., :3].std() > 0.05   # drawn, not blank
+
+
+def test_recorded_nights_plot_marks_the_same_nights(tmp_path):
+    from optcheck.report.history import history_figure, mark_nights, read_nights
+
+    nights = mark_nights(read_nights([NIGHTS]))
+    fig, drawn = history_figure(nights)
+    assert drawn == [f"night-4-torch2.14: {UPGRADE}", "night-4-torch2.14: steps/s regression",
+                     "night-4-torch2.14: peak RSS regression",
+                     "night-5-torch2.14-regression: new findings: OC101, OC102, OC104",
+                     "night-5-torch2.14-regression: loss regression",
+                     "night-5-torch2.14-regression: held-out loss regression"]
+    loss_ax, speed_ax, rss_ax, findings_ax = fig.axes
+    # the version change: a dashed line between night 3 (x=2) and night 4 (x=3) on every axis, labelled on the loss axis
+    for ax in fig.axes:
+        assert [tuple(line.get_xdata()) for line in ax.lines if line.get_linestyle() == "--"] == [(2.5, 2.5)]
+    assert [t.get_text() for t in loss_ax.texts if "→" in t.get_text()] == ["torch 2.13.0+cpu → 2.14.1+cu130"]
+    # the regressions: red crosses at night 5's losses, night 4's steps/s and peak RSS
+    crosses = lambda ax: [(float(x.get_xdata()[0]), float(x.get_ydata()[0]))  # noqa: E731
+                          for x in ax.lines if x.get_marker() == "x" and x.get_color() == "red"]
+    n5, n4 = nights[4], nights[3]
+    assert crosses(loss_ax) == [(4.0, n5.loss_last), (4.0, n5.val_loss_last)]
+    assert crosses(speed_ax) == [(3.0, n4.steps_per_s)]
+    assert crosses(rss_ax) == [(3.0, n4.peak_rss_bytes / 2**20)]
+    assert [(t.get_text(), t.xy[0]) for t in findings_ax.texts] == [("new findings: OC101, OC102, OC104", 4)]
+
+
+def test_recorded_nights_are_small():
+    total = sum(f.stat().st_size for f in NIGHTS.rglob("*") if f.is_file())
+    assert total < 500_000

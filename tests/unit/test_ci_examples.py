@@ -59,6 +59,20 @@ def test_github_workflow_runs_both_backends_and_keeps_what_it_promises():
     assert steps["Upload the run directory"]["if"] == "always()"
     assert steps["Last good night (baseline)"]["with"]["workflow_conclusion"] == "success"
     assert steps["Publish JUnit"]["with"]["report_paths"] == "junit.xml"
+    # tonight against the last good night, when there is one
+    assert 'if [ -f baseline/summary.json ]; then BASELINE="--baseline baseline"' in soak and "$BASELINE" in soak
+    # the nights' summaries: restored before, saved after, whatever the soak's outcome
+    names = [s.get("name") for s in job["steps"]]
+    restore, save = steps["Nights so far (history)"], steps["Keep the nights"]
+    assert names.index("Soak") < names.index("Nights so far (history)") < names.index("History") \
+        < names.index("Keep the nights")
+    assert restore["uses"].startswith("actions/cache/restore@") and save["uses"].startswith("actions/cache/save@")
+    assert restore["if"] == save["if"] == steps["History"]["if"] == "always()"
+    assert restore["with"]["path"] == save["with"]["path"] == "nights"
+    assert save["with"]["key"] == restore["with"]["key"] and restore["with"]["key"].startswith(
+        restore["with"]["restore-keys"])
+    assert "optcheck history nights --plot run/history.png" in steps["History"]["run"]
+    assert "cp run/summary.json" in steps["History"]["run"]
 
 
 def test_gitlab_schedule_runs_both_backends_and_keeps_what_it_promises():
@@ -66,7 +80,7 @@ def test_gitlab_schedule_runs_both_backends_and_keeps_what_it_promises():
     assert {ci["soak:pytorch"]["variables"]["BACKEND"], ci["soak:torchsharp"]["variables"]["BACKEND"]} == \
         {"pytorch", "torchsharp"}
     assert "noble" in ci["soak:torchsharp"]["image"]  # Ubuntu 24.04: libstdc++ of GCC 13+
-    assert {".cache/optcheck", ".nuget/packages"} <= set(ci["soak:torchsharp"]["cache"]["paths"])
+    assert {".cache/optcheck", ".nuget/packages"} <= set(ci["soak:torchsharp"]["cache"][0]["paths"])
     assert ci["variables"]["OPTCHECK_CACHE"].endswith("/.cache/optcheck")
     assert ci["variables"]["NUGET_PACKAGES"].endswith("/.nuget/packages")
     t = ci["soak:pytorch"]
@@ -75,4 +89,11 @@ def test_gitlab_schedule_runs_both_backends_and_keeps_what_it_promises():
     assert any("schedule" in r["if"] for r in t["rules"])
     assert "--summary-md summary.md" in " ".join(t["script"])
     assert any("jobs/artifacts" in line for line in t["before_script"])   # the last good night
+    script = " ".join(t["script"])
+    assert 'BASELINE="--baseline baseline"' in script and "--out run $BASELINE" in script
+    for job, caches in (("soak:pytorch", t["cache"]), ("soak:torchsharp", ci["soak:torchsharp"]["cache"])):
+        nights = [c for c in caches if c["paths"] == ["nights/"]]
+        assert len(nights) == 1 and nights[0]["when"] == "always", job
+        assert nights[0]["key"].endswith(job.split(":")[1])   # one history per backend
+    assert "optcheck history nights" in " ".join(t["after_script"])
     assert ci["soak:torchsharp"]["script"] == t["script"] and ci["soak:torchsharp"]["artifacts"] == t["artifacts"]

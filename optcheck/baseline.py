@@ -1,0 +1,381 @@
+"""Tonight against a kept run: ``optcheck soak ... --baseline DIR`` and ``optcheck baseline RUN DIR``. Torch-free.
+
+The baseline is a run directory kept from an earlier night (``summary.json``,
+``metrics.jsonl``, ``findings.jsonl``), or a folder of ``seed-N`` runs written by
+``optcheck soak --seeds 1,2,3 --out DIR``. The new run fails the job (exit 1) only
+on a **regression**, one check each:
+
+* ``findings``: a finding (code and parameters, as ``optcheck compare`` matches
+  them) the baseline does not have. Findings the baseline has too are listed, not failed.
+* ``loss``: the final training loss (trailing mean of the last ``window`` steps)
+  is above the baseline's band, and ``held-out loss``: the last held-out loss is above its band.
+  With **several baseline seeds** the band is ``optcheck.verdict.seed_band`` at the
+  last step: the seeds' mean + ``k`` (5) seed standard deviations; the held-out band is
+  the seeds' mean + the larger of 5 standard deviations of their held-out losses and that
+  training-loss half-width. With **one baseline run** the band is the stated tolerance
+  of ``optcheck compare`` (``0.03 + 5 %`` of the baseline's value: two clean soaks of the
+  built-in GPT with different seeds stay well inside it, docs/verdict.md).
+  Only a rise fails: a lower loss is not a regression.
+* ``steps/s``: 1 / the median step time of ``metrics.jsonl`` (the median ignores start-up
+  and the odd stall of a shared runner) is lower than the baseline's by more than
+  ``speed_tolerance`` (default 15 %).
+* ``peak RSS``: higher than the baseline's (the largest of its seeds) by more than
+  ``memory_tolerance`` (default 15 %).
+
+The trajectory itself goes through ``optcheck.verdict`` (``judge`` for one run,
+``judge_seed_band`` for seeds): identical, within numerical noise, or diverged. A
+trajectory that diverges while the final losses stay inside the band (a dependency
+changed, another seed) is **reported, not failed** ("differs"), with what differs
+between the runs (``torch 2.13.0 → 2.14.1``).
+
+Not comparable (:class:`~optcheck.errors.InputError`, exit 2, one line): the baseline
+is missing, not a run directory, unfinished, or trained another model (backend,
+steps, batch and model shape, optimizer) or on another corpus (``corpus.sha256``).
+When the new run itself did not finish (crashed, interrupted) the comparison is
+reported as "not compared" and the run's own exit code stands.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from optcheck import exitcodes
+from optcheck.errors import InputError
+
+SPEED_TOLERANCE = 0.15
+MEMORY_TOLERANCE = 0.15
+#: Seed standard deviations of the band of a several-seed baseline.
+K_SEEDS = 5.0
+#: Config keys two runs must share to be compared (``summary.json`` config; ``extra.`` nested).
+MUST_MATCH = ("backend", "steps", "batch_size", "block_size", "n_layer", "n_head", "n_embd", "dropout",
+              "vocab_size", "extra.optimizer")
+REGRESSION, OK, DIFFERS, NOT_COMPARED = "regression", "ok", "differs", "not compared"
+
+
+def parse_fraction(text, option: str) -> float:
+    """``"15%"`` or ``"0.15"`` -> 0.15. Raises InputError unless a finite number >= 0."""
+    s = str(text).strip()
+    try:
+        v = float(s[:-1]) / 100 if s.endswith("%") else float(s)
+    except ValueError:
+        v = math.nan
+    if not math.isfinite(v) or v < 0:
+        raise InputError(f"{option} {text}: a fraction >= 0 such as 0.15 or 15%")
+    return v
+
+
+@dataclass
+class Tolerances:
+    """What counts as worse. Fractions of the baseline's value; losses in nats per token."""
+
+    speed: float = SPEED_TOLERANCE
+    memory: float = MEMORY_TOLERANCE
+    loss_rtol: float | None = None   # one-run band; None: optcheck.compare.DEFAULT_RTOL
+    loss_atol: float | None = None   # None: optcheck.compare.DEFAULT_ATOL
+    k: float = K_SEEDS
+    window: int | None = None        # None: optcheck.compare.DEFAULT_WINDOW
+
+
+@dataclass
+class Baseline:
+    """A kept run (``runs`` of one) or seed set (``runs`` of two or more), read and checked."""
+
+    path: Path
+    runs: list[Path]
+    summaries: list[dict]
+
+    @property
+    def seeds(self) -> list:
+        return [(s.get("config") or {}).get("seed") for s in self.summaries]
+
+    def text(self) -> str:
+        s = self.summaries[0]
+        from optcheck.report.text import versions_text
+
+        what = f"{len(self.runs)} seeds ({', '.join(map(str, self.seeds))})" if len(self.runs) > 1 \
+            else f"1 run, seed {self.seeds[0]}"
+        return f"{self.path} ({what}; {versions_text(s.get('versions')) or 'versions unknown'})"
+
+
+def _flat(config: dict) -> dict:
+    out = {k: v for k, v in (config or {}).items() if k != "extra"}
+    out.update({f"extra.{k}": v for k, v in ((config or {}).get("extra") or {}).items()})
+    return out
+
+
+def load_baseline(path: str | os.PathLike) -> Baseline:
+    """Read the baseline at ``path``: a finished run directory, or a folder of ``seed-N`` runs.
+
+    Raises:
+        InputError: missing, not a run directory nor a seed set, a ``summary.json``
+            unreadable, or a baseline run that did not finish (crashed, interrupted, short).
+    """
+    from optcheck.report.records import read_summary
+    from optcheck.upgrade import seed_runs
+
+    p = Path(path)
+    if not p.is_dir():
+        raise InputError(f"--baseline {path}: no such run directory (keep last night's --out folder, "
+                         f"or leave --baseline out on the first night)")
+    runs = [p] if (p / "summary.json").is_file() else seed_runs(p)
+    if not runs:
+        raise InputError(f"--baseline {path}: not a run directory (no summary.json, no seed-N runs in it)")
+    summaries = []
+    for r in runs:
+        s = read_summary(r)
+        if s.get("status") not in ("clean", "findings") or (s.get("last_step") or 0) < (s.get("steps_requested") or 0):
+            raise InputError(f"--baseline {r}: not a finished run (status {s.get('status')}, step "
+                             f"{s.get('last_step')} of {s.get('steps_requested')}); keep a run that finished")
+        summaries.append(s)
+    b = Baseline(p, runs, summaries)
+    for r, s in zip(runs[1:], summaries[1:]):
+        _check_same(summaries[0], s, f"--baseline {r}", f"{runs[0].name}")
+    return b
+
+
+def _check_same(base: dict, cand: dict, who: str, against: str) -> None:
+    """InputError ``"<who>: not comparable: n_embd 64 vs 128"`` when a MUST_MATCH key or the corpus differs."""
+    ca, cb = _flat(base.get("config") or {}), _flat(cand.get("config") or {})
+    diffs = [f"{k} {ca.get(k, '-')} vs {cb.get(k, '-')}" for k in MUST_MATCH if ca.get(k) != cb.get(k)]
+    sa, sb = (base.get("corpus") or {}).get("sha256"), (cand.get("corpus") or {}).get("sha256")
+    if sa and sb and sa != sb:
+        diffs.append(f"corpus sha256 {sa[:12]}… vs {sb[:12]}…")
+    if diffs:
+        raise InputError(f"{who}: not comparable with {against}: {'; '.join(diffs)} (a baseline must train the "
+                         f"same model on the same corpus; keep a new baseline after such a change)")
+
+
+def check_config(baseline: Baseline, config: dict, *, seeds=None, backends=(), what: str = "this soak") -> None:
+    """Before a soak starts: ``config`` (a ``SoakConfig`` as a dict) trains what the baseline
+    trained, and the soak is one run (not ``--seeds`` nor two backends).
+
+    Raises:
+        InputError: one line naming the difference.
+    """
+    if seeds is not None or len(backends) > 1:
+        raise InputError("--baseline compares one run: leave out --seeds and give one --backend "
+                         "(seed sets compare with `optcheck compare BASELINE_DIR CANDIDATE_DIR`)")
+    _check_same(baseline.summaries[0], {"config": config}, f"--baseline {baseline.path}", what)
+
+
+@dataclass
+class Check:
+    """One line of the comparison: ``name`` (findings, loss, ...), ``status``
+    (regression, ok, differs, not compared) and what was compared."""
+
+    name: str
+    status: str
+    text: str
+    step: int | None = None
+
+    def line(self) -> str:
+        at = f" step {self.step:,}" if self.step is not None else ""
+        status = self.status.upper() if self.status == REGRESSION else self.status
+        return f"  {status:<12} {self.name}{at}: {self.text}"
+
+
+@dataclass
+class BaselineResult:
+    """The comparison of a run with its baseline; ``exit_code`` is 1 on a regression, else 0."""
+
+    run: Path
+    baseline: Baseline
+    checks: list[Check] = field(default_factory=list)
+    verdict: object = None  # optcheck.verdict.Verdict, or None when not compared
+
+    @property
+    def regressions(self) -> list[Check]:
+        return [c for c in self.checks if c.status == REGRESSION]
+
+    @property
+    def compared(self) -> bool:
+        return not any(c.status == NOT_COMPARED and c.name == "run" for c in self.checks)
+
+    @property
+    def exit_code(self) -> int:
+        return exitcodes.FINDINGS if self.regressions else exitcodes.CLEAN
+
+    def headline(self) -> str:
+        if not self.compared:
+            return "NOT COMPARED with the baseline: " + self.checks[0].text
+        if self.regressions:
+            return "REGRESSION against the baseline: " + "; ".join(f"{c.name}" for c in self.regressions)
+        differs = [c for c in self.checks if c.status == DIFFERS]
+        if differs:
+            return "NO REGRESSION, trajectory differs (reported, not failed): " + differs[0].text
+        return "NO REGRESSION against the baseline"
+
+    def lines(self) -> list[str]:
+        """The headline, the baseline, one line per check; a regression line reads
+        ``REGRESSION   loss step 300: final loss ...``."""
+        return [f"optcheck baseline: {self.headline()}", f"  baseline: {self.baseline.text()}",
+                *(c.line() for c in self.checks)]
+
+    def markdown(self) -> str:
+        """The comparison as a Markdown section (heading, verdict, one table row per check)."""
+        from optcheck.report.markdown import render_baseline
+
+        return render_baseline(self)
+
+
+def _final_mean(loss: dict[int, float], steps: list[int], window: int) -> float:
+    from optcheck.compare import _trailing_mean
+
+    w = min(window, len(steps))
+    return float(_trailing_mean(np.array([loss[s] for s in steps], float), w)[0][-1])
+
+
+def _finite(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def compare_with_baseline(run: str | os.PathLike, baseline: Baseline | str | os.PathLike,
+                          tol: Tolerances | None = None) -> BaselineResult:
+    """Judge run directory ``run`` against ``baseline`` (see the module docstring for each check).
+
+    Raises:
+        InputError: the baseline or the run is unreadable or not comparable (trains another
+            model or on another corpus), or they share no step.
+    """
+    from optcheck.compare import DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_WINDOW, _difference, compare_losses, \
+        read_run, read_snapshots
+    from optcheck.report.records import read_summary
+    from optcheck.units import format_bytes
+    from optcheck.verdict import judge, judge_seed_band, same_batches, seed_band
+
+    tol = tol or Tolerances()
+    window = tol.window or DEFAULT_WINDOW
+    rtol = DEFAULT_RTOL if tol.loss_rtol is None else tol.loss_rtol
+    atol = DEFAULT_ATOL if tol.loss_atol is None else tol.loss_atol
+    b = baseline if isinstance(baseline, Baseline) else load_baseline(baseline)
+    run = Path(run)
+    summary = read_summary(run)
+    res = BaselineResult(run, b)
+    if summary.get("status") not in ("clean", "findings"):
+        res.checks.append(Check("run", NOT_COMPARED, f"this run did not finish ({summary.get('status')} at step "
+                                                     f"{summary.get('last_step') or 0:,}); its own exit code stands"))
+        return res
+    _check_same(b.summaries[0], summary, f"--baseline {b.path}", f"run {run}")
+    info, loss, findings = read_run(run)
+    base = [read_run(r) for r in b.runs]
+    last = info.last_step
+
+    # findings the baseline does not have
+    base_findings = [f for _, _, fs in base for f in fs]
+    new, known = _difference(findings, base_findings), _difference(findings, [])
+    if new:
+        first = min(new, key=lambda f: f.get("step") or 0)
+        res.checks.append(Check("findings", REGRESSION, "new: " + ", ".join(
+            f"{f['code']} {f['symbol']} ({', '.join(f['subjects'][:3]) or '-'})" for f in new[:6])
+            + (f" and {len(new) - 6} more" if len(new) > 6 else "") + " — not in the baseline", first.get("step")))
+    else:
+        res.checks.append(Check("findings", OK, "none" if not known else
+                                "only findings the baseline has too: " + ", ".join(sorted({f["code"] for f in known}))))
+
+    # the trajectory and the final loss against the band
+    losses = [lo for _, lo, _ in base]
+    common = sorted(set(loss).intersection(*map(set, losses)))
+    if not common:
+        raise InputError(f"--baseline {b.path}: no training step in common with {run}")
+    mine = _final_mean(loss, common, window)
+    if len(losses) > 1:
+        steps, centre, half, w = seed_band(losses, common, window=window, k=tol.k)
+        top, how = float(centre[-1] + half[-1]), f"seed band {centre[-1]:.4f} ± {half[-1]:.4f} ({tol.k:g} seed sd)"
+        res.verdict = judge_seed_band(losses, [loss], window=window, k=tol.k)
+        band_half = float(half[-1])
+    else:
+        ref = _final_mean(losses[0], common, window)
+        band_half = atol + rtol * abs(ref)
+        top, how = ref + band_half, f"baseline {ref:.4f} + tolerance {atol:g} + {rtol:.0%}"
+        smoothed = compare_losses(losses[0], loss, rtol=rtol, atol=atol, window=window)
+        res.verdict = judge(losses[0], loss, same_seed=same_batches(b.summaries[0], summary),
+                            snaps_a=read_snapshots(b.runs[0]), snaps_b=read_snapshots(run),
+                            summary_a=b.summaries[0], summary_b=summary, smoothed=smoothed)
+    w = min(window, len(common))
+    res.checks.append(Check("loss", REGRESSION if mine > top or not math.isfinite(mine) else OK,
+                            f"final loss ({w}-step mean) {mine:.4f}, band up to {top:.4f} ({how})", common[-1]))
+
+    # held-out loss
+    vals = [_finite(s.get("val_loss_last")) for s in b.summaries]
+    vsteps = {s.get("val_step_last") for s in b.summaries}
+    v = _finite(summary.get("val_loss_last"))
+    if v is None or None in vals or vsteps != {summary.get("val_step_last")}:
+        res.checks.append(Check("held-out loss", NOT_COMPARED, "no held-out loss at the same step in both "
+                                "(--val-every)" if v is not None or any(vals) else "neither run has one"))
+    else:
+        centre = float(np.mean(vals))
+        if len(vals) > 1:
+            half = max(tol.k * float(np.std(vals, ddof=1)) * math.sqrt(1 + 1 / len(vals)), band_half)
+            how = f"seeds' mean {centre:.4f} + {half:.4f}"
+        else:
+            half, how = atol + rtol * abs(centre), f"baseline {centre:.4f} + tolerance {atol:g} + {rtol:.0%}"
+        res.checks.append(Check("held-out loss", REGRESSION if v > centre + half else OK,
+                                f"{v:.4f}, band up to {centre + half:.4f} ({how})", summary.get("val_step_last")))
+
+    # steps/s from the median step time
+    times = [i.step_time_s for i, _, _ in base if i.step_time_s]
+    if info.step_time_s and times:
+        ref_t = float(np.median(times))
+        sps, ref_sps = 1 / info.step_time_s, 1 / ref_t
+        worse = sps < ref_sps * (1 - tol.speed)
+        res.checks.append(Check("steps/s", REGRESSION if worse else OK,
+                                f"{sps:.2f} vs {ref_sps:.2f} ({sps / ref_sps:.2f}x; 1 / median step time; fails "
+                                f"below {1 - tol.speed:.0%} of the baseline)"))
+    else:
+        res.checks.append(Check("steps/s", NOT_COMPARED, "no step times in metrics.jsonl"))
+
+    # peak RSS
+    peaks = [i.peak_rss_bytes for i, _, _ in base if i.peak_rss_bytes]
+    if info.peak_rss_bytes and peaks:
+        ref_m = max(peaks)
+        worse = info.peak_rss_bytes > ref_m * (1 + tol.memory)
+        res.checks.append(Check("peak RSS", REGRESSION if worse else OK,
+                                f"{format_bytes(info.peak_rss_bytes)} vs {format_bytes(ref_m)} "
+                                f"({info.peak_rss_bytes / ref_m:.2f}x; fails above {1 + tol.memory:.0%})"))
+    else:
+        res.checks.append(Check("peak RSS", NOT_COMPARED, "no peak RSS recorded"))
+
+    # the trajectory: reported, never failed by itself
+    vd = res.verdict
+    text = vd.headline() + (f"; runs differ in: {'; '.join(vd.differences)}" if vd.differences else "")
+    res.checks.append(Check("trajectory", DIFFERS if vd.diverged else OK, text, last))
+    return res
+
+
+def prepare(path, config_json: str, *, seeds=None, backends=(), speed="15%", memory="15%"):
+    """Before ``optcheck soak --baseline`` runs: (the :class:`Baseline`, :class:`Tolerances`),
+    or None without ``path``. ``config_json``: ``SoakConfig.to_json()`` of the soak.
+
+    Raises:
+        InputError: a tolerance that is not a fraction, a baseline that is missing or not
+            comparable (:func:`load_baseline`, :func:`check_config`): nothing runs then.
+    """
+    import json
+
+    tol = Tolerances(speed=parse_fraction(speed, "--speed-tolerance"),
+                     memory=parse_fraction(memory, "--memory-tolerance"))
+    if path is None:
+        return None
+    b = load_baseline(path)
+    check_config(b, json.loads(config_json), seeds=seeds, backends=backends)
+    return b, tol
+
+
+def after_soak(run: str | os.PathLike, prepared: tuple, run_code: int, echo=print) -> tuple[BaselineResult, int]:
+    """What ``optcheck soak --baseline`` does once the run is over (``prepared``: what
+    :func:`prepare` returned): compare, print the lines,
+    and return (result, the job's exit code). The job's exit code is the run's when it crashed,
+    could not record or was interrupted (3, 4, 130), else 1 on a regression and 0 without one:
+    findings the baseline has too no longer fail the job.
+    """
+    res = compare_with_baseline(run, *prepared)
+    for line in res.lines():
+        echo(line)
+    if not res.compared or run_code not in (exitcodes.CLEAN, exitcodes.FINDINGS):
+        return res, run_code
+    return res, res.exit_code

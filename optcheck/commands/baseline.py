@@ -1,0 +1,40 @@
+"""``optcheck baseline RUN BASELINE``: judge a finished run against a kept one, as ``soak --baseline`` does."""
+
+from __future__ import annotations
+
+import click
+
+
+def register(group: click.Group) -> None:
+    @group.command()
+    @click.argument("run", type=click.Path())
+    @click.argument("baseline", type=click.Path())
+    @click.option("--speed-tolerance", default="15%", show_default=True, help="steps/s drop allowed.")
+    @click.option("--memory-tolerance", default="15%", show_default=True, help="Peak RSS rise allowed.")
+    @click.option("--summary-md", "summary_md", type=click.Path(dir_okay=False), default=None,
+                  help="Also write the run's Markdown report with the comparison (e.g. $GITHUB_STEP_SUMMARY).")
+    def baseline(run, baseline, speed_tolerance, memory_tolerance, summary_md):
+        """Compare run directory RUN (an `optcheck soak --out` folder) with BASELINE (a kept
+        run, or a folder of seed-N runs) and fail only on a regression: findings not in the
+        baseline, final or held-out loss above the baseline's band, steps/s or peak RSS worse
+        beyond tolerance. A trajectory that differs inside the band is reported, not failed.
+
+        Exit codes: 0 no regression, 1 regression, 2 bad input or not comparable.
+        """
+        from optcheck.baseline import Tolerances, compare_with_baseline, load_baseline, parse_fraction
+        from optcheck.commands._paths import check_output_file
+        from optcheck.report.records import read_findings, read_summary
+
+        tol = Tolerances(speed=parse_fraction(speed_tolerance, "--speed-tolerance"),
+                         memory=parse_fraction(memory_tolerance, "--memory-tolerance"))
+        if summary_md:
+            check_output_file(summary_md, "--summary-md")
+        summary = read_summary(run)
+        res = compare_with_baseline(run, load_baseline(baseline), tol)
+        for line in res.lines():
+            click.echo(line)
+        if summary_md:
+            from optcheck.report.markdown import write_markdown
+
+            write_markdown(summary_md, [(summary, read_findings(run))], None, baseline=res)
+        return res.exit_code

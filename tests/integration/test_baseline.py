@@ -1,0 +1,198 @@
+"""``optcheck soak --baseline DIR`` with real short soaks: one kept baseline of two seeds
+(shared by the module), then a clean rerun, a planted fault, a slower worker, a lower
+learning rate and another seed, each judged against it; the reason is in the Markdown
+summary. ``optcheck baseline RUN DIR`` judges the same runs again from their folders.
+
+The machine is shared (2 cores, other jobs): step times move by +-20 % from load alone,
+so the speed check runs with ``--speed-tolerance 50%`` and the slow worker sleeps long
+enough per step (a global optimizer step pre-hook, test-only, through ``--python``) to
+be several times slower."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import SMALL, run_cli
+from optcheck import exitcodes
+
+STEPS = ["--steps", "200", "--every", "100", *SMALL]
+LOOSE = ["--speed-tolerance", "50%"]
+NIGHTS = Path(__file__).resolve().parents[1] / "fixtures" / "nights"  # recorded runs, see its README.md
+
+SITECUSTOMIZE = '''\
+import os, time
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+_SLEEP = float(os.environ.get("OPTCHECK_TEST_STEP_SLEEP", "0"))
+
+
+def _slow(optimizer, args, kwargs):
+    time.sleep(_SLEEP)
+
+
+register_optimizer_step_pre_hook(_slow)
+'''
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A kept baseline: seeds 1 and 2 (``base/seed-1``, ``base/seed-2``)."""
+    d = tmp_path_factory.mktemp("baseline") / "base"
+    rc, stdout, _ = run_cli(["soak", "-q", "--seeds", "1,2", "--out", str(d), *STEPS])
+    assert rc == exitcodes.CLEAN, stdout
+    return d
+
+
+def _soak(tmp_path, base_dir, *args):
+    out, md = tmp_path / "run", tmp_path / "summary.md"
+    rc, stdout, stderr = run_cli(["soak", "-q", "--out", str(out), "--summary-md", str(md), "--baseline",
+                                  str(base_dir), *STEPS, *args])
+    return rc, stdout + stderr, md.read_text(encoding="utf-8") if md.exists() else ""
+
+
+def _rows(md: str) -> dict[str, str]:
+    """The baseline table of the Markdown summary: check -> its status."""
+    out = {}
+    for line in md.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 4 and cells[0].split(" ", 1)[-1] in ("ok", "regression", "differs", "not compared"):
+            out[cells[1]] = cells[0].split(" ", 1)[-1]
+    return out
+
+
+def test_clean_rerun_of_the_baseline_passes(base, tmp_path):
+    rc, out, md = _soak(tmp_path, base / "seed-1", "--seed", "1", *LOOSE)
+    assert rc == exitcodes.CLEAN, out
+    assert "optcheck baseline: NO REGRESSION against the baseline" in out
+    assert "IDENTICAL" in out  # same seed, same torch: bit-for-bit
+    assert "### ✅ Against the baseline: NO REGRESSION" in md
+    assert _rows(md) == {"findings": "ok", "loss": "ok", "held-out loss": "ok", "steps/s": "ok",
+                         "peak RSS": "ok", "trajectory": "ok"}
+
+
+def test_another_seed_inside_the_seed_band_is_reported_not_failed(base, tmp_path):
+    rc, out, md = _soak(tmp_path, base, "--seed", "3", *LOOSE)
+    assert rc == exitcodes.CLEAN, out
+    assert "2 seeds (1, 2)" in out and "seed band" in out
+    rows = _rows(md)
+    assert rows["loss"] == rows["held-out loss"] == rows["findings"] == "ok", md
+    if rows["trajectory"] == "differs":  # outside the band early on, inside at the end: said, not failed
+        assert "trajectory differs (reported, not failed)" in md
+
+
+def test_trajectory_that_differs_inside_the_band_is_reported_not_failed(base, tmp_path):
+    """Same seed, lr x 1.01: the losses leave float-rounding noise from step 2 (docs/verdict.md),
+    as when a dependency changes the numerics, but end inside the band: exit 0, said so."""
+    rc, out, md = _soak(tmp_path, base / "seed-1", "--seed", "1", "--lr", "0.00101", *LOOSE)
+    assert rc == exitcodes.CLEAN, out
+    assert "NO REGRESSION, trajectory differs (reported, not failed): DIVERGED from step" in out
+    rows = _rows(md)
+    assert rows["trajectory"] == "differs" and rows["loss"] == rows["held-out loss"] == "ok", md
+    assert "lr 0.001 vs 0.00101" in md and "### ✅ Against the baseline" in md
+
+
+def test_planted_fault_fails_with_the_new_finding(base, tmp_path):
+    rc, out, md = _soak(tmp_path, base / "seed-1", "--seed", "1", "--inject", "no-zero-grad@100", *LOOSE)
+    assert rc == exitcodes.FINDINGS, out
+    assert "REGRESSION against the baseline: findings" in out
+    line = next(x for x in out.splitlines() if x.strip().startswith("REGRESSION") and "findings" in x)
+    assert "step 100" in line and "OC204" in line and "not in the baseline" in line
+    assert "**Fails the job (exit 1):** findings: new: OC204" in md
+    assert _rows(md)["findings"] == "regression"
+
+
+def test_slower_worker_fails_on_steps_per_s(base, tmp_path):
+    d = tmp_path / "slow"
+    d.mkdir()
+    (d / "sitecustomize.py").write_text(SITECUSTOMIZE, encoding="utf-8")
+    py = d / "python"
+    py.write_text(f'#!/bin/sh\nPYTHONPATH="{d}:$PYTHONPATH" OPTCHECK_TEST_STEP_SLEEP=0.1 exec "{sys.executable}" "$@"\n')
+    py.chmod(0o755)
+    rc, out, md = _soak(tmp_path, base / "seed-1", "--seed", "1", "--python", str(py), *LOOSE)
+    assert rc == exitcodes.FINDINGS, out
+    rows = _rows(md)
+    assert rows["steps/s"] == "regression" and rows["findings"] == rows["loss"] == "ok", md
+    assert "**Fails the job (exit 1):** steps/s:" in md
+    assert "fails below 50% of the baseline" in md
+
+
+def test_lower_learning_rate_fails_on_the_loss(base, tmp_path):
+    rc, out, md = _soak(tmp_path, base / "seed-1", "--seed", "1", "--lr", "1e-4", *LOOSE)
+    assert rc == exitcodes.FINDINGS, out
+    rows = _rows(md)
+    assert rows["loss"] == "regression" and rows["held-out loss"] == "regression" and rows["findings"] == "ok", md
+    assert rows["trajectory"] == "differs"
+    assert "lr 0.001 vs 0.0001" in md   # what differs between the runs
+    assert "**Fails the job (exit 1):** loss: final loss" in md
+    # the same judgement from the folders, without running again
+    rc2, out2, _ = run_cli(["baseline", str(tmp_path / "run"), str(base / "seed-1"), *LOOSE])
+    assert rc2 == exitcodes.FINDINGS and "REGRESSION against the baseline: loss; held-out loss" in out2
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--n-embd", "16"], "not comparable with this soak: n_embd 32 vs 16"),
+    (["--steps", "100"], "not comparable with this soak: steps 200 vs 100"),
+    (["--seeds", "1,2"], "--baseline compares one run"),
+    (["--speed-tolerance", "fast"], "--speed-tolerance fast: a fraction"),
+])
+def test_incompatible_baseline_is_refused_before_the_run(base, tmp_path, args, needle):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "optcheck", "soak", "-q", "--out", str(out), "--baseline",
+                           str(base / "seed-1"), *STEPS, *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == exitcodes.USAGE, proc.stdout + proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "Traceback" not in proc.stderr
+    assert not out.exists()  # nothing ran
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda p: p / "missing", "no such run directory"),
+    (lambda p: p, "not a run directory"),
+])
+def test_missing_baseline_is_one_line_exit_2(tmp_path, make, needle):
+    proc = subprocess.run([sys.executable, "-m", "optcheck", "soak", "-q", "--out", str(tmp_path / "run"),
+                           "--baseline", str(make(tmp_path)), *STEPS], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == exitcodes.USAGE
+    assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr
+
+
+def test_unfinished_baseline_is_refused(base, tmp_path):
+    import shutil
+
+    d = tmp_path / "crashed"
+    shutil.copytree(base / "seed-1", d)
+    s = json.loads((d / "summary.json").read_text())
+    s["status"], s["last_step"] = "crashed", 120
+    (d / "summary.json").write_text(json.dumps(s))
+    rc, stdout, stderr = run_cli(["baseline", str(base / "seed-2"), str(d)])
+    assert rc == exitcodes.USAGE and "not a finished run (status crashed, step 120 of 200)" in stdout + stderr
+
+
+def test_recorded_torch_upgrade_trains_the_same_and_takes_more_memory(tmp_path):
+    """Recorded nights: torch 2.14.1+cu130 against 2.13.0+cpu, same seed: bit-for-bit the same
+    losses, but the CUDA wheel's libraries are loaded on CPU too (peak RSS 408 -> 771 MiB)."""
+    md = tmp_path / "summary.md"
+    rc, out, _ = run_cli(["baseline", str(NIGHTS / "night-4-torch2.14"), str(NIGHTS / "night-1-torch2.13"),
+                          "--summary-md", str(md)])
+    assert rc == exitcodes.FINDINGS, out
+    assert "REGRESSION   peak RSS: 770.5 MiB vs 407.9 MiB (1.89x; fails above 115%)" in out
+    assert "IDENTICAL: 300 steps, bit-for-bit equal losses; runs differ in: torch 2.13.0+cpu → 2.14.1+cu130" in out
+    rows = _rows(md.read_text(encoding="utf-8"))
+    assert rows["loss"] == rows["held-out loss"] == rows["findings"] == rows["trajectory"] == "ok"
+
+
+def test_recorded_night_against_the_night_before_passes():
+    rc, out, _ = run_cli(["baseline", str(NIGHTS / "night-2-torch2.13"), str(NIGHTS / "night-1-torch2.13")])
+    assert rc == exitcodes.CLEAN and "NO REGRESSION against the baseline" in out, out
+
+
+def test_recorded_planted_regression_fails_on_findings_and_loss():
+    rc, out, _ = run_cli(["baseline", str(NIGHTS / "night-5-torch2.14-regression"), str(NIGHTS / "night-4-torch2.14")])
+    assert rc == exitcodes.FINDINGS
+    assert "REGRESSION against the baseline: findings; loss; held-out loss" in out
+    assert "REGRESSION   findings step 100: new: OC101 stale-param" in out
