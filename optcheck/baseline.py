@@ -33,6 +33,8 @@ is missing, not a run directory, unfinished, or trained another model (backend,
 steps, batch and model shape, optimizer) or on another corpus (``corpus.sha256``).
 When the new run itself did not finish (crashed, interrupted) the comparison is
 reported as "not compared" and the run's own exit code stands.
+
+Where the bands' sizes come from, and the measurements behind them: ``docs/nightly.md``.
 """
 
 from __future__ import annotations
@@ -133,6 +135,9 @@ def load_baseline(path: str | os.PathLike) -> Baseline:
                              f"{s.get('last_step')} of {s.get('steps_requested')}); keep a run that finished")
         summaries.append(s)
     b = Baseline(p, runs, summaries)
+    if len(runs) > 1 and len(set(map(str, b.seeds))) < len(runs):
+        raise InputError(f"--baseline {path}: its seed-N runs share a seed ({', '.join(map(str, b.seeds))}): "
+                         f"a seed band needs distinct seeds")
     for r, s in zip(runs[1:], summaries[1:]):
         _check_same(summaries[0], s, f"--baseline {r}", f"{runs[0].name}")
     return b

@@ -103,3 +103,18 @@ def test_seed_band():
     assert slow.kind == DIVERGED and 50 <= slow.first_step < 150
     with pytest.raises(ValueError):
         judge_seed_band(base[:1], [losses(4)])
+
+
+def test_seed_band_numbers():
+    from optcheck.verdict import seed_band
+
+    steps = list(range(1, 11))
+    base = [{s: 2.0 + d for s in steps} for d in (-0.1, 0.0, 0.1)]   # constant losses, seeds 0.1 apart
+    at, centre, half, w = seed_band(base, steps, window=4, k=5.0)
+    assert w == 4 and list(at) == steps[3:]
+    assert centre == pytest.approx([2.0] * 7)
+    assert half == pytest.approx([5.0 * 0.1 * (1 + 1 / 3) ** 0.5] * 7)   # sd 0.1, widened for a 3-seed mean
+    with pytest.raises(ValueError, match="at least two baseline seeds"):
+        seed_band(base[:1], steps)
+    with pytest.raises(ValueError, match="no step"):
+        seed_band(base, [])

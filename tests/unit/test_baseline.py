@@ -1,0 +1,128 @@
+"""``optcheck.baseline`` on the recorded nights (``tests/fixtures/nights``, real soaks) and
+copies of them with one thing changed: what makes a baseline unusable or not comparable,
+the held-out check, tolerances, and the Markdown section."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from optcheck.baseline import (DIFFERS, NOT_COMPARED, OK, REGRESSION, Tolerances, compare_with_baseline,
+                               load_baseline, parse_fraction)
+from optcheck.errors import InputError
+
+NIGHTS = Path(__file__).resolve().parents[1] / "fixtures" / "nights"
+N1, N2, N4 = NIGHTS / "night-1-torch2.13", NIGHTS / "night-2-torch2.13", NIGHTS / "night-4-torch2.14"
+
+
+def _copy(src: Path, dst: Path, **changes) -> Path:
+    shutil.copytree(src, dst)
+    s = json.loads((dst / "summary.json").read_text())
+    for k, v in changes.items():
+        if k.startswith("config."):
+            s["config"][k[7:]] = v
+        else:
+            s[k] = v
+    (dst / "summary.json").write_text(json.dumps(s))
+    return dst
+
+
+def _status(res) -> dict[str, str]:
+    return {c.name: c.status for c in res.checks}
+
+
+@pytest.mark.parametrize("text,value", [("15%", 0.15), ("0.15", 0.15), (" 50 % ".replace(" ", ""), 0.5), ("0", 0.0)])
+def test_parse_fraction(text, value):
+    assert parse_fraction(text, "--x") == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["fast", "-5%", "nan", "inf", ""])
+def test_parse_fraction_refuses(text):
+    with pytest.raises(InputError, match="--speed-tolerance"):
+        parse_fraction(text, "--speed-tolerance")
+
+
+def test_same_night_again_is_no_regression():
+    res = compare_with_baseline(N2, N1)
+    assert res.exit_code == 0 and not res.regressions
+    assert _status(res) == {"findings": OK, "loss": OK, "held-out loss": OK, "steps/s": OK, "peak RSS": OK,
+                            "trajectory": OK}
+    assert res.headline() == "NO REGRESSION against the baseline"
+
+
+def test_tolerance_decides_the_speed_check():
+    # night 4 ran at 0.62x night 1's steps/s (1 / median step time, recorded)
+    assert _status(compare_with_baseline(N4, N1, Tolerances(speed=0.15, memory=1.0)))["steps/s"] == REGRESSION
+    relaxed = compare_with_baseline(N4, N1, Tolerances(speed=0.5, memory=1.0))
+    assert _status(relaxed)["steps/s"] == OK and _status(relaxed)["peak RSS"] == OK and relaxed.exit_code == 0
+
+
+def test_seed_set_baseline(tmp_path):
+    base = tmp_path / "base"
+    base.mkdir()
+    _copy(N1, base / "seed-1")
+    _copy(N2, base / "seed-2")
+    with pytest.raises(InputError, match="share a seed .1337, 1337.: a seed band needs distinct seeds"):
+        load_baseline(base)
+    for n in (1, 2):  # the plumbing, on copies: the seed band of real seeds is tests/integration/test_baseline.py's
+        s = json.loads((base / f"seed-{n}" / "summary.json").read_text())
+        s["config"]["seed"] = n
+        (base / f"seed-{n}" / "summary.json").write_text(json.dumps(s))
+    b = load_baseline(base)
+    assert len(b.runs) == 2 and "2 seeds (1, 2)" in b.text()
+    res = compare_with_baseline(N4, b, Tolerances(speed=1.0, memory=1.0))
+    assert res.verdict.basis == "seed-band" and _status(res)["loss"] == OK
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"config.n_embd": 128}, "not comparable with run .*: n_embd 64 vs 128"),
+    ({"config.steps": 600}, "steps 300 vs 600"),
+    ({"corpus": {"sha256": "ab" * 32}}, "corpus sha256 1409829203c7… vs abababababab…"),
+])
+def test_other_model_or_corpus_is_not_comparable(tmp_path, change, needle):
+    run = _copy(N2, tmp_path / "run", **change)
+    with pytest.raises(InputError, match=needle):
+        compare_with_baseline(run, N1)
+
+
+def test_unfinished_run_is_not_compared_and_keeps_its_exit_code(tmp_path):
+    from optcheck.baseline import after_soak
+
+    run = _copy(N2, tmp_path / "run", status="crashed", last_step=120)
+    lines = []
+    res, code = after_soak(run, (load_baseline(N1), Tolerances()), 3, lines.append)
+    assert code == 3 and not res.compared and _status(res) == {"run": NOT_COMPARED}
+    assert lines[0].startswith("optcheck baseline: NOT COMPARED with the baseline: this run did not finish (crashed")
+
+
+def test_known_findings_do_not_fail_new_ones_do(tmp_path):
+    n5 = NIGHTS / "night-5-torch2.14-regression"
+    same = compare_with_baseline(n5, n5, Tolerances(speed=1.0))
+    assert _status(same)["findings"] == OK and "the baseline has too: OC101, OC102, OC104" in same.checks[0].text
+    assert same.exit_code == 0
+    new = compare_with_baseline(n5, N4, Tolerances(speed=1.0))
+    assert new.checks[0].status == REGRESSION and new.checks[0].step == 100
+
+
+def test_held_out_at_another_step_is_not_compared(tmp_path):
+    run = _copy(N2, tmp_path / "run", val_step_last=200)
+    assert _status(compare_with_baseline(run, N1))["held-out loss"] == NOT_COMPARED
+
+
+def test_markdown_section_names_the_reason():
+    from optcheck.report.markdown import render_markdown
+
+    res = compare_with_baseline(NIGHTS / "night-5-torch2.14-regression", N4, Tolerances(speed=1.0))
+    summary = json.loads((NIGHTS / "night-5-torch2.14-regression" / "summary.json").read_text())
+    md = render_markdown(summary, [], baseline=res)
+    lines = md.splitlines()
+    verdict = next(i for i, x in enumerate(lines) if x.startswith("**Verdict:**"))
+    assert lines[verdict + 2] == ("### ❌ Against the baseline: REGRESSION against the baseline: findings; loss; "
+                                  "held-out loss")
+    assert "**Fails the job (exit 1):** findings: new: OC101 stale-param" in md
+    assert "| ⚠️ differs | trajectory | 300 | DIVERGED from step 101" in md
+    assert "| ❌ regression | loss | 300 | final loss (50-step mean) 2.9128, band up to 2.5978" in md
+    assert DIFFERS in {c.status for c in res.checks}
