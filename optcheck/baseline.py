@@ -5,8 +5,9 @@ The baseline is a run directory kept from an earlier night (``summary.json``,
 ``optcheck soak --seeds 1,2,3 --out DIR``. The new run fails the job (exit 1) only
 on a **regression**, one check each:
 
-* ``findings``: a finding (code and parameters, as ``optcheck compare`` matches
-  them) the baseline does not have. Findings the baseline has too are listed, not failed.
+* ``findings``: a finding at or above ``--fail-on`` (code and parameters, as
+  ``optcheck compare`` matches them) the baseline does not have. Findings the
+  baseline has too, and new ones below ``--fail-on``, are listed, not failed.
 * ``loss``: the final training loss (trailing mean of the last ``window`` steps)
   is above the baseline's band, and ``held-out loss``: the last held-out loss is above its band.
   With **several baseline seeds** the band is ``optcheck.verdict.seed_band`` at the
@@ -81,6 +82,7 @@ class Tolerances:
     loss_atol: float | None = None   # None: optcheck.compare.DEFAULT_ATOL
     k: float = K_SEEDS
     window: int | None = None        # None: optcheck.compare.DEFAULT_WINDOW
+    fail_on: str = "warning"         # new findings below this severity are listed, not failed
 
 
 @dataclass
@@ -271,16 +273,25 @@ def compare_with_baseline(run: str | os.PathLike, baseline: Baseline | str | os.
     last = info.last_step
 
     # findings the baseline does not have
+    from optcheck.findings import SEVERITIES, severity_rank
+
     base_findings = [f for _, _, fs in base for f in fs]
-    new, known = _difference(findings, base_findings), _difference(findings, [])
+    floor = severity_rank(tol.fail_on)
+    failing = [f for f in findings if severity_rank(f.get("severity") if f.get("severity") in SEVERITIES
+                                                    else "error") >= floor]
+    new, known = _difference(failing, base_findings), _difference(findings, [])
+    below = [f for f in _difference(findings, base_findings) if f not in new]
     if new:
         first = min(new, key=lambda f: f.get("step") or 0)
         res.checks.append(Check("findings", REGRESSION, "new: " + ", ".join(
             f"{f['code']} {f['symbol']} ({', '.join(f['subjects'][:3]) or '-'})" for f in new[:6])
             + (f" and {len(new) - 6} more" if len(new) > 6 else "") + " — not in the baseline", first.get("step")))
     else:
-        res.checks.append(Check("findings", OK, "none" if not known else
-                                "only findings the baseline has too: " + ", ".join(sorted({f["code"] for f in known}))))
+        text = "none" if not known else "only findings the baseline has too: " + ", ".join(
+            sorted({f["code"] for f in known if f not in below}))
+        if below:
+            text = f"new below --fail-on {tol.fail_on} only: " + ", ".join(sorted({f["code"] for f in below}))
+        res.checks.append(Check("findings", OK, text))
 
     # the trajectory and the final loss against the band
     losses = [lo for _, lo, _ in base]
@@ -352,7 +363,7 @@ def compare_with_baseline(run: str | os.PathLike, baseline: Baseline | str | os.
     return res
 
 
-def prepare(path, config_json: str, *, seeds=None, backends=(), speed="15%", memory="15%"):
+def prepare(path, config_json: str, *, seeds=None, backends=(), speed="15%", memory="15%", fail_on="warning"):
     """Before ``optcheck soak --baseline`` runs: (the :class:`Baseline`, :class:`Tolerances`),
     or None without ``path``. ``config_json``: ``SoakConfig.to_json()`` of the soak.
 
@@ -363,7 +374,7 @@ def prepare(path, config_json: str, *, seeds=None, backends=(), speed="15%", mem
     import json
 
     tol = Tolerances(speed=parse_fraction(speed, "--speed-tolerance"),
-                     memory=parse_fraction(memory, "--memory-tolerance"))
+                     memory=parse_fraction(memory, "--memory-tolerance"), fail_on=fail_on)
     if path is None:
         return None
     b = load_baseline(path)

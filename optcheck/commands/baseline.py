@@ -11,9 +11,11 @@ def register(group: click.Group) -> None:
     @click.argument("baseline", type=click.Path())
     @click.option("--speed-tolerance", default="15%", show_default=True, help="steps/s drop allowed.")
     @click.option("--memory-tolerance", default="15%", show_default=True, help="Peak RSS rise allowed.")
+    @click.option("--fail-on", type=click.Choice(["info", "warning", "error"]), default="warning", show_default=True,
+                  help="Lowest severity of a new finding that is a regression.")
     @click.option("--summary-md", "summary_md", type=click.Path(dir_okay=False), default=None,
                   help="Also write the run's Markdown report with the comparison (e.g. $GITHUB_STEP_SUMMARY).")
-    def baseline(run, baseline, speed_tolerance, memory_tolerance, summary_md):
+    def baseline(run, baseline, speed_tolerance, memory_tolerance, fail_on, summary_md):
         """Compare run directory RUN (an `optcheck soak --out` folder) with BASELINE (a kept
         run, or a folder of seed-N runs) and fail only on a regression: findings not in the
         baseline, final or held-out loss above the baseline's band, steps/s or peak RSS worse
@@ -26,7 +28,7 @@ def register(group: click.Group) -> None:
         from optcheck.report.records import read_findings, read_summary
 
         tol = Tolerances(speed=parse_fraction(speed_tolerance, "--speed-tolerance"),
-                         memory=parse_fraction(memory_tolerance, "--memory-tolerance"))
+                         memory=parse_fraction(memory_tolerance, "--memory-tolerance"), fail_on=fail_on)
         if summary_md:
             check_output_file(summary_md, "--summary-md")
         summary = read_summary(run)

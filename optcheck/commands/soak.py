@@ -170,7 +170,7 @@ def register(group: click.Group) -> None:
         cfg.validate()  # every option before anything is created
         from optcheck.baseline import after_soak, prepare
         prepared = prepare(baseline, cfg.to_json(), seeds=seeds, backends=backends, speed=speed_tolerance,
-                           memory=memory_tolerance)
+                           memory=memory_tolerance, fail_on=fail_on)
         for option, target in (("--junit", junit), ("--plot", plot), ("--summary-md", summary_md)):
             if target:
                 check_output_file(target, option, created_dir=out)

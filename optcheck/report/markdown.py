@@ -83,6 +83,9 @@ def render_markdown(summary: dict, findings: list[dict] | None = None, plot: str
     head = f"## {_ICON.get(status, '')} optcheck {s.get('command', 'soak')}: {status.upper()}".replace("  ", " ")
     if isinstance(s.get("exit_code"), int):
         head += f" (exit {s['exit_code']})"
+    if baseline is not None and baseline.compared:
+        head += f" — job exit {baseline.exit_code}: " + ("regression" if baseline.regressions else "no regression") \
+            + " against the baseline"
     lines = [head, ""]
     nf = s.get("findings") if isinstance(s.get("findings"), int) else len(findings)
     by_code = s.get("findings_by_code") or {}

@@ -119,6 +119,7 @@ def test_markdown_section_names_the_reason():
     summary = json.loads((NIGHTS / "night-5-torch2.14-regression" / "summary.json").read_text())
     md = render_markdown(summary, [], baseline=res)
     lines = md.splitlines()
+    assert lines[0] == "## ❌ optcheck soak: FINDINGS (exit 1) — job exit 1: regression against the baseline"
     verdict = next(i for i, x in enumerate(lines) if x.startswith("**Verdict:**"))
     assert lines[verdict + 2] == ("### ❌ Against the baseline: REGRESSION against the baseline: findings; loss; "
                                   "held-out loss")
@@ -126,3 +127,12 @@ def test_markdown_section_names_the_reason():
     assert "| ⚠️ differs | trajectory | 300 | DIVERGED from step 101" in md
     assert "| ❌ regression | loss | 300 | final loss (50-step mean) 2.9128, band up to 2.5978" in md
     assert DIFFERS in {c.status for c in res.checks}
+
+
+def test_new_findings_below_fail_on_are_listed_not_failed(tmp_path):
+    run = _copy(NIGHTS / "night-5-torch2.14-regression", tmp_path / "run")
+    f = run / "findings.jsonl"
+    f.write_text(f.read_text().replace('"severity":"error"', '"severity":"warning"'))
+    res = compare_with_baseline(run, N4, Tolerances(speed=1.0, fail_on="error"))
+    assert res.checks[0].status == OK and res.checks[0].text == "new below --fail-on error only: OC101, OC102, OC104"
+    assert compare_with_baseline(run, N4, Tolerances(speed=1.0, fail_on="warning")).checks[0].status == REGRESSION
