@@ -16,8 +16,10 @@ def register(group: click.Group) -> None:
     def history(runs, plot, k):
         """Print (and with --plot, draw) final and held-out loss, steps/s, peak RSS,
         findings and versions of each run, oldest first; mark the nights a version
-        changed, new finding codes appeared, or a loss rose beyond the earlier
-        nights' spread (median + k x 1.4826 MAD, at least 1% of the median).
+        changed, new finding codes appeared, a loss rose beyond the earlier
+        nights' spread (median + k x 1.4826 MAD, at least 1% of the median), or
+        steps/s fell / peak RSS rose by over 15% against the previous night and
+        beyond the earlier nights' spread.
 
         RUNS: run directories, or folders holding them. Exit codes: 0 printed,
         2 bad input.

@@ -136,3 +136,20 @@ def test_new_findings_below_fail_on_are_listed_not_failed(tmp_path):
     res = compare_with_baseline(run, N4, Tolerances(speed=1.0, fail_on="error"))
     assert res.checks[0].status == OK and res.checks[0].text == "new below --fail-on error only: OC101, OC102, OC104"
     assert compare_with_baseline(run, N4, Tolerances(speed=1.0, fail_on="warning")).checks[0].status == REGRESSION
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["/nonexistent/run", str(N1)], "/nonexistent/run: not a run directory (no summary.json)"),
+    ([str(N2), "/nonexistent/base"], "--baseline /nonexistent/base: no such run directory"),
+    ([str(N2), str(N1), "--memory-tolerance", "-1"], "--memory-tolerance -1: a fraction >= 0"),
+    ([str(N2), str(N1), "--summary-md", "/nonexistent/dir/s.md"], "--summary-md /nonexistent/dir/s.md: the folder"),
+])
+def test_baseline_command_bad_input_is_one_line_exit_2(args, needle):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "optcheck", "baseline", *args], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "Traceback" not in proc.stderr
