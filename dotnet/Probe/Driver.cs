@@ -43,10 +43,12 @@ namespace OptCheck.Probe
 
         public ITrainer Trainer { get { return trainer; } }
 
-        /// <summary>Build model and optimizer (ITrainer.Setup), then the probe over ITrainer.Target.</summary>
-        public void Setup(string[] names, string[] values)
+        /// <summary>Build model and optimizer (ITrainer.Setup, one JSON object: Interfaces.cs), then the
+        /// probe over ITrainer.Target.</summary>
+        /// <exception cref="ArgumentException">the trainer rejected the configuration (bad JSON, a bad value).</exception>
+        public void Setup(string configJson)
         {
-            trainer.Setup(names, values);
+            trainer.Setup(configJson);
             probe = new ProbeCore(trainer.Target);
         }
 
@@ -115,8 +117,8 @@ namespace OptCheck.Probe
         /// <summary>ProbeCore.PreStepCheck: "" when model, members and state keys agree.</summary>
         public string PreStepCheck() { return P.PreStepCheck(); }
 
-        /// <summary>ProbeCore.Read: the snapshot's arrays.</summary>
-        public ProbeArrays Probe() { return P.Read(); }
+        /// <summary>ProbeCore.Read: the snapshot body as one JSON object (prestep_findings included).</summary>
+        public string Probe() { return P.Read(); }
 
         public string Inject(string name) { return trainer.Inject(name); }
 
