@@ -9,15 +9,12 @@ Mono (Debian ``mono-runtime`` + ``libmono-2.0-dev`` + ``mono-devel``, whose
 ``Facades/netstandard.dll`` pythonnet's ``Python.Runtime`` needs) is the
 alternative.
 
-Discovery uses ``clr_loader`` (pythonnet's own loader, a dependency of pythonnet)
-where it serves: the runtimes under a dotnet root (``find_runtimes_in_root``) and
-``libmonosgen`` (``find_libmono``); pythonnet loads through its ``get_coreclr`` /
-``get_mono``. Kept here because clr_loader does not do it (``docs/dotnet.md``,
-"Runtimes"): the candidate roots beyond ``$DOTNET_ROOT`` and the ``dotnet`` command
-(default folders, dotnetcore2), the ``host/fxr`` check, the installed SDKs, Mono's
-netstandard facade and version, and the runtimeconfig (roll-forward, invariant
-globalization, ``netcoreapp3.1`` for 3.x: clr_loader's ``DotnetCoreRuntimeSpec``
-writes neither and names 3.1's TFM ``net3.1``).
+Discovery goes through ``clr_loader`` (pythonnet's loader) where it serves: the
+runtimes under a root (``find_runtimes_in_root``) and ``find_libmono``. Kept here,
+because clr_loader does not do it (``docs/dotnet.md``, "Runtimes"): the roots beyond
+``$DOTNET_ROOT``/``dotnet`` (default folders, dotnetcore2), the ``host/fxr`` check, the
+SDK list, Mono's facade and version, and the runtimeconfig (roll-forward, invariant
+globalization, the ``netcoreapp3.1`` TFM that clr_loader would spell ``net3.1``).
 
 A runtime can be loaded once per process (``pythonnet.load`` before ``import
 clr``; ~0.4 s). Everything that cannot be found or loaded raises
