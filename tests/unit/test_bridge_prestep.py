@@ -55,3 +55,16 @@ def test_without_the_csharp_check_the_rule_derives_it():
     old = copy.deepcopy(s)
     old["prestep_check"] = []                               # the line list older runs recorded: not a decision
     assert [x.subjects for x in oc108(old)] == [f.subjects]
+
+
+def test_the_schema_holds_prestep_findings():
+    import pytest
+
+    from optcheck.snapshot import SchemaError, validate
+
+    ok = ts(prestep=[{"code": "OC109", "line": "1 optimizer member(s) are disposed tensors", "names": [], "refs": [],
+                      "predicted_exception": "System.InvalidOperationException"}])
+    validate(ok)
+    bad = ts(prestep=[{"code": "OC999", "line": "?", "names": [], "refs": []}])
+    with pytest.raises(SchemaError, match="prestep_findings"):
+        validate(bad)
