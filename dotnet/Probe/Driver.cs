@@ -81,7 +81,8 @@ namespace OptCheck.Probe
         }
 
         /// <summary>Step on the bound buffers' first batch*time elements, then write Fingerprint() (the
-        /// pre-step check of the next step, unless something changes the model in between) to the sink.</summary>
+        /// pre-step check of the next step, unless something changes the model in between) to the sink.
+        /// Whatever the trainer throws propagates (KeyNotFoundException from AdamW.step, ...).</summary>
         /// <exception cref="InvalidOperationException">Bind was not called, or batch*time exceeds its capacity.</exception>
         public double StepBound(long step, int batch, int time)
         {
@@ -95,14 +96,6 @@ namespace OptCheck.Probe
 
         /// <summary>The probe core (benchmarks, Bench.cs).</summary>
         internal ProbeCore Core { get { return P; } }
-
-        /// <summary>One training step on int64 (batch, time) inputs/targets at x, y; returns the loss.
-        /// Whatever the trainer throws propagates (KeyNotFoundException from AdamW.step, ...).</summary>
-        public double Step(long step, IntPtr x, IntPtr y, int batch, int time)
-        {
-            Load(x, y, batch, time);
-            return trainer.Step(step, xbuf, ybuf, batch, time);
-        }
 
         /// <summary>Held-out loss of one batch (no gradients, no step).</summary>
         public double EvalLoss(IntPtr x, IntPtr y, int batch, int time)
