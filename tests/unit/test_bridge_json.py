@@ -68,6 +68,38 @@ def test_reader_names_where_bad_json_breaks(exe, tmp_path):
     assert res.stdout.decode().strip() == "FormatException JSON: unexpected character '}' at character 21"
 
 
+def test_probe_body_of_a_target_without_readable_state(exe):
+    """ProbeCore.Read's JSON for a target with no TorchSharp: the schema's field names, betas joined,
+    no grad = null, unmeasured memory left out, the unreadable state null with its reason in notes, the
+    untracked parameter in prestep_findings as OC102; the schema validates it."""
+    from optcheck.snapshot import SCHEMA, validate
+    from optcheck.torchsharp_bridge.convert import body_from_json
+
+    res = run(exe, "probe")
+    assert res.returncode == 0, res.stderr
+    body = body_from_json(res.stdout.decode("utf-8"))
+    a, b = body["params"]
+    assert a == {"name": "emb.weight", "ref": 11, "data_ptr": 1100, "shape": [4, 2], "dtype": "float32",
+                 "is_leaf": True, "requires_grad": True, "device": "cpu", "grad": "set", "grad_norm": 0.25,
+                 "value_norm": 2.0, "checksum": -5, "version": None}
+    assert b["name"] == 'head "bias"' and b["grad"] == "none" and b["grad_norm"] is None
+    (g,) = body["groups"]
+    assert g["options"]["betas"] == [0.9, 0.95] and g["options"]["lr"] == 0.001 and g["options"]["amsgrad"] == 0.0
+    assert math.isnan(g["options"]["unset"]) and "beta1" not in g["options"]
+    assert [m["name"] for m in g["members"]] == ["emb.weight"]
+    assert body["state"] is None and "state_bytes" not in body["memory"]
+    assert body["notes"] == ["optimizer state not readable: no field '_state' on System.Object or its base types "
+                             "(reflection; TorchSharp declares _state on TorchSharp.Modules.OptimizerHelper)"]
+    assert body["optimizer"] == {"type": "MyOpt", "state_init": "eager"}
+    assert body["memory"]["live_tensors"] == 7 and "peak_tensors" not in body["memory"]
+    assert body["memory"]["managed_bytes"] > 0 and body["memory"]["rss_bytes"] > 0
+    assert body["prestep_findings"] == [{"code": "OC102", "line": '1 trainable model parameter(s) in no param group, '
+                                         'never trained: head "bias" (handle 12)', "names": ['head "bias"'],
+                                         "refs": [12]}]
+    validate({"schema": SCHEMA, "backend": "torchsharp", "run": "t", "step": 0, "phase": "post-step",
+              "trigger": "start", **body, "events": []})
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
 def test_checksum_and_norm_match_the_pytorch_probe(exe, tmp_path, dtype):
     torch = pytest.importorskip("torch")

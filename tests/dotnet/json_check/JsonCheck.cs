@@ -3,12 +3,52 @@
 //   JsonCheck.exe write            -> one JSON object with awkward strings and non-finite numbers
 //   JsonCheck.exe roundtrip FILE   -> FILE's JSON read by JsonReader and written back by JsonWriter
 //   JsonCheck.exe values KIND FILE -> "norm checksum" of FILE's raw float32/float64/words32 values
+//   JsonCheck.exe probe            -> ProbeCore.Read() of a two-parameter target whose state cannot be read
 using System;
 using System.Collections.Generic;
 using System.Globalization;
 using System.IO;
 using System.Runtime.InteropServices;
 using OptCheck.Probe;
+
+/// <summary>A parameter of the probe target below; no TorchSharp.</summary>
+sealed class View : IParameterView, IParameterValues
+{
+    public string Name { get; set; }
+    public long Handle { get; set; }
+    public long DataPtr { get; set; }
+    public bool IsLeaf { get { return true; } }
+    public bool RequiresGrad { get { return true; } }
+    public long[] Shape { get; set; }
+    public string DType { get { return "Float32"; } }     // TorchSharp's spelling: the probe writes float32
+    public string Device { get { return "cpu"; } }
+    public bool HasGrad { get; set; }
+    public double GradNorm() { return 0.25; }
+    public bool ReadValues(out double valueNorm, out long checksum) { valueNorm = 2.0; checksum = -5; return true; }
+}
+
+sealed class Group : IParamGroupView
+{
+    public IList<IParameterView> Held = new List<IParameterView>();
+    public string[] OptionNames { get { return new[] { "lr", "beta1", "beta2", "amsgrad", "unset" }; } }
+    public double[] OptionValues { get { return new[] { 0.001, 0.9, 0.95, 0.0, double.NaN }; } }
+    public IList<IParameterView> Members() { return Held; }
+}
+
+/// <summary>Two parameters, one group holding the first only; the optimizer object has no _state.</summary>
+sealed class Target : IProbeTarget
+{
+    readonly View a = new View { Name = "emb.weight", Handle = 11, DataPtr = 1100, Shape = new long[] { 4, 2 }, HasGrad = true };
+    readonly View b = new View { Name = "head \"bias\"", Handle = 12, DataPtr = 1200, Shape = new long[] { 4 } };
+    public IList<IParameterView> ModelParameters() { return new IParameterView[] { a, b }; }
+    public IList<IParamGroupView> ParamGroups() { var g = new Group(); g.Held.Add(a); return new IParamGroupView[] { g }; }
+    public object StateOwner { get { return new object(); } }
+    public string StateFieldName { get { return "_state"; } }
+    public StateView DescribeState(object key, object value) { return null; }
+    public string OptimizerType { get { return "MyOpt"; } }
+    public long LiveTensors { get { return 7; } }
+    public long PeakTensors { get { return -1; } }
+}
 
 static class JsonCheck
 {
@@ -37,6 +77,10 @@ static class JsonCheck
              .EndObject();
             Console.OutputEncoding = new System.Text.UTF8Encoding(false);
             Console.WriteLine(w.ToString());
+            return 0;
+        }
+        if (args[0] == "probe") {
+            Console.WriteLine(new ProbeCore(new Target()).Read());
             return 0;
         }
         if (args[0] == "roundtrip") {
