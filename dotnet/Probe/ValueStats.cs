@@ -25,14 +25,16 @@ namespace OptCheck.Probe
         {
             if (n > 0 && data == IntPtr.Zero) throw new ArgumentException("ValueStats.Float32: no data");
             if (f32 == null) { f32 = new float[Chunk]; i32 = new int[Chunk]; }
+            float[] fb = f32;  // locals: a [ThreadStatic] field read in the loop costs ~20 ns per value
+            int[] ib = i32;
             double ss = 0;
             int sum = 0;
             for (long off = 0; off < n; off += Chunk) {
                 int k = (int)Math.Min(Chunk, n - off);
-                Marshal.Copy(At(data, off * 4), f32, 0, k);
-                Buffer.BlockCopy(f32, 0, i32, 0, k * 4);
+                Marshal.Copy(At(data, off * 4), fb, 0, k);
+                Buffer.BlockCopy(fb, 0, ib, 0, k * 4);
                 unchecked {
-                    for (int j = 0; j < k; j++) { double v = f32[j]; ss += v * v; sum += i32[j]; }
+                    for (int j = 0; j < k; j++) { double v = fb[j]; ss += v * v; sum += ib[j]; }
                 }
             }
             norm = Math.Sqrt(ss);
@@ -45,14 +47,16 @@ namespace OptCheck.Probe
         {
             if (n > 0 && data == IntPtr.Zero) throw new ArgumentException("ValueStats.Float64: no data");
             if (f64 == null) { f64 = new double[Chunk]; i64 = new long[Chunk]; }
+            double[] fb = f64;
+            long[] ib = i64;
             double ss = 0;
             long sum = 0;
             for (long off = 0; off < n; off += Chunk) {
                 int k = (int)Math.Min(Chunk, n - off);
-                Marshal.Copy(At(data, off * 8), f64, 0, k);
-                Buffer.BlockCopy(f64, 0, i64, 0, k * 8);
+                Marshal.Copy(At(data, off * 8), fb, 0, k);
+                Buffer.BlockCopy(fb, 0, ib, 0, k * 8);
                 unchecked {
-                    for (int j = 0; j < k; j++) { double v = f64[j]; ss += v * v; sum += i64[j]; }
+                    for (int j = 0; j < k; j++) { double v = fb[j]; ss += v * v; sum += ib[j]; }
                 }
             }
             norm = Math.Sqrt(ss);
@@ -67,12 +71,13 @@ namespace OptCheck.Probe
             if (bytes % 4 != 0) throw new ArgumentException("ValueStats.Words32: " + bytes + " bytes is not a whole number of int32 words");
             if (bytes > 0 && data == IntPtr.Zero) throw new ArgumentException("ValueStats.Words32: no data");
             if (i32 == null) { f32 = new float[Chunk]; i32 = new int[Chunk]; }
+            int[] ib = i32;
             int sum = 0;
             long n = bytes / 4;
             for (long off = 0; off < n; off += Chunk) {
                 int k = (int)Math.Min(Chunk, n - off);
-                Marshal.Copy(At(data, off * 4), i32, 0, k);
-                unchecked { for (int j = 0; j < k; j++) sum += i32[j]; }
+                Marshal.Copy(At(data, off * 4), ib, 0, k);
+                unchecked { for (int j = 0; j < k; j++) sum += ib[j]; }
             }
             return sum;
         }
