@@ -10,8 +10,14 @@ rounds so that load from other processes hits every variant alike:
   steps driven from Python as the worker does (``train_step`` + ``fingerprint``,
   the per-step pre-step check), same batch;
 - pre-step check: ``Bench.TimeFingerprints`` against ``fingerprint()`` from Python;
-- snapshot: ``Bench.TimeProbes`` (the probe alone, inside .NET) against
-  ``snapshot_body()`` (probe + array copy + conversion + naming + PreStepCheck).
+- snapshot: ``Bench.TimeProbes`` (the probe alone, inside .NET: the body written as JSON,
+  pre-step check and value statistics included) against ``snapshot_body()`` (the same
+  probe + the JSON string across pythonnet + ``json.loads`` + member naming).
+
+- decode: ``Driver.Probe()`` alone (the JSON string across pythonnet) against ``snapshot_body()``
+  (+ ``json.loads`` + member naming), the probe's ``GC.Collect`` switched off so that it does
+  not drown the difference; before the JSON boundary this difference (copying ProbeArrays' 34
+  arrays, converting them, a second call for the pre-step check) was ~0.5 ms (docs/dotnet.md).
 
 Time is CPU time of this process (``time.process_time``; less disturbed by other
 processes on a shared machine than wall time), median over rounds. The stand-in
@@ -92,6 +98,21 @@ def main() -> None:
         for _ in range(k):
             be.snapshot_body()
         res["py_snap"].append((time.process_time() - t) / k)
+    from System.Reflection import BindingFlags
+
+    core = d.GetType().GetProperty("Core", BindingFlags.NonPublic | BindingFlags.Instance).GetValue(d)
+    core.CollectBeforeMemory = False
+    res["raw_probe"], res["py_probe"] = [], []
+    for _ in range(args.rounds):
+        t = time.process_time()
+        for _ in range(k):
+            d.Probe()
+        res["raw_probe"].append((time.process_time() - t) / k)
+        t = time.process_time()
+        for _ in range(k):
+            be.snapshot_body()
+        res["py_probe"].append((time.process_time() - t) / k)
+    core.CollectBeforeMemory = True
     med = {key: statistics.median(v) * 1e6 for key, v in res.items()}
     print(f"bridge benchmark: {be.versions()['dotnet']} ({args.runtime}), pythonnet {be.versions()['pythonnet']}, "
           f"{len(be.snapshot_body()['params'])} parameters, {args.rounds} rounds, CPU time, median")
@@ -100,8 +121,10 @@ def main() -> None:
           f"overhead {med['py_step'] - med['net_step']:.1f} us/step")
     print(f"  check    inside .NET {med['net_fp']:9.1f} us   from Python {med['py_fp']:9.1f} us   "
           f"ratio {med['py_fp'] / med['net_fp']:.2f}")
-    print(f"  snapshot inside .NET {med['net_snap']:9.1f} us   from Python (probe + conversion) "
+    print(f"  snapshot inside .NET {med['net_snap']:9.1f} us   from Python (probe + json.loads) "
           f"{med['py_snap']:9.1f} us   ratio {med['py_snap'] / med['net_snap']:.2f}")
+    print(f"  decode   Driver.Probe() {med['raw_probe']:9.1f} us   snapshot_body() {med['py_probe']:9.1f} us   "
+          f"JSON decode + naming {med['py_probe'] - med['raw_probe']:.1f} us (GC.Collect off)")
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ def plain_child(args) -> None:
     """In a fresh process: load .NET and the assembly, run Bench.PlainLoop, print JSON."""
     from optcheck.data import BatchSchedule, load_corpus
     from optcheck.torchsharp_bridge import runtime
-    from optcheck.torchsharp_bridge.worker import setup_options
+    from optcheck.torchsharp_bridge.worker import setup_config
 
     cfg = soak_config(args, args.dll, args.trainer)
     corpus = load_corpus(cfg.data, cfg.vocab_size)
@@ -65,8 +65,8 @@ def plain_child(args) -> None:
     from OptCheck.Probe import Bench
     from System import IntPtr
 
-    names, values = setup_options(cfg, corpus)
-    secs, first, last = Bench.PlainLoop(args.trainer, names, values, IntPtr(batches.ctypes.data), cfg.steps,
+    config_json = setup_config(cfg, corpus)
+    secs, first, last = Bench.PlainLoop(args.trainer, config_json, IntPtr(batches.ctypes.data), cfg.steps,
                                         cfg.batch_size, cfg.block_size)
     print(json.dumps({"seconds": secs, "loss_first": first, "loss_last": last}))
 
@@ -159,7 +159,7 @@ def in_process(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) 
 
     from optcheck.data import BatchSchedule, load_corpus
     from optcheck.protocol import Stream
-    from optcheck.torchsharp_bridge.worker import TorchSharpBackend, setup_options
+    from optcheck.torchsharp_bridge.worker import TorchSharpBackend, setup_config
     from optcheck.worker_loop import Loop
 
     cfg = soak_config(args, dll, trainer)
@@ -172,13 +172,13 @@ def in_process(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) 
     from OptCheck.Probe import Bench
     from System import IntPtr
 
-    names, values = setup_options(cfg, corpus)
+    config_json = setup_config(cfg, corpus)
     plain, worker = [], []
     for i in range(rounds):
         for kind in (("plain", "worker") if i % 2 == 0 else ("worker", "plain")):
             if kind == "plain":
                 t = time.process_time()
-                Bench.PlainLoop(trainer, names, values, IntPtr(batches.ctypes.data), steps, cfg.batch_size,
+                Bench.PlainLoop(trainer, config_json, IntPtr(batches.ctypes.data), steps, cfg.batch_size,
                                 cfg.block_size)
                 plain.append(time.process_time() - t)
             else:

@@ -33,6 +33,9 @@ Top-level fields (``*`` = required)::
     memory       Memory
     events       list of Event recorded since the previous snapshot
     notes        list of str: anything the probe could not read, and why
+    prestep_findings  (TorchSharp) what the worker's pre-step check found: list of
+                 {code (OC101/102/103/108/109), line, names, refs, predicted_exception,
+                 predicted_key}; OC108 takes its finding from it (``docs/dotnet.md``)
 
 Param::
 

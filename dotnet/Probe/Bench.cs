@@ -11,13 +11,13 @@ namespace OptCheck.Probe
     {
         /// <summary>Plain mode: the trainer's own loop, as a user runs it — no probe, no pre-step check,
         /// no Python per step. Constructs the ITrainer named <paramref name="trainerType"/> (as
-        /// Driver.ForType), calls Setup(names, values) (not timed), then steps 1..n on the batches at
+        /// Driver.ForType), calls Setup(configJson) (not timed), then steps 1..n on the batches at
         /// <paramref name="batches"/>: int64 (n, 2, batch, time), row-major, inputs then targets of each
         /// step. Returns {wall seconds of the n steps, loss of step 1, loss of step n}.</summary>
-        public static double[] PlainLoop(string trainerType, string[] names, string[] values, IntPtr batches, int n, int batch, int time)
+        public static double[] PlainLoop(string trainerType, string configJson, IntPtr batches, int n, int batch, int time)
         {
             ITrainer t = Driver.ForType(trainerType).Trainer;
-            t.Setup(names, values);
+            t.Setup(configJson);
             int bt = checked(batch * time);
             var all = new long[checked(2 * n * bt)];
             Marshal.Copy(batches, all, 0, all.Length);

@@ -43,10 +43,12 @@ namespace OptCheck.Probe
 
         public ITrainer Trainer { get { return trainer; } }
 
-        /// <summary>Build model and optimizer (ITrainer.Setup), then the probe over ITrainer.Target.</summary>
-        public void Setup(string[] names, string[] values)
+        /// <summary>Build model and optimizer (ITrainer.Setup, one JSON object: Interfaces.cs), then the
+        /// probe over ITrainer.Target.</summary>
+        /// <exception cref="ArgumentException">the trainer rejected the configuration (bad JSON, a bad value).</exception>
+        public void Setup(string configJson)
         {
-            trainer.Setup(names, values);
+            trainer.Setup(configJson);
             probe = new ProbeCore(trainer.Target);
         }
 
@@ -79,7 +81,8 @@ namespace OptCheck.Probe
         }
 
         /// <summary>Step on the bound buffers' first batch*time elements, then write Fingerprint() (the
-        /// pre-step check of the next step, unless something changes the model in between) to the sink.</summary>
+        /// pre-step check of the next step, unless something changes the model in between) to the sink.
+        /// Whatever the trainer throws propagates (KeyNotFoundException from AdamW.step, ...).</summary>
         /// <exception cref="InvalidOperationException">Bind was not called, or batch*time exceeds its capacity.</exception>
         public double StepBound(long step, int batch, int time)
         {
@@ -94,14 +97,6 @@ namespace OptCheck.Probe
         /// <summary>The probe core (benchmarks, Bench.cs).</summary>
         internal ProbeCore Core { get { return P; } }
 
-        /// <summary>One training step on int64 (batch, time) inputs/targets at x, y; returns the loss.
-        /// Whatever the trainer throws propagates (KeyNotFoundException from AdamW.step, ...).</summary>
-        public double Step(long step, IntPtr x, IntPtr y, int batch, int time)
-        {
-            Load(x, y, batch, time);
-            return trainer.Step(step, xbuf, ybuf, batch, time);
-        }
-
         /// <summary>Held-out loss of one batch (no gradients, no step).</summary>
         public double EvalLoss(IntPtr x, IntPtr y, int batch, int time)
         {
@@ -115,8 +110,8 @@ namespace OptCheck.Probe
         /// <summary>ProbeCore.PreStepCheck: "" when model, members and state keys agree.</summary>
         public string PreStepCheck() { return P.PreStepCheck(); }
 
-        /// <summary>ProbeCore.Read: the snapshot's arrays.</summary>
-        public ProbeArrays Probe() { return P.Read(); }
+        /// <summary>ProbeCore.Read: the snapshot body as one JSON object (prestep_findings included).</summary>
+        public string Probe() { return P.Read(); }
 
         public string Inject(string name) { return trainer.Inject(name); }
 

@@ -36,6 +36,15 @@ namespace OptCheck.Probe
         double GradNorm();
     }
 
+    /// <summary>Optional, next to IParameterView: the parameter's values, read when a snapshot is taken.</summary>
+    public interface IParameterValues
+    {
+        /// <summary>L2 norm of the values (<paramref name="valueNorm"/>, NaN = unknown) and the checksum
+        /// (ValueStats: the wrapping sum of the values' bit patterns, as optcheck/pytorch/probe.py sums them);
+        /// returns false when the checksum is unknown (then <paramref name="checksum"/> is 0).</summary>
+        bool ReadValues(out double valueNorm, out long checksum);
+    }
+
     /// <summary>One optimizer param group.</summary>
     public interface IParamGroupView
     {
@@ -109,12 +118,13 @@ namespace OptCheck.Probe
     /// which also contains the OptCheck.Probe sources.</summary>
     public interface ITrainer
     {
-        /// <summary>Build model and optimizer. Names/values are parallel: every scalar field of
-        /// optcheck.config.SoakConfig (seed, vocab_size, block_size, batch_size, n_layer, n_head, n_embd,
-        /// dropout, lr, min_lr, warmup_steps, weight_decay, beta1, beta2, eps, grad_clip, threads, steps,
-        /// work_dir, run_id) as invariant-culture strings, then SoakConfig.extra entries ("extra.KEY").
-        /// Throw ArgumentException for a bad value (the worker reports it as bad input).</summary>
-        void Setup(string[] optionNames, string[] optionValues);
+        /// <summary>Build model and optimizer from <paramref name="configJson"/>, one JSON object: every scalar
+        /// field of optcheck.config.SoakConfig (seed, block_size, batch_size, n_layer, n_head, n_embd, dropout,
+        /// lr, min_lr, warmup_steps, weight_decay, beta1, beta2, eps, grad_clip, threads, steps, work_dir,
+        /// run_id, ...), "vocab_size" (the corpus's) and "extra" (SoakConfig.extra). TrainerOptions.FromJson
+        /// reads it (extra entries as "extra.KEY"). Throw ArgumentException for a bad value (the worker
+        /// reports it as bad input).</summary>
+        void Setup(string configJson);
         /// <summary>One training step (1-based) on inputs/targets, row-major (batch, time) token ids;
         /// returns the loss. zero_grad, forward, backward, clip, optimizer.step() all happen here.</summary>
         double Step(long step, long[] inputs, long[] targets, int batch, int time);

@@ -1,8 +1,8 @@
-// The probe: reads a model and its optimizer (an IProbeTarget) into a few flat arrays per
-// call, and the pre-step check that compares the model's parameters, the optimizer's members
-// and its state keys by handle and by data pointer. Python makes one call for each
-// (docs/torchsharp.md: one call returning arrays ~10 µs, against ~200 µs walking 30 parameters
-// attribute by attribute through pythonnet).
+// The probe: reads a model and its optimizer (an IProbeTarget) into the snapshot body, one JSON
+// document per call (the fields of optcheck/snapshot.py: params, groups, state, optimizer, memory,
+// notes, prestep_findings), and the pre-step check that compares the model's parameters, the
+// optimizer's members and its state keys by handle and by data pointer. Python makes one call for
+// each and decodes with json.loads (docs/dotnet.md, "The boundary").
 using System;
 using System.Collections.Generic;
 using System.Diagnostics;
@@ -11,38 +11,15 @@ using System.Text;
 
 namespace OptCheck.Probe
 {
-    /// <summary>One probe reading, as parallel flat arrays (see optcheck/torchsharp_bridge/convert.py).
-    /// Flags: bit 0 is_leaf, bit 1 requires_grad, bit 2 grad set. Shapes: ranks in *Ranks, the
-    /// dimensions of all tensors concatenated in *Shapes.</summary>
-    public sealed class ProbeArrays
+    /// <summary>One problem the pre-step check found: the finding code it is (OC101 stale member, OC102
+    /// untracked parameter, OC103 orphan state key, OC108 member without state, OC109 disposed member), the
+    /// line PreStepGuard shows, the names and handles involved and, for OC108, the exception the next step()
+    /// throws and its key.</summary>
+    public sealed class PreStepProblem
     {
-        public string[] ParamNames;
-        public long[] ParamHandles, ParamDataPtrs, ParamShapes;
-        public int[] ParamFlags, ParamRanks;
-        public double[] ParamGradNorms;
-        public string[] ParamDTypes, ParamDevices;
-
-        public int[] GroupSizes, GroupOptionCounts;
-        public string[] GroupOptionNames;
-        public double[] GroupOptionValues;
-
-        public string[] MemberNames;   // null entries: the member is not a model parameter by handle or data
-        public long[] MemberHandles, MemberDataPtrs, MemberShapes;
-        public int[] MemberFlags, MemberRanks;
-        public string[] MemberDTypes;
-
-        public bool StateReadable;
-        public long[] StateKeys, StateSteps, StateTensorShapes;
-        public int[] StateTensorCounts, StateTensorRanks;
-        public string[] StateTensorNames, StateTensorDTypes;
-
-        public string OptimizerType;
-        public long LiveTensors, PeakTensors, ManagedBytes, RssBytes;
-        /// <summary>IDisposeScopeStatistics of the target; -1 = unknown.</summary>
-        public long CreatedOutsideScope = -1, DisposedOutsideScope = -1;
-        public string[] Notes;
-        /// <summary>Seconds spent inside Probe() (the .NET side of a snapshot's cost).</summary>
-        public double ProbeSeconds;
+        public string Code, Line, PredictedException, PredictedKey;
+        public readonly List<string> Names = new List<string>();
+        public readonly List<long> Refs = new List<long>();
     }
 
     public sealed class ProbeCore
@@ -51,8 +28,6 @@ namespace OptCheck.Probe
         /// memory fields of a snapshot, so that live-tensor counts and the managed heap
         /// leave out what is only waiting for the GC. Costs a few ms per snapshot.</summary>
         public bool CollectBeforeMemory = true;
-
-        public const int Leaf = 1, RequiresGrad = 2, GradSet = 4;
 
         readonly IProbeTarget target;
         readonly StateReader state;
@@ -66,11 +41,6 @@ namespace OptCheck.Probe
         }
 
         public StateReader State { get { return state; } }
-
-        static int Flags(IParameterView p)
-        {
-            return (p.IsLeaf ? Leaf : 0) | (p.RequiresGrad ? RequiresGrad : 0) | (p.HasGrad ? GradSet : 0);
-        }
 
         // -- fingerprint and pre-step check ------------------------------------------------
 
@@ -107,12 +77,24 @@ namespace OptCheck.Probe
         }
 
         /// <summary>Compare the model's parameters, the optimizer's members and its state keys, by
-        /// handle and by data pointer. Returns "" when they agree, else one line per problem:
-        /// members with no state (the next step() throws KeyNotFoundException for the first one's
-        /// decimal handle, as TorchSharp's AdamW looks up _state[param.handle] before the null-grad
-        /// check), members the model no longer uses (by handle and data), trainable model parameters
-        /// in no group, and state keys of no member.</summary>
+        /// handle and by data pointer. Returns "" when they agree, else one line per problem
+        /// (PreStepProblems, in that order).</summary>
         public string PreStepCheck()
+        {
+            List<PreStepProblem> ps = PreStepProblems();
+            var lines = new string[ps.Count];
+            for (int i = 0; i < ps.Count; i++) lines[i] = ps[i].Line;
+            return string.Join("\n", lines);
+        }
+
+        /// <summary>The pre-step check's problems: disposed members (OC109; the next zero_grad() or step()
+        /// throws InvalidOperationException), members with no state (OC108: the next step() throws
+        /// KeyNotFoundException for the first one's decimal handle, as TorchSharp's AdamW looks up
+        /// _state[param.handle] before the null-grad check), members the model no longer uses by handle and
+        /// data (OC101), trainable model parameters in no group (OC102), state keys of no member (OC103).
+        /// Empty when they agree. The Python rule OC108 takes its finding from this list on TorchSharp
+        /// snapshots (the JSON's prestep_findings).</summary>
+        public List<PreStepProblem> PreStepProblems()
         {
             IList<IParameterView> ps = target.ModelParameters();
             var modelByHandle = new Dictionary<long, string>();
@@ -123,12 +105,11 @@ namespace OptCheck.Probe
             }
             var memberHandles = new HashSet<long>();
             var memberData = new HashSet<long>();
-            var noState = new List<string>();
-            var stale = new List<string>();
+            var noState = new PreStepProblem { Code = "OC108", PredictedException = "System.Collections.Generic.KeyNotFoundException" };
+            var stale = new PreStepProblem { Code = "OC101" };
             keyBuf.Clear();
             bool haveKeys = state.Keys(keyBuf);
             var keys = new HashSet<long>(keyBuf);
-            long firstMissing = 0;
             int disposed = 0;
             foreach (IParamGroupView g in target.ParamGroups()) {
                 foreach (IParameterView m in g.Members()) {
@@ -139,40 +120,55 @@ namespace OptCheck.Probe
                     memberHandles.Add(m.Handle);
                     if (m.DataPtr != 0) memberData.Add(m.DataPtr);
                     string name = NameOf(m, modelByHandle, modelByData);
-                    if (haveKeys && !keys.Contains(m.Handle)) {
-                        if (noState.Count == 0) firstMissing = m.Handle;
-                        noState.Add(name + " (handle " + m.Handle + ")");
+                    if (haveKeys && !keys.Contains(m.Handle)) { noState.Names.Add(name); noState.Refs.Add(m.Handle); }
+                    if (!modelByHandle.ContainsKey(m.Handle) && !(m.DataPtr != 0 && modelByData.ContainsKey(m.DataPtr))) {
+                        stale.Names.Add(name); stale.Refs.Add(m.Handle);
                     }
-                    if (!modelByHandle.ContainsKey(m.Handle) && !(m.DataPtr != 0 && modelByData.ContainsKey(m.DataPtr)))
-                        stale.Add(name + " (handle " + m.Handle + ")");
                 }
             }
-            var untracked = new List<string>();
+            var untracked = new PreStepProblem { Code = "OC102" };
             foreach (IParameterView p in ps) {
-                if (p.RequiresGrad && !memberHandles.Contains(p.Handle) && !(p.DataPtr != 0 && memberData.Contains(p.DataPtr)))
-                    untracked.Add(p.Name + " (handle " + p.Handle + ")");
+                if (p.RequiresGrad && !memberHandles.Contains(p.Handle) && !(p.DataPtr != 0 && memberData.Contains(p.DataPtr))) {
+                    untracked.Names.Add(p.Name); untracked.Refs.Add(p.Handle);
+                }
             }
-            var orphans = new List<string>();
-            if (haveKeys) foreach (long k in keyBuf) if (!memberHandles.Contains(k)) orphans.Add(k.ToString());
-            var sb = new StringBuilder();
+            var orphans = new PreStepProblem { Code = "OC103" };
+            if (haveKeys) foreach (long k in keyBuf) if (!memberHandles.Contains(k)) { orphans.Refs.Add(k); orphans.Names.Add(k.ToString()); }
+            var r = new List<PreStepProblem>();
             if (disposed > 0)
-                sb.Append(disposed).Append(" optimizer member(s) are disposed tensors (empty handle), the next zero_grad() or step() ")
-                  .Append("throws InvalidOperationException (Tensor invalid -- empty handle)").Append('\n');
+                r.Add(new PreStepProblem {
+                    Code = "OC109", PredictedException = "System.InvalidOperationException",
+                    Line = disposed + " optimizer member(s) are disposed tensors (empty handle), the next zero_grad() or step() " +
+                           "throws InvalidOperationException (Tensor invalid -- empty handle)" });
             // the state the disposed members still own is not orphaned (an approximation without history:
             // the OC103 rule, which has the previous snapshot, still names a real orphan beside them)
-            if (orphans.Count <= disposed) orphans.Clear();
-            if (noState.Count > 0)
-                sb.Append(noState.Count).Append(" optimizer member(s) have no state, the next step() throws KeyNotFoundException for key ")
-                  .Append(firstMissing).Append(": ").Append(string.Join(", ", noState.ToArray())).Append('\n');
-            if (stale.Count > 0)
-                sb.Append(stale.Count).Append(" optimizer member(s) are not the model's tensors (by handle and data), stepped for nothing: ")
-                  .Append(string.Join(", ", stale.ToArray())).Append('\n');
-            if (untracked.Count > 0)
-                sb.Append(untracked.Count).Append(" trainable model parameter(s) in no param group, never trained: ")
-                  .Append(string.Join(", ", untracked.ToArray())).Append('\n');
-            if (orphans.Count > 0)
-                sb.Append(orphans.Count).Append(" optimizer-state key(s) of no member: ").Append(string.Join(", ", orphans.ToArray())).Append('\n');
-            return sb.ToString().TrimEnd('\n');
+            if (orphans.Refs.Count <= disposed) { orphans.Refs.Clear(); orphans.Names.Clear(); }
+            if (noState.Refs.Count > 0) {
+                noState.PredictedKey = noState.Refs[0].ToString(System.Globalization.CultureInfo.InvariantCulture);
+                noState.Line = noState.Refs.Count + " optimizer member(s) have no state, the next step() throws KeyNotFoundException for key " +
+                               noState.PredictedKey + ": " + WithHandles(noState);
+                r.Add(noState);
+            }
+            if (stale.Refs.Count > 0) {
+                stale.Line = stale.Refs.Count + " optimizer member(s) are not the model's tensors (by handle and data), stepped for nothing: " + WithHandles(stale);
+                r.Add(stale);
+            }
+            if (untracked.Refs.Count > 0) {
+                untracked.Line = untracked.Refs.Count + " trainable model parameter(s) in no param group, never trained: " + WithHandles(untracked);
+                r.Add(untracked);
+            }
+            if (orphans.Refs.Count > 0) {
+                orphans.Line = orphans.Refs.Count + " optimizer-state key(s) of no member: " + string.Join(", ", orphans.Names.ToArray());
+                r.Add(orphans);
+            }
+            return r;
+        }
+
+        static string WithHandles(PreStepProblem p)
+        {
+            var parts = new string[p.Refs.Count];
+            for (int i = 0; i < parts.Length; i++) parts[i] = p.Names[i] + " (handle " + p.Refs[i] + ")";
+            return string.Join(", ", parts);
         }
 
         static string NameOf(IParameterView m, Dictionary<long, string> byHandle, Dictionary<long, string> byData)
@@ -186,109 +182,166 @@ namespace OptCheck.Probe
 
         // -- the probe ----------------------------------------------------------------------
 
-        /// <summary>Read everything a snapshot needs. Costs one GradNorm per parameter that has a grad.</summary>
-        public ProbeArrays Read()
+        /// <summary>The snapshot body as one JSON object (optcheck/snapshot.py's field names): params (with
+        /// grad_norm, and value_norm / checksum when the view is an IParameterValues), groups (betas as
+        /// [beta1, beta2], as PyTorch spells them), state (null when unreadable, notes say why), optimizer,
+        /// memory (fields this target cannot measure left out), notes, prestep_findings (PreStepProblems).
+        /// Costs one GradNorm per parameter with a grad and one ReadValues per parameter.</summary>
+        public string Read()
         {
-            var sw = Stopwatch.StartNew();
-            var r = new ProbeArrays();
             var notes = new List<string>();
+            var w = new JsonWriter();
+            w.BeginObject();
             IList<IParameterView> ps = target.ModelParameters();
-            int n = ps.Count;
-            r.ParamNames = new string[n]; r.ParamHandles = new long[n]; r.ParamDataPtrs = new long[n];
-            r.ParamFlags = new int[n]; r.ParamRanks = new int[n]; r.ParamGradNorms = new double[n];
-            r.ParamDTypes = new string[n]; r.ParamDevices = new string[n];
-            var shapes = new List<long>();
             var byHandle = new Dictionary<long, string>();
             var byData = new Dictionary<long, string>();
-            for (int i = 0; i < n; i++) {
-                IParameterView p = ps[i];
-                r.ParamNames[i] = p.Name; r.ParamHandles[i] = p.Handle; r.ParamDataPtrs[i] = p.DataPtr;
-                r.ParamFlags[i] = Flags(p); r.ParamDTypes[i] = p.DType; r.ParamDevices[i] = p.Device;
-                r.ParamGradNorms[i] = p.HasGrad ? p.GradNorm() : double.NaN;
-                long[] s = p.Shape ?? new long[0];
-                r.ParamRanks[i] = s.Length; shapes.AddRange(s);
+            w.Name("params").BeginArray();
+            foreach (IParameterView p in ps) {
+                w.BeginObject();
+                w.Name("name").String(p.Name);
+                Identity(w, p);
+                bool grad = p.HasGrad;
+                w.Name("device").String(p.Device ?? "cpu");
+                w.Name("grad").String(grad ? "set" : "none");
+                w.Name("grad_norm").DoubleOrNull(grad ? p.GradNorm() : double.NaN);
+                var values = p as IParameterValues;
+                double norm = double.NaN;
+                long sum = 0;
+                bool haveSum = values != null && values.ReadValues(out norm, out sum);
+                w.Name("value_norm").DoubleOrNull(norm);
+                w.Name("checksum");
+                if (haveSum) w.Long(sum); else w.Null();
+                w.Name("version").Null();
+                w.EndObject();
                 byHandle[p.Handle] = p.Name;
                 if (p.DataPtr != 0 && !byData.ContainsKey(p.DataPtr)) byData[p.DataPtr] = p.Name;
             }
-            r.ParamShapes = shapes.ToArray();
+            w.EndArray();
 
             IList<IParamGroupView> gs = target.ParamGroups();
-            r.GroupSizes = new int[gs.Count]; r.GroupOptionCounts = new int[gs.Count];
-            var optNames = new List<string>(); var optValues = new List<double>();
-            var mNames = new List<string>(); var mHandles = new List<long>(); var mData = new List<long>();
-            var mFlags = new List<int>(); var mRanks = new List<int>(); var mShapes = new List<long>(); var mTypes = new List<string>();
+            w.Name("groups").BeginArray();
             for (int g = 0; g < gs.Count; g++) {
-                string[] on = gs[g].OptionNames ?? new string[0];
-                double[] ov = gs[g].OptionValues ?? new double[0];
-                int k = Math.Min(on.Length, ov.Length);
-                r.GroupOptionCounts[g] = k;
-                for (int j = 0; j < k; j++) { optNames.Add(on[j]); optValues.Add(ov[j]); }
-                IList<IParameterView> ms = gs[g].Members();
-                r.GroupSizes[g] = ms.Count;
-                foreach (IParameterView m in ms) {
+                w.BeginObject().Name("index").Long(g).Name("options");
+                Options(w, gs[g].OptionNames ?? new string[0], gs[g].OptionValues ?? new double[0]);
+                w.Name("members").BeginArray();
+                foreach (IParameterView m in gs[g].Members()) {
                     string name = m.Name;
                     if (name == null && !byHandle.TryGetValue(m.Handle, out name) && !(m.DataPtr != 0 && byData.TryGetValue(m.DataPtr, out name)))
                         name = null;
-                    mNames.Add(name); mHandles.Add(m.Handle); mData.Add(m.DataPtr); mFlags.Add(Flags(m));
-                    long[] s = m.Shape ?? new long[0];
-                    mRanks.Add(s.Length); mShapes.AddRange(s); mTypes.Add(m.DType);
+                    w.BeginObject().Name("name").String(name);
+                    Identity(w, m);
+                    w.EndObject();
                 }
+                w.EndArray().EndObject();
             }
-            r.GroupOptionNames = optNames.ToArray(); r.GroupOptionValues = optValues.ToArray();
-            r.MemberNames = mNames.ToArray(); r.MemberHandles = mHandles.ToArray(); r.MemberDataPtrs = mData.ToArray();
-            r.MemberFlags = mFlags.ToArray(); r.MemberRanks = mRanks.ToArray(); r.MemberShapes = mShapes.ToArray();
-            r.MemberDTypes = mTypes.ToArray();
+            w.EndArray();
 
-            ReadState(r, notes);
-
-            r.OptimizerType = target.OptimizerType;
+            long stateBytes = ReadState(w, notes);
+            w.Name("optimizer").BeginObject().Name("type").String(target.OptimizerType ?? "unknown")
+             // TorchSharp's optimizers fill _state in add_param_group and look it up at every step (AdamW.cs)
+             .Name("state_init").String("eager").EndObject();
             if (CollectBeforeMemory) {
                 // Tensors dropped without a DisposeScope are freed by finalizers: count what is
                 // really alive, not what the GC has not reached yet (docs/memory.md).
                 GC.Collect(); GC.WaitForPendingFinalizers(); GC.Collect();
             }
-            r.LiveTensors = target.LiveTensors; r.PeakTensors = target.PeakTensors;
+            w.Name("memory").BeginObject();
+            Count(w, "rss_bytes", RssBytes());
+            Count(w, "live_tensors", target.LiveTensors);
+            Count(w, "peak_tensors", target.PeakTensors);
+            Count(w, "managed_bytes", GC.GetTotalMemory(false));
             var scopes = target as IDisposeScopeStatistics;
             if (scopes != null) {
-                r.CreatedOutsideScope = scopes.TensorsCreatedOutsideScope;
-                r.DisposedOutsideScope = scopes.TensorsDisposedOutsideScope;
+                Count(w, "tensors_created_outside_scope", scopes.TensorsCreatedOutsideScope);
+                Count(w, "tensors_disposed_outside_scope", scopes.TensorsDisposedOutsideScope);
             }
-            r.ManagedBytes = GC.GetTotalMemory(false);
-            r.RssBytes = RssBytes();
-            r.Notes = notes.ToArray();
-            r.ProbeSeconds = sw.Elapsed.TotalSeconds;
-            return r;
+            Count(w, "state_bytes", stateBytes);
+            w.EndObject();
+            w.Name("notes").Strings(notes);
+            w.Name("prestep_findings").BeginArray();
+            foreach (PreStepProblem pr in PreStepProblems()) {
+                w.BeginObject().Name("code").String(pr.Code).Name("line").String(pr.Line)
+                 .Name("names").Strings(pr.Names).Name("refs").BeginArray();
+                foreach (long h in pr.Refs) w.Long(h);
+                w.EndArray();
+                if (pr.PredictedException != null) w.Name("predicted_exception").String(pr.PredictedException);
+                if (pr.PredictedKey != null) w.Name("predicted_key").String(pr.PredictedKey);
+                w.EndObject();
+            }
+            w.EndArray();
+            w.EndObject();
+            return w.ToString();
         }
 
-        void ReadState(ProbeArrays r, List<string> notes)
+        static void Identity(JsonWriter w, IParameterView p)
+        {
+            w.Name("ref").Long(p.Handle).Name("data_ptr").Long(p.DataPtr).Name("shape").Longs(p.Shape ?? new long[0])
+             .Name("dtype").String(DTypes.Normalize(p.DType)).Name("is_leaf").Bool(p.IsLeaf).Name("requires_grad").Bool(p.RequiresGrad);
+        }
+
+        static void Count(JsonWriter w, string name, long v)
+        {
+            if (v >= 0) w.Name(name).Long(v);
+        }
+
+        /// <summary>Group options in PyTorch's shape: beta1 and beta2 become "betas": [beta1, beta2] (after
+        /// the others); flags (amsgrad, maximize) stay numbers; a NaN option (left null) is NaN.</summary>
+        static void Options(JsonWriter w, string[] names, double[] values)
+        {
+            int k = Math.Min(names.Length, values.Length);
+            int b1 = Array.IndexOf(names, "beta1"), b2 = Array.IndexOf(names, "beta2");
+            bool betas = b1 >= 0 && b2 >= 0 && b1 < k && b2 < k;
+            w.BeginObject();
+            for (int j = 0; j < k; j++) {
+                if (betas && (j == b1 || j == b2)) continue;
+                w.Name(names[j]).Double(values[j]);
+            }
+            if (betas) w.Name("betas").BeginArray().Double(values[b1]).Double(values[b2]).EndArray();
+            w.EndObject();
+        }
+
+        static int ElementSize(string dtype)
+        {
+            switch (dtype) {
+                case "float64": case "int64": return 8;
+                case "float16": case "bfloat16": return 2;
+                default: return 4;
+            }
+        }
+
+        /// <summary>Writes "state" (null when unreadable, with the reason in notes); returns the state
+        /// tensors' bytes, or -1 when unreadable.</summary>
+        long ReadState(JsonWriter w, List<string> notes)
         {
             var keys = new List<object>(); var values = new List<object>();
             bool ok;
             string why = state.Problem;
             try { ok = state.Entries(keys, values); }
             catch (Exception e) { ok = false; why = "optimizer state not readable: " + e.GetType().FullName + ": " + e.Message; }
-            r.StateReadable = ok;
+            w.Name("state");
             if (!ok) {
                 notes.Add(why ?? "optimizer state not readable: the state field is not enumerable");
-                r.StateKeys = new long[0]; r.StateSteps = new long[0]; r.StateTensorCounts = new int[0];
-                r.StateTensorNames = new string[0]; r.StateTensorRanks = new int[0]; r.StateTensorShapes = new long[0];
-                r.StateTensorDTypes = new string[0];
-                return;
+                w.Null();
+                return -1;
             }
-            int n = keys.Count;
-            r.StateKeys = new long[n]; r.StateSteps = new long[n]; r.StateTensorCounts = new int[n];
-            var tn = new List<string>(); var tr = new List<int>(); var tsh = new List<long>(); var tdt = new List<string>();
-            for (int i = 0; i < n; i++) {
-                r.StateKeys[i] = StateReader.KeyToLong(keys[i]);
+            long bytes = 0;
+            w.BeginArray();
+            for (int i = 0; i < keys.Count; i++) {
                 StateView sv = target.DescribeState(keys[i], values[i]) ?? StateReader.Describe(values[i]);
-                r.StateSteps[i] = sv.Step;
-                r.StateTensorCounts[i] = sv.TensorNames.Count;
+                w.BeginObject().Name("ref").Long(StateReader.KeyToLong(keys[i])).Name("step");
+                if (sv.Step >= 0) w.Long(sv.Step); else w.Null();
+                w.Name("tensors").BeginObject();
                 for (int j = 0; j < sv.TensorNames.Count; j++) {
-                    tn.Add(sv.TensorNames[j]); tr.Add(sv.TensorShapes[j].Length); tsh.AddRange(sv.TensorShapes[j]); tdt.Add(sv.TensorDTypes[j]);
+                    string dt = DTypes.Normalize(sv.TensorDTypes[j]);
+                    long n = 1;
+                    foreach (long d in sv.TensorShapes[j]) n *= d;
+                    bytes += n * ElementSize(dt);
+                    w.Name(sv.TensorNames[j]).BeginObject().Name("shape").Longs(sv.TensorShapes[j]).Name("dtype").String(dt).EndObject();
                 }
+                w.EndObject().EndObject();
             }
-            r.StateTensorNames = tn.ToArray(); r.StateTensorRanks = tr.ToArray(); r.StateTensorShapes = tsh.ToArray();
-            r.StateTensorDTypes = tdt.ToArray();
+            w.EndArray();
+            return bytes;
         }
 
         /// <summary>Resident set size in bytes from /proc/self/statm (Linux); -1 elsewhere.</summary>

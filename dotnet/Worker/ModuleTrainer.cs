@@ -7,64 +7,12 @@
 // worker's pre-step check as a PreStepGuard to call before optimizer.step().
 using System;
 using System.Collections.Generic;
-using System.Globalization;
 using OptCheck.Probe;
 using TorchSharp;
 using static TorchSharp.torch;
 
 namespace OptCheck.Worker
 {
-    /// <summary>The options ITrainer.Setup receives (SoakConfig's fields and "extra.KEY" entries), parsed.</summary>
-    public sealed class TrainerOptions
-    {
-        readonly Dictionary<string, string> values = new Dictionary<string, string>();
-
-        /// <summary>Parallel names and values; empty, "None" and "null" values count as absent.</summary>
-        /// <exception cref="ArgumentException">the arrays are null or of different lengths.</exception>
-        public TrainerOptions(string[] names, string[] vals)
-        {
-            if (names == null || vals == null || names.Length != vals.Length)
-                throw new ArgumentException("Setup: option names and values must be two arrays of one length");
-            for (int i = 0; i < names.Length; i++) {
-                string v = vals[i];
-                if (v == null || v == "" || v == "None" || v == "null") continue;
-                values[names[i]] = v;
-            }
-        }
-
-        public IDictionary<string, string> Values { get { return values; } }
-
-        public bool TryGet(string name, out string value) { return values.TryGetValue(name, out value); }
-
-        public string String(string name, string dflt)
-        {
-            string v;
-            return values.TryGetValue(name, out v) ? v : dflt;
-        }
-
-        /// <exception cref="ArgumentException">present but not an integer.</exception>
-        public long Long(string name, long dflt)
-        {
-            string v;
-            if (!values.TryGetValue(name, out v)) return dflt;
-            long r;
-            if (long.TryParse(v, NumberStyles.Integer, CultureInfo.InvariantCulture, out r)) return r;
-            double d;
-            if (double.TryParse(v, NumberStyles.Float, CultureInfo.InvariantCulture, out d) && d == Math.Floor(d)) return (long)d;
-            throw new ArgumentException(name + ": expected an integer, got '" + v + "'");
-        }
-
-        /// <exception cref="ArgumentException">present but not a number.</exception>
-        public double Double(string name, double dflt)
-        {
-            string v;
-            if (!values.TryGetValue(name, out v)) return dflt;
-            double r;
-            if (double.TryParse(v, NumberStyles.Float, CultureInfo.InvariantCulture, out r)) return r;
-            throw new ArgumentException(name + ": expected a number, got '" + v + "'");
-        }
-    }
-
     /// <summary>A user's own TorchSharp training loop for optcheck: implement Setup (build the model and
     /// optimizer, assign Model and Optimizer) and Step (one training step, optimizer.step() included).
     /// Optional: EvalLoss (held-out loss; default none), Inject / Scenarios (faults; default
@@ -86,12 +34,13 @@ namespace OptCheck.Worker
         /// <summary>The optimizer the probe reads (set in Setup; set again if you rebuild it).</summary>
         public optim.Optimizer Optimizer { get; protected set; }
 
-        /// <summary>Parses the options, calls Setup(TrainerOptions), checks that Model and Optimizer are set.</summary>
-        /// <exception cref="ArgumentException">a bad option value (reported as bad input).</exception>
+        /// <summary>Parses the configuration JSON (TrainerOptions.FromJson), calls Setup(TrainerOptions),
+        /// checks that Model and Optimizer are set.</summary>
+        /// <exception cref="ArgumentException">not a JSON object, or a bad option value (reported as bad input).</exception>
         /// <exception cref="InvalidOperationException">Setup left Model or Optimizer null.</exception>
-        public void Setup(string[] optionNames, string[] optionValues)
+        public void Setup(string configJson)
         {
-            Setup(new TrainerOptions(optionNames, optionValues));
+            Setup(TrainerOptions.FromJson(configJson));
             if (ReferenceEquals(Model, null) || ReferenceEquals(Optimizer, null))
                 throw new InvalidOperationException(GetType().FullName + ".Setup must assign Model and Optimizer");
         }

@@ -3,6 +3,7 @@
 // prints the losses, the pre-step check and what the probe reads, and exits 0 when the loss fell
 // and the check is clean. optcheck itself loads this assembly through pythonnet and never runs Main.
 using System;
+using System.Collections.Generic;
 using System.Globalization;
 using System.Linq;
 using OptCheck.Probe;
@@ -22,8 +23,8 @@ namespace OptCheck.Worker
             const int B = 4, T = 16;
             var trainer = new GptTrainer();
             var driver = new Driver(trainer);
-            driver.Setup(new[] { "steps", "warmup_steps", "lr", "block_size", "n_layer", "n_head", "n_embd", "threads" },
-                         new[] { n.ToString(CultureInfo.InvariantCulture), "5", "0.003", "16", "2", "2", "32", "1" });
+            driver.Setup("{\"steps\": " + n.ToString(CultureInfo.InvariantCulture) + ", \"warmup_steps\": 5, \"lr\": 0.003, " +
+                         "\"block_size\": 16, \"n_layer\": 2, \"n_head\": 2, \"n_embd\": 32, \"threads\": 1}");
             Console.WriteLine(string.Join(" ", trainer.Versions));
             double first = double.NaN, last = double.NaN;
             var x = new long[B * T];
@@ -40,13 +41,18 @@ namespace OptCheck.Worker
                 if (step == 1) first = last;
                 if (step == 1 || step % 10 == 0) Console.WriteLine("step " + step + " loss " + last.ToString("F4", CultureInfo.InvariantCulture));
             }
-            ProbeArrays p = driver.Probe();
-            Console.WriteLine(p.ParamNames.Length + " parameters, " + p.ParamHandles.Distinct().Count() + " handles, " +
-                              p.ParamDataPtrs.Where(d => d != 0).Distinct().Count() + " data pointers, " +
-                              p.StateKeys.Length + " state keys (readable: " + p.StateReadable + "), live tensors " + p.LiveTensors +
+            // the snapshot body as the Python worker reads it, parsed back: a check of the JSON writer too
+            var body = (Dictionary<string, object>)JsonReader.Parse(driver.Probe());
+            var ps = (List<object>)body["params"];
+            var names = ps.Select(o => (string)((Dictionary<string, object>)o)["name"]).ToArray();
+            int handles = ps.Select(o => ((Dictionary<string, object>)o)["ref"].ToString()).Distinct().Count();
+            int sums = ps.Count(o => ((Dictionary<string, object>)o)["checksum"] != null);
+            var state = body["state"] as List<object>;
+            Console.WriteLine(names.Length + " parameters, " + handles + " handles, " + sums + " checksums, " +
+                              (state == null ? "state not readable" : state.Count + " state keys") +
                               (TensorFacts.DataPtrProblem != null ? "; " + TensorFacts.DataPtrProblem : ""));
-            Console.WriteLine(string.Join(" ", p.ParamNames));
-            bool ok = last < first && p.StateReadable && p.StateKeys.Length == p.ParamNames.Length;
+            Console.WriteLine(string.Join(" ", names));
+            bool ok = last < first && state != null && state.Count == names.Length && sums == names.Length;
             Console.WriteLine(ok ? "selftest ok" : "selftest FAILED");
             return ok ? 0 : 1;
         }

@@ -96,7 +96,7 @@ namespace OptCheck.Worker
 
     /// <summary>One Parameter as the probe sees it. Facts are read when asked (the pre-step
     /// fingerprint asks only Handle and DataPtr).</summary>
-    public sealed class TsParameterView : IParameterView
+    public sealed class TsParameterView : IParameterView, IParameterValues
     {
         readonly Parameter p;
         readonly string name;
@@ -137,6 +137,33 @@ namespace OptCheck.Worker
                 if (ReferenceEquals(g, null)) return double.NaN;
                 return g.norm().to(ScalarType.Float64).item<double>();
             }
+        }
+
+        /// <summary>value_norm and checksum. A contiguous CPU float32/float64 tensor is read once from its
+        /// data (THSTensor_data) by ValueStats, both figures in that one pass; other 4-byte-word tensors get
+        /// their checksum from the words and their norm from TorchSharp; elsewhere (CUDA, an odd number of
+        /// 16-bit values, non-contiguous) only the norm, from TorchSharp in float32 (as optcheck/pytorch/probe.py).</summary>
+        public bool ReadValues(out double valueNorm, out long checksum)
+        {
+            valueNorm = double.NaN;
+            checksum = 0;
+            if (!Alive) return false;
+            bool haveSum = false;
+            long n = p.numel(), size = p.element_size();
+            if (p.device_type == DeviceType.CPU && p.is_contiguous()) {
+                long ptr = TensorFacts.DataPtr(p);
+                if (ptr != 0) {
+                    string dt = TensorFacts.DType(p);
+                    if (dt == "float32") { ValueStats.Float32(new IntPtr(ptr), n, out valueNorm, out checksum); return true; }
+                    if (dt == "float64") { ValueStats.Float64(new IntPtr(ptr), n, out valueNorm, out checksum); return true; }
+                    if (size <= 4 && (n * size) % 4 == 0) { checksum = ValueStats.Words32(new IntPtr(ptr), n * size); haveSum = true; }
+                }
+            }
+            using (torch.no_grad())
+            using (DisposeScope scope = torch.NewDisposeScope()) {
+                valueNorm = p.detach().to(ScalarType.Float32).norm().to(ScalarType.Float64).item<double>();
+            }
+            return haveSum;
         }
     }
 

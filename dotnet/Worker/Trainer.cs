@@ -65,9 +65,9 @@ namespace OptCheck.Worker
 
         // -- setup ---------------------------------------------------------------------------
 
-        public void Setup(string[] optionNames, string[] optionValues)
+        public void Setup(string configJson)
         {
-            var o = new TrainerOptions(optionNames, optionValues);
+            var o = TrainerOptions.FromJson(configJson);
             seed = o.Long("seed", seed);
             steps = o.Long("steps", steps);
             warmupSteps = o.Long("warmup_steps", warmupSteps);

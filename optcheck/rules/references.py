@@ -118,6 +118,18 @@ def _lazy_state(snap: dict) -> bool:
     return snap.get("backend") != "torchsharp"
 
 
+def prestep_finding(snap: dict, code: str) -> dict | None:
+    """The TorchSharp worker's own pre-step result for ``code``: the entry of the snapshot's
+    ``prestep_findings`` (``ProbeCore.PreStepProblems``, dotnet/Probe/ProbeCore.cs, run in
+    the worker right before the step; ``docs/dotnet.md``), ``{}`` when that check ran and
+    found no such problem, None when the snapshot carries no such check (PyTorch, recorded
+    TorchSharp fixtures, runs written before it): then the rule derives the finding itself."""
+    found = snap.get("prestep_findings")
+    if snap.get("backend") != "torchsharp" or not isinstance(found, list):
+        return None
+    return next((f for f in found if isinstance(f, dict) and f.get("code") == code), {})
+
+
 def _state_keys(snap: dict) -> set[int] | None:
     state = snap.get("state")
     return None if state is None else {s["ref"] for s in state}
@@ -449,7 +461,10 @@ class MissingState(Rule):
     (TorchSharp: ``_state[param.handle]`` in ``AdamW.step`` before the null-grad
     check; ``docs/torchsharp.md``) throw when a member has no state: the next ``step()``
     raises ``KeyNotFoundException`` with the decimal handle of the first such
-    member. PyTorch creates state lazily, so this rule is silent there.
+    member. PyTorch creates state lazily, so this rule is silent there. On a live
+    TorchSharp run the worker's own pre-step check (``ProbeCore.PreStepProblems``,
+    the same check ``PreStepGuard`` runs in C# loops) decides, and the snapshot carries
+    its result in ``prestep_findings`` (``docs/dotnet.md``).
 
     Fix: build the optimizer after every change to the model's parameters
     (``Module.to``, ``load``, assigning or registering a ``Parameter``).
@@ -459,18 +474,28 @@ class MissingState(Rule):
     message = "{n} optimizer member(s) have no state; next step() throws KeyNotFoundException for key {key}: {names}"
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
-        keys = _state_keys(snap)
-        if keys is None or _lazy_state(snap):
-            return []
-        missing = [m for _, m in live_members(snap) if m["ref"] not in keys]
-        if not missing:
-            return []
-        names = [_name_of(snap, m) for m in missing]
-        first = missing[0]["ref"]
+        pre = prestep_finding(snap, self.code)
+        if pre is not None:  # TorchSharp: the worker's own pre-step check decided (ProbeCore.PreStepProblems)
+            if not pre:
+                return []
+            by_ref = {m["ref"]: m for _, m in live_members(snap)}
+            refs = [int(r) for r in pre["refs"]]
+            names = [_name_of(snap, by_ref[r]) if r in by_ref else n for r, n in zip(refs, pre["names"])]
+            first = pre.get("predicted_key") or refs[0]
+        else:
+            keys = _state_keys(snap)
+            if keys is None or _lazy_state(snap):
+                return []
+            missing = [m for _, m in live_members(snap) if m["ref"] not in keys]
+            if not missing:
+                return []
+            names = [_name_of(snap, m) for m in missing]
+            refs = [m["ref"] for m in missing]
+            first = refs[0]
         return [self.finding(
-            snap, self.message.format(n=len(missing), key=first, names=listing(names)), subjects=names,
-            key=",".join(str(m["ref"]) for m in missing),
+            snap, self.message.format(n=len(refs), key=first, names=listing(names)), subjects=names,
+            key=",".join(str(r) for r in refs),
             next_failure=f"the next step() throws KeyNotFoundException: The given key '{first}' "
                          f"was not present in the dictionary.",
             predicted_exception="System.Collections.Generic.KeyNotFoundException",
-            predicted_key=str(first), refs=[m["ref"] for m in missing])]
+            predicted_key=str(first), refs=refs)]

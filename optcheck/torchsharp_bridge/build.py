@@ -45,11 +45,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from optcheck.errors import InputError
+from optcheck.torchsharp_bridge.msbuild import PACKAGE, explain_failure, restored_versions
 
 #: The ITrainer in the worker assembly (dotnet/Worker/Trainer.cs).
 TRAINER_TYPE = "OptCheck.Worker.GptTrainer"
 ASSEMBLY = "OptCheck.Worker.dll"
-PACKAGE = "TorchSharp-cpu"
 #: Used when neither --torchsharp nor $OPTCHECK_TORCHSHARP is given: the newest TorchSharp-cpu on
 #: NuGet when this was written (libtorch 2.10.0; 0.99.6, the version the recorded fixtures come
 #: from, is no longer served).
@@ -59,7 +59,6 @@ BUILD_TIMEOUT_S = 3600  # the first restore downloads libtorch (hundreds of MB)
 
 SDK_HINT = ("install the .NET SDK 8 or newer (https://learn.microsoft.com/dotnet/core/install/linux, "
             "e.g. `sudo apt-get install dotnet-sdk-8.0`)")
-NUGET_VERSIONS = "https://www.nuget.org/packages/TorchSharp-cpu#versions-body-tab"
 
 _VERSION_RE = re.compile(r"^\d+\.\d+\.\d+(?:[-.][0-9A-Za-z.-]+)?$")
 _PACKAGED_DIR = Path(__file__).resolve().parents[1] / "dotnet_src"  # an installed wheel (setup.py build_py)
@@ -248,78 +247,6 @@ def build_command(cli: str, project: Path, out: Path, spec: Spec) -> list[str]:
     return cmd
 
 
-def _first(lines: list[str], code: str) -> str | None:
-    for ln in lines:
-        if f"error {code}" in ln:
-            return ln.split(f"error {code}:", 1)[-1].strip().rstrip(".").split(" [/")[0]
-    return None
-
-
-_FOUND_RE = re.compile(r"Found (\d+) version\(s\) in (.+?)(?: \[ Nearest version: ([^\s\]]+) \])?\s*$")
-
-
-def sources_offer(output: str) -> str:
-    """What NuGet's NU1102 says each package source offers, as one clause, e.g. ``nuget.org has
-    64 versions (nearest 0.100.0), local has none``; "" when the output has no such lines.
-    (NuGet prints one ``  - Found N version(s) in SOURCE [ Nearest version: V ]`` line per source.)"""
-    parts = []
-    for ln in output.splitlines():
-        m = _FOUND_RE.search(ln.split("NU1102:", 1)[-1].strip())
-        if not m:
-            continue
-        n, src, near = int(m.group(1)), m.group(2).strip(), m.group(3)
-        part = f"{src} has none" if n == 0 else f"{src} has {n} version{'s' if n != 1 else ''}" + \
-            (f" (nearest {near})" if near else "")
-        if part not in parts:
-            parts.append(part)
-    return "the sources offer: " + ", ".join(parts) if parts else ""
-
-
-def restored_versions(project: Path) -> dict[str, str]:
-    """Package versions NuGet restored for ``project``, from ``obj/project.assets.json``
-    (its ``libraries`` keys are ``Name/Version``): e.g. ``{"TorchSharp-cpu": "0.107.0",
-    "TorchSharp": "0.107.0", ...}``; {} when the file is missing or unreadable."""
-    try:
-        assets = json.loads((project.parent / "obj" / "project.assets.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    out = {}
-    for key in (assets.get("libraries") or {}):
-        name, _, version = key.partition("/")
-        if name and version:
-            out[name] = version
-    return out
-
-
-def explain_failure(output: str, spec: Spec, log: Path, cmd: list[str]) -> str:
-    """One line for a failed ``dotnet build`` (``output`` = its stdout + stderr): the cause
-    (NU1101/NU1102 unknown package or version, NU1301 NuGet unreachable, the first compile
-    or MSBuild error) and what to do."""
-    lines = output.splitlines()
-    shown = " ".join(cmd)
-    what = f"{PACKAGE} {spec.version}" if spec.version else f"the worker against {spec.dll}"
-    nu = _first(lines, "NU1102") or _first(lines, "NU1101")
-    if nu and spec.version:
-        offer = sources_offer(output)
-        return (f"--torchsharp {spec.text}: NuGet has no {PACKAGE} {spec.version} (asked for exactly "
-                f"[{spec.version}]); {offer or nu}; pick a published version ({NUGET_VERSIONS}), "
-                f"e.g. `--torchsharp {DEFAULT_VERSION}`")
-    nu = _first(lines, "NU1301")
-    if nu:
-        return (f"--torchsharp {spec.text}: cannot restore {what}: NuGet is unreachable ({nu}); connect this machine "
-                f"to the network (or configure a NuGet source that has the packages) and run again, or build "
-                f"TorchSharp locally and pass `--torchsharp PATH/TorchSharp.dll`")
-    if nu := (_first(lines, "NU1102") or _first(lines, "NU1101")):
-        return (f"--torchsharp {spec.text}: NuGet cannot find a dependency of the local TorchSharp build ({nu}); "
-                f"put it beside {spec.dll} or connect to the network; log: {log}")
-    err = next((ln.strip() for ln in lines if re.search(r"\berror [A-Z]{2,}\d+", ln)), None) \
-        or next((ln.strip() for ln in lines if " error " in ln or ln.strip().lower().startswith("error")), None) \
-        or (lines[-1].strip() if lines else "no output")
-    err = re.sub(r"\s+\[[^\]]+\]$", "", err)  # MSBuild's trailing " [project.csproj]"
-    return (f"--torchsharp {spec.text}: building the TorchSharp worker failed: {err}; full log: {log}; "
-            f"re-run by hand: `{shown}`")
-
-
 def _copy_sources(src: Path, dotnet_dir: Path) -> Path:
     if src.exists():
         shutil.rmtree(src)
@@ -384,7 +311,7 @@ def ensure_worker_assembly(spec: str | None = None, *, rebuild: bool = False, do
         if code != 0 or not dll.is_file():
             if code == 0:
                 output += f"\nerror: the build succeeded but wrote no {dll}"
-            raise InputError(explain_failure(output, sp, log, cmd))
+            raise InputError(explain_failure(output, sp, log, cmd, DEFAULT_VERSION))
         restored = restored_versions(project).get(PACKAGE) if sp.version else None
         if sp.version and restored and restored != sp.version:  # cannot happen with [VERSION], unless NuGet changes
             raise InputError(f"--torchsharp {sp.text}: asked NuGet for exactly {PACKAGE} {sp.version} and it restored "

@@ -2,22 +2,24 @@
 
 Those files were recorded from TorchSharp 0.99.6 by a C# program (their README
 describes every field). They are not in optcheck's schema: this module turns each
-``snapshot`` record into the flat arrays the .NET probe returns
-(``dotnet/Probe/ProbeCore.cs``) and runs them through the same conversion as a
-live TorchSharp worker (:func:`optcheck.torchsharp_bridge.convert.body_from_arrays`),
-so tests of the conversion and of the rules run on what TorchSharp really did.
-Torch-free.
+``snapshot`` record into the snapshot body the .NET probe writes
+(``dotnet/Probe/ProbeCore.cs``, ``ProbeCore.Read``) and names its members as a live
+TorchSharp worker does (:func:`optcheck.torchsharp_bridge.convert.name_members`), so
+tests of the rules run on what TorchSharp really did. The records carry no pre-step
+check result, so these bodies have no ``prestep_findings`` and rule OC108 derives its
+finding itself. Torch-free.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from optcheck.snapshot import SCHEMA, validate
-from optcheck.torchsharp_bridge.convert import GRAD_SET, LEAF, REQUIRES_GRAD, body_from_arrays, name_members
+from optcheck.torchsharp_bridge.convert import name_members
 
 BEFORE_STEP_NOTE = "after fault, before step"
 
@@ -66,83 +68,64 @@ class FixtureRun:
     exceptions: list[dict] = field(default_factory=list)
 
 
-def arrays_from_record(rec: dict) -> dict:
-    """The flat probe arrays (as ``convert.read_probe`` returns them) for one fixture
-    ``snapshot`` record. Member names are left None, as the .NET probe leaves them when
-    a member is not a model parameter by handle or data pointer."""
-    a: dict = {k: [] for k in (
-        "ParamNames", "ParamHandles", "ParamDataPtrs", "ParamFlags", "ParamGradNorms", "ParamRanks", "ParamShapes",
-        "ParamDTypes", "ParamDevices", "GroupSizes", "GroupOptionCounts", "GroupOptionNames", "GroupOptionValues",
-        "MemberNames", "MemberHandles", "MemberDataPtrs", "MemberFlags", "MemberRanks", "MemberShapes",
-        "MemberDTypes", "StateKeys", "StateSteps", "StateTensorCounts", "StateTensorNames", "StateTensorRanks",
-        "StateTensorShapes", "StateTensorDTypes", "Notes")}
-    by_handle, by_ptr = {}, {}
+
+
+def _dtype(name: str | None) -> str | None:
+    """PyTorch's spelling of a recorded TorchSharp dtype ("Float32" -> "float32"), as
+    ``DTypes.Normalize`` (dotnet/Probe/StateReader.cs) writes it."""
+    if name is None:
+        return None
+    n = name.rsplit(".", 1)[-1].lower()
+    return {"float": "float32", "single": "float32", "double": "float64", "half": "float16",
+            "long": "int64", "int": "int32"}.get(n, n)
+
+
+def body_from_record(rec: dict) -> dict:
+    """The snapshot body (``params``, ``groups``, ``state``, ``optimizer``, ``memory``,
+    ``notes``) of one fixture ``snapshot`` record, field for field what ``ProbeCore.Read``
+    writes. Member names are left None, as the .NET probe leaves them when a member is
+    not a model parameter by handle or data pointer; a member's shape (not recorded) is
+    the model parameter's with its handle, else its data pointer, else []."""
+    params, by_handle, by_ptr = [], {}, {}
     for p in rec["params"]:
-        a["ParamNames"].append(p["name"])
-        a["ParamHandles"].append(p["handle"])
-        a["ParamDataPtrs"].append(p["data_ptr"])
-        a["ParamFlags"].append((LEAF if p["is_leaf"] else 0) | (REQUIRES_GRAD if p["requires_grad"] else 0)
-                               | (GRAD_SET if p["grad"] == "set" else 0))
-        a["ParamGradNorms"].append(p["grad_norm"] if p.get("grad_norm") is not None else float("nan"))
-        a["ParamRanks"].append(len(p["shape"]))
-        a["ParamShapes"].extend(p["shape"])
-        a["ParamDTypes"].append(p["dtype"])
-        a["ParamDevices"].append("cpu")
+        grad = p["grad"] == "set"
+        params.append({"name": p["name"], "ref": p["handle"], "data_ptr": p["data_ptr"], "shape": list(p["shape"]),
+                       "dtype": _dtype(p["dtype"]), "is_leaf": p["is_leaf"], "requires_grad": p["requires_grad"],
+                       "device": "cpu", "grad": "set" if grad else "none",
+                       "grad_norm": p.get("grad_norm") if grad else None, "version": None})
         by_handle.setdefault(p["handle"], p)
         by_ptr.setdefault(p["data_ptr"], p)
-    for g in rec["groups"]:
-        opts = dict(g["options"])
-        names, values = [], []
-        for k, v in opts.items():
-            if k == "betas":
-                names += ["beta1", "beta2"]
-                values += [float(v[0]), float(v[1])]
-            else:
-                names.append(k)
-                values.append(float(v))
-        a["GroupOptionCounts"].append(len(names))
-        a["GroupOptionNames"].extend(names)
-        a["GroupOptionValues"].extend(values)
-        a["GroupSizes"].append(len(g["members"]))
+    groups = []
+    for gi, g in enumerate(rec["groups"]):
+        opts = {k: [float(x) for x in v] if k == "betas" else float(v) for k, v in g["options"].items()}
+        members = []
         for j, h in enumerate(g["members"]):
             ptr = g["member_data_ptrs"][j]
-            leaf = g["member_is_leaf"][j]
-            # The record has no shape per member: take the model's by handle, else by data pointer.
             src = by_handle.get(h) or by_ptr.get(ptr)
-            shape = src["shape"] if src else []
-            a["MemberNames"].append(None)
-            a["MemberHandles"].append(h)
-            a["MemberDataPtrs"].append(ptr)
-            a["MemberFlags"].append((LEAF if leaf else 0) | REQUIRES_GRAD)
-            a["MemberRanks"].append(len(shape))
-            a["MemberShapes"].extend(shape)
-            a["MemberDTypes"].append(g["member_dtypes"][j])
-    state = rec.get("state")
-    a["StateReadable"] = state is not None
-    for s in state or ():
-        a["StateKeys"].append(s["key"])
-        a["StateSteps"].append(s["step"] if s.get("step") is not None else -1)
-        tensors = s.get("tensors") or {}
-        a["StateTensorCounts"].append(len(tensors))
-        for tname, shape in tensors.items():
-            a["StateTensorNames"].append(tname)
-            a["StateTensorRanks"].append(len(shape))
-            a["StateTensorShapes"].extend(shape)
-            a["StateTensorDTypes"].append(None)  # not recorded
+            members.append({"name": None, "ref": h, "data_ptr": ptr, "shape": list(src["shape"]) if src else [],
+                            "dtype": _dtype(g["member_dtypes"][j]), "is_leaf": g["member_is_leaf"][j], "requires_grad": True})
+        groups.append({"index": gi, "options": opts, "members": members})
+    state, state_bytes = None, 0
+    if rec.get("state") is not None:
+        state = []
+        for s in rec["state"]:
+            tensors = {name: {"shape": list(shape), "dtype": None} for name, shape in (s.get("tensors") or {}).items()}
+            state_bytes += sum(math.prod(t["shape"]) * 4 for t in tensors.values())  # dtype not recorded: 4
+            state.append({"ref": s["key"], "step": s.get("step"), "tensors": tensors})
     mem = rec.get("memory") or {}
-    a["OptimizerType"] = "AdamW"
-    a["LiveTensors"] = mem.get("live_tensors", -1)
-    a["PeakTensors"] = mem.get("peak_tensors", -1)
-    a["ManagedBytes"] = mem.get("managed_bytes", -1)
-    a["RssBytes"] = mem.get("rss_bytes", -1)
-    a["ProbeSeconds"] = 0.0
-    return a
+    memory = {k: int(mem[k]) for k in ("rss_bytes", "live_tensors", "peak_tensors", "managed_bytes")
+              if mem.get(k) is not None and int(mem[k]) >= 0}
+    if state is not None:
+        memory["state_bytes"] = state_bytes
+    return {"params": params, "groups": groups, "state": state,
+            "optimizer": {"type": "AdamW", "state_init": "eager"}, "memory": memory,
+            "notes": [] if state is not None else ["optimizer state not readable"]}
 
 
 def snapshot_from_record(rec: dict, run: str, meta: dict, known: dict[int, str] | None = None) -> dict:
     """One schema-1 snapshot (``backend: "torchsharp"``) from a fixture ``snapshot`` record.
     ``known`` maps handles seen in earlier snapshots to names (updated in place)."""
-    body = body_from_arrays(arrays_from_record(rec))
+    body = body_from_record(rec)
     if known is not None:
         name_members(body, known)
     before = rec.get("note") == BEFORE_STEP_NOTE

@@ -9,6 +9,13 @@ Mono (Debian ``mono-runtime`` + ``libmono-2.0-dev`` + ``mono-devel``, whose
 ``Facades/netstandard.dll`` pythonnet's ``Python.Runtime`` needs) is the
 alternative.
 
+Discovery goes through ``clr_loader`` (pythonnet's loader) where it serves: the
+runtimes under a root (``find_runtimes_in_root``) and ``find_libmono``. Kept here,
+because clr_loader does not do it (``docs/dotnet.md``, "Runtimes"): the roots beyond
+``$DOTNET_ROOT``/``dotnet`` (default folders, dotnetcore2), the ``host/fxr`` check, the
+SDK list, Mono's facade and version, and the runtimeconfig (roll-forward, invariant
+globalization, the ``netcoreapp3.1`` TFM that clr_loader would spell ``net3.1``).
+
 A runtime can be loaded once per process (``pythonnet.load`` before ``import
 clr``; ~0.4 s). Everything that cannot be found or loaded raises
 :class:`optcheck.errors.InputError` with one line naming what is missing and how
@@ -115,13 +122,17 @@ def dotnet_roots(explicit: str | os.PathLike | None = None) -> list[tuple[Path, 
 
 def coreclr_runtimes(explicit_root: str | os.PathLike | None = None) -> list[DotnetRuntime]:
     """Every ``Microsoft.NETCore.App`` version installed under the candidate roots
-    (a root counts only when it also has ``host/fxr``, which pythonnet loads)."""
+    (clr_loader's ``find_runtimes_in_root``; a root counts only when it also has
+    ``host/fxr``, which pythonnet loads). Empty when clr_loader is not installed."""
+    try:
+        from clr_loader.util.find import find_runtimes_in_root
+    except ImportError:
+        return []
     out = []
     for root, source in dotnet_roots(explicit_root):
-        shared = root / "shared" / NETCORE_APP
-        if not shared.is_dir() or not (root / "host" / "fxr").is_dir():
+        if not (root / "shared").is_dir() or not (root / "host" / "fxr").is_dir():
             continue
-        for ver in sorted(p.name for p in shared.iterdir() if p.is_dir()):
+        for ver in sorted(r.version for r in find_runtimes_in_root(root) if r.name == NETCORE_APP):
             out.append(DotnetRuntime("coreclr", ver, str(root), source))
     return out
 
@@ -145,15 +156,13 @@ def dotnet_sdks() -> list[str]:
 
 
 def find_libmono() -> Path | None:
-    """``libmonosgen-2.0.so`` as pythonnet's loader would find it, or None."""
-    name = ctypes.util.find_library("monosgen-2.0")
-    if name:
-        for d in ("/usr/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/local/lib", "/lib"):
-            for cand in (Path(d) / name, Path(d) / "libmonosgen-2.0.so"):
-                if cand.exists():
-                    return cand
-        return Path(name)
-    return None
+    """``libmonosgen-2.0.so`` as pythonnet's loader finds it (clr_loader's ``find_libmono``),
+    or None."""
+    try:
+        from clr_loader import find_libmono as clr_find_libmono
+        return clr_find_libmono()
+    except (ImportError, RuntimeError):  # RuntimeError: "Could not find libmono"
+        return None
 
 
 def mono_facade() -> Path | None:
@@ -265,6 +274,11 @@ def select(kind: str = "coreclr", dotnet_root: str | os.PathLike | None = None) 
     """
     if kind not in KINDS:
         raise InputError(f"--dotnet-runtime {kind!r}: expected one of {', '.join(KINDS)}")
+    try:
+        import clr_loader  # noqa: F401  (pythonnet's loader: discovery below goes through it)
+    except ImportError:
+        raise InputError(f"pythonnet is not installed (no clr_loader), and the TorchSharp backend drives .NET "
+                         f"through it: {PYTHONNET_HINT}") from None
     if kind == "coreclr":
         if dotnet_root is not None and not Path(dotnet_root).expanduser().is_dir():
             raise InputError(f"--dotnet-root {dotnet_root}: no such directory; {CORECLR_HINT}")

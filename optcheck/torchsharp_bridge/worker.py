@@ -9,7 +9,8 @@ the worker assembly ``SoakConfig.extra["dotnet_assembly"]`` (which contains the
 :func:`optcheck.worker_loop.run` with :class:`TorchSharpBackend`: one .NET call
 per step (``Driver.StepBound``: the batch is copied into buffers bound once with
 ``Driver.Bind``, and the step writes the next pre-step fingerprint beside them, so
-the per-step pre-step check costs no second call), one per snapshot (``Driver.Probe``).
+the per-step pre-step check costs no second call), one per snapshot (``Driver.Probe``:
+the snapshot body as one JSON string, pre-step check included, ``docs/dotnet.md``).
 
 ``SoakConfig.extra`` keys read here:
 
@@ -17,7 +18,8 @@ the per-step pre-step check costs no second call), one per snapshot (``Driver.Pr
 - ``dotnet_root``: look for CoreCLR only in this dotnet root
 - ``dotnet_assembly``: path of the worker assembly (required)
 - ``dotnet_trainer``: full type name of the ``ITrainer`` (default :data:`DEFAULT_TRAINER`)
-- any other key reaches the trainer's ``Setup`` as ``extra.KEY``.
+- every key reaches the trainer's ``Setup`` JSON under ``extra`` (``extra.KEY`` in
+  ``TrainerOptions``, dotnet/Probe/TrainerOptions.cs).
 
 A .NET exception out of a step (``KeyNotFoundException`` from ``AdamW.step``)
 is reported with its .NET type full name, message and .NET stack trace
@@ -28,6 +30,7 @@ process with SIGABRT and the supervisor reports that.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import platform
 import sys
@@ -41,7 +44,7 @@ from optcheck.data import Corpus
 from optcheck.errors import InputError
 from optcheck.protocol import Stream
 from optcheck.torchsharp_bridge import native, runtime
-from optcheck.torchsharp_bridge.convert import body_from_arrays, name_members, read_probe
+from optcheck.torchsharp_bridge.convert import body_from_json, name_members
 from optcheck.worker_loop import run
 
 DEFAULT_TRAINER = "OptCheck.Worker.GptTrainer"
@@ -66,22 +69,14 @@ def dotnet_message(exc: BaseException) -> str:
     return str(msg) if msg is not None else str(exc)
 
 
-def setup_options(cfg: SoakConfig, corpus: Corpus) -> tuple[list[str], list[str]]:
-    """The names and values ``ITrainer.Setup`` receives (dotnet/Probe/Interfaces.cs):
-    SoakConfig's scalar fields as invariant strings, ``vocab_size`` from the corpus,
-    then ``extra.KEY`` for every extra entry."""
-    names, values = [], []
-
-    def put(k: str, v: Any) -> None:
-        names.append(k)
-        values.append("" if v is None else (repr(v) if isinstance(v, float) else str(v)))
-
-    for k in _SCALAR_FIELDS:
-        put(k, getattr(cfg, k))
-    put("vocab_size", corpus.vocab_size)
-    for k, v in sorted(cfg.extra.items()):
-        put(f"extra.{k}", v)
-    return names, values
+def setup_config(cfg: SoakConfig, corpus: Corpus) -> str:
+    """The JSON object ``ITrainer.Setup`` receives (dotnet/Probe/Interfaces.cs): SoakConfig's
+    scalar fields, ``vocab_size`` from the corpus, and ``extra`` (SoakConfig.extra; a value
+    JSON cannot hold is written as its ``str``)."""
+    doc: dict[str, Any] = {k: getattr(cfg, k) for k in _SCALAR_FIELDS}
+    doc["vocab_size"] = corpus.vocab_size
+    doc["extra"] = dict(sorted((cfg.extra or {}).items()))
+    return json.dumps(doc, default=str)
 
 
 class TorchSharpBackend:
@@ -132,10 +127,9 @@ class TorchSharpBackend:
             raise InputError(f"--dotnet-assembly {asm_path}: it does not contain OptCheck.Probe.Driver "
                              f"(include dotnet/Probe/*.cs in the worker project)") from None
         trainer = extra.get("dotnet_trainer") or DEFAULT_TRAINER
-        names, values = setup_options(cfg, corpus)
         try:
             self.driver = Driver.ForType(trainer)
-            self.driver.Setup(names, values)
+            self.driver.Setup(setup_config(cfg, corpus))
         except Exception as e:  # noqa: BLE001 - .NET exceptions become one line
             raise self._setup_error(e, asm_path, trainer) from None
         tr = self.driver.Trainer
@@ -242,10 +236,8 @@ class TorchSharpBackend:
 
     def snapshot_body(self) -> dict:
         self._fp_valid = False
-        body = body_from_arrays(read_probe(self.driver.Probe()))
+        body = body_from_json(str(self.driver.Probe()))
         name_members(body, self._known)
-        check = str(self.driver.PreStepCheck())
-        body["prestep_check"] = check.splitlines() if check else []
         body["events"] = []
         return body
 

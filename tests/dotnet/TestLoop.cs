@@ -300,7 +300,7 @@ namespace OptCheckTest
 
     // -- the probe adapter: what part 2 writes for TorchSharp ----------------------------------
 
-    sealed class ParamView : IParameterView
+    sealed class ParamView : IParameterView, IParameterValues
     {
         readonly Param p; readonly string name;
         public ParamView(string name, Param p) { this.name = name; this.p = p; }
@@ -319,6 +319,13 @@ namespace OptCheckTest
             double s = 0;
             foreach (double v in p.Grad) s += v * v;
             return Math.Sqrt(s);
+        }
+        // the stand-in keeps its values as float64 in pinned memory: the probe's one-pass reader over it
+        public bool ReadValues(out double valueNorm, out long checksum)
+        {
+            if (p.Disposed) { valueNorm = double.NaN; checksum = 0; return false; }
+            ValueStats.Float64(new IntPtr(p.Storage.DataPtr), p.Data.Length, out valueNorm, out checksum);
+            return true;
         }
     }
 
@@ -376,7 +383,7 @@ namespace OptCheckTest
     {
         public TinyLM Model;
         public HandleAdamW Optimizer;
-        Dictionary<string, string> opts = new Dictionary<string, string>();
+        TrainerOptions opts;
         double[][] checkpoint;
         readonly Target target;
 
@@ -384,21 +391,17 @@ namespace OptCheckTest
 
         protected virtual bool Eager { get { return false; } }
         protected virtual bool Tied { get { return false; } }
+        /// <summary>Backward every step but never optimizer.step() (NoStepTrainer).</summary>
+        protected virtual bool SkipsOptimizerStep { get { return false; } }
 
         double D(string k, double def)
         {
-            string v;
-            if (!opts.TryGetValue(k, out v) || string.IsNullOrEmpty(v)) return def;
-            double r;
-            if (!double.TryParse(v, NumberStyles.Float, CultureInfo.InvariantCulture, out r))
-                throw new ArgumentException("option " + k + "=" + v + " is not a number");
-            return r;
+            return opts.Double(k, def);
         }
 
-        public virtual void Setup(string[] names, string[] values)
+        public virtual void Setup(string configJson)
         {
-            if (names.Length != values.Length) throw new ArgumentException("Setup: names and values differ in length");
-            for (int i = 0; i < names.Length; i++) opts[names[i]] = values[i];
+            opts = TrainerOptions.FromJson(configJson);
             int vocab = (int)D("vocab_size", 256), d = (int)D("n_embd", 16);
             if (vocab < 2 || d < 1) throw new ArgumentException("vocab_size and n_embd must be positive");
             Model = new TinyLM(vocab, d, new Random((int)D("seed", 1337)));
@@ -436,7 +439,7 @@ namespace OptCheckTest
             double loss = Model.Loss(inputs, targets, batch * time, true);
             double clip = D("grad_clip", 1.0);
             if (clip > 0) Clip(clip);
-            Optimizer.Step();
+            if (!SkipsOptimizerStep) Optimizer.Step();
             if (keepLosses) {  // `losses.Add(loss)`: the loss and the activation it holds, never released
                 var kept = new Storage(batch * time * Model.D);
                 kept.Data[0] = loss;
@@ -606,10 +609,17 @@ namespace OptCheckTest
         [DllImport("LibOptcheckMissingNative")]
         static extern int optcheck_missing_native();
 
-        public override void Setup(string[] names, string[] values)
+        public override void Setup(string configJson)
         {
             optcheck_missing_native();
         }
+    }
+
+    /// <summary>Gradients every step, optimizer.step() never called: the values stay bit-for-bit the same
+    /// (OC205 from the probe's checksums; the stand-in's state keeps no step count to ask).</summary>
+    public sealed class NoStepTrainer : TestTrainer
+    {
+        protected override bool SkipsOptimizerStep { get { return true; } }
     }
 
     /// <summary>The lazy trainer under its default name.</summary>

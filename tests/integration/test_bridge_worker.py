@@ -86,7 +86,12 @@ def test_worker_over_a_pipe(dll, tmp_path):
                                                    "lm_head.bias"]
     assert {m["ref"] for g in last["groups"] for m in g["members"]} == {s["ref"] for s in last["state"]}
     assert all(s["step"] == 300 for s in last["state"])
-    assert last["prestep_check"] == []
+    assert last["prestep_findings"] == []     # ProbeCore's pre-step check ran and found nothing
+    # value_norm and checksum per parameter (dotnet/Probe/ValueStats.cs): present, and the values moved
+    prev = {p["name"]: p for p in snaps[-2]["params"]}
+    for p in last["params"]:
+        assert p["value_norm"] > 0 and isinstance(p["checksum"], int), p
+        assert p["checksum"] != prev[p["name"]]["checksum"] and p["value_norm"] != prev[p["name"]]["value_norm"]
     done = msgs[-1]
     assert done["loss_last"] < done["loss_first"] - 1.5, done     # real arithmetic: the loss falls
 
@@ -123,6 +128,11 @@ def test_replaced_parameter_is_flagged_at_its_step_before_the_keynotfound(dll, t
     oc108 = next(f for f in at500 if f.code == "OC108")
     assert oc108.subjects == ["lm_head.weight"]
     assert oc108.detail["predicted_key"] == key                    # the prediction names the key that threw
+    # ... and it is the worker's own pre-step check (ProbeCore.PreStepProblems) that made it
+    (pre,) = [x for x in read_snapshots(res.out / "snapshots.jsonl") if x["step"] == 500 and x["phase"] == "pre-step"]
+    (c,) = [f for f in pre["prestep_findings"] if f["code"] == "OC108"]
+    assert c["predicted_key"] == key and c["names"] == ["lm_head.weight"]
+    assert c["predicted_exception"] == KNF and oc108.detail["refs"] == c["refs"]
     assert s["lead_time"]["flagged_step"] == 500 and s["lead_time"]["failed_step"] == 500
     assert s["lead_time"]["exception"] == KNF
     out = subprocess.run([sys.executable, "-m", "optcheck.cli", "check", "--json", str(res.out)], cwd=ROOT,
@@ -161,8 +171,22 @@ def test_disposed_members_are_named_and_the_invalid_operation_predicted(dll, tmp
     assert lead and "OC109" in json.dumps(lead)
     snaps = read_snapshots(res.out / "snapshots.jsonl")
     (pre,) = [x for x in snaps if x["step"] == 150 and x.get("phase") == "pre-step"]
-    assert pre["prestep_check"][0].startswith("5 optimizer member(s) are disposed tensors (empty handle)")
-    assert not any("key 0" in ln or "<handle 0>" in ln for ln in pre["prestep_check"]), pre["prestep_check"]
+    lines = [f["line"] for f in pre["prestep_findings"]]
+    assert pre["prestep_findings"][0]["code"] == "OC109"
+    assert lines[0].startswith("5 optimizer member(s) are disposed tensors (empty handle)")
+    assert not any("key 0" in ln or "<handle 0>" in ln for ln in lines), lines
+
+
+def test_parameters_never_stepped_are_stalled_by_their_checksums(dll, tmp_path):
+    """optimizer.step() never called (stand-in NoStepTrainer): the probe's checksums stay bit-for-bit
+    equal while gradients are set, and OC205 fires after two snapshot intervals (the clean soaks above
+    are its silent side). Without checksums the TorchSharp snapshot could not tell."""
+    need("coreclr")
+    res = soak(config(dll, trainer="OptCheckTest.NoStepTrainer", steps=300), tmp_path / "run")
+    (oc205,) = [f for f in res.findings if f.code == "OC205"]
+    assert oc205.step == 300 and set(oc205.subjects) == {"wte.weight", "ln_f.weight", "ln_f.bias", "lm_head.weight",
+                                                         "lm_head.bias"}
+    assert "from step 100 to step 300" in oc205.message
 
 
 def test_tied_weight_is_a_duplicate(dll, tmp_path):

@@ -96,6 +96,34 @@ def test_no_pythonnet_is_one_line():
                    "pip install 'pythonnet>=3.0'")
 
 
+def test_no_clr_loader_is_one_line():
+    code = ("import sys; sys.modules['clr_loader'] = None\n"
+            "from optcheck.torchsharp_bridge import runtime\n"
+            "from optcheck.errors import InputError\n"
+            "print(runtime.coreclr_runtimes(), runtime.find_libmono())\n"
+            "try:\n    runtime.select('coreclr')\nexcept InputError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["[] None", "pythonnet is not installed (no clr_loader), and the TorchSharp backend "
+                                           "drives .NET through it: pip install 'pythonnet>=3.0'"]
+
+
+def test_runtimes_are_read_through_clr_loader(tmp_path, monkeypatch):
+    """coreclr_runtimes lists a root with clr_loader's find_runtimes_in_root, keeping only
+    Microsoft.NETCore.App; find_libmono is clr_loader's."""
+    import clr_loader
+    import clr_loader.util.find as clr_find
+
+    for name, v in (("Microsoft.NETCore.App", "8.0.2"), ("Microsoft.AspNetCore.App", "9.0.1")):
+        (tmp_path / "shared" / name / v).mkdir(parents=True)
+    (tmp_path / "host" / "fxr" / "8.0.2").mkdir(parents=True)
+    seen = []
+    real = clr_find.find_runtimes_in_root
+    monkeypatch.setattr(clr_find, "find_runtimes_in_root", lambda root: seen.append(root) or real(root))
+    assert [r.version for r in runtime.coreclr_runtimes(tmp_path)] == ["8.0.2"] and seen == [tmp_path]
+    monkeypatch.setattr(clr_loader, "find_libmono", lambda: runtime.Path("/x/libmonosgen-2.0.so.1"))
+    assert runtime.find_libmono() == runtime.Path("/x/libmonosgen-2.0.so.1")
+
+
 def test_mono_without_libmono_or_facade_is_one_line(monkeypatch):
     monkeypatch.setattr(runtime, "find_libmono", lambda: None)
     with pytest.raises(InputError, match=r"^Mono not found \(no libmonosgen-2.0.so\): apt-get install"):

@@ -85,9 +85,12 @@ def test_what_the_worker_gets_from_a_users_trainer(check_exe):
     assert "scenario 'param-replaced' is not implemented by OwnModel.OwnTrainer" in out["inject"]
     assert out["evalloss"] == "NaN"  # ModuleTrainer.EvalLoss: no held-out loss unless the user writes one
     assert out["forgetful"] == "InvalidOperationException ForgetfulTrainer.Setup must assign Model and Optimizer"
-    assert out["badoptions"].startswith("ArgumentException Setup: option names and values")
+    assert out["badoptions"] == "ArgumentException Setup: the configuration must be a JSON object"
     assert out["options"] == "0.003 2000 absent"
     assert out["badlong"] == "seed: expected an integer, got 'abc'"
+    # SoakConfig.extra arrives as "extra.KEY", JSON escapes decoded, booleans readable
+    assert out["extra"] == 'obvious|a "b"A|True'
+    assert out["badjson"] == "Setup: the configuration is not JSON: JSON: expected a member name at character 11"
     # any optimizer's options by reflection (AdamW's, in TorchSharp's field order), lr first
     assert out["adamw_options"] == "lr,beta1,beta2,weight_decay,eps,amsgrad,maximize"
     assert out["no_options"] == "lr"

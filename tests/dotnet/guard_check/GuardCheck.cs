@@ -20,7 +20,7 @@ public static class GuardCheck
             string[] f = args[2].Split('@');
             fault = f[0]; faultAt = long.Parse(f[1], CultureInfo.InvariantCulture);
         }
-        trainer.Setup(new[] { "seed", "vocab_size", "n_embd", "lr" }, new[] { "1337", "32", "8", "0.01" });
+        trainer.Setup("{\"seed\": 1337, \"vocab_size\": 32, \"n_embd\": 8, \"lr\": 0.01}");
         var guard = new PreStepGuard(trainer.Target);
         const int B = 2, T = 8;
         var x = new long[B * T]; var y = new long[B * T];

@@ -100,6 +100,9 @@ namespace TorchSharp
             public Tensor norm(float p = 2.0f) { throw null; }
             public Tensor norm(int dim, bool keepdim = false, float p = 2.0f) { throw null; }
             public Tensor detach() { throw null; }
+            public long numel() { throw null; }                                      // Tensor/Tensor.cs (0.99.6 and 0.107)
+            public long element_size() { throw null; }
+            public bool is_contiguous() { throw null; }
             public Tensor clone() { throw null; }
             public Tensor copy_(Tensor source, bool nonBlocking = false) { throw null; }
             public Tensor to(ScalarType type) { throw null; }                        // 0.107: + copy, disposeAfter, non_blocking defaults

@@ -29,18 +29,21 @@ public static class OwnModelCheck
         try { t.Inject("param-replaced"); } catch (ArgumentException e) { Console.WriteLine("inject ArgumentException " + e.Message); }
         Console.WriteLine("evalloss " + new ForgetfulTrainer().EvalLoss(new long[0], new long[0], 0, 0));
         try {
-            new ForgetfulTrainer().Setup(new string[0], new string[0]);
+            new ForgetfulTrainer().Setup("{}");
         } catch (InvalidOperationException e) {
             Console.WriteLine("forgetful InvalidOperationException " + e.Message);
         }
         try {
-            new ForgetfulTrainer().Setup(new[] { "a" }, new string[0]);
+            new ForgetfulTrainer().Setup("[\"a\"]");
         } catch (ArgumentException e) {
             Console.WriteLine("badoptions ArgumentException " + e.Message);
         }
-        var o = new TrainerOptions(new[] { "lr", "steps", "x", "seed" }, new[] { "0.003", "2000.0", "None", "abc" });
+        var o = TrainerOptions.FromJson("{\"lr\": 0.003, \"steps\": 2000.0, \"x\": null, \"seed\": \"abc\", " +
+                                         "\"extra\": {\"tie\": \"obvious\", \"same_init\": \"a \\\"b\\\"\\u0041\", \"flag\": true}}");
         Console.WriteLine("options " + o.Double("lr", 1) + " " + o.Long("steps", 1) + " " + o.String("x", "absent"));
         try { o.Long("seed", 0); } catch (ArgumentException e) { Console.WriteLine("badlong " + e.Message); }
+        Console.WriteLine("extra " + o.String("extra.tie", "") + "|" + o.String("extra.same_init", "") + "|" + o.Bool("extra.flag", false));
+        try { TrainerOptions.FromJson("{\"lr\": 0.1,"); } catch (ArgumentException e) { Console.WriteLine("badjson " + e.Message); }
         Console.WriteLine("adamw_options " + string.Join(",", OptionReader.For(typeof(AdamW.Options)).Names));
         Console.WriteLine("no_options " + string.Join(",", OptionReader.For(null).Names));
         StateView sv = t.Target.DescribeState(null, new AdamW.State { step = 42 });
