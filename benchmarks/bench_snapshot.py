@@ -123,6 +123,24 @@ def step_ms(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int = 20)
     return statistics.median(timed(step) for _ in range(steps))
 
 
+def dispatch_mode_step_ms(model: torch.nn.Module, opt: torch.optim.Optimizer) -> float:
+    """A training step under a pass-through ``TorchDispatchMode`` that counts the tensors
+    each op returns: the cheapest hook that sees every tensor made (what counting live
+    tensors at creation, instead of finding them through the garbage collector, costs)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        made = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            Count.made += isinstance(out, torch.Tensor)
+            return out
+
+    with Count():
+        return step_ms(model, opt)
+
+
 def first_census(junk: int) -> tuple[float, float, list]:
     """(ms of the process's first census, ms of the one after, the junk kept alive)."""
     kept = [{"i": i} for i in range(junk)]  # unrelated objects, alive throughout
@@ -143,6 +161,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--small-only", action="store_true", help="skip the GPT-2-small shape")
+    ap.add_argument("--alternatives", action="store_true",
+                    help="also time a training step under a TorchDispatchMode (counting tensors at creation)")
     ap.add_argument("--junk", type=int, default=1_000_000, help="unrelated objects alive for the census rows")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -161,6 +181,8 @@ def main() -> None:
         steps["not frozen"].append(step_ms(model, opt))
         probe.tensor_census()
         steps["frozen"].append(step_ms(model, opt))
+    if args.alternatives:
+        steps["under a counting TorchDispatchMode"] = [dispatch_mode_step_ms(model, opt) for _ in range(args.repeat)]
     first, second, _kept = first_census(args.junk)
     later = [timed(probe.tensor_census) for _ in range(args.repeat)]
     for label, (model, _) in models.items():
@@ -174,7 +196,8 @@ def main() -> None:
           f"{summary(later):>28s}  (both models alive; first census of the process {first:.1f} ms, "
           f"the next {second:.1f} ms)")
     for k, v in steps.items():
-        print(f"{'training step, heap ' + k:32s} ms   {summary(v):>28s}  (default GPT, batch 16 x 64)")
+        print(f"{'training step, ' + ('heap ' if 'frozen' in k else '') + k:32s} ms   {summary(v):>28s}"
+              f"  (default GPT, batch 16 x 64)")
     step = statistics.median(steps["frozen"])
     body = statistics.median(r["snapshot body"] for r in runs["default GPT"])
     cen = statistics.median(r["census"] for r in runs["default GPT"])

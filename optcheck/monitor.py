@@ -339,7 +339,7 @@ class Monitor:
         if self in _ACTIVE:
             _ACTIVE.remove(self)
         if not _ACTIVE:  # the census froze the objects alive at its first run: unfreeze them
-            probe.census.release()
+            probe.release_census()
         _remove_backward_wrappers()
         _remove_excepthook()
         atexit.unregister(self._atexit)

@@ -1,16 +1,18 @@
 """Where a PyTorch snapshot is taken: the model's parameters, the optimizer's param
 groups and state, and memory — metadata only, no tensor is copied.
 
-Costs (2-layer default GPT, 1 thread): :func:`fingerprint` a few µs per step;
-:func:`snapshot_body` well under a millisecond without the tensor census. The
-parameter pass (:func:`params`) reads every parameter and every gradient once:
-~0.9 ms on the default GPT, ~105 ms on a GPT-2-small-sized model (124 M
-parameters), of which the value checksum is ~50 ms (``benchmarks/bench_probe.py``).
+Costs (1 thread; ``benchmarks/bench_snapshot.py``, figures in ``docs/parameter-identity.md``
+and ``docs/memory.md``): :func:`fingerprint` (the pre-step check) ~0.02–0.06 ms on
+GPT-2 small, the module walk cached; :func:`snapshot_body` one read of the values and
+one of the gradients of each distinct tensor (1.07× one ``_foreach_norm`` pass over
+both on GPT-2 small), ~1–3 ms on the default GPT; the tensor census
+(:mod:`optcheck.pytorch.census`) ~1 ms after the first, whatever else is alive.
 Facts used (``docs/parameter-identity.md``): ``optimizer.state`` is keyed by the
 Parameter object (``torch/optim/optimizer.py``), so ``ref = id(param)``;
 ``param_groups`` built from ``named_parameters()`` carry ``param_names``
 (torch ≥ 2.6); fused optimizer kernels update parameters without bumping their
-version counter, so whether a parameter moved is read from its values.
+version counter, so whether a parameter moved is read from its values where the
+counter did not move.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import psutil
 import torch
 
 from optcheck import heap
-from optcheck.pytorch import census
+from optcheck.pytorch.census import CENSUS, release as release_census  # noqa: F401 (Monitor.close)
 
 _PROC = psutil.Process()
 
@@ -284,7 +286,7 @@ def tensor_census() -> tuple[int, int]:
     bytes once, after a ``gc.collect()`` (tensors only waiting for the cycle collector
     are not a leak). Walks only the objects created since the process-wide census
     first ran (:mod:`optcheck.pytorch.census`)."""
-    return census.CENSUS()
+    return CENSUS()
 
 
 #: snapshot field -> key of ``torch.cuda.memory_stats()`` (``torch/cuda/memory.py``, its
