@@ -4,7 +4,7 @@ groups and state, and memory — metadata only, no tensor is copied.
 Costs (1 thread; ``benchmarks/bench_snapshot.py``, figures in ``docs/parameter-identity.md``
 and ``docs/memory.md``): :func:`fingerprint` (the pre-step check) ~0.02–0.06 ms on
 GPT-2 small, the module walk cached; :func:`snapshot_body` one read of the values and
-one of the gradients of each distinct tensor (1.07× one ``_foreach_norm`` pass over
+one of the gradients of each distinct tensor (1.08× one ``_foreach_norm`` pass over
 both on GPT-2 small), ~1–3 ms on the default GPT; the tensor census
 (:mod:`optcheck.pytorch.census`) ~1 ms after the first, whatever else is alive.
 Facts used (``docs/parameter-identity.md``): ``optimizer.state`` is keyed by the
@@ -114,7 +114,7 @@ def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tup
     order, and their data pointers. Changes when a parameter is replaced, rebound,
     tied, converted (new data: ``p.data = ...``, ``module.to(...)``) or added, or a
     param group gains or loses a member. Cost on GPT-2 small (148 tensors, 1 thread):
-    ~0.02 ms idle, 0.06 ms on a loaded machine (``benchmarks/bench_snapshot.py``;
+    0.04–0.07 ms on this 2-core machine at load 10 (``benchmarks/bench_snapshot.py``;
     0.17–0.5 ms before the module walk was cached in :class:`_Layout`)."""
     layout = _LAYOUTS.get(model)
     if layout is None or not layout.current():
