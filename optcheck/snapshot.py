@@ -42,8 +42,9 @@ Param::
     counter, ``Tensor._version``), checksum (int | null, optional: the sum of the
     values' bit patterns, wrapping; equal in two snapshots iff the values did not
     move, whatever kernel wrote them — fused optimizers do not bump ``version``;
-    PyTorch records it where ``version`` did not move since the tensor's previous
-    snapshot and null where it did: the version already says it was written),
+    PyTorch records it where neither ``version`` nor the optimizer's step count for
+    the tensor moved since its previous snapshot, and null where one did: that
+    signal already says it was stepped),
     value_norm (float, optional: L2 norm of the
     values in float32, the parameter fingerprint ``optcheck.verdict`` compares;
     PyTorch records it)

@@ -178,24 +178,27 @@ def _values(scalars: dict) -> dict:
 
 
 class _Versions:
-    """The version counter each parameter had at its last snapshot, by tensor identity
-    (a weak reference: a dead tensor's entry goes with it, a new tensor at a reused
-    ``id`` is not mistaken for it)."""
+    """The version counter (and optimizer step count) each parameter had at its last
+    snapshot, by tensor identity (a weak reference: a dead tensor's entry goes with
+    it, a new tensor at a reused ``id`` is not mistaken for it)."""
 
     def __init__(self) -> None:
-        self._seen: dict[int, tuple[weakref.ref, int]] = {}
+        self._seen: dict[int, tuple[weakref.ref, int, int | None]] = {}
 
-    def moved(self, p: torch.Tensor) -> bool:
-        """True if ``p``'s version counter moved since the last call for ``p`` (False
-        on the first call, and when it did not); records the current version."""
+    def moved(self, p: torch.Tensor, step: int | None = None) -> bool:
+        """True if ``p``'s version counter or its optimizer step count ``step`` moved since
+        the last call for ``p`` (False on the first call, and when neither did); records
+        both."""
         key, version = id(p), p._version
         entry = self._seen.get(key)
         if entry is not None and entry[0]() is p:
-            if entry[1] == version:
+            if entry[1] == version and (step is None or entry[2] is None or entry[2] == step):
+                if step is not None and entry[2] is None:
+                    self._seen[key] = (entry[0], version, step)
                 return False
-            self._seen[key] = (entry[0], version)
+            self._seen[key] = (entry[0], version, step)
             return True
-        self._seen[key] = (weakref.ref(p, functools.partial(self._forget, key)), version)
+        self._seen[key] = (weakref.ref(p, functools.partial(self._forget, key)), version, step)
         return False
 
     def _forget(self, key: int, ref: weakref.ref) -> None:
@@ -207,7 +210,7 @@ class _Versions:
 _VERSIONS = _Versions()
 
 
-def params(model: torch.nn.Module) -> list[dict]:
+def params(model: torch.nn.Module, steps: dict[int, int | None] | None = None) -> list[dict]:
     """Param records of ``named_parameters(remove_duplicate=False)``: a tied weight
     appears under each of its names, with one ref.
 
@@ -216,11 +219,12 @@ def params(model: torch.nn.Module) -> list[dict]:
     values, float32: the parameter fingerprint :mod:`optcheck.verdict` compares) come
     from one ``torch._foreach_norm`` per device and dtype over values and gradients
     together. ``checksum`` (:func:`_checksum`, a second read of the values) is taken
-    only where the version counter cannot tell whether the values were written: on a
-    tensor's first snapshot and whenever its version counter did not move since its
-    last one (fused optimizer kernels and ``p.data`` writes do not bump it,
-    ``docs/parameter-identity.md``). Where it moved, ``checksum`` is None and
-    ``version`` says the tensor was written. One device sync for everything.
+    only where neither the version counter nor the optimizer's step count for the
+    tensor (``steps``: ``{id(param): state[param]["step"]}``, from :func:`state`)
+    moved since the tensor's last snapshot, or on its first one: fused optimizer
+    kernels and ``p.data`` writes do not bump the version counter
+    (``docs/parameter-identity.md``). Where either moved, ``checksum`` is None and
+    that signal says the tensor was stepped. One device sync for everything.
     Cost on GPT-2 small (124.5 M parameters, 1 thread): one read of the values and
     one of the gradients (``benchmarks/bench_snapshot.py``)."""
     named = list(model.named_parameters(remove_duplicate=False))
@@ -232,7 +236,8 @@ def params(model: torch.nn.Module) -> list[dict]:
     grads = [p.grad if p.is_leaf else None for p in tensors]  # .grad on a non-leaf warns and is None
     norms = _norms([p.detach() for p in tensors] + grads)
     floats = {i: t for i, t in enumerate(norms) if t is not None}
-    sums = {id(p): _checksum(p) for p in tensors if not _VERSIONS.moved(p)}
+    steps = steps or {}
+    sums = {id(p): _checksum(p) for p in tensors if not _VERSIONS.moved(p, steps.get(id(p)))}
     got = _values(floats)
     checks = _values({k: c.long() for k, c in sums.items() if c is not None})
     value_norms = {k: got.get(i) for i, k in enumerate(unique)}
@@ -341,7 +346,7 @@ def snapshot_body(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cens
     trigger, loss, events and versions."""
     st, state_bytes = state(optimizer)
     return {
-        "params": params(model), "groups": groups(optimizer), "state": st,
+        "params": params(model, {r["ref"]: r["step"] for r in st}), "groups": groups(optimizer), "state": st,
         "optimizer": {"type": type(optimizer).__name__, "state_init": "lazy", "identity": "ref"},
         "memory": memory(state_bytes, census, model), "notes": [],
     }

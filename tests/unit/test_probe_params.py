@@ -42,6 +42,30 @@ def test_checksum_left_to_the_version_counter_where_it_moved():
     assert still["weight"]["checksum"] is not None and still["weight"]["version"] == stepped["weight"]["version"]
 
 
+def test_fused_step_count_spares_the_checksum_and_only_it():
+    """A fused AdamW step leaves the version counter alone but advances state["step"]:
+    that signal already says the parameter was stepped, so the values are read once."""
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+
+    def body():
+        b = probe.snapshot_body(model, opt, census=False)
+        steps = {s["ref"]: s["step"] for s in b["state"]}
+        return {p["name"]: (p["version"], steps.get(p["ref"]), p["checksum"]) for p in b["params"]}
+
+    for _ in range(2):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    before = body()
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    after = body()
+    (v0, s0, c0), (v1, s1, c1) = before["weight"], after["weight"]
+    assert v1 == v0 and s1 == s0 + 1 and c1 is None  # the step count tells
+    v2, s2, c2 = body()["weight"]  # nothing ran since: no signal moved, the values are read
+    assert (v2, s2) == (v1, s1) and c2 is not None
+
+
 def test_fingerprint_changes_on_every_kind_of_rebinding():
     lin = torch.nn.Linear(4, 4)
     model = torch.nn.Sequential(lin, torch.nn.ReLU(), torch.nn.Linear(4, 4))
