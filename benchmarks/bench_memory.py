@@ -2,8 +2,8 @@
 alarms on synthetic clean noise.
 
 1. Cost: the default soak GPT (2 layers, 64 wide, context 64, batch 16, 1 thread), AdamW;
-   the median step, the tensor census (``optcheck.pytorch.probe.tensor_census``: a full
-   ``gc.collect()`` and a walk of every object) and one ``optcheck.heap.in_use_bytes()``
+   the median step, the tensor census (``optcheck.pytorch.probe.tensor_census``: a
+   ``gc.collect()`` and a walk of the objects made since its first run) and one ``optcheck.heap.in_use_bytes()``
    read, in process CPU time; printed as ms and as the share of training time a census at
    every snapshot would take at ``every`` = 10, 50, 100.
 2. False alarms: ``--streams`` synthetic clean streams per kind, run through OC401 and

@@ -338,6 +338,8 @@ class Monitor:
         self.grad_clear.remove()
         if self in _ACTIVE:
             _ACTIVE.remove(self)
+        if not _ACTIVE:  # the census froze the objects alive at its first run: unfreeze them
+            probe.release_census()
         _remove_backward_wrappers()
         _remove_excepthook()
         atexit.unregister(self._atexit)

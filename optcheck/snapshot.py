@@ -44,7 +44,10 @@ Param::
     grad_norm (float | null, L2 norm of .grad), version (int | null: the version
     counter, ``Tensor._version``), checksum (int | null, optional: the sum of the
     values' bit patterns, wrapping; equal in two snapshots iff the values did not
-    move, whatever kernel wrote them — fused optimizers do not bump ``version``),
+    move, whatever kernel wrote them — fused optimizers do not bump ``version``;
+    PyTorch records it where neither ``version`` nor the optimizer's step count for
+    the tensor moved since its previous snapshot, and null where one did: that
+    signal already says it was stepped),
     value_norm (float, optional: L2 norm of the
     values in float32, the parameter fingerprint ``optcheck.verdict`` compares;
     PyTorch records it)
@@ -76,7 +79,8 @@ which backend records what, and how)::
     heap_in_use_bytes    bytes malloc has handed out and not taken back (glibc
                          mallinfo2 uordblks + hblkhd; PyTorch, every snapshot)
     live_tensors         live tensor count (PyTorch: census of gc-tracked tensors
-                         after gc.collect(), every 10th snapshot; TorchSharp:
+                         after gc.collect(), every 10th snapshot, walking only
+                         objects made since the first census; TorchSharp:
                          Tensor.TotalCount after GC.Collect())
     live_tensor_bytes    bytes of their storages, each counted once (PyTorch)
     peak_tensors         Tensor.PeakCount, the high-water mark since the process
@@ -86,8 +90,10 @@ which backend records what, and how)::
                          DisposeScopeManager.Statistics (TorchSharp)
     state_bytes          bytes of the optimizer-state tensors
     managed_bytes        .NET GC heap (GC.GetTotalMemory(false))
-    device_allocated_bytes, device_reserved_bytes, device_alloc_retries
-                         CUDA caching allocator (torch.cuda.memory_stats)
+    device_allocated_bytes, device_reserved_bytes, device_peak_allocated_bytes,
+    device_alloc_retries
+                         CUDA caching allocator (torch.cuda.memory_stats of the
+                         devices the model is on, summed; every snapshot)
 
 Event::
 

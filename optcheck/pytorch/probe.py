@@ -1,29 +1,35 @@
 """Where a PyTorch snapshot is taken: the model's parameters, the optimizer's param
 groups and state, and memory — metadata only, no tensor is copied.
 
-Costs (2-layer default GPT, 1 thread): :func:`fingerprint` a few µs per step;
-:func:`snapshot_body` well under a millisecond without the tensor census. The
-parameter pass (:func:`params`) reads every parameter and every gradient once:
-~0.9 ms on the default GPT, ~105 ms on a GPT-2-small-sized model (124 M
-parameters), of which the value checksum is ~50 ms (``benchmarks/bench_probe.py``).
+Costs (1 thread; ``benchmarks/bench_snapshot.py``, figures in ``docs/parameter-identity.md``
+and ``docs/memory.md``): :func:`fingerprint` (the pre-step check) ~0.02–0.06 ms on
+GPT-2 small, the module walk cached; :func:`snapshot_body` one read of the values and
+one of the gradients of each distinct tensor (1.08× one ``_foreach_norm`` pass over
+both on GPT-2 small), ~1–3 ms on the default GPT; the tensor census
+(:mod:`optcheck.pytorch.census`) ~1 ms after the first, whatever else is alive.
 Facts used (``docs/parameter-identity.md``): ``optimizer.state`` is keyed by the
 Parameter object (``torch/optim/optimizer.py``), so ``ref = id(param)``;
 ``param_groups`` built from ``named_parameters()`` carry ``param_names``
 (torch ≥ 2.6); fused optimizer kernels update parameters without bumping their
-version counter, so whether a parameter moved is read from its values.
+version counter, so whether a parameter moved is read from its values where the
+counter did not move.
 """
 
 from __future__ import annotations
 
-import gc
+import functools
 import math
+import operator
 import platform
+import weakref
+from itertools import chain
 from typing import Any
 
 import psutil
 import torch
 
 from optcheck import heap
+from optcheck.pytorch.census import CENSUS, release as release_census  # noqa: F401 (Monitor.close)
 
 _PROC = psutil.Process()
 
@@ -51,12 +57,71 @@ def versions() -> dict[str, str]:
     return {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__}
 
 
+class _Layout:
+    """Where a model keeps its parameters: the ``_parameters`` dict of each of its
+    modules, found once by walking ``model.modules()`` and walked again only after
+    a module or parameter was registered anywhere in the process (PyTorch's global
+    registration hooks, ``torch/nn/modules/module.py``) or a submodule was deleted
+    (a module's ``_modules`` changed size)."""
+
+    generation = 0  # bumped by the registration hooks
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        mods = list(model.modules())
+        self.at = _Layout.generation
+        # a module without children or parameters gets them through the hooks; a deletion
+        # (``del seq[3]``) bypasses them but shrinks its parent's ``_modules``
+        self.children = [m._modules for m in mods if m._modules]
+        self.sizes = tuple(map(len, self.children))
+        self.dicts = [m._parameters for m in mods if m._parameters]
+        self.params: list = []  # the last call's parameters (None where a name holds None)
+        self.members: list = []  # and param-group members
+        self.key: tuple = ((), ())  # their ids
+        self.tensors: list = []  # the parameters that are tensors, whose data pointers are read
+        self.outside: list = []  # members that are not model parameters: their data pointers too
+
+    def current(self) -> bool:
+        return self.at == _Layout.generation and tuple(map(len, self.children)) == self.sizes
+
+    def update(self, params: list, members: list) -> None:
+        """Remember ``params`` and ``members`` (when they are not the same objects as last time)."""
+        if _same(params, self.params) and _same(members, self.members):
+            return
+        self.params, self.members = params, members
+        self.key = (tuple(map(id, params)), tuple(map(id, members)))
+        self.tensors = [p for p in params if p is not None]
+        ids = set(map(id, self.tensors))
+        self.outside = [p for p in members if id(p) not in ids]
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(map(operator.is_, a, b))
+
+
+def _registered(*_args) -> None:
+    _Layout.generation += 1
+
+
+torch.nn.modules.module.register_module_parameter_registration_hook(_registered)
+torch.nn.modules.module.register_module_module_registration_hook(_registered)
+_LAYOUTS: "weakref.WeakKeyDictionary[torch.nn.Module, _Layout]" = weakref.WeakKeyDictionary()
+_data_ptr = torch.Tensor.data_ptr
+
+
 def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple:
-    """What the pre-step check compares: (id, data pointer) of every model
-    parameter and of every param-group member, in order. Changes when a parameter
-    is replaced, rebound, tied, converted (new data) or added. Cost: a few µs."""
-    return (tuple((id(p), p.data_ptr()) for p in model.parameters()),
-            tuple((id(p), p.data_ptr()) for g in optimizer.param_groups for p in g["params"]))
+    """What the pre-step check compares: the ``id`` of every model parameter (each
+    module's, a tied one under each of its names) and of every param-group member, in
+    order, and their data pointers. Changes when a parameter is replaced, rebound,
+    tied, converted (new data: ``p.data = ...``, ``module.to(...)``) or added, or a
+    param group gains or loses a member. Cost on GPT-2 small (148 tensors, 1 thread):
+    0.04–0.07 ms on this 2-core machine at load 10 (``benchmarks/bench_snapshot.py``;
+    0.17–0.5 ms before the module walk was cached in :class:`_Layout`)."""
+    layout = _LAYOUTS.get(model)
+    if layout is None or not layout.current():
+        layout = _LAYOUTS[model] = _Layout(model)
+    layout.update(list(chain.from_iterable(map(dict.values, layout.dicts))),
+                  [p for g in optimizer.param_groups for p in g["params"]])
+    return layout.key, tuple(map(_data_ptr, layout.tensors)), tuple(map(_data_ptr, layout.outside))
 
 
 _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -80,26 +145,23 @@ def _checksum(p: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
-def _norms(tensors: list[torch.Tensor | None]) -> list[float | None]:
-    """L2 norms (16-bit tensors accumulated in float32), None where there is no tensor:
-    one ``torch._foreach_norm`` per (device, dtype) over the dense ones, one read each.
-    Used for the gradients (``grad_norm``) and the values (``value_norm``)."""
+def _norms(tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """L2 norms as 0-d float32 tensors (16-bit tensors accumulated in float32), None
+    where there is no tensor: one ``torch._foreach_norm`` per (device, dtype) over the
+    dense ones, one read each; no device sync (:func:`_values` does that)."""
     out: list = [None] * len(tensors)
     buckets: dict[tuple, list[int]] = {}
-    results: dict[int, torch.Tensor] = {}
     for i, t in enumerate(tensors):
         if t is None:
             continue
         if t.layout != torch.strided:  # sparse (nn.Embedding(sparse=True))
-            results[i] = t.detach().coalesce().values().float().norm()
+            out[i] = t.detach().coalesce().values().float().norm()
         else:
             buckets.setdefault((t.device, t.dtype), []).append(i)
     for (_, dtype), idx in buckets.items():
         acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else None  # never narrower than float32
         for i, n in zip(idx, torch._foreach_norm([tensors[i].detach() for i in idx], 2, dtype=acc)):
-            results[i] = n
-    for i, v in _values({i: t.float() for i, t in results.items()}).items():
-        out[i] = v
+            out[i] = n.float()
     return out
 
 
@@ -115,30 +177,76 @@ def _values(scalars: dict) -> dict:
     return out
 
 
-def params(model: torch.nn.Module) -> list[dict]:
+class _Versions:
+    """The version counter (and optimizer step count) each parameter had at its last
+    snapshot, by tensor identity (a weak reference: a dead tensor's entry goes with
+    it, a new tensor at a reused ``id`` is not mistaken for it)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[weakref.ref, int, int | None]] = {}
+
+    def moved(self, p: torch.Tensor, step: int | None = None) -> bool:
+        """True if ``p``'s version counter or its optimizer step count ``step`` moved since
+        the last call for ``p`` (False on the first call, and when neither did); records
+        both."""
+        key, version = id(p), p._version
+        entry = self._seen.get(key)
+        if entry is not None and entry[0]() is p:
+            if entry[1] == version and (step is None or entry[2] is None or entry[2] == step):
+                if step is not None and entry[2] is None:
+                    self._seen[key] = (entry[0], version, step)
+                return False
+            self._seen[key] = (entry[0], version, step)
+            return True
+        self._seen[key] = (weakref.ref(p, functools.partial(self._forget, key)), version, step)
+        return False
+
+    def _forget(self, key: int, ref: weakref.ref) -> None:
+        entry = self._seen.get(key)
+        if entry is not None and entry[0] is ref:
+            del self._seen[key]
+
+
+_VERSIONS = _Versions()
+
+
+def params(model: torch.nn.Module, steps: dict[int, int | None] | None = None) -> list[dict]:
     """Param records of ``named_parameters(remove_duplicate=False)``: a tied weight
     appears under each of its names, with one ref.
 
-    Each distinct tensor is read once per field, its gradient once: ``grad_norm`` (L2
-    norm of ``.grad``), ``value_norm`` (L2 norm of the values, float32: the parameter
-    fingerprint :mod:`optcheck.verdict` compares between runs) and ``checksum``
-    (:func:`_checksum`: tells whether the values moved, whatever kernel moved them),
-    each batched per device and dtype with one device sync."""
+    Each distinct tensor is read once, however many names it has, and so is its
+    gradient: ``grad_norm`` (L2 norm of ``.grad``) and ``value_norm`` (L2 norm of the
+    values, float32: the parameter fingerprint :mod:`optcheck.verdict` compares) come
+    from one ``torch._foreach_norm`` per device and dtype over values and gradients
+    together. ``checksum`` (:func:`_checksum`, a second read of the values) is taken
+    only where neither the version counter nor the optimizer's step count for the
+    tensor (``steps``: ``{id(param): state[param]["step"]}``, from :func:`state`)
+    moved since the tensor's last snapshot, or on its first one: fused optimizer
+    kernels and ``p.data`` writes do not bump the version counter
+    (``docs/parameter-identity.md``). Where either moved, ``checksum`` is None and
+    that signal says the tensor was stepped. One device sync for everything.
+    Cost on GPT-2 small (124.5 M parameters, 1 thread): one read of the values and
+    one of the gradients (``benchmarks/bench_snapshot.py``)."""
     named = list(model.named_parameters(remove_duplicate=False))
     unique: dict[int, torch.Tensor] = {}
     for _, p in named:
         unique.setdefault(id(p), p)
     tensors = list(unique.values())
+    n = len(tensors)
     grads = [p.grad if p.is_leaf else None for p in tensors]  # .grad on a non-leaf warns and is None
-    norms = dict(zip(unique, _norms(grads)))
-    value_norms = dict(zip(unique, _norms([p.detach() for p in tensors])))
-    sums = {id(p): _checksum(p) for p in tensors}
+    norms = _norms([p.detach() for p in tensors] + grads)
+    floats = {i: t for i, t in enumerate(norms) if t is not None}
+    steps = steps or {}
+    sums = {id(p): _checksum(p) for p in tensors if not _VERSIONS.moved(p, steps.get(id(p)))}
+    got = _values(floats)
     checks = _values({k: c.long() for k, c in sums.items() if c is not None})
+    value_norms = {k: got.get(i) for i, k in enumerate(unique)}
+    grad_norms = {k: got.get(n + i) for i, k in enumerate(unique)}
     return [{
         "name": name, "ref": id(p), "data_ptr": p.data_ptr(), "shape": list(p.shape),
         "dtype": dtype_name(p.dtype), "device": str(p.device), "is_leaf": p.is_leaf,
         "requires_grad": p.requires_grad, "grad": "set" if p.is_leaf and p.grad is not None else "none",
-        "grad_norm": norms[id(p)], "value_norm": value_norms[id(p)], "version": p._version,
+        "grad_norm": grad_norms[id(p)], "value_norm": value_norms[id(p)], "version": p._version,
         "checksum": checks.get(id(p)),
     } for name, p in named]
 
@@ -161,66 +269,74 @@ def groups(optimizer: torch.optim.Optimizer) -> list[dict]:
 
 def state(optimizer: torch.optim.Optimizer) -> tuple[list[dict], int]:
     """State records, one per key of ``optimizer.state``, and the bytes they hold."""
-    out, nbytes = [], 0
-    for p, s in optimizer.state.items():
+    out, nbytes, steps = [], 0, {}
+    for i, (p, s) in enumerate(optimizer.state.items()):
         tensors, step = {}, None
         for k, v in s.items():
             if isinstance(v, torch.Tensor):
                 tensors[k] = {"shape": list(v.shape), "dtype": dtype_name(v.dtype)}
                 nbytes += v.numel() * v.element_size()
-                if k == "step":
-                    step = int(v.item())
+                if k == "step" and v.numel() == 1:
+                    steps[i] = v.detach().reshape(()).double()  # read below, one sync per device
             elif k == "step" and isinstance(v, (int, float)):
                 step = int(v)
         out.append({"ref": id(p), "step": step, "tensors": tensors})
+    for i, v in _values(steps).items():
+        out[i]["step"] = int(v)
     return out, nbytes
 
 
 def tensor_census() -> tuple[int, int]:
-    """(count, bytes) of live tensors reachable by the garbage collector.
-
-    Walks ``gc.get_objects()``: ~30 ms with torch imported (~170k objects), so the
-    worker runs it on every ``census_every``-th snapshot only. Bytes count each
-    storage once (by data pointer). A ``gc.collect()`` first, so that tensors
-    only waiting for the cycle collector are not counted as alive (the .NET probe
-    does the same with ``GC.Collect``): a leak detector must see leaks, not GC debt."""
-    gc.collect()
-    count, seen, nbytes, is_tensor = 0, set(), 0, {}
-    for obj in gc.get_objects():
-        tp = type(obj)
-        hit = is_tensor.get(tp)
-        if hit is None:
-            hit = is_tensor[tp] = issubclass(tp, torch.Tensor)
-        if not hit:
-            continue
-        count += 1
-        try:
-            st = obj.untyped_storage()
-            ptr = st.data_ptr()
-            if ptr not in seen:
-                seen.add(ptr)
-                nbytes += st.nbytes()
-        except (RuntimeError, NotImplementedError):
-            pass
-    return count, nbytes
+    """(count, bytes) of live tensors reachable by the garbage collector, each storage's
+    bytes once, after a ``gc.collect()`` (tensors only waiting for the cycle collector
+    are not a leak). Walks only the objects created since the process-wide census
+    first ran (:mod:`optcheck.pytorch.census`)."""
+    return CENSUS()
 
 
-def memory(state_bytes: int, census: bool = True) -> dict:
+#: snapshot field -> key of ``torch.cuda.memory_stats()`` (``torch/cuda/memory.py``, its
+#: docstring lists them; the CUDA caching allocator's ``DeviceStats``,
+#: ``c10/cuda/CUDACachingAllocator.h``). Bytes are summed over the devices in use.
+DEVICE_STATS = {
+    "device_allocated_bytes": "allocated_bytes.all.current",  # held by live tensors
+    "device_reserved_bytes": "reserved_bytes.all.current",  # held by the caching allocator (≥ allocated)
+    "device_peak_allocated_bytes": "allocated_bytes.all.peak",  # high-water mark since reset_peak_memory_stats
+    "device_alloc_retries": "num_alloc_retries",  # cudaMalloc failed, the cache was flushed and it tried again
+}
+
+
+def device_memory(stats: list[dict]) -> dict:
+    """Snapshot fields (:data:`DEVICE_STATS`) from the ``torch.cuda.memory_stats(device)``
+    dictionaries of the devices in use, summed; a key a dictionary lacks counts 0 (an
+    empty dictionary: that device's allocator has not allocated yet). Torch-free, so
+    recorded dictionaries go through the same code as live ones."""
+    return {field: int(sum(s.get(key, 0) for s in stats)) for field, key in DEVICE_STATS.items()}
+
+
+def _cuda_devices(model: torch.nn.Module | None) -> list[int]:
+    """Indices of the CUDA devices the model's parameters are on (the current device
+    when none is, or no model is given); [] when CUDA is not in use."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return []
+    found = {p.device.index for p in model.parameters() if p.is_cuda} if model is not None else set()
+    return sorted(i if i is not None else torch.cuda.current_device() for i in found) or [torch.cuda.current_device()]
+
+
+def memory(state_bytes: int, census: bool = True, model: torch.nn.Module | None = None) -> dict:
     """Memory record: RSS (bytes, psutil), malloc heap in use (bytes, ``optcheck.heap``;
     ~2 µs, every snapshot: it carries OC401's fast path), optimizer-state bytes, live
-    tensors and their bytes (when ``census``), CUDA allocated/reserved/retries when a
-    GPU is used."""
+    tensors and their bytes (when ``census``), and, when CUDA is in use, the caching
+    allocator's allocated, reserved and peak bytes and its allocation retries
+    (:func:`device_memory`, every snapshot)."""
     mem = {"rss_bytes": _PROC.memory_info().rss, "state_bytes": state_bytes}
     heap_bytes = heap.in_use_bytes()
     if heap_bytes is not None:
         mem["heap_in_use_bytes"] = heap_bytes
     if census:
         mem["live_tensors"], mem["live_tensor_bytes"] = tensor_census()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        stats = torch.cuda.memory_stats()
-        mem["device_allocated_bytes"] = stats.get("allocated_bytes.all.current", 0)
-        mem["device_reserved_bytes"] = stats.get("reserved_bytes.all.current", 0)
-        mem["device_alloc_retries"] = stats.get("num_alloc_retries", 0)
+    devices = _cuda_devices(model)
+    if devices:
+        mem.update(device_memory([torch.cuda.memory_stats(d) for d in devices]))
     return mem
 
 
@@ -230,9 +346,9 @@ def snapshot_body(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cens
     trigger, loss, events and versions."""
     st, state_bytes = state(optimizer)
     return {
-        "params": params(model), "groups": groups(optimizer), "state": st,
+        "params": params(model, {r["ref"]: r["step"] for r in st}), "groups": groups(optimizer), "state": st,
         "optimizer": {"type": type(optimizer).__name__, "state_init": "lazy", "identity": "ref"},
-        "memory": memory(state_bytes, census), "notes": [],
+        "memory": memory(state_bytes, census, model), "notes": [],
     }
 
 

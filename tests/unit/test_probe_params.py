@@ -19,12 +19,80 @@ def test_checksum_moves_with_one_ulp_and_only_then(dtype):
     model = torch.nn.Linear(7, 3).to(dtype)  # 21 weights: an odd count of 16-bit values
     before = _records(model)
     assert _records(model)["weight"]["checksum"] == before["weight"]["checksum"]  # deterministic
-    with torch.no_grad():
-        w = model.weight.view(-1)
-        w[5] = torch.nextafter(w[5], torch.tensor(float("inf"), dtype=dtype))  # one element, one ulp
+    w = model.weight.data.view(-1)  # .data: its own version counter, the weight's does not move
+    w[5] = torch.nextafter(w[5], torch.tensor(float("inf"), dtype=dtype))  # one element, one ulp
     after = _records(model)
-    assert after["weight"]["checksum"] != before["weight"]["checksum"]
-    assert after["bias"]["checksum"] == before["bias"]["checksum"]
+    assert after["weight"]["version"] == before["weight"]["version"]
+    assert None is not after["weight"]["checksum"] != before["weight"]["checksum"] is not None
+    assert after["bias"]["checksum"] == before["bias"]["checksum"] is not None
+
+
+def test_checksum_left_to_the_version_counter_where_it_moved():
+    """One read of the values, not two: where the version counter moved since the
+    tensor's last snapshot, it already says the tensor was written."""
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    first = _records(model)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()  # for-loop SGD: add_ in place, the version counter moves
+    stepped = _records(model)
+    assert first["weight"]["checksum"] is not None and stepped["weight"]["checksum"] is None
+    assert stepped["weight"]["version"] > first["weight"]["version"]
+    still = _records(model)  # nothing ran since: the values are read again
+    assert still["weight"]["checksum"] is not None and still["weight"]["version"] == stepped["weight"]["version"]
+
+
+def test_fused_step_count_spares_the_checksum_and_only_it():
+    """A fused AdamW step leaves the version counter alone but advances state["step"]:
+    that signal already says the parameter was stepped, so the values are read once."""
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+
+    def body():
+        b = probe.snapshot_body(model, opt, census=False)
+        steps = {s["ref"]: s["step"] for s in b["state"]}
+        return {p["name"]: (p["version"], steps.get(p["ref"]), p["checksum"]) for p in b["params"]}
+
+    for _ in range(2):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    before = body()
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    after = body()
+    (v0, s0, c0), (v1, s1, c1) = before["weight"], after["weight"]
+    assert v1 == v0 and s1 == s0 + 1 and c1 is None  # the step count tells
+    v2, s2, c2 = body()["weight"]  # nothing ran since: no signal moved, the values are read
+    assert (v2, s2) == (v1, s1) and c2 is not None
+
+
+def test_fingerprint_changes_on_every_kind_of_rebinding():
+    lin = torch.nn.Linear(4, 4)
+    model = torch.nn.Sequential(lin, torch.nn.ReLU(), torch.nn.Linear(4, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    fp = probe.fingerprint(model, opt)
+    assert probe.fingerprint(model, opt) == fp
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()  # an in-place update is no rebinding
+    assert probe.fingerprint(model, opt) == fp
+
+    def changed(change) -> bool:
+        nonlocal fp
+        change()
+        new = probe.fingerprint(model, opt)
+        moved, fp = new != fp, new
+        return moved
+
+    assert changed(lambda: setattr(lin, "weight", torch.nn.Parameter(lin.weight.detach().clone())))  # replaced
+    assert changed(lambda: setattr(lin.weight, "data", lin.weight.detach().clone()))  # new data, same object
+    assert changed(lambda: setattr(model[2], "weight", lin.weight))  # tied
+    assert changed(lambda: lin._parameters.__setitem__("bias", torch.nn.Parameter(torch.zeros(4))))  # no hook
+    assert changed(lambda: model.append(torch.nn.Linear(4, 4)))  # added
+    assert changed(lambda: model.__delitem__(3))  # removed again
+    assert changed(lambda: opt.param_groups[0]["params"].append(torch.nn.Parameter(torch.ones(2))))  # outside
+    outside = opt.param_groups[0]["params"][-1]
+    assert changed(lambda: setattr(outside, "data", torch.zeros(2)))  # the outside member's data
+    assert not changed(lambda: None)
 
 
 def test_checksum_sees_what_the_version_counter_misses():
