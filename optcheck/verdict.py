@@ -341,7 +341,7 @@ def judge_seed_band(baseline: list[dict[int, float]], candidate: list[dict[int, 
     Raises:
         ValueError: fewer than two baseline seeds, no candidate, or no step common to all.
     """
-    from optcheck.compare import _trailing_mean  # compare imports this module
+    from optcheck.series import moving_mean
 
     if len(baseline) < 2 or not candidate:
         raise ValueError("a seed band needs at least two baseline seeds and one candidate seed")
@@ -349,7 +349,7 @@ def judge_seed_band(baseline: list[dict[int, float]], candidate: list[dict[int, 
     if not common:
         raise ValueError("no step common to every run")
     w = min(window, len(common))
-    means = lambda r: _trailing_mean(np.array([r[s] for s in common], float), w)[0]  # noqa: E731
+    means = lambda r: moving_mean([r[s] for s in common], w)[0]  # noqa: E731
     base = np.vstack([means(r) for r in baseline])
     centre = np.nanmean(base, axis=0)
     sd = np.nanstd(base, axis=0, ddof=1)

@@ -16,7 +16,6 @@ version counter, so whether a parameter moved is read from its values.
 from __future__ import annotations
 
 import gc
-import math
 import platform
 from typing import Any
 
@@ -234,7 +233,3 @@ def snapshot_body(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cens
         "optimizer": {"type": type(optimizer).__name__, "state_init": "lazy", "identity": "ref"},
         "memory": memory(state_bytes, census), "notes": [],
     }
-
-
-def finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)
