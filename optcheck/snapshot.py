@@ -46,7 +46,7 @@ Param::
     values in float32, the parameter fingerprint ``optcheck.verdict`` compares;
     PyTorch records it)
 
-Two identities per tensor (``docs/torchsharp.md``, ``docs/pytorch.md``): ``ref`` is what the optimizer keys
+Two identities per tensor (``docs/parameter-identity.md``): ``ref`` is what the optimizer keys
 its state by (PyTorch: ``id(param)``; TorchSharp: ``Tensor.Handle``, the address
 of the native tensor *wrapper*), ``data_ptr`` is the address of the tensor's
 data (PyTorch ``Tensor.data_ptr()``; TorchSharp ``THSTensor_data``). "Will the
