@@ -1,5 +1,5 @@
 """optcheck.report.reader.RunReader: run directories written before the redesign
-stay readable by `check`, `compare` and the plot; what it cannot read, it says in
+stay readable by `check`, `compare`, the plot and `history`; what it cannot read, it says in
 one line with exit 2; a torn last line is reported, not a traceback.
 
 The old runs are real: ``tests/fixtures/runs/`` holds what optcheck at commit
@@ -75,6 +75,14 @@ def test_plot_draws_an_old_run(tmp_path, run):
         assert im.size == (700, 448)
         colours = im.convert("RGB").getcolors(maxcolors=1 << 20)
     assert len(colours) > 50  # curves and labels, not a blank canvas
+
+
+def test_history_reads_old_runs():
+    rc, out, err = run_cli(["history", str(OLD)])
+    assert rc == CLEAN, err
+    rows = {line.split()[0]: line for line in out.splitlines()[1:-1]}
+    assert set(rows) == {"clean", "param-rebind", "monitor-param-replac"}  # the run column is 20 wide
+    assert "2.9239" in rows["clean"] and rows["param-rebind"].endswith("<- new findings: OC101, OC102, OC104")
 
 
 def copy_old(tmp_path: Path, run: str = "param-rebind") -> Path:
