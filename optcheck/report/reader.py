@@ -81,9 +81,10 @@ class RunReader:
             ``"<file>:<line>: <reason>"`` (filled as files are read).
 
     Raises:
-        InputError: ``path`` does not exist, is a directory holding none of
-            :data:`RECORD_FILES` ("not a run directory"), or holds them all empty
-            and no ``summary.json`` ("no record in it").
+        InputError: ``path`` does not exist ("no such run directory"), is a file
+            or a directory holding none of :data:`RECORD_FILES` ("not a run
+            directory"), or holds them all empty and no ``summary.json``
+            ("nothing to <purpose>: an empty run directory").
     """
 
     def __init__(self, path: str | os.PathLike, *, allow_stream: bool = False, purpose: str = "read"):
@@ -95,7 +96,8 @@ class RunReader:
         if self.stream_only:
             return
         if not p.is_dir():
-            raise InputError(f"{path}: no such run directory")
+            raise InputError(f"{path}: not a run directory (a file; give its folder)" if p.exists()
+                             else f"{path}: no such run directory")
         present = [n for n in RECORD_FILES if (p / n).is_file()]
         if not present:
             raise InputError(f"{path}: not a run directory (none of {', '.join(RECORD_FILES)} in it); give the "
