@@ -119,7 +119,7 @@ def load_baseline(path: str | os.PathLike) -> Baseline:
         InputError: missing, not a run directory nor a seed set, a ``summary.json``
             unreadable, or a baseline run that did not finish (crashed, interrupted, short).
     """
-    from optcheck.report.records import read_summary
+    from optcheck.report.reader import read_summary
     from optcheck.upgrade import seed_runs
 
     p = Path(path)
@@ -231,10 +231,10 @@ class BaselineResult:
 
 
 def _final_mean(loss: dict[int, float], steps: list[int], window: int) -> float:
-    from optcheck.compare import _trailing_mean
+    from optcheck.series import moving_mean
 
     w = min(window, len(steps))
-    return float(_trailing_mean(np.array([loss[s] for s in steps], float), w)[0][-1])
+    return float(moving_mean([loss[s] for s in steps], w)[0][-1])
 
 
 def _finite(v) -> float | None:
@@ -251,7 +251,7 @@ def compare_with_baseline(run: str | os.PathLike, baseline: Baseline | str | os.
     """
     from optcheck.compare import DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_WINDOW, _difference, compare_losses, \
         read_run, read_snapshots
-    from optcheck.report.records import read_summary
+    from optcheck.report.reader import read_summary
     from optcheck.units import format_bytes
     from optcheck.verdict import judge, judge_seed_band, same_batches, seed_band
 

@@ -1,12 +1,13 @@
 """Compare two run directories: for upgrade and backend validation. Torch-free.
 
 ``compare_runs(A, B)`` reads what a soak (or a Monitor) wrote — ``metrics.jsonl``,
-``findings.jsonl``, ``snapshots.jsonl``, ``summary.json`` (``optcheck.report.rundir``)
-— and answers: the verdict first (identical, within numerical noise, or diverged,
+``findings.jsonl``, ``snapshots.jsonl``, ``summary.json`` — through
+``optcheck.report.reader.RunReader`` and answers: the verdict first (identical, within numerical noise, or diverged,
 from ``optcheck.verdict``, the one function ``optcheck upgrade`` uses too; OC601
 when diverged), which findings
 does one run have and the other not, how do step time and peak memory compare,
-and which library versions ran. ``optcheck compare RUN_A RUN_B`` prints it.
+and which library versions ran. ``optcheck compare RUN_A RUN_B`` prints it
+(the table: ``optcheck.report.text.render_compare``).
 """
 
 from __future__ import annotations
@@ -22,12 +23,11 @@ import numpy as np
 
 from optcheck.errors import InputError
 from optcheck.exitcodes import CLEAN, FINDINGS
-from optcheck.report.text import num_text, versions_text
 from optcheck.findings import Finding
-from optcheck.report.records import read_findings, read_metrics, read_summary
+from optcheck.report.reader import RunReader
 from optcheck.rules.parity import RunDivergence
-from optcheck.snapshot import StreamDefect, read_jsonl, to_float
-from optcheck.units import format_bytes
+from optcheck.series import moving_mean
+from optcheck.snapshot import clean_json
 from optcheck.verdict import Verdict, judge, same_batches
 
 #: Defaults: two clean soaks of the built-in GPT with different seeds stay well
@@ -166,131 +166,39 @@ class CompareResult:
         return d
 
     def to_json(self) -> str:
-        return json.dumps(_finite(self.to_dict()), indent=2)
+        return json.dumps(clean_json(self.to_dict()), indent=2, allow_nan=False)
 
     def render(self) -> str:
         """The comparison as a plain-text table (a few dozen lines)."""
-        return render(self)
+        from optcheck.report.text import render_compare
 
-
-def _finite(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    return obj
+        return render_compare(self)
 
 
 # -- reading a run -------------------------------------------------------------
 
-def _losses(path: Path, defects: list[StreamDefect]) -> tuple[dict[int, float], list[float]]:
-    """{step: loss} (the last record of a step wins) and the step times of metrics.jsonl
-    (checked against ``optcheck/schemas/metrics-1.json``; InputError naming line and field)."""
-    losses: dict[int, float] = {}
-    times: list[float] = []
-    for rec in read_metrics(path, defects):
-        loss = to_float(rec.get("loss"))
-        if loss is not None:
-            losses[rec["step"]] = loss
-        t = to_float(rec.get("step_time_s"))
-        if t is not None and math.isfinite(t) and t > 0:
-            times.append(t)
-    return losses, times
-
-
-def _snapshot_facts(path: Path) -> tuple[float | None, dict]:
-    """Peak ``memory.rss_bytes`` and the first ``versions`` of snapshots.jsonl."""
-    f = path / "snapshots.jsonl"
-    peak, versions = None, {}
-    if not f.exists():
-        return peak, versions
-    try:
-        for rec in read_jsonl(f, defects=[]):
-            if isinstance(rec, dict) and rec.get("type") == "snapshot":
-                rec = rec.get("snapshot")
-            if not isinstance(rec, dict):
-                continue
-            if not versions and isinstance(rec.get("versions"), dict):
-                versions = {str(k): str(v) for k, v in rec["versions"].items()}
-            mem = rec.get("memory")
-            rss = mem.get("rss_bytes") if isinstance(mem, dict) else None
-            rss = float(rss) if isinstance(rss, (int, float)) and not isinstance(rss, bool) else None
-            if rss is not None and math.isfinite(rss) and (peak is None or rss > peak):
-                peak = rss
-    except (ValueError, OSError) as e:
-        raise InputError(f"{f}: unreadable ({e})") from None
-    return peak, versions
-
-
-def read_snapshots(path: str | os.PathLike) -> list[dict]:
-    """The snapshot dicts of run directory ``path`` (``[]`` without snapshots.jsonl; lines that
-    are not JSON are skipped, as :func:`read_run` notes them)."""
-    f = Path(path) / "snapshots.jsonl"
-    if not f.exists():
-        return []
-    try:
-        recs = read_jsonl(f, defects=[])
-    except (ValueError, OSError) as e:
-        raise InputError(f"{f}: unreadable ({e})") from None
-    out = []
-    for rec in recs:
-        if isinstance(rec, dict) and rec.get("type") == "snapshot":
-            rec = rec.get("snapshot")
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
-def read_run(path: str | os.PathLike, label: str = "") -> tuple[RunInfo, dict[int, float], list[dict]]:
-    """Read run directory ``path``: (RunInfo, {step: loss}, findings as dicts).
+def read_run(path: str | os.PathLike | RunReader, label: str = "") -> tuple[RunInfo, dict[int, float], list[dict]]:
+    """Read run directory ``path`` (or an open reader of it): (RunInfo, {step: loss}, findings as dicts).
 
     Raises:
-        InputError: ``path`` is not a directory, or holds neither ``metrics.jsonl``
-            nor ``summary.json``, or a file in it is unreadable.
+        InputError: as :class:`optcheck.report.reader.RunReader` (not a run directory,
+            an empty one, a newer schema, a record of the wrong shape).
     """
-    p = Path(path)
-    if not p.is_dir():
-        raise InputError(f"{path}: no such run directory")
-    if not (p / "metrics.jsonl").exists() and not (p / "summary.json").exists():
-        raise InputError(f"{path}: not a run directory (no metrics.jsonl or summary.json); "
-                         f"give the --out directory of `optcheck soak` or of an optcheck.Monitor")
-    summary: dict = read_summary(p) if (p / "summary.json").exists() else {}
-    defects: dict[str, list[StreamDefect]] = {"metrics.jsonl": [], "findings.jsonl": []}
-    losses, times = _losses(p, defects["metrics.jsonl"])
-    peak = float(summary["peak_rss_bytes"]) if isinstance(summary.get("peak_rss_bytes"), (int, float)) else None
-    snap_versions: dict = {}
-    if peak is None or not summary.get("versions"):  # a run without a (final) summary: read the snapshots
-        snap_peak, snap_versions = _snapshot_facts(p)
-        peak = snap_peak if peak is None else peak
-    findings = read_findings(p, defects["findings.jsonl"])
+    run = path if isinstance(path, RunReader) else RunReader(path)
+    summary, losses = run.summary, run.losses
     steps = sorted(losses)
     info = RunInfo(
-        path=str(p), label=label or str(p), backend=summary.get("backend") or "",
-        status=summary.get("status") or "", versions=summary.get("versions") or snap_versions,
+        path=str(run.path), label=label or str(run.path), backend=summary.get("backend") or "",
+        status=summary.get("status") or "", versions=run.versions(),
         steps=len(steps), last_step=steps[-1] if steps else int(summary.get("last_step") or 0),
         loss_first=losses[steps[0]] if steps else None, loss_last=losses[steps[-1]] if steps else None,
-        step_time_s=float(np.median(times)) if times else None, peak_rss_bytes=peak,
-        crash=summary.get("crash") or None, steps_requested=summary.get("steps_requested"),
-        defects=[f"{name}:{d.line}: {d.reason}" for name, ds in defects.items() for d in ds])
-    return info, losses, findings
+        step_time_s=float(np.median(run.step_times)) if run.step_times else None,
+        peak_rss_bytes=run.peak_rss_bytes(), crash=summary.get("crash") or None,
+        steps_requested=summary.get("steps_requested"), defects=list(run.defects))
+    return info, losses, run.findings
 
 
 # -- the comparison -----------------------------------------------------------
-
-def _trailing_mean(v: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
-    """Trailing means over ``window`` points of the finite values, and the count of
-    non-finite values in each window; both of length len(v) - window + 1."""
-    finite = np.isfinite(v)
-    c_val = np.concatenate([[0.0], np.cumsum(np.where(finite, v, 0.0))])
-    c_ok = np.concatenate([[0], np.cumsum(finite)])
-    sums = c_val[window:] - c_val[:-window]
-    oks = c_ok[window:] - c_ok[:-window]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        means = sums / oks
-    return means, window - oks
-
 
 def compare_losses(loss_a: dict[int, float], loss_b: dict[int, float], *, rtol: float = DEFAULT_RTOL,
                    atol: float = DEFAULT_ATOL, window: int = DEFAULT_WINDOW) -> LossComparison:
@@ -313,8 +221,8 @@ def compare_losses(loss_a: dict[int, float], loss_b: dict[int, float], *, rtol: 
     w = min(window, len(common))
     a = np.array([loss_a[s] for s in common], float)
     b = np.array([loss_b[s] for s in common], float)
-    ma, bad_a = _trailing_mean(a, w)
-    mb, bad_b = _trailing_mean(b, w)
+    ma, bad_a = moving_mean(a, w)
+    mb, bad_b = moving_mean(b, w)
     steps = np.array(common[w - 1:])
     one_sided = (bad_a > 0) != (bad_b > 0)
     with np.errstate(invalid="ignore"):
@@ -394,13 +302,13 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, *, loss_rto
             raise InputError(f"{name} {v}: must be a finite number >= 0")
     pa, pb = Path(run_a), Path(run_b)
     la, lb = ("A: " + pa.name, "B: " + pb.name) if pa.name != pb.name else ("A: " + str(pa), "B: " + str(pb))
-    a, loss_a, find_a = read_run(pa, la)
-    b, loss_b, find_b = read_run(pb, lb)
+    ra, rb = RunReader(pa, purpose="compare"), RunReader(pb, purpose="compare")
+    a, loss_a, find_a = read_run(ra, la)
+    b, loss_b, find_b = read_run(rb, lb)
     loss = compare_losses(loss_a, loss_b, rtol=loss_rtol, atol=loss_atol, window=window)
-    sum_a = read_summary(pa) if (pa / "summary.json").exists() else {}
-    sum_b = read_summary(pb) if (pb / "summary.json").exists() else {}
-    verdict = judge(loss_a, loss_b, same_seed=same_batches(sum_a, sum_b), snaps_a=read_snapshots(pa),
-                    snaps_b=read_snapshots(pb), summary_a=sum_a, summary_b=sum_b, smoothed=loss)
+    verdict = judge(loss_a, loss_b, same_seed=same_batches(ra.summary, rb.summary), snaps_a=ra.snapshots,
+                    snaps_b=rb.snapshots, summary_a=ra.summary, summary_b=rb.summary, smoothed=loss)
+    a.defects, b.defects = list(ra.defects), list(rb.defects)  # the snapshots' skipped lines too
     only_a, only_b = _difference(find_a, find_b), _difference(find_b, find_a)
     findings = []
     if verdict.diverged:
@@ -441,77 +349,7 @@ def _divergence(v: Verdict, loss: LossComparison, a: RunInfo, b: RunInfo, pa: Pa
         pseudo, msg, subjects=[str(pa), str(pb)], key="loss",
         next_failure="the two sides train differently: results from one do not carry over to the other",
         basis=v.basis, window=loss.window, rtol=rtol, atol=atol, first_beyond_step=v.first_step,
-        mean_a=loss.mean_a, mean_b=loss.mean_b, max_abs_diff=v.max_abs_diff if math.isfinite(v.max_abs_diff) else None,
-        max_rel_diff=v.max_rel_diff if math.isfinite(v.max_rel_diff) else None,
+        mean_a=loss.mean_a, mean_b=loss.mean_b, max_abs_diff=v.max_abs_diff,
+        max_rel_diff=v.max_rel_diff,
         where=v.where.text() if v.where else None, differences=v.differences,
         versions_a=a.versions, versions_b=b.versions)
-
-
-# -- the table ----------------------------------------------------------------
-
-def _versions(v: dict) -> str:
-    return versions_text(v) or "-"
-
-
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
-    """Rows of (name, A, B[, B/A]) as aligned lines."""
-    widths = [max(len(r[i]) if i < len(r) else 0 for r in rows) for i in range(3)]
-    return [("  " + "  ".join(c.ljust(widths[i]) if i < 3 else c for i, c in enumerate(r))).rstrip() for r in rows]
-
-
-def render(res: CompareResult) -> str:
-    """``res`` as a plain-text table: runs, losses, times, memory, versions, findings, verdict."""
-    a, b, L = res.a, res.b, res.loss
-    rows = [
-        ("", a.label, b.label, "B/A"),
-        ("backend / status", f"{a.backend or '-'} / {a.status or '-'}", f"{b.backend or '-'} / {b.status or '-'}"),
-        ("steps with a loss", f"{a.steps:,} (last {a.last_step:,})", f"{b.steps:,} (last {b.last_step:,})"),
-        ("loss first -> last", f"{num_text(a.loss_first)} -> {num_text(a.loss_last)}", f"{num_text(b.loss_first)} -> {num_text(b.loss_last)}"),
-        ("step time (median)", num_text(a.step_time_s and a.step_time_s * 1000, "{:.2f} ms"),
-         num_text(b.step_time_s and b.step_time_s * 1000, "{:.2f} ms"), num_text(res.step_time_ratio, "{:.2f}x")),
-        ("peak RSS", "-" if a.peak_rss_bytes is None else format_bytes(a.peak_rss_bytes),
-         "-" if b.peak_rss_bytes is None else format_bytes(b.peak_rss_bytes), num_text(res.peak_memory_ratio, "{:.2f}x")),
-        ("versions", _versions(a.versions), _versions(b.versions)),
-    ]
-    lines = [f"optcheck compare   {a.label}   vs   {b.label}"]
-    if res.verdict is not None:
-        lines += res.verdict.lines()
-    lines += ["", *_table(rows)]
-    for info in (a, b):
-        if info.crash:
-            c = info.crash
-            lines.append(f"  {info.label} crashed at step {c.get('step')}: {c.get('exc_type') or c.get('signal')}: "
-                         f"{str(c.get('message') or '')[:120]}")
-    for info in (a, b):
-        for d in info.defects[:10]:
-            lines.append(f"  note: {info.label}: {d}; skipped, the rest was read")
-    lines += ["", f"Loss trajectories: {L.common_steps:,} common steps compared, {L.window}-step trailing mean, "
-                  f"tolerance {res.atol:g} + {res.rtol:.0%} of A's"]
-    if L.max_abs_step is not None:
-        rel = f"{L.max_rel_diff:.1%}" if math.isfinite(L.max_rel_diff) else "inf"
-        lines.append(f"  largest difference {L.max_abs_diff:.4f} at step {L.max_abs_step:,}; "
-                     f"largest relative {rel} at step {L.max_rel_step:,}")
-    if L.diverged:
-        lines.append(f"  first beyond tolerance at step {L.first_beyond_step:,}: "
-                     f"{num_text(L.mean_a)} (A) vs {num_text(L.mean_b)} (B), tolerance {num_text(L.tolerance)}")
-    else:
-        lines.append("  within tolerance everywhere")
-    for name, items in (("only in A", res.only_in_a), ("only in B", res.only_in_b)):
-        lines.append(f"Findings {name}: " + ("none" if not items else str(len(items))))
-        for f in items[:20]:
-            subj = ", ".join(f["subjects"][:4]) + (" ..." if len(f["subjects"]) > 4 else "")
-            lines.append(f"  {f['code']} {f['symbol']:<20} step {f['step']}: {subj}")
-        if len(items) > 20:
-            lines.append(f"  ... and {len(items) - 20} more")
-    lines.append("")
-    if res.incomplete:
-        lines.append(f"FAIL (exit {res.exit_code}): cannot pass an incomplete run: {'; '.join(res.incomplete)}; "
-                     f"{L.common_steps:,} common steps compared")
-    if res.findings:
-        lines.append(f"FAIL (exit {res.exit_code}): OC601 run-divergence: {res.findings[0].message}")
-    elif res.exit_code and not res.incomplete:
-        lines.append(f"FAIL (exit {res.exit_code}): findings only in B")
-    elif not res.exit_code:
-        lines.append(f"PASS (exit {res.exit_code})")
-    return "\n".join(lines)
-

@@ -94,7 +94,7 @@ CATALOGUE: dict[str, ScenarioInfo] = {s.name: s for s in (
         "param-rebind", ("pytorch",),
         "model.load_state_dict(state, assign=True) after the optimizer exists: every parameter becomes a new "
         "object with new data",
-        "identity breakers (docs/pytorch.md); the PyTorch form of seed 003",
+        "identity breakers (docs/parameter-identity.md); the PyTorch form of seed 003",
         ("OC101", "OC102", "OC104"),
         "trains silently: the optimizer steps the old tensors, the model's parameters never change again"),
     ScenarioInfo(

@@ -52,7 +52,7 @@ Param::
     values in float32, the parameter fingerprint ``optcheck.verdict`` compares;
     PyTorch records it)
 
-Two identities per tensor (``docs/torchsharp.md``, ``docs/pytorch.md``): ``ref`` is what the optimizer keys
+Two identities per tensor (``docs/parameter-identity.md``): ``ref`` is what the optimizer keys
 its state by (PyTorch: ``id(param)``; TorchSharp: ``Tensor.Handle``, the address
 of the native tensor *wrapper*), ``data_ptr`` is the address of the tensor's
 data (PyTorch ``Tensor.data_ptr()``; TorchSharp ``THSTensor_data``). "Will the
@@ -119,7 +119,6 @@ from typing import Any, Iterator
 SCHEMA = "optcheck.snapshot/1"
 BACKENDS = ("pytorch", "torchsharp")
 PHASES = ("pre-step", "post-step")
-TRIGGERS = ("cadence", "check", "hazard", "lifecycle", "start", "final")
 
 SCHEMA_DIR = Path(__file__).with_name("schemas")
 #: Published JSON Schemas (draft 2020-12) of the record files, by kind.
@@ -240,36 +239,47 @@ class StreamDefect:
 def read_jsonl(path: str | os.PathLike, defects: list[StreamDefect] | None = None,
                numbered: bool = False) -> Iterator:
     """Yield the JSON values of a JSON Lines file (``(line number, value)`` pairs
-    with ``numbered``).
+    with ``numbered``), streaming: one line in memory at a time.
 
     A line that is not JSON — the torn last line of a run killed mid-write, a
     line torn by two writers, garbage, nesting too deep for the parser, bytes
     that are not UTF-8 — is skipped and recorded in ``defects`` (1-based line
-    number and why), and the rest of the file is still read. Without
-    ``defects`` such a line raises instead, unless it is the last one.
+    number and why: "truncated last line (...)" or "not a JSON line (...)"), and
+    the rest of the file is still read. This is the rule every run-directory
+    reader follows (``optcheck.report.reader``, ``docs/run-directory.md``).
+    Without ``defects`` (scripts, tests) such a line raises instead, unless it
+    is the last one.
 
     Raises:
         FileNotFoundError: the file does not exist.
         ValueError: an unreadable line other than the last, when ``defects`` is None.
     """
     with open(path, "rb") as f:
-        lines = f.readlines()
-    for n, raw in enumerate(lines, start=1):
-        raw = raw.strip()
-        if not raw:
-            continue
-        try:
-            value = json.loads(raw.decode("utf-8"))
-        except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            what = "nested too deeply" if isinstance(e, RecursionError) else getattr(e, "msg", None) or str(e)[:80]
-            if defects is not None:
-                defects.append(StreamDefect(n, ("truncated last line" if n == len(lines) else "not a JSON line")
-                                            + f" ({what})"))
+        failed: tuple[int, str] | None = None  # a bad line, held until we know whether it was the last
+        for n, raw in enumerate(f, start=1):
+            if failed is not None:
+                _bad_line(path, *failed, last=False, defects=defects)
+                failed = None
+            raw = raw.strip()
+            if not raw:
                 continue
-            if n == len(lines):
-                return
-            raise ValueError(f"{path}:{n}: not a JSON line ({what})") from None
-        yield (n, value) if numbered else value
+            try:
+                value = json.loads(raw.decode("utf-8"))
+            except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+                failed = (n, "nested too deeply" if isinstance(e, RecursionError)
+                          else getattr(e, "msg", None) or str(e)[:80])
+                continue
+            yield (n, value) if numbered else value
+        if failed is not None:
+            _bad_line(path, *failed, last=True, defects=defects)
+
+
+def _bad_line(path, n: int, what: str, *, last: bool, defects: list[StreamDefect] | None) -> None:
+    """Record line ``n`` that is not JSON in ``defects``; without them, raise unless it is the last."""
+    if defects is not None:
+        defects.append(StreamDefect(n, ("truncated last line" if last else "not a JSON line") + f" ({what})"))
+    elif not last:
+        raise ValueError(f"{path}:{n}: not a JSON line ({what})")
 
 
 def read_records(path: str | os.PathLike, kind: str, defects: list[StreamDefect] | None = None) -> list[dict]:
@@ -294,9 +304,7 @@ def read_snapshots(path: str | os.PathLike, defects: list[StreamDefect] | None =
     """Read a recorded snapshot stream (``snapshots.jsonl``), validating every line
     against ``optcheck/schemas/snapshot-1.json``.
 
-    Lines that are not snapshots (e.g. a protocol message with another ``type``)
-    are skipped; a line wrapped as ``{"type": "snapshot", "snapshot": {...}}`` is
-    unwrapped. Lines that are not JSON go to ``defects`` (see :func:`read_jsonl`).
+    Lines that are not JSON go to ``defects`` (see :func:`read_jsonl`).
 
     Raises:
         FileNotFoundError, ValueError (an unreadable line, without ``defects``),
@@ -304,20 +312,11 @@ def read_snapshots(path: str | os.PathLike, defects: list[StreamDefect] | None =
     """
     out = []
     for n, obj in read_jsonl(path, defects, numbered=True):
-        if isinstance(obj, dict) and obj.get("type") == "snapshot" and "snapshot" in obj:
-            obj = obj["snapshot"]
-        if isinstance(obj, dict) and "schema" not in obj and "type" in obj:
-            continue
         try:
             out.append(validate(obj))
         except SchemaError as e:
             raise SchemaError(f"{path}:{n}: {e}") from None
     return out
-
-
-def param_by_name(snap: dict) -> dict[str, dict]:
-    """``{name: Param}`` of a snapshot's model parameters."""
-    return {p["name"]: p for p in snap["params"]}
 
 
 def members(snap: dict) -> list[tuple[int, dict]]:

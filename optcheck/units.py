@@ -57,10 +57,15 @@ def format_bytes(n: float, digits: int = 1) -> str:
     """``n`` bytes in the largest IEC unit that keeps the number >= 1: ``"41.2 MiB"``.
 
     A whole number of units prints without decimals (``"4 GiB"``); negative
-    values keep their sign; bytes below 1 KiB print as ``"512 B"``.
+    values keep their sign; bytes below 1 KiB print as ``"512 B"``; a value that
+    is not finite prints as ``"inf B"``, ``"-inf B"`` or ``"nan B"`` (a summary
+    field recorded as "inf" must not crash the report).
     """
+    n = float(n)
+    if not math.isfinite(n):
+        return f"{n} B"
     sign = "-" if n < 0 else ""
-    n = abs(float(n))
+    n = abs(n)
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
             v = n / size

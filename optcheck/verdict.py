@@ -346,14 +346,14 @@ def seed_band(baseline: list[dict[int, float]], steps: list[int], *, window: int
     Raises:
         ValueError: fewer than two baseline seeds, or no step.
     """
-    from optcheck.compare import _trailing_mean  # compare imports this module
+    from optcheck.series import moving_mean
 
     if len(baseline) < 2:
         raise ValueError("a seed band needs at least two baseline seeds")
     if not steps:
         raise ValueError("no step common to every run")
     w = min(window, len(steps))
-    base = np.vstack([_trailing_mean(np.array([r[s] for s in steps], float), w)[0] for r in baseline])
+    base = np.vstack([moving_mean([r[s] for s in steps], w)[0] for r in baseline])
     centre = np.nanmean(base, axis=0)
     sd = np.nanstd(base, axis=0, ddof=1)
     sd = np.maximum(sd, np.nanmedian(sd)) * math.sqrt(1 + 1 / len(baseline))
@@ -369,13 +369,13 @@ def judge_seed_band(baseline: list[dict[int, float]], candidate: list[dict[int, 
     Raises:
         ValueError: fewer than two baseline seeds, no candidate, or no step common to all.
     """
-    from optcheck.compare import _trailing_mean  # compare imports this module
+    from optcheck.series import moving_mean
 
     if len(baseline) < 2 or not candidate:
         raise ValueError("a seed band needs at least two baseline seeds and one candidate seed")
     common = sorted(set.intersection(*(set(r) for r in baseline + candidate)))
     steps, centre, half, w = seed_band(baseline, common, window=window, k=k)
-    means = lambda r: _trailing_mean(np.array([r[s] for s in common], float), w)[0]  # noqa: E731
+    means = lambda r: moving_mean([r[s] for s in common], w)[0]  # noqa: E731
     v = Verdict(kind=WITHIN_NOISE, basis="seed-band", steps=len(common))
     first = None
     for r in candidate:

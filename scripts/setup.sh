@@ -14,9 +14,9 @@ want_test=0
 "$PY" -m pip install --disable-pip-version-check -q "torch==2.13.0"
 if [ $want_test = 1 ]; then
   # torch stays the CPU 2.13.0 installed above: lightning/transformers/accelerate only need torch>=2.x
-  "$PY" -m pip install --disable-pip-version-check -q -e ".[pytorch,torchsharp,test,integrations]" "torch==2.13.0"
+  "$PY" -m pip install --disable-pip-version-check -q -e ".[pytorch,torchsharp,plot,test,integrations]" "torch==2.13.0"
 else
-  "$PY" -m pip install --disable-pip-version-check -q -e ".[pytorch,torchsharp]"
+  "$PY" -m pip install --disable-pip-version-check -q -e ".[pytorch,torchsharp,plot]"
 fi
 
 if [ $want_test = 1 ]; then

@@ -66,3 +66,27 @@ def run_cli(args: list[str], cwd: str | os.PathLike | None = None):
     res = runner.invoke(cli, args, catch_exceptions=False, standalone_mode=False)
     rc = res.return_value if isinstance(res.return_value, int) else res.exit_code
     return rc, res.stdout, res.stderr
+
+
+def run_clis(commands: dict, jobs: int | None = None) -> dict[str, tuple[int, str, str]]:
+    """Run independent optcheck commands (``{name: args}`` or ``{name: (args, extra
+    environment)}``, e.g. a module's soaks) as
+    ``python -m optcheck <args>`` subprocesses, up to ``jobs`` at a time (default: the
+    CPU count, at least 2): a soak's worker keeps one core busy, so on two cores two
+    soaks side by side take about the time of one. Returns ``{name: (exit code, stdout,
+    stderr)}``; each command's result is the same as run alone (a soak's training is
+    deterministic for its seed and thread count, whatever runs beside it)."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def one(command) -> tuple[int, str, str]:
+        args, extra = command if isinstance(command, tuple) else (command, {})
+        p = subprocess.run([sys.executable, "-m", "optcheck", *args], capture_output=True, text=True,
+                           env={**env, **extra}, timeout=1800)
+        return p.returncode, p.stdout, p.stderr
+
+    with ThreadPoolExecutor(max_workers=jobs or max(2, os.cpu_count() or 1)) as pool:
+        futures = {name: pool.submit(one, args) for name, args in commands.items()}
+        return {name: f.result() for name, f in futures.items()}

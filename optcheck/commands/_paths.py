@@ -16,9 +16,16 @@ def check_output_file(path: str, option: str, created_dir: str | os.PathLike | N
     unless it is ``created_dir`` — the run directory the command itself
     creates. Folders are never created for it.
 
+    A ``--plot`` file also needs matplotlib (an optional extra): its absence is
+    said now, before a run, not after it.
+
     Raises:
         InputError: ``"<option> <path>: ..."`` naming what is wrong.
     """
+    if option == "--plot":
+        from optcheck.report.plot import require_matplotlib
+
+        require_matplotlib(option)
     p = Path(path)
     if p.is_dir():
         raise InputError(f"{option} {path}: is a directory; give a file name")

@@ -25,7 +25,7 @@ def register(group: click.Group) -> None:
         """
         from optcheck.baseline import Tolerances, compare_with_baseline, load_baseline, parse_fraction
         from optcheck.commands._paths import check_output_file
-        from optcheck.report.records import read_findings, read_summary
+        from optcheck.report.reader import RunReader, read_summary
 
         tol = Tolerances(speed=parse_fraction(speed_tolerance, "--speed-tolerance"),
                          memory=parse_fraction(memory_tolerance, "--memory-tolerance"), fail_on=fail_on)
@@ -38,5 +38,5 @@ def register(group: click.Group) -> None:
         if summary_md:
             from optcheck.report.markdown import write_markdown
 
-            write_markdown(summary_md, [(summary, read_findings(run))], None, baseline=res)
+            write_markdown(summary_md, [(summary, RunReader(run).findings)], None, baseline=res)
         return res.exit_code

@@ -10,34 +10,33 @@ from optcheck import exitcodes
 from optcheck.engine import RuleEngine
 from optcheck.errors import InputError
 from optcheck.findings import SEVERITIES, severity_rank
-from optcheck.snapshot import SchemaError, StreamDefect, read_snapshots
+from optcheck.report.reader import RunReader
 
 
-def check_file(path: str | Path, ignore: list | None = None) -> tuple[list, list[StreamDefect], int]:
-    """Findings of a recorded stream: (findings, defects, number of snapshots).
+def check_file(path: str | Path, ignore: list | None = None) -> tuple[list, list[str], int]:
+    """Findings of a recorded stream: (findings, notes, number of snapshots).
 
-    ``path`` is a ``snapshots.jsonl`` or a run directory holding one; ``ignore``:
-    accepted findings (``optcheck.suppress``), left out.
+    ``path`` is a ``snapshots.jsonl`` or a run directory holding one, read by
+    :class:`optcheck.report.reader.RunReader`; ``ignore``: accepted findings
+    (``optcheck.suppress``), left out.
 
     Every line is checked against ``optcheck/schemas/snapshot-1.json``; a line
-    that is not JSON at all (torn, garbage) is skipped and listed in the defects.
+    that is not JSON at all (torn, garbage) is skipped and named in the notes
+    (``"<file>:<line>: <reason>; skipped, the rest was read"``).
 
     Raises:
-        InputError: missing, empty or unreadable stream; a record of the wrong
-            shape ("<file>:<line>: <field>: <what is wrong>").
+        InputError: missing, empty or unreadable stream; not a run directory; a
+            newer snapshot schema; a record of the wrong shape
+            ("<file>:<line>: <field>: <what is wrong>").
     """
     p = Path(path)
-    if p.is_dir():
-        p = p / "snapshots.jsonl"
     if not p.exists():
         raise InputError(f"{path}: no such file (expected snapshots.jsonl or a run directory)")
-    defects: list[StreamDefect] = []
-    try:
-        snaps = read_snapshots(p, defects)
-    except SchemaError as e:  # "<file>:<line>: <field>: <what>"
-        raise InputError(f"{e} (schema: optcheck/schemas/snapshot-1.json)") from None
-    except OSError as e:
-        raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
+    run = RunReader(p, allow_stream=True, purpose="check")
+    p = run.path / "snapshots.jsonl" if not run.stream_only else p
+    if not run.stream_only and not run.has("snapshots.jsonl"):
+        raise InputError(f"{path}: no snapshots.jsonl in this run directory (nothing to check)")
+    snaps = run.snapshots
     if not snaps:
         raise InputError(f"{p}: no snapshots in it")
     engine = RuleEngine(ignore=ignore)
@@ -48,7 +47,7 @@ def check_file(path: str | Path, ignore: list | None = None) -> tuple[list, list
             # a record the schema lets through but a rule cannot use: bad input, not a finding
             raise InputError(f"{p}: snapshot at step {s.get('step')}: a rule cannot read it "
                              f"({type(e).__name__}: {str(e)[:120]})") from None
-    return engine.findings, defects, len(snaps)
+    return engine.findings, run.notes(), len(snaps)
 
 
 def register(group: click.Group) -> None:
@@ -75,10 +74,9 @@ def register(group: click.Group) -> None:
             check_output_file(junit, "--junit")
         if summary_md:
             check_output_file(summary_md, "--summary-md")
-        findings, defects, n = check_file(stream, ignore_entries(ignores))
-        where = Path(stream) / "snapshots.jsonl" if Path(stream).is_dir() else stream
-        for d in defects:
-            click.echo(f"optcheck: note: {where}:{d.line}: {d.reason}; skipped, the rest was read", err=True)
+        findings, notes, n = check_file(stream, ignore_entries(ignores))
+        for note in notes:
+            click.echo(f"optcheck: note: {note}", err=True)
         for f in findings:
             if as_json:
                 click.echo(dumps(f.to_dict()))
@@ -103,9 +101,7 @@ def register(group: click.Group) -> None:
             summary = {"command": "check", "run": str(stream), "status": "findings" if findings else "clean",
                        "exit_code": code, "snapshots": n, "findings": len(dicts), "findings_by_code": by_code}
             if Path(stream).is_dir() and (Path(stream) / "summary.json").exists():
-                from optcheck.report.records import read_summary
-
-                recorded = read_summary(stream)
+                recorded = RunReader(stream).summary
                 summary = {**{k: recorded.get(k) for k in ("backend", "steps_requested", "last_step", "loss_first",
                                                            "loss_last", "val_loss_first", "val_loss_last",
                                                            "val_step_first", "val_step_last", "steps_per_s",

@@ -18,7 +18,6 @@ counter did not move.
 from __future__ import annotations
 
 import functools
-import math
 import operator
 import platform
 import weakref
@@ -350,7 +349,3 @@ def snapshot_body(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cens
         "optimizer": {"type": type(optimizer).__name__, "state_init": "lazy", "identity": "ref"},
         "memory": memory(state_bytes, census, model), "notes": [],
     }
-
-
-def finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)

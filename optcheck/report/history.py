@@ -2,7 +2,7 @@
 nights a library version changed and the nights that regressed marked. Torch-free.
 
 Each night is read from its run directory's ``summary.json`` (through
-``optcheck.report.records``): final loss, final held-out loss, steps/s, peak
+``optcheck.report.reader``): final loss, final held-out loss, steps/s, peak
 RSS, number of findings and their codes, versions. Nights are ordered by their
 ``started`` time (ISO 8601 UTC), then by folder name.
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from optcheck.report.records import read_summary, run_dirs
+from optcheck.report.reader import read_summary, run_dirs
 from optcheck.report.text import num_text
 from optcheck.units import format_bytes
 

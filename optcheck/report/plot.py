@@ -2,12 +2,13 @@
 
 Drawn with matplotlib's Agg canvas directly (no pyplot, no display, no global
 backend switch), so it works on a headless CI machine and inside a process that
-has already chosen another backend.
+has already chosen another backend. matplotlib is the optional extra ``plot``
+(``pip install 'optcheck[plot]'``); only ``--plot`` needs it. The run is read
+through :class:`optcheck.report.reader.RunReader`, like ``check`` and ``compare``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -15,42 +16,31 @@ from pathlib import Path
 import numpy as np
 
 from optcheck.errors import InputError
-from optcheck.snapshot import read_jsonl, to_float
+from optcheck.report.reader import RunReader
+from optcheck.series import moving_mean, subsample
+from optcheck.snapshot import to_float
 
 MAX_POINTS = 4000          # raw series are thinned to about this many points
 MAX_MARKED_FINDINGS = 24   # vertical lines drawn; the rest are counted in the legend
 MiB = 2**20
 
 
-def _records(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
+def require_matplotlib(option: str = "--plot") -> None:
+    """Raise :class:`InputError` (one line, exit 2) when matplotlib is not installed."""
     try:
-        return [r for r in read_jsonl(path) if isinstance(r, dict)]
-    except ValueError as e:
-        raise InputError(f"{path}: unreadable ({e})") from None
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise InputError(f"{option} needs matplotlib, which is not installed: "
+                         f"pip install 'optcheck[plot]' (or matplotlib)") from None
 
 
 def _thin(x: np.ndarray, *ys: np.ndarray) -> tuple[np.ndarray, ...]:
-    if len(x) <= MAX_POINTS:
-        return (x, *ys)
-    idx = np.linspace(0, len(x) - 1, MAX_POINTS).round().astype(int)
+    idx = subsample(len(x), MAX_POINTS)
     return (x[idx], *(y[idx] for y in ys))
 
 
-def _moving_mean(v: np.ndarray, window: int) -> np.ndarray:
-    """Centred mean over ``window`` points (shorter at the ends), ignoring non-finite values."""
-    if len(v) == 0:
-        return v
-    window = max(1, min(window, len(v)))
-    finite = np.isfinite(v)
-    c = np.concatenate([[0.0], np.cumsum(np.where(finite, v, 0.0))])
-    n = np.concatenate([[0], np.cumsum(finite)])
-    i = np.arange(len(v))
-    lo = np.maximum(i - window // 2, 0)
-    hi = np.minimum(i + (window - window // 2), len(v))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (c[hi] - c[lo]) / (n[hi] - n[lo])
+def _centred(v: np.ndarray, window: int = 50) -> np.ndarray:
+    return moving_mean(v, window, align="centred")[0]
 
 
 def _series(records: list[dict], key: str, source=lambda r, k: r.get(k)) -> tuple[np.ndarray, np.ndarray]:
@@ -81,25 +71,19 @@ def plot_run(run_dir: str | os.PathLike, png_path: str | os.PathLike, *, width_p
 
     Raises:
         InputError: ``run_dir`` is not a run directory (no metrics or snapshots),
-            or the PNG cannot be written.
+            a record in it is unreadable (as :class:`RunReader`), matplotlib is
+            missing, or the PNG cannot be written.
     """
+    require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    run = Path(run_dir)
-    if not run.is_dir():
-        raise InputError(f"{run_dir}: no such run directory")
-    metrics = _records(run / "metrics.jsonl")
-    snaps = [r.get("snapshot", r) if r.get("type") == "snapshot" else r for r in _records(run / "snapshots.jsonl")]
+    reader = RunReader(run_dir, purpose="plot")
+    run = reader.path
+    metrics, snaps = reader.metrics, reader.snapshots
     if not metrics and not snaps:
         raise InputError(f"{run_dir}: nothing to plot (no metrics.jsonl or snapshots.jsonl records)")
-    findings = _records(run / "findings.jsonl")
-    summary = {}
-    if (run / "summary.json").exists():
-        try:
-            summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            summary = {}
+    findings, summary = reader.findings, reader.summary
 
     fig = Figure(figsize=(width_px / dpi, 0.64 * width_px / dpi), dpi=dpi)
     FigureCanvasAgg(fig)
@@ -112,7 +96,7 @@ def plot_run(run_dir: str | os.PathLike, png_path: str | os.PathLike, *, width_p
     if len(x):
         order = np.argsort(x, kind="stable")
         x, y = x[order], y[order]
-        ma = _moving_mean(y, 50)
+        ma = _centred(y)
         tx, ty, tma = _thin(x, y, ma)
         ax_loss.plot(tx, ty, color="0.75", lw=0.6, label="loss")
         ax_loss.plot(tx, tma, color="C0", lw=1.6, label="loss, 50-step moving mean")
@@ -130,7 +114,7 @@ def plot_run(run_dir: str | os.PathLike, png_path: str | os.PathLike, *, width_p
     if len(tx_):
         order = np.argsort(tx_, kind="stable")
         tx_, ts = tx_[order], ts[order] * 1000
-        a, b, m = _thin(tx_, ts, _moving_mean(ts, 50))
+        a, b, m = _thin(tx_, ts, _centred(ts))
         ax_time.plot(a, b, color="0.75", lw=0.5)
         ax_time.plot(a, m, color="C2", lw=1.4, label="step time, 50-step moving mean")
         finite = ts[np.isfinite(ts)]

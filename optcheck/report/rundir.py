@@ -30,6 +30,8 @@ Guarantees:
   ``.optcheck-reserve`` when the directory is opened and given back to write
   the last ``summary.json`` if the disk is full by then.
 
+Reading a run directory back is :class:`optcheck.report.reader.RunReader`'s job.
+
 The OS facts behind these (flock(2), open(2) ``O_NOFOLLOW``, rename(2), partial
 writes and ``RLIMIT_FSIZE``) are in ``docs/reliability.md``.
 """
@@ -388,7 +390,3 @@ def write_summary(path: str | os.PathLike, summary: dict) -> None:
         except OSError:
             pass
         raise RecordError(target, e) from None
-
-
-# The readers live in optcheck/report/records.py; these names stay importable from here.
-from optcheck.report.records import read_findings, read_metrics, read_summary  # noqa: E402,F401

@@ -1,13 +1,16 @@
-"""The end-of-run summary as a plain-text table for the terminal. Torch-free.
+"""The end-of-run summary and the comparison of two runs as plain-text tables for the terminal. Torch-free.
 
 ``render_summary(summary, findings)`` reads an ``optcheck.summary/1`` dict (what
 ``summary.json`` holds) and the run's finding dicts, and returns lines of at most
 ``WIDTH`` characters: status, steps, loss, speed, memory, the findings by code
 (first step, subjects, first message), the crash if any, and the lead time —
-"flagged at step X, then <exception> at step Y".
+"flagged at step X, then <exception> at step Y". ``render_compare(result)`` is
+``optcheck compare``'s table of an ``optcheck.compare.CompareResult``.
 """
 
 from __future__ import annotations
+
+import math
 
 from optcheck.findings import lead_time
 from optcheck.units import format_bytes
@@ -163,3 +166,73 @@ def render_summary(summary: dict, findings: list[dict] | None = None) -> str:
     if s.get("out"):
         lines += ["", f"Run directory: {s['out']}"]
     return "\n".join(lines)
+
+
+# -- optcheck compare's table -----------------------------------------------------
+
+def _versions_or_dash(v: dict) -> str:
+    return versions_text(v) or "-"
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows of (name, A, B[, B/A]) as aligned lines."""
+    widths = [max(len(r[i]) if i < len(r) else 0 for r in rows) for i in range(3)]
+    return [("  " + "  ".join(c.ljust(widths[i]) if i < 3 else c for i, c in enumerate(r))).rstrip() for r in rows]
+
+
+def render_compare(res) -> str:
+    """``res`` (an ``optcheck.compare.CompareResult``) as a plain-text table: runs, losses, times, memory, versions, findings, verdict."""
+    a, b, L = res.a, res.b, res.loss
+    rows = [
+        ("", a.label, b.label, "B/A"),
+        ("backend / status", f"{a.backend or '-'} / {a.status or '-'}", f"{b.backend or '-'} / {b.status or '-'}"),
+        ("steps with a loss", f"{a.steps:,} (last {a.last_step:,})", f"{b.steps:,} (last {b.last_step:,})"),
+        ("loss first -> last", f"{num_text(a.loss_first)} -> {num_text(a.loss_last)}", f"{num_text(b.loss_first)} -> {num_text(b.loss_last)}"),
+        ("step time (median)", num_text(a.step_time_s and a.step_time_s * 1000, "{:.2f} ms"),
+         num_text(b.step_time_s and b.step_time_s * 1000, "{:.2f} ms"), num_text(res.step_time_ratio, "{:.2f}x")),
+        ("peak RSS", "-" if a.peak_rss_bytes is None else format_bytes(a.peak_rss_bytes),
+         "-" if b.peak_rss_bytes is None else format_bytes(b.peak_rss_bytes), num_text(res.peak_memory_ratio, "{:.2f}x")),
+        ("versions", _versions_or_dash(a.versions), _versions_or_dash(b.versions)),
+    ]
+    lines = [f"optcheck compare   {a.label}   vs   {b.label}"]
+    if res.verdict is not None:
+        lines += res.verdict.lines()
+    lines += ["", *_table(rows)]
+    for info in (a, b):
+        if info.crash:
+            c = info.crash
+            lines.append(f"  {info.label} crashed at step {c.get('step')}: {c.get('exc_type') or c.get('signal')}: "
+                         f"{str(c.get('message') or '')[:120]}")
+    for info in (a, b):
+        for d in info.defects[:10]:
+            lines.append(f"  note: {info.label}: {d}; skipped, the rest was read")
+    lines += ["", f"Loss trajectories: {L.common_steps:,} common steps compared, {L.window}-step trailing mean, "
+                  f"tolerance {res.atol:g} + {res.rtol:.0%} of A's"]
+    if L.max_abs_step is not None:
+        rel = f"{L.max_rel_diff:.1%}" if math.isfinite(L.max_rel_diff) else "inf"
+        lines.append(f"  largest difference {L.max_abs_diff:.4f} at step {L.max_abs_step:,}; "
+                     f"largest relative {rel} at step {L.max_rel_step:,}")
+    if L.diverged:
+        lines.append(f"  first beyond tolerance at step {L.first_beyond_step:,}: "
+                     f"{num_text(L.mean_a)} (A) vs {num_text(L.mean_b)} (B), tolerance {num_text(L.tolerance)}")
+    else:
+        lines.append("  within tolerance everywhere")
+    for name, items in (("only in A", res.only_in_a), ("only in B", res.only_in_b)):
+        lines.append(f"Findings {name}: " + ("none" if not items else str(len(items))))
+        for f in items[:20]:
+            subj = ", ".join(f["subjects"][:4]) + (" ..." if len(f["subjects"]) > 4 else "")
+            lines.append(f"  {f['code']} {f['symbol']:<20} step {f['step']}: {subj}")
+        if len(items) > 20:
+            lines.append(f"  ... and {len(items) - 20} more")
+    lines.append("")
+    if res.incomplete:
+        lines.append(f"FAIL (exit {res.exit_code}): cannot pass an incomplete run: {'; '.join(res.incomplete)}; "
+                     f"{L.common_steps:,} common steps compared")
+    if res.findings:
+        lines.append(f"FAIL (exit {res.exit_code}): OC601 run-divergence: {res.findings[0].message}")
+    elif res.exit_code and not res.incomplete:
+        lines.append(f"FAIL (exit {res.exit_code}): findings only in B")
+    elif not res.exit_code:
+        lines.append(f"PASS (exit {res.exit_code})")
+    return "\n".join(lines)
+

@@ -12,6 +12,8 @@ from typing import Iterable
 
 import numpy as np
 
+from optcheck.series import subsample
+
 
 def _stats():
     """``scipy.stats``, imported on first use: it costs ~1 s, and every worker and
@@ -63,9 +65,7 @@ class Trend:
 
 
 def _subsample(x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
-    if len(x) <= limit:
-        return x, y
-    idx = np.unique(np.linspace(0, len(x) - 1, limit).round().astype(int))
+    idx = subsample(len(x), limit)
     return x[idx], y[idx]
 
 

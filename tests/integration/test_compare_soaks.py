@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import SMALL, run_cli
+from conftest import SMALL, run_cli, run_clis
 from optcheck import exitcodes
 from optcheck.compare import compare_runs
 
@@ -13,14 +13,13 @@ from optcheck.compare import compare_runs
 @pytest.fixture(scope="module")
 def soaks(tmp_path_factory):
     root = tmp_path_factory.mktemp("compare")
-    runs = {}
-    for name, extra in (("seed1", ["--seed", "1"]), ("seed2", ["--seed", "2"]),
-                        ("lr10x", ["--seed", "1", "--lr", "0.01"]), ("sgd", ["--seed", "1", "--optimizer", "sgd"])):
-        out = root / name
-        rc, stdout, _ = run_cli(["soak", "-q", "--steps", "300", "--every", "100", "--out", str(out), *SMALL, *extra])
+    extras = {"seed1": ["--seed", "1"], "seed2": ["--seed", "2"], "lr10x": ["--seed", "1", "--lr", "0.01"],
+              "sgd": ["--seed", "1", "--optimizer", "sgd"]}
+    done = run_clis({name: ["soak", "-q", "--steps", "300", "--every", "100", "--out", str(root / name), *SMALL,
+                            *extra] for name, extra in extras.items()})
+    for rc, stdout, _ in done.values():
         assert rc == exitcodes.CLEAN, stdout
-        runs[name] = out
-    return runs
+    return {name: root / name for name in extras}
 
 
 def test_two_seeds_pass_with_the_defaults(soaks):

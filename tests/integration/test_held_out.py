@@ -6,21 +6,31 @@ from __future__ import annotations
 
 import json
 
-from conftest import SMALL, run_cli
+import pytest
+
+from conftest import SMALL, run_clis
 from optcheck import exitcodes
 from optcheck.snapshot import read_snapshots
 
 
-def _soak(out, steps, val_every):
-    rc, stdout, _ = run_cli(["soak", "--steps", str(steps), "--every", "50", "--out", str(out), *SMALL,
-                             "--val-every", str(val_every)])
+@pytest.fixture(scope="module")
+def soaks(tmp_path_factory):
+    """The module's two soaks (100 and 150 steps, held-out loss every 100), run side by side once."""
+    root = tmp_path_factory.mktemp("held_out")
+    done = run_clis({steps: ["soak", "--steps", str(steps), "--every", "50", "--out", str(root / str(steps)), *SMALL,
+                             "--val-every", "100"] for steps in (100, 150)})
+    return {steps: (root / str(steps), rc, stdout) for steps, (rc, stdout, _) in done.items()}
+
+
+def _soak(soaks, steps):
+    out, rc, stdout = soaks[steps]
     assert rc == exitcodes.CLEAN, stdout
     loss_line = next(line for line in stdout.splitlines() if line.startswith("  loss"))
     return json.loads((out / "summary.json").read_text()), read_snapshots(out / "snapshots.jsonl"), loss_line
 
 
-def test_one_evaluation_is_printed_as_one_value(tmp_path):
-    summary, snaps, line = _soak(tmp_path / "run", 100, 100)
+def test_one_evaluation_is_printed_as_one_value(soaks):
+    summary, snaps, line = _soak(soaks, 100)
     assert summary["val_step_first"] == summary["val_step_last"] == 100
     assert summary["val_loss_first"] == summary["val_loss_last"]
     assert [s["step"] for s in snaps if s.get("val_loss") is not None] == [100]
@@ -28,8 +38,8 @@ def test_one_evaluation_is_printed_as_one_value(tmp_path):
     assert "->" not in line.split("held-out")[1]
 
 
-def test_the_last_step_is_evaluated_too(tmp_path):
-    summary, snaps, line = _soak(tmp_path / "run", 150, 100)
+def test_the_last_step_is_evaluated_too(soaks):
+    summary, snaps, line = _soak(soaks, 150)
     assert (summary["val_step_first"], summary["val_step_last"]) == (100, 150)
     vals = {s["step"]: s["val_loss"] for s in snaps if s.get("val_loss") is not None}
     assert list(vals) == [100, 150]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import SMALL, run_cli
+from conftest import SMALL, run_clis
 from optcheck import exitcodes
 from optcheck.config import SoakConfig
 from optcheck.engine import check_stream
@@ -142,10 +142,23 @@ def test_nonleaf_grad_read():
 
 
 # -- through the CLI: a short soak, the scenario at step 500 --------------------------------
-def test_soak_flags_kv_cache_inplace_at_step_500_and_exits_1(tmp_path):
-    out = tmp_path / "run"
-    rc, stdout, _ = run_cli(["soak", "-q", "--steps", "600", "--every", "100", "--out", str(out),
-                             "--inject", "kv-cache-inplace@500", *SMALL])
+SEEDS = {"mask-inplace": "OC301", "fp32-cast-nograd": "OC203", "detached-loss": "OC203",
+         "nonleaf-grad-read": "OC201"}
+
+
+@pytest.fixture(scope="module")
+def soaks(tmp_path_factory):
+    """{name: (run directory, exit code, stdout)}: the 600-step kv-cache soak and a 60-step soak per
+    seed of :data:`SEEDS`, independent of each other, run side by side once (``run_clis``)."""
+    root = tmp_path_factory.mktemp("seeds")
+    commands = {"kv-cache-inplace": ["--steps", "600", "--every", "100", "--inject", "kv-cache-inplace@500"]}
+    commands.update({name: ["--steps", "60", "--every", "20", "--inject", f"{name}@50"] for name in SEEDS})
+    done = run_clis({name: ["soak", "-q", *args, "--out", str(root / name), *SMALL] for name, args in commands.items()})
+    return {name: (root / name, rc, stdout) for name, (rc, stdout, _) in done.items()}
+
+
+def test_soak_flags_kv_cache_inplace_at_step_500_and_exits_1(soaks):
+    out, rc, stdout = soaks["kv-cache-inplace"]
     assert rc == exitcodes.FINDINGS, stdout
     findings = list(read_jsonl(out / "findings.jsonl"))
     assert [(f["code"], f["step"]) for f in findings] == [("OC301", 500)]
@@ -154,12 +167,9 @@ def test_soak_flags_kv_cache_inplace_at_step_500_and_exits_1(tmp_path):
     assert json.loads((out / "summary.json").read_text())["findings"] == 1
 
 
-@pytest.mark.parametrize("name,code", [("mask-inplace", "OC301"), ("fp32-cast-nograd", "OC203"),
-                                       ("detached-loss", "OC203"), ("nonleaf-grad-read", "OC201")])
-def test_soak_flags_each_seed_at_the_injection_step(tmp_path, name, code):
-    out = tmp_path / "run"
-    rc, stdout, _ = run_cli(["soak", "-q", "--steps", "60", "--every", "20", "--out", str(out),
-                             "--inject", f"{name}@50", *SMALL])
+@pytest.mark.parametrize("name,code", list(SEEDS.items()))
+def test_soak_flags_each_seed_at_the_injection_step(soaks, name, code):
+    out, rc, stdout = soaks[name]
     assert rc == exitcodes.FINDINGS, stdout
     findings = list(read_jsonl(out / "findings.jsonl"))
     first = findings[0]

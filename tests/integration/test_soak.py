@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SMALL, run_cli, start_long_soak
+from conftest import SMALL, run_cli, run_clis, start_long_soak
 from optcheck import exitcodes
 from optcheck.snapshot import read_jsonl, read_snapshots
 
@@ -21,9 +21,33 @@ def lines(path: Path) -> list[dict]:
     return list(read_jsonl(path))
 
 
-def test_clean_soak_writes_the_run_dir_and_the_loss_falls(tmp_path):
-    out = tmp_path / "run"
-    rc, stdout, _ = run_cli(["soak", "-q", "--steps", "300", "--every", "50", "--out", str(out), *SMALL])
+def _injected(scenario: str, out: Path) -> list[str]:
+    return ["--steps", "200", "--every", "50", "--inject", f"{scenario}@120", "--junit", str(out / "junit.xml"),
+            "--plot", str(out / "run.png")]
+
+
+#: The module's soaks, each independent of the others: run side by side once (``run_clis``).
+SOAKS = {
+    "run": lambda out: ["--steps", "300", "--every", "50"],
+    "param-rebind": lambda out: _injected("param-rebind", out),
+    "tie-after-optimizer": lambda out: _injected("tie-after-optimizer", out),
+    "life": lambda out: ["--steps", "240", "--every", "60", "--eval-every", "50", "--checkpoint-every", "70",
+                         "--resume-at", "150"],
+    "to": lambda out: ["--steps", "200", "--every", "50", "--inject", "module-to-after-optimizer@60"],
+}
+
+
+@pytest.fixture(scope="module")
+def soaks(tmp_path_factory) -> dict[str, tuple[Path, int, str]]:
+    """{name: (run directory, exit code, stdout)} of :data:`SOAKS`."""
+    root = tmp_path_factory.mktemp("soaks")
+    done = run_clis({name: ["soak", "-q", *args(root / name), "--out", str(root / name), *SMALL]
+                     for name, args in SOAKS.items()})
+    return {name: (root / name, rc, stdout) for name, (rc, stdout, _) in done.items()}
+
+
+def test_clean_soak_writes_the_run_dir_and_the_loss_falls(soaks):
+    out, rc, stdout = soaks["run"]
     assert rc == exitcodes.CLEAN, stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "clean" and summary["findings"] == 0 and summary["last_step"] == 300
@@ -42,11 +66,8 @@ def test_clean_soak_writes_the_run_dir_and_the_loss_falls(tmp_path):
     ("param-rebind", {"OC101", "OC102", "OC104"}),
     ("tie-after-optimizer", {"OC101"}),
 ])
-def test_injected_fault_is_flagged_at_its_step(tmp_path, scenario, expected):
-    out = tmp_path / scenario
-    rc, stdout, _ = run_cli(["soak", "-q", "--steps", "200", "--every", "50", "--inject", f"{scenario}@120",
-                             "--out", str(out), "--junit", str(out / "junit.xml"), "--plot", str(out / "run.png"),
-                             *SMALL])
+def test_injected_fault_is_flagged_at_its_step(soaks, scenario, expected):
+    out, rc, stdout = soaks[scenario]
     assert rc == exitcodes.FINDINGS, stdout
     import xml.etree.ElementTree as ET
 
@@ -64,20 +85,16 @@ def test_injected_fault_is_flagged_at_its_step(tmp_path, scenario, expected):
     assert all(code in stdout for code in expected)
 
 
-def test_lifecycle_events_stay_silent(tmp_path):
-    out = tmp_path / "life"
-    rc, stdout, _ = run_cli(["soak", "-q", "--steps", "240", "--every", "60", "--eval-every", "50",
-                             "--checkpoint-every", "70", "--resume-at", "150", "--out", str(out), *SMALL])
+def test_lifecycle_events_stay_silent(soaks):
+    out, rc, stdout = soaks["life"]
     assert rc == exitcodes.CLEAN, stdout
     kinds = [e.get("name") for e in lines(out / "events.jsonl") if e["kind"] == "lifecycle"]
     assert kinds.count("eval") == 4 and kinds.count("checkpoint") == 3 and kinds.count("resume") == 1
 
 
-def test_crash_in_training_is_reported_with_lead_time(tmp_path):
-    out = tmp_path / "to"
-    rc, stdout, _ = run_cli(["soak", "-q", "--steps", "200", "--every", "50", "--inject",
-                             "module-to-after-optimizer@60", "--out", str(out), *SMALL])
-    assert rc == exitcodes.CRASHED
+def test_crash_in_training_is_reported_with_lead_time(soaks):
+    out, rc, stdout = soaks["to"]
+    assert rc == exitcodes.CRASHED, stdout
     s = json.loads((out / "summary.json").read_text())
     assert s["status"] == "crashed" and s["crash"]["step"] == 60 and s["crash"]["exc_type"] == "RuntimeError"
     assert "dtype" in s["crash"]["message"]

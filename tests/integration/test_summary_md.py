@@ -8,15 +8,34 @@ import sys
 
 import pytest
 
-from conftest import SMALL, run_cli
+from conftest import SMALL, run_cli, run_clis
 from optcheck import exitcodes
 
 
-def test_clean_soak_writes_a_markdown_summary(tmp_path):
-    out, md = tmp_path / "run", tmp_path / "summary.md"
-    rc, stdout, _ = run_cli(["soak", "-q", "--steps", "60", "--every", "20", "--val-every", "30",
-                             "--out", str(out), "--summary-md", str(md), "--plot", str(tmp_path / "run.png"),
-                             *[a for a in SMALL if a not in ("--val-every", "100")]])
+@pytest.fixture(scope="module")
+def soaks(tmp_path_factory):
+    """The module's three soaks, independent of each other, run side by side once:
+    {name: (folder holding run/ and the Markdown file, exit code, stdout)}."""
+    root = tmp_path_factory.mktemp("summary_md")
+    clean, fault, gh = root / "clean", root / "fault", root / "gh"
+    for d in (clean, fault, gh):
+        d.mkdir()
+    (gh / "step_summary").write_text("# earlier step\n", encoding="utf-8")
+    done = run_clis({
+        "clean": ["soak", "-q", "--steps", "60", "--every", "20", "--val-every", "30", "--out", str(clean / "run"),
+                  "--summary-md", str(clean / "summary.md"), "--plot", str(clean / "run.png"),
+                  *[a for a in SMALL if a not in ("--val-every", "100")]],
+        "fault": ["soak", "-q", "--steps", "60", "--every", "20", "--inject", "param-rebind@40",
+                  "--out", str(fault / "run"), "--summary-md", str(fault / "summary.md"), *SMALL],
+        "gh": (["soak", "-q", "--steps", "20", "--every", "10", "--out", str(gh / "run"),
+                "--summary-md", str(gh / "step_summary"), *SMALL], {"GITHUB_STEP_SUMMARY": str(gh / "step_summary")}),
+    })
+    return {name: (root / name, rc, stdout) for name, (rc, stdout, _) in done.items()}
+
+
+def test_clean_soak_writes_a_markdown_summary(soaks):
+    tmp_path, rc, stdout = soaks["clean"]
+    md = tmp_path / "summary.md"
     assert rc == exitcodes.CLEAN, stdout
     text = md.read_text(encoding="utf-8")
     assert text.startswith("## ✅ optcheck soak: CLEAN (exit 0)")
@@ -27,10 +46,9 @@ def test_clean_soak_writes_a_markdown_summary(tmp_path):
     assert "![loss, step time and memory](run.png)" in text  # relative to the Markdown file
 
 
-def test_planted_fault_names_code_step_and_parameter(tmp_path):
-    out, md = tmp_path / "run", tmp_path / "summary.md"
-    rc, stdout, _ = run_cli(["soak", "-q", "--steps", "60", "--every", "20", "--inject", "param-rebind@40",
-                             "--out", str(out), "--summary-md", str(md), *SMALL])
+def test_planted_fault_names_code_step_and_parameter(soaks, tmp_path):
+    folder, rc, stdout = soaks["fault"]
+    out, md = folder / "run", folder / "summary.md"
     assert rc == exitcodes.FINDINGS, stdout
     text = md.read_text(encoding="utf-8")
     assert text.startswith("## ❌ optcheck soak: FINDINGS (exit 1)")
@@ -49,12 +67,9 @@ def test_planted_fault_names_code_step_and_parameter(tmp_path):
         {"OC101", "OC102", "OC104"}
 
 
-def test_github_step_summary_is_appended_to(tmp_path, monkeypatch):
-    out, md = tmp_path / "run", tmp_path / "step_summary"
-    md.write_text("# earlier step\n", encoding="utf-8")
-    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(md))
-    rc, stdout, _ = run_cli(["soak", "-q", "--steps", "20", "--every", "10", "--out", str(out),
-                             "--summary-md", str(md), *SMALL])
+def test_github_step_summary_is_appended_to(soaks):
+    folder, rc, stdout = soaks["gh"]
+    md = folder / "step_summary"  # written with GITHUB_STEP_SUMMARY set to it
     assert rc == exitcodes.CLEAN, stdout
     text = md.read_text(encoding="utf-8")
     assert text.startswith("# earlier step\n## ✅ optcheck soak: CLEAN")

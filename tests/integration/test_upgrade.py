@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import xmlschema
 
-from conftest import run_cli
+from conftest import run_cli, run_clis
 from optcheck import exitcodes
 from optcheck.compare import compare_runs
 from optcheck.verdict import DIVERGED, IDENTICAL, WITHIN_NOISE
@@ -24,14 +24,12 @@ STEPS = ["--steps", "60", "--every", "10", "--val-every", "0", "--seed", "7"]
 @pytest.fixture(scope="module")
 def soaks(tmp_path_factory):
     root = tmp_path_factory.mktemp("verdict")
-    runs = {}
-    for name, extra in (("base", []), ("again", []), ("threads2", ["--threads", "2"]), ("lr1.2", ["--lr", "0.0012"]),
-                        ("lr1.01", ["--lr", "0.00101"]), ("perturb", ["--inject", "perturb-param@25"])):
-        out = root / name
-        rc, stdout, stderr = run_cli(["soak", "-q", "--out", str(out), *STEPS, *extra])
+    extras = {"base": [], "again": [], "threads2": ["--threads", "2"], "lr1.2": ["--lr", "0.0012"],
+              "lr1.01": ["--lr", "0.00101"], "perturb": ["--inject", "perturb-param@25"]}
+    done = run_clis({name: ["soak", "-q", "--out", str(root / name), *STEPS, *extra] for name, extra in extras.items()})
+    for rc, stdout, stderr in done.values():
         assert rc == exitcodes.CLEAN, stdout + stderr
-        runs[name] = out
-    return runs
+    return {name: root / name for name in extras}
 
 
 def test_same_run_twice_is_identical(soaks):
@@ -123,9 +121,9 @@ def test_seed_bands(tmp_path):
     """soak --seeds writes one run per seed; compare judges the candidate seeds against the
     baseline seeds' band: other seeds pass, a 10x learning rate does not."""
     small = ["-q", "--steps", "40", "--every", "20", "--n-layer", "1", "--n-embd", "32", "--val-every", "0"]
-    for name, extra in (("base", ["--seeds", "1,2,3"]), ("same", ["--seeds", "4"]),
-                        ("lr10", ["--seeds", "4", "--lr", "0.01"])):
-        rc, stdout, stderr = run_cli(["soak", *small, "--out", str(tmp_path / name), *extra])
+    extras = {"base": ["--seeds", "1,2,3"], "same": ["--seeds", "4"], "lr10": ["--seeds", "4", "--lr", "0.01"]}
+    done = run_clis({name: ["soak", *small, "--out", str(tmp_path / name), *extra] for name, extra in extras.items()})
+    for rc, stdout, stderr in done.values():
         assert rc == exitcodes.CLEAN, stdout + stderr
     assert sorted(p.name for p in (tmp_path / "base").iterdir()) == ["seed-1", "seed-2", "seed-3"]
     rc, stdout, _ = run_cli(["compare", "--window", "10", str(tmp_path / "base"), str(tmp_path / "same")])

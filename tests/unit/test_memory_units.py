@@ -33,3 +33,10 @@ def test_format_helpers():
     assert format_bytes(-3 * 2**20) == "-3 MiB"
     assert format_steps(183_417.4) == "183,417"
     assert round_sig(183_417) == 183_000 and round_sig(0) == 0 and round_sig(0.012345, 2) == 0.012
+
+
+def test_format_bytes_of_a_non_finite_value_is_readable():
+    # a summary whose peak RSS was recorded as "inf" crashed render_summary with OverflowError
+    assert format_bytes(float("inf")) == "inf B"
+    assert format_bytes(float("-inf")) == "-inf B"
+    assert format_bytes(float("nan")) == "nan B"

@@ -68,3 +68,27 @@ def test_bad_inputs(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(InputError, match="--plot"):
         plot_run(run, tmp_path / "file" / "x.png")
+
+
+WITHOUT_MATPLOTLIB = """
+import sys
+sys.modules["matplotlib"] = None  # `import matplotlib` now raises ImportError, as when it is not installed
+from optcheck.cli import main
+sys.argv = ["optcheck", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("command", [["soak", "-q", "--steps", "5"], ["history"]])
+def test_plot_without_matplotlib_is_one_line_before_anything_runs(tmp_path, command):
+    import subprocess
+    import sys
+
+    args = [*command, "--plot", str(tmp_path / "p.png")]
+    args += ["--out", str(tmp_path / "run")] if command[0] == "soak" else [str(tmp_path)]
+    proc = subprocess.run([sys.executable, "-c", WITHOUT_MATPLOTLIB, *args], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == ["optcheck: error: --plot needs matplotlib, which is not installed: "
+                                        "pip install 'optcheck[plot]' (or matplotlib)"]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "p.png").exists()

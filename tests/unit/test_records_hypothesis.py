@@ -1,4 +1,5 @@
-"""Property: `optcheck check` and `optcheck compare` never show a Python traceback,
+"""Property: `optcheck check` and `optcheck compare` never show a Python traceback (and the
+plot reads the records or raises one InputError line),
 whatever is in the record files; they exit 0, 1 or 2.
 
 The records are real: one short soak with a planted fault (so the stream has
@@ -109,10 +110,8 @@ def test_check_never_tracebacks_on_mutated_snapshots(real_run, tmp_path_factory,
     assert invoke(["check", str(work)]) in (0, 1, 2)
 
 
-@SETTINGS
-@given(data=st.data(), target=st.sampled_from(["metrics.jsonl", "findings.jsonl", "summary.json",
-                                               "snapshots.jsonl"]))
-def test_compare_never_tracebacks_on_mutated_records(real_run, tmp_path_factory, data, target):
+def mutated_copy(real_run: Path, tmp_path_factory, data, target: str) -> Path:
+    """A copy of the real run with record file ``target`` mutated."""
     b = tmp_path_factory.mktemp("b") / "run"
     shutil.copytree(real_run, b, ignore=shutil.ignore_patterns(".optcheck*", "work"))
     if target == "summary.json":
@@ -120,4 +119,28 @@ def test_compare_never_tracebacks_on_mutated_records(real_run, tmp_path_factory,
         (b / target).write_text(mutate_line(data, json.dumps(json.loads(text))))
     else:
         mutate_file(data, b / target)
+    return b
+
+
+RECORD_FILES = st.sampled_from(["metrics.jsonl", "findings.jsonl", "summary.json", "snapshots.jsonl"])
+
+
+@SETTINGS
+@given(data=st.data(), target=RECORD_FILES)
+def test_compare_never_tracebacks_on_mutated_records(real_run, tmp_path_factory, data, target):
+    b = mutated_copy(real_run, tmp_path_factory, data, target)
     assert invoke(["compare", str(real_run), str(b)]) in (0, 1, 2)
+
+
+@settings(SETTINGS, max_examples=12)
+@given(data=st.data(), target=RECORD_FILES)
+def test_plot_reads_mutated_records_or_says_why(real_run, tmp_path_factory, data, target):
+    """The plot reads through the same RunReader: a PNG, or one InputError line."""
+    from optcheck.errors import InputError
+    from optcheck.report.plot import plot_run
+
+    b = mutated_copy(real_run, tmp_path_factory, data, target)
+    try:
+        assert plot_run(b, b / "p.png", width_px=300).stat().st_size > 0
+    except InputError as e:
+        assert "\n" not in str(e)

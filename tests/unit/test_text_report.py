@@ -124,3 +124,8 @@ def test_held_out_of_a_summary_without_steps():
     line = _loss_line(rec)
     assert line.endswith("held-out 2.2846") and "->" not in line.split("held-out")[1]
     assert _loss_line({**BASE, "val_loss_first": None, "val_loss_last": None}).endswith("1.5503")
+
+
+def test_a_non_finite_peak_rss_prints_instead_of_crashing():
+    text = render_summary({**BASE, "peak_rss_bytes": float("inf")}, [])
+    assert "  peak RSS     inf B" in text.splitlines()

@@ -1,0 +1,259 @@
+"""Reading a run directory back: the one reader behind ``check``, ``compare``,
+the run plot, ``history`` and ``upgrade``. Torch-free.
+
+What a run directory holds, and who writes it, is in ``optcheck/report/rundir.py``
+and ``docs/run-directory.md``. :class:`RunReader` reads each file once, on first
+use, and checks every record against its published schema
+(``optcheck/schemas/``).
+
+The rule for a bad line (the same for every file and every command):
+
+* a line that is **not JSON** (the torn last line of a run killed mid-write,
+  a line torn by two writers, garbage bytes, nesting too deep for the parser)
+  is **skipped and reported**: it goes to :attr:`RunReader.defects` as
+  ``"metrics.jsonl:301: truncated last line (...)"``, the commands print it as
+  one ``note:`` line, and the rest of the file is read;
+* a line that **is JSON but of the wrong shape** (a field of the wrong type, a
+  required field missing) is bad input: :class:`InputError` naming the file,
+  the line and the field, exit 2 — the reader does not guess what it meant;
+* a record of a **newer schema version** than this optcheck knows, a path that
+  is **not a run directory**, and a run directory with **no record in it** are
+  bad input too: one line, exit 2.
+
+Non-finite numbers are written as the strings ``"nan"``, ``"inf"``, ``"-inf"``
+(``optcheck.snapshot.dumps``; strict JSON has no NaN) and read back with
+:func:`optcheck.snapshot.to_float`; ``null`` means "not recorded".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from functools import cached_property
+from pathlib import Path
+
+from optcheck.errors import InputError
+from optcheck.snapshot import SCHEMA_DIR, SchemaError, StreamDefect, read_jsonl, read_records, read_snapshots, \
+    to_float, validate_record
+
+#: The record files; a directory holding none of them is not a run directory.
+RECORD_FILES = ("summary.json", "snapshots.jsonl", "metrics.jsonl", "findings.jsonl")
+_VERSION = re.compile(r"^optcheck\.(\w+)/(\d+)$")
+
+
+def known_version(kind: str) -> int:
+    """The newest schema version of ``kind`` ("summary", "snapshot") this optcheck
+    reads: the highest N of ``optcheck/schemas/<kind>-N.json``."""
+    return max((int(p.stem.rsplit("-", 1)[1]) for p in SCHEMA_DIR.glob(f"{kind}-*.json")
+                if p.stem.rsplit("-", 1)[1].isdecimal()), default=1)
+
+
+def check_version(record, kind: str, where: str) -> None:
+    """Refuse a record whose ``schema`` is a newer ``optcheck.<kind>/N`` than
+    :func:`known_version` (a record without a ``schema`` is left to validation).
+
+    Raises:
+        InputError: ``"<where>: written by a newer optcheck (optcheck.summary/2); this one
+            reads optcheck.summary/1 at most: upgrade optcheck to read it"``.
+    """
+    schema = record.get("schema") if isinstance(record, dict) else None
+    m = _VERSION.match(schema) if isinstance(schema, str) else None
+    if m and m.group(1) == kind and int(m.group(2)) > known_version(kind):
+        raise InputError(f"{where}: written by a newer optcheck ({schema}); this one reads "
+                         f"optcheck.{kind}/{known_version(kind)} at most: upgrade optcheck to read it")
+
+
+class RunReader:
+    """One run directory (``optcheck soak --out`` or ``optcheck.Monitor(out=)``), read back.
+
+    Args:
+        path: the run directory.
+        allow_stream: also accept a ``snapshots.jsonl`` file alone (``optcheck
+            check``); its directory is then read for nothing else.
+        purpose: what the caller does with it ("plot", "compare"...), named by
+            the error for an empty run directory ("nothing to plot: ...").
+
+    Attributes:
+        path: the run directory.
+        defects: lines skipped because they were not JSON, as
+            ``"<file>:<line>: <reason>"`` (filled as files are read).
+
+    Raises:
+        InputError: ``path`` does not exist ("no such run directory"), is a file
+            or a directory holding none of :data:`RECORD_FILES` ("not a run
+            directory"), or holds them all empty and no ``summary.json``
+            ("nothing to <purpose>: an empty run directory").
+    """
+
+    def __init__(self, path: str | os.PathLike, *, allow_stream: bool = False, purpose: str = "read"):
+        p = Path(path)
+        self.stream_only = allow_stream and p.is_file()
+        self.path = p.parent if self.stream_only else p
+        self._snapshots_path = p if self.stream_only else p / "snapshots.jsonl"
+        self.defects: list[str] = []
+        if self.stream_only:
+            return
+        if not p.is_dir():
+            raise InputError(f"{path}: not a run directory (a file; give its folder)" if p.exists()
+                             else f"{path}: no such run directory")
+        present = [n for n in RECORD_FILES if (p / n).is_file()]
+        if not present:
+            raise InputError(f"{path}: not a run directory (none of {', '.join(RECORD_FILES)} in it); give the "
+                             f"--out directory of `optcheck soak` or of an optcheck.Monitor")
+        if "summary.json" not in present and all((p / n).stat().st_size == 0 for n in present):
+            raise InputError(f"{path}: nothing to {purpose}: an empty run directory ({', '.join(present)} "
+                             f"hold no record; the run stopped before its first step?)")
+
+    def has(self, name: str) -> bool:
+        """Whether the run directory holds record file ``name``."""
+        return not self.stream_only and (self.path / name).is_file()
+
+    # -- the files -------------------------------------------------------------
+    @cached_property
+    def summary(self) -> dict:
+        """``summary.json`` checked against ``optcheck/schemas/summary-1.json``; ``{}`` when absent.
+
+        Raises:
+            InputError: unreadable, not JSON, of a newer schema, or of the wrong shape (names the field).
+        """
+        if not self.has("summary.json"):
+            return {}
+        p = self.path / "summary.json"
+        try:
+            s = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as e:
+            raise InputError(f"{p}: unreadable ({type(e).__name__}: {str(e)[:120]})") from None
+        if not isinstance(s, dict):
+            raise InputError(f"{p}: (the record): a summary is a JSON object, not a {type(s).__name__}")
+        check_version(s, "summary", str(p))
+        try:
+            return validate_record(s, "summary")
+        except SchemaError as e:
+            raise InputError(f"{p}: {e}") from None
+
+    @cached_property
+    def metrics(self) -> list[dict]:
+        """``metrics.jsonl`` (``{"step", "loss", "step_time_s"}`` a line), checked against
+        ``optcheck/schemas/metrics-1.json``; ``[]`` when absent. Raises InputError (wrong shape)."""
+        return self._records("metrics.jsonl", "metrics")
+
+    @cached_property
+    def findings(self) -> list[dict]:
+        """``findings.jsonl`` as finding dicts, checked against ``optcheck/schemas/finding-1.json``;
+        ``[]`` when absent. Raises InputError (wrong shape)."""
+        return self._records("findings.jsonl", "finding")
+
+    @cached_property
+    def snapshots(self) -> list[dict]:
+        """``snapshots.jsonl``, every line checked against ``optcheck/schemas/snapshot-1.json``;
+        ``[]`` when absent.
+
+        Raises:
+            InputError: a newer snapshot schema, or a record of the wrong shape
+                (``"<file>:<line>: <field>: <what is wrong>"``).
+        """
+        p = self._snapshots_path
+        if not p.is_file():
+            return []
+        first = next(iter(read_jsonl(p, defects=[])), None)
+        check_version(first, "snapshot", str(p))
+        defects: list[StreamDefect] = []
+        try:
+            snaps = read_snapshots(p, defects)
+        except SchemaError as e:
+            raise InputError(f"{e} (schema: optcheck/schemas/snapshot-1.json)") from None
+        except OSError as e:
+            raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
+        self._note(p.name, defects)
+        return snaps
+
+    def _records(self, name: str, kind: str) -> list[dict]:
+        if not self.has(name):
+            return []
+        p = self.path / name
+        defects: list[StreamDefect] = []
+        try:
+            out = read_records(p, kind, defects)
+        except SchemaError as e:
+            raise InputError(str(e)) from None
+        except OSError as e:
+            raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
+        self._note(name, defects)
+        return out
+
+    def _note(self, name: str, defects: list[StreamDefect]) -> None:
+        self.defects += [f"{name}:{d.line}: {d.reason}" for d in defects]
+
+    # -- what the commands derive ----------------------------------------------
+    @cached_property
+    def losses(self) -> dict[int, float]:
+        """``{step: training loss}`` of ``metrics.jsonl`` (the last record of a step wins;
+        NaN/inf kept, a step without a loss left out)."""
+        out: dict[int, float] = {}
+        for rec in self.metrics:
+            loss = to_float(rec.get("loss"))
+            if loss is not None:
+                out[rec["step"]] = loss
+        return out
+
+    @cached_property
+    def step_times(self) -> list[float]:
+        """The finite, positive ``step_time_s`` values of ``metrics.jsonl``, in seconds."""
+        times = (to_float(r.get("step_time_s")) for r in self.metrics)
+        return [t for t in times if t is not None and math.isfinite(t) and t > 0]
+
+    def peak_rss_bytes(self) -> float | None:
+        """The summary's ``peak_rss_bytes``, else the largest finite ``memory.rss_bytes`` of the snapshots."""
+        peak = self.summary.get("peak_rss_bytes")
+        if isinstance(peak, (int, float)) and not isinstance(peak, bool):
+            return float(peak)
+        values = [to_float((s.get("memory") or {}).get("rss_bytes")) for s in self.snapshots]
+        finite = [v for v in values if v is not None and math.isfinite(v)]
+        return max(finite) if finite else None
+
+    def versions(self) -> dict[str, str]:
+        """Library versions: the summary's, else the first snapshot's (``{}`` when neither has them)."""
+        v = self.summary.get("versions") or next((s["versions"] for s in self.snapshots
+                                                  if isinstance(s.get("versions"), dict)), {})
+        return {str(k): str(x) for k, x in v.items()}
+
+    def notes(self) -> list[str]:
+        """One line per skipped line: ``"<dir>/<file>:<line>: <reason>; skipped, the rest was read"``."""
+        return [f"{self.path / d}; skipped, the rest was read" for d in self.defects]
+
+
+def run_dirs(paths) -> list[Path]:
+    """Run directories named by ``paths``: each is a run directory (has a
+    ``summary.json``) or a folder whose immediate subfolders holding one are
+    taken, in name order. Duplicates are dropped, order kept.
+
+    Raises:
+        InputError: a path that does not exist, or a folder with no run in it.
+    """
+    found: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if (p / "summary.json").is_file():
+            runs = [p]
+        elif p.is_dir():
+            runs = sorted(c for c in p.iterdir() if (c / "summary.json").is_file())
+            if not runs:
+                raise InputError(f"{raw}: no run directory in it (no summary.json in it or its subfolders)")
+        else:
+            raise InputError(f"{raw}: no such run directory")
+        found += [r for r in runs if r not in found]
+    return found
+
+
+def read_summary(path: str | os.PathLike) -> dict:
+    """The checked ``summary.json`` of run directory ``path`` (:attr:`RunReader.summary`).
+
+    Raises:
+        InputError: not a run directory, no ``summary.json``, or as :attr:`RunReader.summary`.
+    """
+    r = RunReader(path)
+    if not r.has("summary.json"):
+        raise InputError(f"{path}: not a run directory (no summary.json)")
+    return r.summary
