@@ -250,7 +250,8 @@ def compare_with_baseline(run: str | os.PathLike, baseline: Baseline | str | os.
             model or on another corpus), or they share no step.
     """
     from optcheck.compare import DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_WINDOW, _difference, compare_losses, \
-        read_run, read_snapshots
+        read_run
+    from optcheck.report.reader import RunReader
     from optcheck.report.reader import read_summary
     from optcheck.units import format_bytes
     from optcheck.verdict import judge, judge_seed_band, same_batches, seed_band
@@ -310,7 +311,7 @@ def compare_with_baseline(run: str | os.PathLike, baseline: Baseline | str | os.
         top, how = ref + band_half, f"baseline {ref:.4f} + tolerance {atol:g} + {rtol:.0%}"
         smoothed = compare_losses(losses[0], loss, rtol=rtol, atol=atol, window=window)
         res.verdict = judge(losses[0], loss, same_seed=same_batches(b.summaries[0], summary),
-                            snaps_a=read_snapshots(b.runs[0]), snaps_b=read_snapshots(run),
+                            snaps_a=RunReader(b.runs[0]).snapshots, snaps_b=RunReader(run).snapshots,
                             summary_a=b.summaries[0], summary_b=summary, smoothed=smoothed)
     w = min(window, len(common))
     res.checks.append(Check("loss", REGRESSION if mine > top or not math.isfinite(mine) else OK,

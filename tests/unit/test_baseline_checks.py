@@ -139,7 +139,7 @@ def test_new_findings_below_fail_on_are_listed_not_failed(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["/nonexistent/run", str(N1)], "/nonexistent/run: not a run directory (no summary.json)"),
+    (["/nonexistent/run", str(N1)], "/nonexistent/run: no such run directory"),
     ([str(N2), "/nonexistent/base"], "--baseline /nonexistent/base: no such run directory"),
     ([str(N2), str(N1), "--memory-tolerance", "-1"], "--memory-tolerance -1: a fraction >= 0"),
     ([str(N2), str(N1), "--summary-md", "/nonexistent/dir/s.md"], "--summary-md /nonexistent/dir/s.md: the folder"),
