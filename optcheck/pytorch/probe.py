@@ -24,6 +24,7 @@ import psutil
 import torch
 
 from optcheck import heap
+from optcheck.distributed.shards import local  # FSDP2: a DTensor's shard on this rank
 
 _PROC = psutil.Process()
 
@@ -129,10 +130,10 @@ def params(model: torch.nn.Module) -> list[dict]:
     for _, p in named:
         unique.setdefault(id(p), p)
     tensors = list(unique.values())
-    grads = [p.grad if p.is_leaf else None for p in tensors]  # .grad on a non-leaf warns and is None
+    grads = [local(p.grad) if p.is_leaf else None for p in tensors]  # .grad on a non-leaf warns and is None
     norms = dict(zip(unique, _norms(grads)))
-    value_norms = dict(zip(unique, _norms([p.detach() for p in tensors])))
-    sums = {id(p): _checksum(p) for p in tensors}
+    value_norms = dict(zip(unique, _norms([local(p).detach() for p in tensors])))
+    sums = {id(p): _checksum(local(p)) for p in tensors}
     checks = _values({k: c.long() for k, c in sums.items() if c is not None})
     return [{
         "name": name, "ref": id(p), "data_ptr": p.data_ptr(), "shape": list(p.shape),
@@ -167,7 +168,7 @@ def state(optimizer: torch.optim.Optimizer) -> tuple[list[dict], int]:
         for k, v in s.items():
             if isinstance(v, torch.Tensor):
                 tensors[k] = {"shape": list(v.shape), "dtype": dtype_name(v.dtype)}
-                nbytes += v.numel() * v.element_size()
+                nbytes += local(v).numel() * v.element_size()  # FSDP2: the bytes this rank holds
                 if k == "step":
                     step = int(v.item())
             elif k == "step" and isinstance(v, (int, float)):
