@@ -6,7 +6,9 @@ clean; a rank without a summary counts as "crashed" and is listed in
 ``missing_ranks``), ``exit_code`` the highest, ``findings`` the count over all ranks
 (cross-rank findings, which every rank records, counted once: same code, step of
 rank 0 and message), ``last_step`` the lowest, ``ranks`` one entry per rank
-(status, exit code, last step, findings, crash), ``first_finding`` the earliest.
+(status, exit code, last step, findings, crash), ``first_finding`` the earliest,
+``crash`` one rank's crash (with its ``rank``), preferring a rank's own exception
+over the collective error or timeout it left the other ranks in.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from optcheck import exitcodes
 
 _ORDER = ("clean", "running", "findings", "stopped", "crashed")
+_KNOCK_ON = ("Timed out", "Connection closed", "Connection reset", "no summary.json")  # a peer died
 
 
 def read_rank(out: Path, rank: int) -> dict | None:
@@ -71,7 +74,10 @@ def merged(out: Path, world: int) -> dict:
     steps = [p["last_step"] for p in per if isinstance(p["last_step"], int)]
     codes = [p["exit_code"] for p in per if isinstance(p["exit_code"], int)]
     first = min(findings, key=lambda f: (f.get("step", 0), f.get("rank", 0))) if findings else None
-    crash = next((dict(p["crash"], rank=p["rank"]) for p in per if p.get("crash")), None)
+    crashes = [dict(p["crash"], rank=p["rank"]) for p in per if p.get("crash")]
+    # the root cause first: a rank's own exception, not the collective timeout it left the others in
+    crashes.sort(key=lambda c: any(w in str(c.get("message", "")) for w in _KNOCK_ON))
+    crash = crashes[0] if crashes else None
     return {"run": Path(out).name, "backend": "pytorch", "source": "distributed", "world": world,
             "status": status, "exit_code": max(codes + ([exitcodes.CRASHED] if missing else [])),
             "last_step": min(steps) if steps else 0, "findings": len(findings), "findings_by_code": by_code,
@@ -91,5 +97,7 @@ def write_merged(out: Path, world: int) -> dict:
 def ranks_in(message: str, me: int, world: int) -> list[int]:
     """Rank numbers a gloo ``monitored_barrier`` error names ("Rank 1 failed to pass
     monitoredBarrier"), without ``me``; every other rank when it names none."""
-    found = sorted({int(m) for m in re.findall(r"[Rr]anks? \[?(\d+)", message) if int(m) != me and int(m) < world})
+    named = re.search(r"Ranks? \[?([\d,\s]+?)\]? failed to pass", message)  # ProcessGroupGloo.cpp's wording
+    found = sorted({int(m) for m in re.findall(r"\d+", named.group(1))} - {me}) if named else []
+    found = [r for r in found if r < world]
     return found or [r for r in range(world) if r != me]

@@ -44,57 +44,64 @@ class Net(nn.Module):
         return self.extra(y) if self.use_extra else y
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("--kind", default="ddp", choices=["ddp", "fsdp"])
-    ap.add_argument("--scenario", default="clean")
-    ap.add_argument("--at", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--every", type=int, default=1)
-    ap.add_argument("--timeout", type=float, default=20.0)
-    a = ap.parse_args()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.timeout))
+def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str) -> int:
+    """One training loop of ``scenario`` under a Monitor writing to ``out``; its exit code."""
     rank = dist.get_rank()
     torch.manual_seed(0)
-    net = Net(bn=a.scenario == "buffers")
-    if a.scenario == "unused":
+    net = Net(bn=scenario == "buffers")
+    if scenario == "unused":
         net.use_extra = False
-    if a.kind == "fsdp":
+    if kind == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
         model = fully_shard(net)
     else:
         model = nn.parallel.DistributedDataParallel(
-            net, find_unused_parameters=a.scenario == "unused-rank1",
-            **({"broadcast_buffers": False} if a.scenario == "buffers" else {}))
+            net, find_unused_parameters=scenario == "unused-rank1",
+            **({"broadcast_buffers": False} if scenario == "buffers" else {}))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own batches, as a DistributedSampler
-    mon = optcheck.Monitor(model, opt, every=a.every, out=a.out, on_finding="log")
-    for it in range(1, a.steps + 1):
-        odd = rank == 1 and it == a.at
-        if odd and a.scenario == "lr":
+    mon = optcheck.Monitor(model, opt, every=every, out=out, on_finding="log")
+    for it in range(1, steps + 1):
+        odd = rank == 1 and it == at
+        if odd and scenario == "lr":
             opt.param_groups[0]["lr"] *= 10
-        if odd and a.scenario == "kill":
+        if odd and scenario == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        if odd and a.scenario == "hang":
+        if odd and scenario == "hang":
             time.sleep(3600)
-        if rank == 1 and it >= a.at and a.scenario == "unused-rank1":
+        if rank == 1 and it >= at and scenario == "unused-rank1":
             net.use_extra = False
         x = torch.randn(8, 8, generator=gen)
-        sync = a.scenario == "nosync" and it >= a.at
+        sync = scenario == "nosync" and it >= at
         with model.no_sync() if sync else contextlib.nullcontext():
             loss = model(x).pow(2).mean()
             loss.backward()
-        if odd and a.scenario == "replace":
+        if odd and scenario == "replace":
             net.fc2.weight = nn.Parameter(net.fc2.weight.detach().clone())
-        if not (odd and a.scenario == "skipstep"):
+        if not (odd and scenario == "skipstep"):
             opt.step()
         opt.zero_grad()
-    code = mon.close()["exit_code"]
+    return mon.close()["exit_code"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--kind", default="ddp", choices=["ddp", "fsdp"])
+    ap.add_argument("--scenario", default="clean", help="one, or several comma-separated: each into OUT/<name>")
+    ap.add_argument("--at", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--every", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=20.0)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.timeout))
+    names = a.scenario.split(",")
+    codes = [run(n, a.kind, a.at, a.steps, a.every, os.path.join(a.out, n) if len(names) > 1 else a.out)
+             for n in names]
     dist.destroy_process_group()
-    return code
+    return max(codes)
 
 
 if __name__ == "__main__":
