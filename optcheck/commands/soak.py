@@ -128,10 +128,13 @@ def register(group: click.Group) -> None:
     @click.option("--summary-md", "summary_md", type=click.Path(dir_okay=False), default=None,
                   help="Also write a Markdown report (e.g. $GITHUB_STEP_SUMMARY; appended to when it is that file).")
     @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+    @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
+                  help="Ranks: >= 2 runs the GPT under DDP with torch.distributed.run (gloo), one run "
+                       "directory per rank in --out/rank-K (optcheck/distributed/).")
     def soak(steps, every, seed, seeds, python, data, vocab_size, out, injects, fail_on, backend, same_init, threads, stop_on_finding,
              no_hazards, allow_inplace, val_every, eval_every, checkpoint_every, resume_at, memory_budget, lr,
              optimizer, n_layer, n_embd, n_head, block_size, batch_size, dotnet_runtime, torchsharp,
-             dotnet_assembly, dotnet_trainer, dotnet_root, force, step_timeout, ignores, junit, plot, summary_md, quiet):
+             dotnet_assembly, dotnet_trainer, dotnet_root, force, step_timeout, ignores, junit, plot, summary_md, quiet, nproc):
         """Soak-test a GPT training run and flag inconsistencies at the step they happen.
 
         Runs the training in a worker process, takes a snapshot every --every steps
@@ -163,6 +166,11 @@ def register(group: click.Group) -> None:
             checkpoint_every=checkpoint_every, resume_at=resume_at, lr=lr, n_layer=n_layer, n_embd=n_embd,
             n_head=n_head, block_size=block_size, batch_size=batch_size, step_timeout_s=step_timeout, extra=extra)
         cfg.validate()  # every option before anything is created
+        from optcheck.distributed.cli import dispatch  # optcheck.distributed hook: --nproc
+
+        if (code := dispatch(cfg, nproc, out, fail_on=fail_on, quiet=quiet, force=force, print_summary=_print_summary,
+                             other_options=bool(seeds or len(backends) > 1 or junit or plot or summary_md))) is not None:
+            return code
         for option, target in (("--junit", junit), ("--plot", plot), ("--summary-md", summary_md)):
             if target:
                 check_output_file(target, option, created_dir=out)
