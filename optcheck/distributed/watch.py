@@ -102,7 +102,7 @@ class RankWatch:
         return (self.iteration - 1) % self.every == 0 and self.lost is None
 
     def _exchange_now(self, step: int) -> bool:
-        it = self.iteration - 1
+        it = self.iteration  # 1-based number of the backward pass about to run (DDP) or just run (FSDP)
         t0 = time.perf_counter()
         try:
             self.pending = self.exchange(step, it)

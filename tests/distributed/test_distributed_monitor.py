@@ -163,3 +163,13 @@ def test_an_unused_parameter_under_ddp_is_OC706_one_forward_before_ddp_raises(tm
         assert s["crash"]["step"] == 2 and "Expected to have finished reduction" in s["crash"]["message"]
         assert s["lead_time"]["finding"] == "OC706 ddp-unused-param" and s["lead_time"]["predicted"]
     assert merged(tmp_path)["exit_code"] == 3
+
+
+def test_a_rank_killed_under_the_monitor_is_OC707_naming_it(tmp_path):
+    proc = torchrun(tmp_path, "--scenario", "kill", "--timeout", "10")
+    assert proc.returncode != 0
+    f = first(tmp_path, 0, "OC707")
+    assert f["step"] == 4 and f["detail"]["ranks"] == [1] and "rank(s) 1 stopped answering" in f["message"]
+    s = merged(tmp_path)
+    assert s["status"] == "crashed" and s["exit_code"] == 3 and s["ranks"][1]["status"] == "running"
+    assert json.loads((tmp_path / "rank-0" / "summary.json").read_text())["crash"]["step"] == 4
