@@ -23,9 +23,16 @@ def attach(model, optimizer, every: int):
     ``torch.distributed`` is not initialised or the job has one rank.
 
     Collective: every rank must call it (the Monitor does, in its constructor) —
-    it creates the exchange's own gloo process group (``dist.new_group``)."""
+    it creates the exchange's own gloo process group (``dist.new_group``) and
+    compares the ranks' parameter names once. A job that watches some ranks only
+    sets ``OPTCHECK_DISTRIBUTED=0`` (then each Monitor is a one-process one: give
+    each rank its own ``out``)."""
+    import os
+
     import torch.distributed as dist
 
+    if os.environ.get("OPTCHECK_DISTRIBUTED", "1") == "0":
+        return None
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return None
     from optcheck.distributed.watch import RankWatch

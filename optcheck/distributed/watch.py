@@ -74,6 +74,19 @@ class RankWatch:
         self.out: Path | None = None
         self.cost_s = 0.0  # time spent in the exchange and its comparison (benchmarks/bench_distributed.py)
         self.exchanges = 0
+        self.disabled = self._check_layout()  # None, or why the ranks' tables cannot be compared
+
+    def _check_layout(self) -> str | None:
+        """One ``all_gather`` at attach: every rank's parameter and buffer names (a CRC-32 and
+        counts). Different layouts (pipeline stages, tensor parallelism) have rows of other
+        lengths, which one ``all_gather`` cannot exchange: the exchange is then off."""
+        mine = torch.tensor([len(self.params), len(self.buffers), table._crc([self.params, self.buffers])],
+                            dtype=torch.int64)
+        rows = [torch.empty_like(mine) for _ in range(self.world)]
+        dist.all_gather(rows, mine, group=self.group)
+        if all(bool((r == rows[0]).all()) for r in rows):
+            return None
+        return "the ranks hold different parameter or buffer names (not data parallel): no cross-rank exchange"
 
     def _hook(self, name: str):
         def hook(_param) -> None:
@@ -99,7 +112,7 @@ class RankWatch:
         return self.kind != "fsdp" and self._due() and self._exchange_now(step)
 
     def _due(self) -> bool:
-        return (self.iteration - 1) % self.every == 0 and self.lost is None
+        return (self.iteration - 1) % self.every == 0 and self.lost is None and self.disabled is None
 
     def _exchange_now(self, step: int) -> bool:
         it = self.iteration  # 1-based number of the backward pass about to run (DDP) or just run (FSDP)
@@ -140,6 +153,8 @@ class RankWatch:
         lost-rank event once."""
         if self.pending is not None:
             snap["ranks"] = self.pending
+        if self.disabled and snap.get("trigger") == "start":
+            snap.setdefault("notes", []).append(f"optcheck.distributed: {self.disabled}")
         if self.lost is not None and not self.lost.get("reported"):
             self.lost["reported"] = True
             detail = {k: v for k, v in self.lost.items() if k != "reported"}

@@ -9,7 +9,8 @@ learning rate x10), nosync (every iteration under ``no_sync()`` from then on),
 skipstep (rank 1 skips ``optimizer.step()``), unused (a layer no forward uses,
 DDP without ``find_unused_parameters``), unused-rank1 (rank 1 stops using a layer;
 ``find_unused_parameters=True``), buffers (BatchNorm, ``broadcast_buffers=False``),
-kill (rank 1 SIGKILLs itself), hang (rank 1 sleeps for good).
+kill (rank 1 SIGKILLs itself), hang (rank 1 sleeps for good), plain-mismatch (no
+DDP/FSDP and rank 1's model has a layer more: the exchange must switch itself off).
 Each rank exits with its Monitor's exit code.
 """
 
@@ -51,7 +52,11 @@ def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str) -> 
     net = Net(bn=scenario == "buffers")
     if scenario == "unused":
         net.use_extra = False
-    if kind == "fsdp":
+    if scenario == "plain-mismatch":  # not data parallel: rank 1's model has one layer more, no wrapper
+        if rank == 1:
+            net.fc3 = nn.Linear(4, 4)
+        model = net
+    elif kind == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
         model = fully_shard(net)
@@ -74,7 +79,7 @@ def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str) -> 
             net.use_extra = False
         x = torch.randn(8, 8, generator=gen)
         sync = scenario == "nosync" and it >= at
-        with model.no_sync() if sync else contextlib.nullcontext():
+        with model.no_sync() if sync and hasattr(model, "no_sync") else contextlib.nullcontext():
             loss = model(x).pow(2).mean()
             loss.backward()
         if odd and scenario == "replace":

@@ -67,8 +67,9 @@ def ddp(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def fsdp(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fsdp")
-    proc = torchrun(out, "--kind", "fsdp", "--scenario", "clean,lr,skipstep")
-    assert all((out / s / "summary.json").exists() for s in ("clean", "lr", "skipstep")), proc.stderr[-3000:]
+    proc = torchrun(out, "--kind", "fsdp", "--scenario", "clean,lr,skipstep,plain-mismatch")
+    assert all((out / s / "summary.json").exists() for s in ("clean", "lr", "skipstep", "plain-mismatch")), \
+        proc.stderr[-3000:]
     return out
 
 
@@ -173,3 +174,12 @@ def test_a_rank_killed_under_the_monitor_is_OC707_naming_it(tmp_path):
     s = merged(tmp_path)
     assert s["status"] == "crashed" and s["exit_code"] == 3 and s["ranks"][1]["status"] == "running"
     assert json.loads((tmp_path / "rank-0" / "summary.json").read_text())["crash"]["step"] == 4
+
+
+def test_ranks_with_different_models_switch_the_exchange_off_instead_of_hanging(fsdp):
+    run = fsdp / "plain-mismatch"
+    for rank in (0, 1):
+        snaps = [json.loads(line) for line in (run / f"rank-{rank}" / "snapshots.jsonl").read_text().splitlines()]
+        assert any("different parameter or buffer names" in n for n in snaps[0]["notes"])
+        assert not any("ranks" in s for s in snaps) and snaps[-1]["step"] == 8
+        assert not [f for f in findings(run, rank) if f["code"].startswith("OC70")]
