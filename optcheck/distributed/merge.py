@@ -32,6 +32,11 @@ def read_rank(out: Path, rank: int) -> dict | None:
         return None
 
 
+def all_final(out: Path, world: int) -> bool:
+    """True when every rank's ``summary.json`` exists with a final status (not "running")."""
+    return all((read_rank(out, r) or {}).get("status") not in (None, "running") for r in range(world))
+
+
 def read_findings(out: Path, rank: int) -> list[dict]:
     """Every readable line of ``out/rank-K/findings.jsonl`` (a torn last line is skipped)."""
     found = []
@@ -88,7 +93,7 @@ def write_merged(out: Path, world: int) -> dict:
     """Write :func:`merged` to ``out/summary.json`` atomically (temp file + rename); return it."""
     s = merged(out, world)
     path = Path(out) / "summary.json"
-    tmp = path.with_suffix(".json.tmp")
+    tmp = path.with_suffix(f".json.{os.getpid()}.tmp")  # ranks may merge at the same time
     tmp.write_text(json.dumps(s, indent=2, default=str) + "\n", encoding="utf-8")
     os.replace(tmp, path)
     return s

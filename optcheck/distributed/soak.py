@@ -116,7 +116,7 @@ def run_distributed_soak(cfg: SoakConfig, nproc: int, out: str | os.PathLike | N
                 time.sleep(POLL_S)
                 beats = heartbeats(out, nproc)
                 if beats:
-                    bar.update(min(s for s, _ in beats.values()), None, 0)
+                    bar.update(min(s for s, _ in beats.values()), None, _count_lines(out / "rank-0" / "findings.jsonl"))
                 if beats != last or len(beats) < nproc:  # the clock starts once every rank has begun step 1
                     last, last_t = beats, time.monotonic()
                 elif cfg.step_timeout_s and time.monotonic() - last_t > cfg.step_timeout_s:
@@ -167,6 +167,14 @@ def run_distributed_soak(cfg: SoakConfig, nproc: int, out: str | os.PathLike | N
     findings = [Finding.from_dict(f) for r in range(nproc) for f in merge.read_findings(out, r)
                 if r == 0 or not str(f.get("code", "")).startswith("OC70")]
     return SoakResult(summary=summary, findings=findings, exit_code=summary["exit_code"], out=out)
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
 
 
 def _hung_rank(beats: dict[int, tuple[int, int]], world: int) -> dict:

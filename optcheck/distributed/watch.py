@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -32,6 +33,9 @@ import torch.distributed as dist
 
 from optcheck.distributed import merge, table
 from optcheck.rules.crossrank import disagreements
+
+
+MERGE_WAIT_S = 15.0  # rank 0 waits this long at close for the other ranks' final summaries
 
 
 class RankWatch:
@@ -75,6 +79,7 @@ class RankWatch:
         self.cost_s = 0.0  # time spent in the exchange and its comparison (benchmarks/bench_distributed.py)
         self.exchanges = 0
         self.disabled = self._check_layout()  # None, or why the ranks' tables cannot be compared
+        self._sigterm = _catch_launcher_sigterm()
 
     def _check_layout(self) -> str | None:
         """One ``all_gather`` at attach: every rank's parameter and buffer names (a CRC-32 and
@@ -162,19 +167,24 @@ class RankWatch:
                                    "detail": detail})
 
     def close(self, summary: dict) -> None:
-        """After this rank's ``summary.json``: wait for the others (up to the timeout),
-        then rank 0 writes ``out/summary.json`` merged from every ``rank-K/summary.json``."""
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+        """After this rank's ``summary.json``: rank 0 writes ``out/summary.json`` merged
+        from every ``rank-K/summary.json`` at once, and again when the others have
+        finished theirs (waiting up to :data:`MERGE_WAIT_S`, not after a lost rank); a
+        rank that finishes after rank 0 rewrites it.
+        No collective here: a rank that stops early (an exception, ``on_finding="raise"``)
+        must not keep the others waiting, nor be kept."""
+        self.remove()
         if self.out is None:
             return
-        if self.lost is None:
-            try:
-                dist.barrier(group=self.group)
-            except RuntimeError:
-                pass  # a rank is gone: merge what is there
         if self.rank == 0:
+            merge.write_merged(self.out, self.world)  # at once: the launcher may stop this rank any moment now
+            deadline = time.monotonic() + (0 if self.lost else MERGE_WAIT_S)
+            while time.monotonic() < deadline:
+                if merge.all_final(self.out, self.world):
+                    merge.write_merged(self.out, self.world)
+                    break
+                time.sleep(0.1)
+        elif (merge.read_rank(self.out, 0) or {}).get("status") not in (None, "running"):
             merge.write_merged(self.out, self.world)
 
     # -- internals ---------------------------------------------------------------
@@ -201,7 +211,7 @@ class RankWatch:
         """Ranks that do not reach a ``monitored_barrier`` within a few seconds (gloo
         names them in its error); [] when it cannot tell."""
         try:
-            dist.monitored_barrier(group=self.group, timeout=datetime.timedelta(seconds=min(5, self.timeout_s)),
+            dist.monitored_barrier(group=self.group, timeout=datetime.timedelta(seconds=min(2, self.timeout_s)),
                                    wait_all_ranks=True)
         except RuntimeError as e:
             return merge.ranks_in(str(e), self.rank, self.world)
@@ -211,6 +221,31 @@ class RankWatch:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        if self._sigterm is not None and signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, self._sigterm)
+        self._sigterm = None
+
+
+class LauncherStopped(RuntimeError):
+    """``torch.distributed.run`` sent SIGTERM (another rank failed): raised in the main
+    thread so the Monitor records it as this rank's crash and writes its summary."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise LauncherStopped("SIGTERM from the launcher (torch.distributed.run stops every rank when one fails)")
+
+
+def _catch_launcher_sigterm():
+    """Under ``torch.distributed.run`` (``TORCHELASTIC_RUN_ID`` set), with SIGTERM at its
+    default and in the main thread: turn SIGTERM into :class:`LauncherStopped`. Returns
+    the previous handler to restore, or None when nothing was installed."""
+    import threading
+
+    if ("TORCHELASTIC_RUN_ID" not in os.environ or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        return None
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    return signal.SIG_DFL
 
 
 def _default_timeout_s() -> float:
