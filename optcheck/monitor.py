@@ -58,7 +58,7 @@ from typing import Any
 
 import torch
 
-from optcheck import exitcodes
+from optcheck import distributed, exitcodes
 from optcheck.engine import RuleEngine
 from optcheck.findings import SEVERITIES, Finding, lead_time, severity_rank
 from optcheck.pytorch import probe
@@ -221,6 +221,9 @@ class Monitor:
                  on_finding: str = "warn", fail_on: str = "warning", rule_config: RuleConfig | None = None,
                  run_id: str | None = None, append: bool = False, state: dict | None = None,
                  ignore: list[str] | None = None, ignore_config: str | bool = True):
+        self._dist = distributed.attach(model, optimizer, every)  # optcheck.distributed hook: None outside torchrun
+        if self._dist is not None:  # optcheck.distributed hook: this rank's stream in out/rank-K
+            out, run_id = self._dist.locate(out, run_id)
         model, optimizer = unwrap_model(model), unwrap_optimizer(optimizer)
         if on_finding not in ON_FINDING:
             raise ValueError(f"on_finding must be one of {ON_FINDING}, got {on_finding!r}")
@@ -347,6 +350,8 @@ class Monitor:
         self._write_summary(summary["status"], summary)
         if self.rundir is not None:
             self.rundir.close()
+        if self._dist is not None:  # optcheck.distributed hook: rank 0 writes out/summary.json merged
+            self._dist.close(summary)
         self.on_close(summary)
         return summary
 
@@ -406,12 +411,17 @@ class Monitor:
 
     def _before_backward(self, loss: torch.Tensor) -> None:
         self.hazards.check_loss(loss, self.step_count + 1)
+        if self._dist is not None and self._dist.before_backward(self.step_count):  # optcheck.distributed hook
+            self._snapshot(self.step_count + 1, "pre-step", "check")
         if loss.numel() == 1:
             self._loss = loss.detach()
 
     def _after_backward(self) -> None:
         self.hazards.after_backward(self.step_count + 1)
         self._backwards += 1
+        if self._dist is not None and (ev := self._dist.after_backward(self.step_count + 1)) is not None:  # optcheck.distributed hook
+            self._events += ev
+            self._snapshot(self.step_count + 1, "pre-step", "hazard")
         if self._backwards == max(NO_STEP_BACKWARDS, 2 * self.every):
             self._no_step_event()
 
@@ -489,6 +499,8 @@ class Monitor:
                         events=events, loss=None if trigger == "start" else self._last_loss,
                         elapsed_s=now - self._t0, step_time_s=(now - self._last_snap_t) / n if n > 0 else None,
                         versions=probe.versions(), threads=torch.get_num_threads())
+        if self._dist is not None:  # optcheck.distributed hook: the cross-rank table (rules OC701-OC707)
+            self._dist.annotate(snap)
         self._last_snap_t, self._last_snap_step = now, step
         self._fp = probe.fingerprint(self.model, self.optimizer)
         self.snapshots += 1

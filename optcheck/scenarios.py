@@ -201,11 +201,59 @@ CATALOGUE: dict[str, ScenarioInfo] = {s.name: s for s in (
         (),
         "trains on; a same-seed run departs from the unperturbed one at that step (OC601 in optcheck compare, "
         "naming h.0.mlp.c_fc.weight)"),
+    # -- distributed (optcheck soak --nproc 2+ only; optcheck/distributed/worker.py) --------------------------
+    ScenarioInfo(
+        "rank1-param-replaced", ("pytorch",),
+        "--nproc only: rank 1 assigns a new Parameter (a copy) to h.0.mlp.c_fc.weight after backward",
+        "a rank-local re-initialisation or load; the DDP form of seed 003",
+        ("OC701", "OC104"),
+        "rank 1 raises 'Expected to have finished reduction in the prior iteration' at the next forward; "
+        "rank 0 waits in the all-reduce until the collective timeout"),
+    ScenarioInfo(
+        "rank1-lr", ("pytorch",),
+        "--nproc only: rank 1 trains with 10x the learning rate from that step on",
+        "a scheduler or option set on one rank only",
+        ("OC702", "OC701"),
+        "trains on silently: the replicas diverge, rank 0's checkpoint is not what rank 1 trained"),
+    ScenarioInfo(
+        "no-sync-forever", ("pytorch",),
+        "--nproc only: every backward from that step on runs under DDP's no_sync() (accumulation never synced)",
+        "gradient accumulation that never leaves no_sync() for the last micro-batch",
+        ("OC701",),
+        "trains on silently: gradients are never averaged, each rank trains its own model"),
+    ScenarioInfo(
+        "rank1-skip-step", ("pytorch",),
+        "--nproc only: rank 1 skips optimizer.step() at that step (as a rank-local NaN check would)",
+        "a skip decided per rank (a local isfinite check) instead of collectively",
+        ("OC703", "OC701"),
+        "trains on silently: rank 1 is one step behind from then on, its replica differs"),
+    ScenarioInfo(
+        "ddp-unused-param", ("pytorch",),
+        "--nproc only: block 0's MLP output replaced by zeros on every rank (its parameters get no gradient)",
+        "a branch switched off under DDP without find_unused_parameters",
+        ("OC706",),
+        "the next forward raises RuntimeError 'Expected to have finished reduction in the prior iteration', "
+        "naming parameter indices only"),
+    ScenarioInfo(
+        "rank1-kill", ("pytorch",),
+        "--nproc only: rank 1 SIGKILLs itself at the start of that step",
+        "a rank lost to the OOM killer or a node failure",
+        (),
+        "torch.distributed.run stops the other ranks and exits 1; with a launcher that does not, the others "
+        "block in the all-reduce until the process group's timeout (30 min by default on gloo)"),
+    ScenarioInfo(
+        "rank1-hang", ("pytorch",),
+        "--nproc only: rank 1 sleeps for good at the start of that step",
+        "a rank stuck in I/O or a deadlock",
+        (),
+        "every rank blocks: rank 1 sleeps, the others wait in the all-reduce until the collective timeout"),
 )}
 
 
 _PT = "2.13"   # the torch of tests/integration (test_seeds_pytorch.py, test_soak.py) and the benchmarks
 _RUNS = "tests/fixtures/torchsharp/0.107.0-runs/"
+_DIST_SOAK = "tests/distributed/test_distributed_soak.py"
+_DIST_MON = "tests/distributed/test_distributed_monitor.py"
 _TS099 = "tests/fixtures/torchsharp/torchsharp-0.99.6-"
 
 
@@ -268,6 +316,19 @@ OUTCOMES: dict[str, tuple[Outcome, ...]] = {
         Outcome("torchsharp", "0.107.0", "live tensors +1 and RSS +2.2 MiB per step (2,611 tensors, 5.3 GiB after "
                 "3,000 steps) until the process is killed", _RUNS + "state-leak-500", ("OC401",)),
     ),
+    # distributed: measured with `python -m optcheck.distributed.worker --no-monitor` (2 ranks, gloo, 40 steps)
+    "rank1-lr": (_pt("exits 0 after all 40 steps; the replicas' parameters differ at the end (last loss 5.06 on "
+                     "rank 0, 3.43 on rank 1)", _DIST_SOAK),),
+    "no-sync-forever": (_pt("exits 0 after all 40 steps; the replicas' parameters differ at the end", _DIST_SOAK),),
+    "rank1-skip-step": (_pt("exits 0 after all 40 steps; the replicas' parameters differ at the end", _DIST_SOAK),),
+    "ddp-unused-param": (_pt("the next forward raises RuntimeError 'Expected to have finished reduction in the prior "
+                             "iteration before starting a new one' on every rank", _DIST_MON),),
+    "rank1-param-replaced": (_pt("rank 1 raises RuntimeError 'Expected to have finished reduction...' at the next "
+                                 "forward; rank 0 fails in the all-reduce ('Connection closed by peer')", _DIST_MON),),
+    "rank1-kill": (_pt("torch.distributed.run sees the rank die and stops the others (exit 1); rank 0's all-reduce "
+                       "fails with 'Connection closed by peer'", _DIST_SOAK),),
+    "rank1-hang": (_pt("every rank blocks: the others wait in the all-reduce until the process group's timeout "
+                       "('Timed out waiting ... for recv' on gloo; 30 min by default)", _DIST_MON),),
     "no-dispose-scope": (
         Outcome("torchsharp", "0.107.0", "nothing fails at once: RSS 303 MiB -> 1.6 GiB within 100 steps and "
                 "stays, the peak tensor count 293 -> 8,693 (~84 temporaries per step left to the GC) while 110 "

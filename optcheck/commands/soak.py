@@ -133,10 +133,13 @@ def register(group: click.Group) -> None:
     @click.option("--speed-tolerance", default="15%", show_default=True, help="With --baseline: steps/s drop allowed.")
     @click.option("--memory-tolerance", default="15%", show_default=True, help="With --baseline: peak RSS rise allowed.")
     @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+    @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
+                  help="Ranks: >= 2 runs the GPT under DDP with torch.distributed.run (gloo), one run "
+                       "directory per rank in --out/rank-K (optcheck/distributed/).")
     def soak(steps, every, seed, seeds, python, data, vocab_size, out, injects, fail_on, backend, same_init, threads, stop_on_finding,
              no_hazards, allow_inplace, val_every, eval_every, checkpoint_every, resume_at, memory_budget, lr,
              optimizer, n_layer, n_embd, n_head, block_size, batch_size, dotnet_runtime, torchsharp,
-             dotnet_assembly, dotnet_trainer, dotnet_root, force, step_timeout, ignores, junit, plot, summary_md, baseline, speed_tolerance, memory_tolerance, quiet):
+             dotnet_assembly, dotnet_trainer, dotnet_root, force, step_timeout, ignores, junit, plot, summary_md, baseline, speed_tolerance, memory_tolerance, quiet, nproc):
         """Soak-test a GPT training run and flag inconsistencies at the step they happen.
 
         Runs the training in a worker process, takes a snapshot every --every steps
@@ -168,6 +171,12 @@ def register(group: click.Group) -> None:
             checkpoint_every=checkpoint_every, resume_at=resume_at, lr=lr, n_layer=n_layer, n_embd=n_embd,
             n_head=n_head, block_size=block_size, batch_size=batch_size, step_timeout_s=step_timeout, extra=extra)
         cfg.validate()  # every option before anything is created
+        from optcheck.distributed.cli import dispatch  # optcheck.distributed hook: --nproc
+
+        if (code := dispatch(cfg, nproc, out, fail_on=fail_on, quiet=quiet, force=force, print_summary=_print_summary,
+                             other_options=bool(seeds or len(backends) > 1 or junit or plot or summary_md or baseline))) is not None:
+            return code
+
         from optcheck.baseline import after_soak, prepare
         prepared = prepare(baseline, cfg.to_json(), seeds=seeds, backends=backends, speed=speed_tolerance,
                            memory=memory_tolerance, fail_on=fail_on)

@@ -51,7 +51,8 @@ class GradClearProbe:
         self._stale = False  # that first gradient found .grad holding the previous step's; no clear seen since
         self._steps = 0
         self._handles = []
-        self._params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad and p.is_leaf]
+        self._params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad and p.is_leaf
+                        and not hasattr(p, "to_local")]  # FSDP2 DTensor: reduce-scatter writes .grad, no tensor hook runs (docs/distributed.md)
         if not self._params:
             return
         self._small = min(self._params, key=lambda p: p.numel())

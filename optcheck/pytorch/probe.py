@@ -29,6 +29,7 @@ import torch
 
 from optcheck import heap
 from optcheck.pytorch.census import CENSUS, release as release_census  # noqa: F401 (Monitor.close)
+from optcheck.distributed.shards import local  # FSDP2: a DTensor's shard on this rank
 
 _PROC = psutil.Process()
 
@@ -232,11 +233,11 @@ def params(model: torch.nn.Module, steps: dict[int, int | None] | None = None) -
         unique.setdefault(id(p), p)
     tensors = list(unique.values())
     n = len(tensors)
-    grads = [p.grad if p.is_leaf else None for p in tensors]  # .grad on a non-leaf warns and is None
-    norms = _norms([p.detach() for p in tensors] + grads)
+    grads = [local(p.grad) if p.is_leaf else None for p in tensors]  # .grad on a non-leaf warns and is None
+    norms = _norms([local(p).detach() for p in tensors] + grads)
     floats = {i: t for i, t in enumerate(norms) if t is not None}
     steps = steps or {}
-    sums = {id(p): _checksum(p) for p in tensors if not _VERSIONS.moved(p, steps.get(id(p)))}
+    sums = {id(p): _checksum(local(p)) for p in tensors if not _VERSIONS.moved(p, steps.get(id(p)))}
     got = _values(floats)
     checks = _values({k: c.long() for k, c in sums.items() if c is not None})
     value_norms = {k: got.get(i) for i, k in enumerate(unique)}
@@ -274,7 +275,7 @@ def state(optimizer: torch.optim.Optimizer) -> tuple[list[dict], int]:
         for k, v in s.items():
             if isinstance(v, torch.Tensor):
                 tensors[k] = {"shape": list(v.shape), "dtype": dtype_name(v.dtype)}
-                nbytes += v.numel() * v.element_size()
+                nbytes += local(v).numel() * v.element_size()  # FSDP2: the bytes this rank holds
                 if k == "step" and v.numel() == 1:
                     steps[i] = v.detach().reshape(()).double()  # read below, one sync per device
             elif k == "step" and isinstance(v, (int, float)):

@@ -7,6 +7,8 @@ from typing import Iterable
 
 import torch
 
+from optcheck.distributed.shards import local
+
 _VERSION = attrgetter("_version")
 MAX_SAMPLES = 8  # per-event lists (parameter names, modules) are cut to this many in "detail"
 
@@ -88,7 +90,9 @@ def _safe(fn):
 
 def _dense(g: torch.Tensor) -> torch.Tensor:
     """The values of a gradient, dense (``nn.Embedding(sparse=True)`` gives sparse COO
-    gradients, which ``torch._foreach_norm`` does not take)."""
+    gradients, which ``torch._foreach_norm`` does not take); an FSDP2 DTensor's local
+    shard (reading a DTensor whole is a collective: ``optcheck/distributed/shards.py``)."""
+    g = local(g)
     return g._values() if g.is_sparse else g
 
 

@@ -30,11 +30,11 @@ class NonfiniteProbe:
     def _check_state(self) -> None:
         tensors, names = [], []
         for n, p in self._trainable():
-            tensors.append(p.detach())
+            tensors.append(_dense(p.detach()))  # _dense: FSDP2 DTensor -> local shard, no collective
             names.append(("param", n))
             for k, v in self.optimizer.state.get(p, {}).items():
                 if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 0:
-                    tensors.append(v)
+                    tensors.append(_dense(v))
                     names.append(("optimizer_state", f"{n}:{k}"))
         if not tensors:
             return

@@ -1,0 +1,133 @@
+"""One rank of ``optcheck soak --nproc N``: the built-in GPT under
+``DistributedDataParallel`` (gloo, CPU) with an ``optcheck.Monitor``.
+
+Started by ``torch.distributed.run`` (``optcheck/distributed/soak.py``)::
+
+    python -m torch.distributed.run --nproc-per-node N -m optcheck.distributed.worker --config F --out DIR
+
+Every rank builds the same GPT from the same seed (DDP broadcasts rank 0's
+parameters anyway), draws its own batches (seed + rank, as a ``DistributedSampler``
+would split the data), and writes ``DIR/rank-K/`` through its Monitor. After each
+step it writes ``DIR/rank-K/heartbeat`` (``step stage``: stage 1 while in
+forward/backward, 0 once the step is done) so the supervisor can tell a hung
+rank (stage 0, behind) from the ranks blocked waiting for it (stage 1).
+The distributed ``--inject`` scenarios are in :data:`SCENARIOS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from optcheck.config import SoakConfig
+from optcheck.distributed.cli import DIST_SCENARIOS as SCENARIOS
+
+
+class _Heartbeat:
+    """``DIR/rank-K/heartbeat``: "STEP STAGE", rewritten in place (one pwrite, no fsync)."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def beat(self, step: int, stage: int) -> None:
+        os.pwrite(self.fd, f"{step:>12} {stage}\n".encode(), 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m optcheck.distributed.worker")
+    ap.add_argument("--config", required=True, help="SoakConfig as a JSON file")
+    ap.add_argument("--out", required=True, help="run directory (each rank writes OUT/rank-K)")
+    ap.add_argument("--fail-on", default="warning")
+    ap.add_argument("--timeout", type=float, default=60.0, help="collective timeout, seconds")
+    ap.add_argument("--no-monitor", action="store_true",
+                    help="train without optcheck (to measure what a scenario does without it): each rank writes "
+                         "OUT/rank-K/outcome.json (steps done, last loss, whether the replicas are still equal)")
+    a = ap.parse_args(argv)
+    cfg = SoakConfig.from_json(Path(a.config).read_text())
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(cfg.threads)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.timeout))
+    try:
+        return _train(cfg, Path(a.out), a.fail_on, torch, dist, monitor=not a.no_monitor)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train(cfg: SoakConfig, out: Path, fail_on: str, torch, dist, monitor: bool = True) -> int:
+    import optcheck
+    from optcheck.data import BatchSchedule, load_corpus
+    from optcheck.pytorch.gpt import GPT, GPTConfig
+    from optcheck.pytorch.train import lr_at
+
+    rank = dist.get_rank()
+    corpus = load_corpus(cfg.data, cfg.vocab_size)
+    torch.manual_seed(cfg.seed)
+    gpt = GPT(GPTConfig(block_size=cfg.block_size, vocab_size=corpus.vocab_size, n_layer=cfg.n_layer,
+                        n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout))
+    model = torch.nn.parallel.DistributedDataParallel(gpt)
+    opt = gpt.configure_optimizers(cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.eps)
+    batches = BatchSchedule(len(corpus.train), cfg.block_size, cfg.batch_size, cfg.seed + 7919 * rank)
+    inject = {i.name: i.step for i in cfg.inject}
+    beat = _Heartbeat(out / f"rank-{rank}" / "heartbeat")
+    lr_factor = 1.0
+    with (optcheck.Monitor(model, opt, every=cfg.every, out=str(out), on_finding="log", fail_on=fail_on,
+                           hazards=cfg.hazards) if monitor else contextlib.nullcontext()):
+        for step in range(1, cfg.steps + 1):
+            beat.beat(step - 1, 1)
+            at = {name for name, s in inject.items() if s == step}
+            if rank == 1 and "rank1-kill" in at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if rank == 1 and "rank1-hang" in at:
+                beat.beat(step - 1, 0)
+                time.sleep(10**6)
+            if rank == 1 and "rank1-lr" in at:
+                lr_factor = 10.0
+            if "ddp-unused-param" in at:  # block 0's MLP switched off on every rank: its parameters get no gradient
+                gpt.h[0].mlp.register_forward_hook(lambda m, i, o: torch.zeros_like(o).detach())
+            for g in opt.param_groups:
+                g["lr"] = lr_at(cfg, step) * lr_factor
+            x, y = (torch.from_numpy(v) for v in batches.batch(corpus.train, step))
+            opt.zero_grad(set_to_none=True)
+            no_sync = "no-sync-forever" in inject and step >= inject["no-sync-forever"]
+            with model.no_sync() if no_sync else contextlib.nullcontext():
+                _, loss = model(x, y)
+                loss.backward()
+            if rank == 1 and "rank1-param-replaced" in at:
+                w = gpt.h[0].mlp.c_fc.weight
+                gpt.h[0].mlp.c_fc.weight = torch.nn.Parameter(w.detach().clone())
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(gpt.parameters(), cfg.grad_clip)
+            if not (rank == 1 and "rank1-skip-step" in at):
+                opt.step()
+            beat.beat(step, 0)
+    if not monitor:
+        _outcome(out / f"rank-{rank}" / "outcome.json", gpt, step, float(loss), torch, dist)
+    return 0  # findings are in rank-K/summary.json; a non-zero exit would make torch.distributed.run stop the job
+
+
+def _outcome(path: Path, gpt, step: int, loss: float, torch, dist) -> None:
+    """What the run did without optcheck: steps done, last loss, and whether every rank
+    still holds rank 0's parameters (one all_gather of a checksum per parameter)."""
+    import json
+
+    from optcheck.pytorch.probe import _checksum
+
+    mine = torch.stack([_checksum(p).long() for p in gpt.parameters()])
+    rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, mine)
+    path.write_text(json.dumps({"steps": step, "loss_last": loss,
+                                "replicas_equal": all(bool((r == rows[0]).all()) for r in rows)}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""A tiny DDP or FSDP2 training loop under ``optcheck.Monitor``, started by the tests
+with ``python -m torch.distributed.run --nproc-per-node 2`` (gloo, CPU, 1 thread).
+
+    dist_loop.py OUT --kind ddp|fsdp [--scenario NAME --at STEP] [--steps N] [--every N]
+
+Scenarios (rank 1 is the odd one out; each happens in iteration ``--at``):
+replace (rank 1 replaces fc2.weight after backward, before the step), lr (rank 1's
+learning rate x10), nosync (every iteration under ``no_sync()`` from then on),
+skipstep (rank 1 skips ``optimizer.step()``), unused (a layer no forward uses,
+DDP without ``find_unused_parameters``), unused-rank1 (rank 1 stops using a layer;
+``find_unused_parameters=True``), buffers (BatchNorm, ``broadcast_buffers=False``),
+kill (rank 1 SIGKILLs itself), hang (rank 1 sleeps for good), plain-mismatch (no
+DDP/FSDP and rank 1's model has a layer more: the exchange must switch itself off).
+Each rank exits with its Monitor's exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import optcheck
+
+
+class Net(nn.Module):
+    def __init__(self, bn: bool = False):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.bn = nn.BatchNorm1d(16) if bn else nn.Identity()
+        self.fc2 = nn.Linear(16, 4)
+        self.extra = nn.Linear(4, 4)
+        self.use_extra = True
+
+    def forward(self, x):
+        y = self.fc2(torch.relu(self.bn(self.fc1(x))))
+        return self.extra(y) if self.use_extra else y
+
+
+def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str) -> int:
+    """One training loop of ``scenario`` under a Monitor writing to ``out``; its exit code."""
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    net = Net(bn=scenario == "buffers")
+    if scenario == "unused":
+        net.use_extra = False
+    if scenario == "plain-mismatch":  # not data parallel: rank 1's model has one layer more, no wrapper
+        if rank == 1:
+            net.fc3 = nn.Linear(4, 4)
+        model = net
+    elif kind == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        model = fully_shard(net)
+    else:
+        model = nn.parallel.DistributedDataParallel(
+            net, find_unused_parameters=scenario == "unused-rank1",
+            **({"broadcast_buffers": False} if scenario == "buffers" else {}))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(100 + rank)  # each rank its own batches, as a DistributedSampler
+    mon = optcheck.Monitor(model, opt, every=every, out=out, on_finding="log")
+    for it in range(1, steps + 1):
+        odd = rank == 1 and it == at
+        if odd and scenario == "lr":
+            opt.param_groups[0]["lr"] *= 10
+        if odd and scenario == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if odd and scenario == "hang":
+            time.sleep(3600)
+        if rank == 1 and it >= at and scenario == "unused-rank1":
+            net.use_extra = False
+        x = torch.randn(8, 8, generator=gen)
+        sync = scenario == "nosync" and it >= at
+        with model.no_sync() if sync and hasattr(model, "no_sync") else contextlib.nullcontext():
+            loss = model(x).pow(2).mean()
+            loss.backward()
+        if odd and scenario == "replace":
+            net.fc2.weight = nn.Parameter(net.fc2.weight.detach().clone())
+        if not (odd and scenario == "skipstep"):
+            opt.step()
+        opt.zero_grad()
+    return mon.close()["exit_code"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--kind", default="ddp", choices=["ddp", "fsdp"])
+    ap.add_argument("--scenario", default="clean", help="one, or several comma-separated: each into OUT/<name>")
+    ap.add_argument("--at", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--every", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=20.0)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.timeout))
+    names = a.scenario.split(",")
+    codes = [run(n, a.kind, a.at, a.steps, a.every, os.path.join(a.out, n) if len(names) > 1 else a.out)
+             for n in names]
+    dist.destroy_process_group()
+    return max(codes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""``optcheck soak --nproc 2``: the built-in GPT under DDP on 2 real ranks (gloo, CPU),
+through the real CLI; scenarios, a killed rank, a hung rank, usage errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--block-size", "32", "--batch-size", "8",
+         "--val-every", "0", "-q"]
+
+
+def soak(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "optcheck", "soak", *SMALL, *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]  # every line parses: nothing torn
+
+
+def test_soak_nproc_2_flags_rank_1s_learning_rate_at_the_next_exchange(tmp_path):
+    out = tmp_path / "run"
+    proc = soak("--nproc", "2", "--steps", "40", "--every", "10", "--inject", "rank1-lr@15", "--out", str(out))
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["world"] == 2 and s["status"] == "findings" and s["last_step"] == 40
+    assert [r["status"] for r in s["ranks"]] == ["findings", "findings"]
+    f = [f for f in lines(out / "rank-0" / "findings.jsonl") if f["code"] == "OC702"][0]
+    assert f["step"] == 21 and f["detail"]["ranks"] == [1]  # exchanged before backward passes 1, 11, 21, ...
+    for rank in (0, 1):  # the one-process layout, per rank
+        assert {"snapshots.jsonl", "metrics.jsonl", "findings.jsonl", "summary.json"} <= {
+            p.name for p in (out / f"rank-{rank}").iterdir()}
+    assert "OC702" in proc.stdout and "rank-group-mismatch" in proc.stdout
+
+
+def test_a_killed_rank_is_named_with_its_step_and_exit_3(tmp_path):
+    out = tmp_path / "run"
+    proc = soak("--nproc", "2", "--steps", "40", "--every", "10", "--inject", "rank1-kill@12", "--out", str(out))
+    assert proc.returncode == 3, proc.stdout + proc.stderr[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["crash"]["rank"] == 1 and s["crash"]["signal"] == "SIGKILL" and s["crash"]["step"] == 12
+    assert "rank 1 was killed by SIGKILL in step 12" in proc.stdout
+    assert s["ranks"][0]["last_step"] == 11 and s["ranks"][1]["last_step"] == 11
+    for rank in (0, 1):
+        assert lines(out / f"rank-{rank}" / "snapshots.jsonl")  # readable to the last line
+        lines(out / f"rank-{rank}" / "metrics.jsonl")
+
+
+def test_a_hung_rank_is_named_through_step_timeout_and_exit_3(tmp_path):
+    out = tmp_path / "run"
+    proc = soak("--nproc", "2", "--steps", "40", "--every", "10", "--inject", "rank1-hang@12", "--step-timeout", "6",
+                "--out", str(out))
+    assert proc.returncode == 3, proc.stdout + proc.stderr[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["crash"]["rank"] == 1 and s["crash"]["exc_type"] == "Hang" and s["crash"]["step"] == 12
+    assert "rank 1 made no progress for 6 s" in proc.stdout
+    for rank in (0, 1):
+        assert lines(out / f"rank-{rank}" / "snapshots.jsonl")
+
+
+def test_usage_errors_are_one_line_and_exit_2(tmp_path):
+    for args, words in ((["--inject", "rank1-lr@5"], "needs --nproc 2 or more"),
+                        (["--nproc", "2", "--backend", "torchsharp"], "PyTorch GPT under DDP only"),
+                        (["--nproc", "2", "--inject", "param-rebind@5"], "only the distributed scenarios")):
+        proc = soak(*args, "--out", str(tmp_path / "x"), timeout=120)
+        assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_scenarios_lists_the_distributed_ones():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    text = subprocess.run([sys.executable, "-m", "optcheck", "scenarios"], env=env, capture_output=True, text=True,
+                          timeout=120).stdout
+    for name in ("rank1-param-replaced", "rank1-lr", "no-sync-forever", "rank1-skip-step", "ddp-unused-param"):
+        assert name in text
+
+
+def test_without_optcheck_rank_1s_learning_rate_trains_on_silently_into_different_replicas(tmp_path):
+    """The measured outcome ``optcheck scenarios`` shows for rank1-lr (and, the same way, no-sync-forever and
+    rank1-skip-step): the job ends normally and nothing says the replicas differ."""
+    from optcheck.config import Injection, SoakConfig
+
+    cfg = SoakConfig(steps=20, every=10, n_layer=1, n_embd=32, n_head=2, block_size=32, batch_size=8, val_every=0,
+                     inject=[Injection("rank1-lr", 5)])
+    (tmp_path / "config.json").write_text(cfg.to_json())
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    from test_distributed_monitor import free_port
+
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                           "127.0.0.1", "--master-port", str(free_port()), "-m", "optcheck.distributed.worker",
+                           "--config", str(tmp_path / "config.json"), "--out", str(tmp_path), "--no-monitor"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for rank in (0, 1):
+        o = json.loads((tmp_path / f"rank-{rank}" / "outcome.json").read_text())
+        assert o["steps"] == 20 and o["replicas_equal"] is False
+    assert not (tmp_path / "rank-0" / "findings.jsonl").exists()  # no Monitor, no records
