@@ -374,7 +374,7 @@ def ts_stream(steps, **series) -> list[dict]:
 
 
 def test_dispose_scope_statistics_name_tensors_per_step():
-    from optcheck.rules.dispose_scope import MissingDisposeScope
+    from optcheck.rules.memory_dispose_scope import MissingDisposeScope
 
     x = steps_every(100, 1000)
     created = 5000 + 84 * np.clip(x - 500, 0, None) + 26 * (x // 100)   # the probe's own wrappers: disposed
@@ -392,7 +392,7 @@ def test_dispose_scope_statistics_name_tensors_per_step():
 
 
 def test_dispose_scope_silent_when_everything_is_scoped_or_disposed():
-    from optcheck.rules.dispose_scope import MissingDisposeScope
+    from optcheck.rules.memory_dispose_scope import MissingDisposeScope
 
     x = steps_every(100, 2000)
     created = 26 * (x // 100) + 26 * (x >= 1500)        # a resume loads 26 tensors outside any scope, keeps them
@@ -410,7 +410,7 @@ def test_dispose_scope_silent_when_everything_is_scoped_or_disposed():
 
 
 def test_unscoped_from_the_first_step_is_found_at_the_first_snapshot():
-    from optcheck.rules.dispose_scope import MissingDisposeScope
+    from optcheck.rules.memory_dispose_scope import MissingDisposeScope
 
     engine = RuleEngine(RuleConfig(), rules=[MissingDisposeScope])
     for s in ts_stream([0, 100, 200], live_tensors=[110, 110, 110], peak_tensors=[110, 8693, 8693]):
@@ -443,7 +443,7 @@ def test_dispose_scope_tensors_kept_alive_are_not_garbage():
     """A resume at every=1: 100 tensors made outside any scope in one step and kept as the new
     model (the post-GC count rises by as many) — not left for the GC, so silent; the same 100
     dropped (the live count unchanged) is the finding."""
-    from optcheck.rules.dispose_scope import MissingDisposeScope
+    from optcheck.rules.memory_dispose_scope import MissingDisposeScope
 
     x = np.arange(1, 11)
     created = np.where(x >= 6, 100, 0)
