@@ -127,8 +127,8 @@ class StateMismatch(Rule):
             if m is None or "shape" not in m:
                 continue
             for key, t in (s.get("tensors") or {}).items():
-                shape, dtype = t["shape"], t.get("dtype")
-                if not shape:  # scalar (step counter)
+                shape, dtype = t.get("shape"), t.get("dtype")  # schema 1: {"shape", "dtype"}, both optional
+                if not shape:  # a scalar (step counter), or no shape recorded
                     continue
                 if len(shape) == len(m["shape"]) and list(shape) != list(m["shape"]) \
                         and not factored(shape, m["shape"]):
