@@ -77,6 +77,7 @@ class InplaceOnSaved(Rule):
         return [
             Valid(steps(clean(), 200), "no in-place write of a saved tensor"),
         ]
+
     @cases
     def INVALID():
         return [

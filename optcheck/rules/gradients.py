@@ -48,6 +48,7 @@ class NonleafGradAccess(Rule):
         return [
             Valid(steps(clean(10), 20), "no .grad read on a non-leaf"),
         ]
+
     @cases
     def INVALID():
         return [
@@ -101,6 +102,7 @@ class GradStarved(Rule):
             Valid(tuple(edit(with_grads(at(clean(), s), ["layer1.weight"]), phase="pre-step") for s in (100, 200, 300)),
                   "pre-step snapshots (gradients not computed yet)"),
         ]
+
     @cases
     def INVALID():
         return [
@@ -171,6 +173,7 @@ class GraphCut(Rule):
         return [
             Valid(steps(clean(), 200), "the loss has a grad_fn"),
         ]
+
     @cases
     def INVALID():
         return [

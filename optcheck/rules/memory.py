@@ -160,17 +160,20 @@ class MemoryGrowth(Rule):
                                 rss_bytes=lambda s: 400 * MiB + wobble(s, 2 * MiB) + (64 * MiB if s >= 1500 else 0)),
                   "RSS steps up once (the first validation pass) and stays"),
             Valid(memory_stream(range(50, 3001, 50),
-                                rss_bytes=lambda s: 400 * MiB + 200 * MiB * (1 - math.exp(-s / 150)) + wobble(s, 2 * MiB)),
+                                rss_bytes=lambda s: (400 * MiB + 200 * MiB * (1 - math.exp(-s / 150))
+                                                     + wobble(s, 2 * MiB))),
                   "an allocator warming up to a plateau"),
             Valid(memory_stream(range(100, 1001, 100), live_tensors=lambda s: 110 + (s // 100) % 3),
                   "a live tensor count that jitters"),
         ]
+
     @cases
     def INVALID():
         return [
             Invalid(memory_stream(range(100, 1001, 100), live_tensors=lambda s: 110 + max(0, s - 500)),
                     "one tensor kept per step from step 500 (losses.append(loss))", step=800, param="live_tensors"),
-            Invalid(memory_stream(range(50, 3001, 50), rss_bytes=lambda s: 400 * MiB + 100_000 * s + wobble(s, 2 * MiB)),
+            Invalid(memory_stream(range(50, 3001, 50),
+                                  rss_bytes=lambda s: 400 * MiB + 100_000 * s + wobble(s, 2 * MiB)),
                     "RSS growing 100 kB per step under 2 MiB of wobble", step=700, param="rss_bytes"),
         ]
 

@@ -61,6 +61,7 @@ class RunDivergence(Rule):
         return [
             Valid(losses=(loss_curve(), loss_curve(jitter=0.02)), note="two seeds of one training"),
         ]
+
     @cases
     def INVALID():
         return [

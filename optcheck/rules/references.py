@@ -54,13 +54,15 @@ class StaleParam(Rule):
             Valid((edit(clean(backend="torchsharp"), params={1: param("layer1.weight", 5555, 11001)}),),
                   "TorchSharp: a new handle on the member's data still trains it"),
         ]
+
     @cases
     def INVALID():
         return [
             Invalid((edit(clean(), params={1: param("layer1.weight", 5555, 6666)}),),
                     "the model's parameter replaced after the optimizer was built", step=100, param="layer1.weight"),
             Invalid((edit(clean(), params={1: param("layer1.weight", 5555, 11001)}),),
-                    "PyTorch: a new Parameter on the old one's storage is another leaf", step=100, param="layer1.weight"),
+                    "PyTorch: a new Parameter on the old one's storage is another leaf", step=100,
+                    param="layer1.weight"),
         ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
@@ -120,6 +122,7 @@ class UntrackedParam(Rule):
             Valid(steps(clean(), 200), "every trainable parameter in a group"),
             Valid((edit(clean(), add_params=[param("frozen.w", 7778, rg=False)]),), "a frozen parameter in no group"),
         ]
+
     @cases
     def INVALID():
         return [
@@ -172,6 +175,7 @@ class RefChurn(Rule):
             Valid((clean(100), clean(200, first_ref=1050)), "a resumed job: a new model and a new optimizer over it"),
             Valid(steps(clean(backend="torchsharp"), 200), "TorchSharp: the same handles at every snapshot"),
         ]
+
     @cases
     def INVALID():
         return [
@@ -237,8 +241,10 @@ class NonleafParam(Rule):
     def VALID():
         return [
             Valid(steps(clean(), 200), "every member a leaf"),
-            Valid((edit(clean(backend="torchsharp"), members={0: DISPOSED}),), "a disposed member is OC109's, not a non-leaf"),
+            Valid((edit(clean(backend="torchsharp"), members={0: DISPOSED}),),
+                  "a disposed member is OC109's, not a non-leaf"),
         ]
+
     @cases
     def INVALID():
         return [
@@ -282,6 +288,7 @@ class DuplicateParam(Rule):
             Valid((edit(clean(backend="torchsharp"), add_params=[param("lm_head.weight", 3333, 11000)]),),
                   "TorchSharp: a tied weight with two handles, given to the optimizer once"),
         ]
+
     @cases
     def INVALID():
         return [

@@ -57,6 +57,7 @@ class DisposedParam(Rule):
         return [
             Valid(steps(clean(backend="torchsharp"), 200), "TorchSharp: every member alive"),
         ]
+
     @cases
     def INVALID():
         return [

@@ -47,10 +47,12 @@ class OrphanState(Rule):
             Valid(steps(clean(), 200), "state for the members only"),
             Valid(disposed_after_to_dtype(), "TorchSharp: the state of members disposed since is OC109's"),
         ]
+
     @cases
     def INVALID():
         return [
-            Invalid((edit(clean(), add_params=[param("gone.weight", 4242)], add_members=[member(param("gone.weight", 4242))],
+            Invalid((edit(clean(), add_params=[param("gone.weight", 4242)],
+                          add_members=[member(param("gone.weight", 4242))],
                           add_state=[state_of(param("gone.weight", 4242))]),
                      edit(at(clean(), 200), add_state=[state_of(param("gone.weight", 4242))])),
                     "a member removed from its group, its state left behind", step=200, param="gone.weight"),
@@ -107,6 +109,7 @@ class StateMismatch(Rule):
                 "row_var": {"shape": [4, 1], "dtype": "float32"}, "col_var": {"shape": [1, 4], "dtype": "float32"}}}
                 for i in range(3)]),), "Adafactor's factored statistics (m, 1) and (1, n)"),
         ]
+
     @cases
     def INVALID():
         return [
@@ -166,9 +169,11 @@ class MissingState(Rule):
     @cases
     def VALID():
         return [
-            Valid((edit(clean(), state=clean()["state"][1:]),), "PyTorch creates state lazily, at a member's first step"),
+            Valid((edit(clean(), state=clean()["state"][1:]),),
+                  "PyTorch creates state lazily, at a member's first step"),
             Valid(steps(clean(backend="torchsharp"), 200), "TorchSharp: state for every member"),
         ]
+
     @cases
     def INVALID():
         return [

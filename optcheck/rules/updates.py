@@ -3,8 +3,8 @@ one fresh gradient, and does it really move the parameters it holds?
 
 OC204, OC206, OC207 and OC208 read the events of the gradient-flow probe
 (``optcheck/pytorch/grad_clear.py``, ``optcheck.Monitor``): gradients not cleared,
-no step, cleared before the step, applied twice. OC205 asks three signals, any one of which says "this parameter was updated"
-between two snapshots (``docs/parameter-identity.md``):
+no step, cleared before the step, applied twice. OC205 asks three signals, any one
+of which says "this parameter was updated" between two snapshots (``docs/parameter-identity.md``):
 
 - its values: ``checksum`` (the sum of the values' bit patterns, recorded by the
   probe) changed. Every implementation changes values, including fused kernels
@@ -92,6 +92,7 @@ class StalledParam(Rule):
             Valid(tuple(with_params(at(clean(), s), version=1, grad="none", grad_norm=None) for s in (100, 200, 300)),
                   "no gradient: nothing to apply"),
         ]
+
     @cases
     def INVALID():
         return [
@@ -171,7 +172,8 @@ class _EventRule(Rule):
         if steps is None:
             return f"{self.what}, from step {step}: at {count} optimizer step(s) up to step {last}"
         if count == steps:
-            return f"{self.what}, from step {step}: at every one of the {steps} optimizer steps checked up to step {last}"
+            return (f"{self.what}, from step {step}: at every one of the {steps} optimizer steps checked "
+                    f"up to step {last}")
         return f"{self.what}, from step {step}: at {count} of the {steps} optimizer steps checked up to step {last}"
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
@@ -212,6 +214,7 @@ class GradNotCleared(_EventRule):
         return [
             Valid(steps(clean(2), 10, 20), "zero_grad() at every step"),
         ]
+
     @cases
     def INVALID():
         return [
@@ -242,6 +245,7 @@ class NoOptimizerStep(_EventRule):
         return [
             Valid(steps(clean(10), 20), "a step after every backward()"),
         ]
+
     @cases
     def INVALID():
         return [
@@ -274,10 +278,12 @@ class GradClearedBeforeStep(_EventRule):
         return [
             Valid(steps(clean(10), 20), "zero_grad() before backward()"),
         ]
+
     @cases
     def INVALID():
         return [
-            Invalid((clean(10), with_events(at(clean(10), 20), event("grad_cleared_before_step", 11, count=9, steps=10))),
+            Invalid((clean(10), with_events(at(clean(10), 20),
+                                                    event("grad_cleared_before_step", 11, count=9, steps=10))),
                     "zero_grad() between backward() and step()", step=20),
         ]
 
@@ -305,6 +311,7 @@ class StaleGradStep(_EventRule):
         return [
             Valid(steps(clean(10), 20), "one step per backward()"),
         ]
+
     @cases
     def INVALID():
         return [

@@ -49,10 +49,12 @@ class NonFinite(Rule):
         return [
             Valid(steps(clean(), 200), "finite loss and gradients"),
         ]
+
     @cases
     def INVALID():
         return [
-            Invalid((clean(200), with_events(clean(300), event("nonfinite", 297, what="grad", params=["layer0.weight"]))),
+            Invalid((clean(200),
+                     with_events(clean(300), event("nonfinite", 297, what="grad", params=["layer0.weight"]))),
                     "a NaN gradient seen by the probes", step=300, param="layer0.weight"),
             Invalid((clean(200), edit(clean(300), loss="nan")), "a recorded stream whose loss is NaN", step=300,
                     param="loss"),
