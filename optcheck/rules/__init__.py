@@ -1,9 +1,15 @@
-"""The rule catalogue: one module per family, every rule registered by code.
+"""The rule catalogue: every rule registered by code, in the module of its family.
 
-Where a rule lives: ``optcheck/rules/<family>.py`` — references (OC1xx),
-gradients (OC2xx), autograd (OC3xx), memory (OC4xx), values (OC5xx),
-parity (OC6xx). Every module in this package is imported here, so a new family
-module registers itself by existing.
+Where a rule lives: ``optcheck/rules/<family>.py``, or ``<family>_<topic>.py`` when a
+family outgrows one module — references (OC101–OC109: ``references.py``,
+``references_state.py``, ``references_disposed.py``), gradients (OC201–OC203),
+updates (OC204–OC208), autograd (OC3xx), memory (OC401 ``memory.py``, OC402
+``memory_dispose_scope.py``), values (OC5xx), parity (OC6xx). Modules starting with
+``_`` are helpers. Every other module in this package is imported here, so a new
+family module registers itself by existing.
+
+Every rule class carries ``VALID`` and ``INVALID`` examples (``_fixtures.py``); one
+generic test runs the catalogue on each (``tests/unit/test_rule_fixtures.py``).
 """
 
 from __future__ import annotations

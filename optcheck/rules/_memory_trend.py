@@ -80,7 +80,14 @@ def _rising(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[float, float] |
 
 
 def _lag1(r: np.ndarray) -> float:
-    """Lag-1 autocorrelation of ``r``, clipped to [0, 0.95] (0 for a constant)."""
+    """Lag-1 autocorrelation of ``r``, clipped to [0, 0.95] (0 for a constant).
+
+    Why not ``pymannkendall`` (issue 17 asked): its Hamed–Rao modified test, put in
+    place of this AR(1) correction, passes the memory tests but raises the false
+    alarms on clean RSS with AR(1) wander from 42 to 71 of 200 streams
+    (``python benchmarks/bench_memory.py --skip-cost --streams 200``, "rss-ar1"); its
+    Yue–Wang test returns p = 0 on short windows (12–20 points) whose variance
+    correction collapses. The thresholds here are tuned for this correction."""
     r = r - r.mean()
     den = float(np.dot(r, r))
     if den == 0:

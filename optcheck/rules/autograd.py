@@ -10,6 +10,7 @@ from typing import Iterable
 
 from optcheck.findings import Finding
 from optcheck.rules._events import events
+from optcheck.rules._fixtures import Invalid, Valid, cases, clean, edit, event, steps, with_events
 from optcheck.rules.base import Rule, RuleContext, register
 
 
@@ -70,6 +71,23 @@ class InplaceOnSaved(Rule):
     code, symbol, severity, family = "OC301", "inplace-on-saved", "error", "autograd"
     message = ("{tensor} saved by {op} in {saved_module} ({saved_where}) was written in place by {module} "
                "at {where} (version {v0} -> {v1})")  # the text is built by describe_inplace
+
+    @cases
+    def VALID():
+        return [
+            Valid(steps(clean(), 200), "no in-place write of a saved tensor"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid((clean(400), with_events(edit(clean(500), phase="pre-step", trigger="hazard"), event(
+                "inplace_on_saved", 500, "model.py:36", tensor={"type": "torch.FloatTensor", "shape": [8, 16]},
+                saved_version=1, version=2, phase="forward", stopped=True,
+                saved_by={"op": "BmmBackward0", "module": "h.0.attn", "where": "model.py:39"},
+                written={"module": "h.0.attn", "where": "model.py:36", "code": "k = cache.index_copy_(2, pos, k)"}))),
+                "a KV cache written in place while the graph uses it", step=500, param="h.0.attn"),
+        ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         out = []

@@ -1,9 +1,10 @@
 """The rule interface and the catalogue registry.
 
 A rule is a class with a stable ``code`` ("OC101"), a ``symbol``
-("stale-param"), a one-line ``message``, a ``severity``, and a docstring that is
+("stale-param"), a one-line ``message``, a ``severity``, a docstring that is
 its documentation (``optcheck explain OC101`` prints it): what it means, what will
-fail next, how to fix it. ``check`` reads snapshots only and returns findings; it
+fail next, how to fix it — and ``VALID`` / ``INVALID`` examples that a generic test
+runs (``optcheck/rules/_fixtures.py``). ``check`` reads snapshots only and returns findings; it
 never prints. Codes are never reused (``RETIRED`` lists the ones taken back).
 """
 
@@ -74,6 +75,10 @@ class Rule:
     severity: ClassVar[str] = "error"
     message: ClassVar[str] = ""
     family: ClassVar[str] = ""
+    #: examples the rule must stay silent on / must report (``optcheck/rules/_fixtures.py``:
+    #: ``Valid`` / ``Invalid`` cases); every rule has at least one of each
+    VALID: ClassVar[list] = []
+    INVALID: ClassVar[list] = []
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:  # pragma: no cover - abstract
         raise NotImplementedError

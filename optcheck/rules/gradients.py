@@ -12,6 +12,8 @@ from typing import Iterable
 
 from optcheck.findings import Finding
 from optcheck.rules._events import events, names
+from optcheck.rules._fixtures import (Invalid, Valid, at, cases, clean, edit, event, steps, with_events, with_grads,
+                                      with_params)
 from optcheck.rules.base import Rule, RuleContext, register
 from optcheck.snapshot import members
 
@@ -40,6 +42,20 @@ class NonleafGradAccess(Rule):
 
     code, symbol, severity, family = "OC201", "nonleaf-grad-access", "warning", "gradients"
     message = "{count} .grad read(s) on non-leaf tensors at {where} {span} (always None)"
+
+    @cases
+    def VALID():
+        return [
+            Valid(steps(clean(10), 20), "no .grad read on a non-leaf"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid((clean(10), with_events(at(clean(10), 20), event("nonleaf_grad_access", 11, "train.py:88", 10,
+                                                                      code="g = logits.grad", last_step=20))),
+                    "logits.grad read at every step", step=20, param="train.py:88"),
+        ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         out = []
@@ -75,6 +91,24 @@ class GradStarved(Rule):
 
     code, symbol, severity, family = "OC202", "grad-starved", "warning", "gradients"
     message = "{n} trainable parameter(s) got no gradient at the last {k} snapshots (steps {first}–{last}): {names}"
+
+    @cases
+    def VALID():
+        return [
+            Valid(steps(with_params(clean(), grad="none", grad_norm=None, requires_grad=False), 200, 300, 400),
+                  "frozen parameters without a gradient"),
+            Valid((clean(100), *(with_grads(at(clean(), s), ["layer1.weight"]) for s in (200, 300))),
+                  "no gradient at two snapshots only (K = 3)"),
+            Valid(tuple(edit(with_grads(at(clean(), s), ["layer1.weight"]), phase="pre-step") for s in (100, 200, 300)),
+                  "pre-step snapshots (gradients not computed yet)"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid((clean(100), *(with_grads(at(clean(), s), ["layer1.weight"]) for s in (200, 300, 400))),
+                    "a parameter the forward no longer uses", step=400, param="layer1.weight"),
+        ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         k = max(1, ctx.config.grad_starved_snapshots)
@@ -133,6 +167,28 @@ class GraphCut(Rule):
 
     code, symbol, severity, family = "OC203", "graph-cut", "error", "gradients"
     message = "{what} at {where}: {module} {why}; {n} parameter(s) get no gradient: {names}"
+
+    @cases
+    def VALID():
+        return [
+            Valid(steps(clean(), 200), "the loss has a grad_fn"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid((with_events(clean(500), event(
+                "graph_cut", 500, "gpt.py:136", cut="full", n_params_without_grad=28,
+                params_without_grad=["wte.weight", "wpe.weight"],
+                first_module={"module": "wte", "why": "autograd was not recording", "grad_enabled": False},
+                pytorch_error="element 0 of tensors does not require grad and does not have a grad_fn")),),
+                "the forward ran under no_grad", step=500, param="wte.weight"),
+            Invalid((with_events(clean(500), event(
+                "graph_cut", 500, "gpt.py:87", cut="partial", n_params_without_grad=2,
+                params_without_grad=["h.0.ln_1.weight", "h.0.ln_1.bias"],
+                first_module={"module": "h.0.ln_1", "why": "ran under no_grad", "grad_enabled": True})),),
+                "a cast under no_grad cuts the layers before it", step=500, param="h.0.ln_1.weight"),
+        ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         out = []

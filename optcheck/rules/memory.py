@@ -13,12 +13,15 @@ from typing import Iterable
 import numpy as np
 
 from optcheck.findings import Finding
+from optcheck.rules._fixtures import Invalid, Valid, cases, memory_stream, wobble
 from optcheck.rules._memory_shapes import (STEADY_MIN_INTERVAL_STEPS, STEADY_MIN_RISE_BYTES, Shift, Steady,
                                            level_shift, steady_growth, thin)
 from optcheck.rules._memory_trend import RETEST_FRACTION, Trend, _stats, find_trend, window_trend  # noqa: F401
 from optcheck.rules.base import Rule, RuleConfig, RuleContext, register
 from optcheck.snapshot import to_float
 from optcheck.units import format_bytes, format_steps, round_sig
+
+MiB = 2**20
 
 #: metric -> (label in messages, unit kind). Byte metrics use
 #: ``RuleConfig.memory_min_growth_bytes_per_1k_steps``; the others their own floor.
@@ -147,6 +150,32 @@ class MemoryGrowth(Rule):
                     v = None
                 vals.append(math.nan if v is None else v)
         return memo
+
+    @cases
+    def VALID():
+        return [
+            Valid(memory_stream(range(50, 3001, 50), rss_bytes=lambda s: 400 * MiB + wobble(s, 2 * MiB)),
+                  "RSS wobbling around a level"),
+            Valid(memory_stream(range(50, 3001, 50),
+                                rss_bytes=lambda s: 400 * MiB + wobble(s, 2 * MiB) + (64 * MiB if s >= 1500 else 0)),
+                  "RSS steps up once (the first validation pass) and stays"),
+            Valid(memory_stream(range(50, 3001, 50),
+                                rss_bytes=lambda s: (400 * MiB + 200 * MiB * (1 - math.exp(-s / 150))
+                                                     + wobble(s, 2 * MiB))),
+                  "an allocator warming up to a plateau"),
+            Valid(memory_stream(range(100, 1001, 100), live_tensors=lambda s: 110 + (s // 100) % 3),
+                  "a live tensor count that jitters"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid(memory_stream(range(100, 1001, 100), live_tensors=lambda s: 110 + max(0, s - 500)),
+                    "one tensor kept per step from step 500 (losses.append(loss))", step=800, param="live_tensors"),
+            Invalid(memory_stream(range(50, 3001, 50),
+                                  rss_bytes=lambda s: 400 * MiB + 100_000 * s + wobble(s, 2 * MiB)),
+                    "RSS growing 100 kB per step under 2 MiB of wobble", step=700, param="rss_bytes"),
+        ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         memo = self._series(snap, ctx)

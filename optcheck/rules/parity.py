@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from optcheck.findings import Finding
+from optcheck.rules._fixtures import Invalid, Valid, cases, loss_curve
 from optcheck.rules.base import Rule, RuleContext, register
 
 
@@ -54,6 +55,19 @@ class RunDivergence(Rule):
     code, symbol, severity, family = "OC601", "run-divergence", "error", "parity"
     message = ("loss trajectories diverge from step {step}: {window}-step mean loss {a:.4f} (A) vs {b:.4f} (B), "
                "beyond tolerance {tol:.4f}")
+
+    @cases
+    def VALID():
+        return [
+            Valid(losses=(loss_curve(), loss_curve(jitter=0.02)), note="two seeds of one training"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid(losses=(loss_curve(), loss_curve(offset_from=500)), note="B's loss jumps by 0.5 at step 500",
+                    step=516),
+        ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         """Nothing to say about one stream: see ``optcheck.compare.compare_runs``."""

@@ -1,152 +1,32 @@
-"""Reference rules OC101–OC108 (OC109 in ``disposed.py``): do the model, the param groups and the optimizer
-state still talk about the same tensors?
+"""Reference rules OC101, OC102, OC104–OC106: do the model's parameters and the param
+groups still talk about the same tensors? (State rules OC103, OC107, OC108 are in
+``references_state.py``, OC109 in ``references_disposed.py``.)
 
-Each rule compares up to three sets of one snapshot — the model's parameters,
-the param-group members and the optimizer-state keys — and, for OC104, the
-model's parameters against the previous snapshot. Two identities are compared
-(``optcheck.snapshot``): ``ref`` (the key the optimizer state uses) answers "will
-the state lookup throw"; ``data_ptr`` answers "is the optimizer still training
-the model's tensor". Comparing handles alone is wrong on TorchSharp: after
-``model.to(Float64)`` with an eager optimizer, 29 handles change but 27 still share
-the model's data (``tests/fixtures/torchsharp/torchsharp-0.99.6-eager-to-float64.jsonl``,
+Each rule compares the model's parameters with the param-group members of one
+snapshot and, for OC104, with the previous snapshot. Two identities are compared
+(``optcheck.snapshot``, ``_identity.py``): ``ref`` answers "will the state lookup
+throw"; ``data_ptr`` answers "is the optimizer still training the model's tensor".
+Comparing handles alone is wrong on TorchSharp: after ``model.to(Float64)`` with an
+eager optimizer, 29 handles change but 27 still share the model's data
+(``tests/fixtures/torchsharp/torchsharp-0.99.6-eager-to-float64.jsonl``,
 ``docs/torchsharp.md``). A disposed member (TorchSharp 0.107: handle 0, no data) is
 OC109's alone: these rules skip it, so its handle 0 is never read as a tensor.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Iterable
 
 from optcheck.findings import Finding
+from optcheck.rules._fixtures import DISPOSED, Invalid, Valid, at, cases, clean, edit, member, param, state_of, steps
+from optcheck.rules._identity import (DISPOSED_NEXT, LATE, by_identity, former_name, lazy_state, name_of, nonempty,
+                                      parametrization, parametrized_into, state_keys)
 from optcheck.rules.base import Rule, RuleContext, listing, register
-from optcheck.snapshot import disposed_members, is_disposed, live_members, members
-
-
-def _name_of(snap: dict, member: dict) -> str:
-    """Best name for a param-group member: its own, the model's by ref, by data_ptr, or its ref."""
-    if member.get("name"):
-        return member["name"]
-    for p in snap["params"]:
-        if p["ref"] == member["ref"]:
-            return p["name"]
-    for p in snap["params"]:
-        if member.get("data_ptr") and p["data_ptr"] == member["data_ptr"]:
-            return p["name"]
-    return f"<ref {member['ref']}>"
-
-
-def identity_by_ref(snap: dict) -> bool:
-    """True when a parameter is its ref alone, False when tensors sharing a data
-    pointer are one parameter (``docs/parameter-identity.md``).
-
-    Comparing data pointers is wrong on PyTorch: the Parameter object is the
-    autograd leaf that gets ``.grad`` and the key of the optimizer state, and
-    ``nn.Parameter(t)`` shares ``t``'s storage, so a new Parameter on the old one's
-    data (``weight_norm`` applied after the optimizer) gets the gradients while the
-    optimizer steps the old object. On TorchSharp refs are wrappers: two handles of
-    one native tensor share its gradient. Read from the snapshot's
-    ``optimizer.identity`` ("ref" | "data"), else from the backend."""
-    opt = snap.get("optimizer") or {}
-    if "identity" in opt:
-        return opt["identity"] == "ref"
-    return snap.get("backend") == "pytorch"
-
-
-def _by_identity(cls: type[Rule]) -> type[Rule]:
-    """Class decorator: where a parameter is its ref alone (:func:`identity_by_ref`),
-    the rule's ``check`` sees the snapshot without data pointers, so a Parameter that
-    merely shares a member's storage is not taken for that member (nor named after it)."""
-    check = cls.check
-
-    def by_identity(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
-        if identity_by_ref(snap):
-            snap = {**snap, "params": [{**p, "data_ptr": None} for p in snap["params"]],
-                    "groups": [{**g, "members": [{**m, "data_ptr": None} for m in g.get("members", ())]}
-                               for g in snap["groups"]]}
-        return check(self, snap, ctx)
-
-    cls.check = by_identity
-    return cls
-
-
-_ORIGINAL = re.compile(r"^(?:(.*)\.)?parametrizations\.([^.]+)\.original\d*$")
-
-
-def _parametrization(name: str) -> str | None:
-    """``fc.parametrizations.weight.original0`` → ``fc.parametrizations.weight``
-    (``torch.nn.utils.parametrize`` names the tensors a parametrization computes
-    ``fc.weight`` from ``original`` or ``original0``, ``original1``, ...), else None."""
-    m = _ORIGINAL.match(name)
-    return None if m is None else name[:name.rindex(".")]
-
-
-def _parametrized_into(snap: dict, former: str) -> str | None:
-    """The parametrization now standing for the former parameter name ``former``
-    (``fc.weight`` → ``fc.parametrizations.weight``), if the model has one."""
-    head, _, tail = former.rpartition(".")
-    target = f"{head}.parametrizations.{tail}" if head else f"parametrizations.{tail}"
-    return target if any(_parametrization(p["name"]) == target for p in snap["params"]) else None
-
-
-_LATE = "registered after the optimizer was built"
-
-
-def _former_name(ctx: RuleContext, ref: int) -> str | None:
-    """The model's name for ``ref`` in the latest earlier snapshot that had it (a
-    parameter replaced since: ``model.fc = nn.Linear(...)`` after the optimizer)."""
-    for prev in reversed(ctx.history):  # the current snapshot (last) does not have it: it is stale
-        for p in prev.get("params") or ():
-            if p.get("ref") == ref:
-                return p["name"]
-    return None
-
-
-#: What fails next when the optimizer holds disposed tensors (TorchSharp 0.107.0, recorded in
-#: ``tests/fixtures/torchsharp/0.107.0-runs/eager-param-list-1000``).
-_DISPOSED_NEXT = ("TorchSharp: the optimizer still holds the old, disposed tensors; the next zero_grad() "
-                  "or step() throws InvalidOperationException: Tensor invalid -- empty handle (OC109)")
-
-
-def _lazy_state(snap: dict) -> bool:
-    """True when the optimizer creates per-parameter state at its first step (PyTorch);
-    False when it creates it at construction and looks it up at every step (TorchSharp,
-    ``AdamW.step``: ``_state[param.handle]`` before the null-grad check, ``docs/torchsharp.md``)."""
-    opt = snap.get("optimizer") or {}
-    if "state_init" in opt:
-        return opt["state_init"] == "lazy"
-    return snap.get("backend") != "torchsharp"
-
-
-def prestep_finding(snap: dict, code: str) -> dict | None:
-    """The TorchSharp worker's own pre-step result for ``code``: the entry of the snapshot's
-    ``prestep_findings`` (``ProbeCore.PreStepProblems``, dotnet/Probe/ProbeCore.cs, run in
-    the worker right before the step; ``docs/dotnet.md``), ``{}`` when that check ran and
-    found no such problem, None when the snapshot carries no such check (PyTorch, recorded
-    TorchSharp fixtures, runs written before it): then the rule derives the finding itself."""
-    found = snap.get("prestep_findings")
-    if snap.get("backend") != "torchsharp" or not isinstance(found, list):
-        return None
-    return next((f for f in found if isinstance(f, dict) and f.get("code") == code), {})
-
-
-def _state_keys(snap: dict) -> set[int] | None:
-    state = snap.get("state")
-    return None if state is None else {s["ref"] for s in state}
-
-
-def _factored(shape, param_shape) -> bool:
-    """True when a state tensor's shape broadcasts to its parameter's, every
-    differing dimension being 1: a factored statistic, not a resized parameter."""
-    return all(a == b or a == 1 for a, b in zip(shape, param_shape))
-
-
-def _nonempty(ptr: int | None) -> bool:
-    return bool(ptr)
+from optcheck.snapshot import is_disposed, live_members, members
 
 
 @register
-@_by_identity
+@by_identity
 class StaleParam(Rule):
     """A param-group member is no longer one of the model's parameters.
 
@@ -167,21 +47,39 @@ class StaleParam(Rule):
     code, symbol, severity, family = "OC101", "stale-param", "error", "references"
     message = "optimizer steps {n} tensor(s) the model no longer uses: {names}"
 
+    @cases
+    def VALID():
+        return [
+            Valid(steps(clean(), 200, 300), "a consistent model and optimizer"),
+            Valid((edit(clean(backend="torchsharp"), params={1: param("layer1.weight", 5555, 11001)}),),
+                  "TorchSharp: a new handle on the member's data still trains it"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid((edit(clean(), params={1: param("layer1.weight", 5555, 6666)}),),
+                    "the model's parameter replaced after the optimizer was built", step=100, param="layer1.weight"),
+            Invalid((edit(clean(), params={1: param("layer1.weight", 5555, 11001)}),),
+                    "PyTorch: a new Parameter on the old one's storage is another leaf", step=100,
+                    param="layer1.weight"),
+        ]
+
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         refs = {p["ref"] for p in snap["params"]}
-        ptrs = {p["data_ptr"] for p in snap["params"] if _nonempty(p["data_ptr"])}
+        ptrs = {p["data_ptr"] for p in snap["params"] if nonempty(p["data_ptr"])}
         stale = [(gi, m) for gi, m in live_members(snap)
-                 if m["ref"] not in refs and not (_nonempty(m.get("data_ptr")) and m["data_ptr"] in ptrs)]
+                 if m["ref"] not in refs and not (nonempty(m.get("data_ptr")) and m["data_ptr"] in ptrs)]
         if not stale:
             return []
         names, shown = [], []
         for _, m in stale:
-            name = label = _name_of(snap, m)
+            name = label = name_of(snap, m)
             if name.startswith("<ref"):
-                former = _former_name(ctx, m["ref"])
+                former = former_name(ctx, m["ref"])
                 if former:
-                    name, via = former, _parametrized_into(snap, former)
-                    label = (f"{former} (replaced by the parametrization {via}, {_LATE})" if via
+                    name, via = former, parametrized_into(snap, former)
+                    label = (f"{former} (replaced by the parametrization {via}, {LATE})" if via
                              else f"{former} (replaced)")
                 else:
                     label = name
@@ -196,7 +94,7 @@ class StaleParam(Rule):
 
 
 @register
-@_by_identity
+@by_identity
 class UntrackedParam(Rule):
     """A trainable model parameter is in no param group.
 
@@ -218,65 +116,36 @@ class UntrackedParam(Rule):
     code, symbol, severity, family = "OC102", "untracked-param", "error", "references"
     message = "{n} trainable parameter(s) in no param group, never updated: {names}"
 
+    @cases
+    def VALID():
+        return [
+            Valid(steps(clean(), 200), "every trainable parameter in a group"),
+            Valid((edit(clean(), add_params=[param("frozen.w", 7778, rg=False)]),), "a frozen parameter in no group"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid((edit(clean(), add_params=[param("extra.gain", 7777, shape=(4,))]),),
+                    "a parameter registered after the optimizer was built", step=100, param="extra.gain"),
+        ]
+
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         mrefs = {m["ref"] for _, m in live_members(snap)}
-        mptrs = {m["data_ptr"] for _, m in live_members(snap) if _nonempty(m.get("data_ptr"))}
+        mptrs = {m["data_ptr"] for _, m in live_members(snap) if nonempty(m.get("data_ptr"))}
         lost = [p for p in snap["params"] if p["requires_grad"] and p["ref"] not in mrefs
-                and not (_nonempty(p["data_ptr"]) and p["data_ptr"] in mptrs)]
+                and not (nonempty(p["data_ptr"]) and p["data_ptr"] in mptrs)]
         if not lost or not snap["groups"]:
             return []
         names = [p["name"] for p in lost]
-        via = sorted({v for v in map(_parametrization, names) if v})
-        why = (f" (the originals of the parametrization{'s' if len(via) > 1 else ''} {listing(via)}, {_LATE})"
+        via = sorted({v for v in map(parametrization, names) if v})
+        why = (f" (the originals of the parametrization{'s' if len(via) > 1 else ''} {listing(via)}, {LATE})"
                if via else "")
         return [self.finding(
             snap, self.message.format(n=len(lost), names=listing(names)) + why, subjects=names,
             key=",".join(f"{p['name']}@{p['ref']}" for p in lost),
             next_failure="these parameters keep their initial values for the rest of the run",
             refs=[p["ref"] for p in lost])]
-
-
-@register
-class OrphanState(Rule):
-    """An optimizer-state entry belongs to no param-group member.
-
-    The optimizer holds per-parameter state (moment buffers) under a key that is no
-    longer one of its members: memory held for nothing, and the sign that the
-    members were swapped under it. On TorchSharp, whose ``AdamW`` re-walks the
-    model's current parameters at each step, orphan state goes with members that
-    have no state, and the next ``step()`` throws ``KeyNotFoundException``.
-
-    State of a member that has been disposed since (TorchSharp: the optimizer still
-    holds the dead tensor) is not an orphan: OC109 reports those members.
-
-    Fix: do not replace the tensors of a built optimizer; rebuild it and load its
-    state by parameter name.
-    """
-
-    code, symbol, severity, family = "OC103", "orphan-state", "error", "references"
-    message = "{n} optimizer-state entries belong to no param-group member"
-
-    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
-        keys = _state_keys(snap)
-        if keys is None:
-            return []
-        mrefs = {m["ref"] for _, m in live_members(snap)}
-        # state of a member disposed since (the optimizer still holds it) is OC109's, not an orphan
-        history = ctx.history if ctx.history and ctx.history[-1] is snap else [*ctx.history, snap]
-        mrefs |= {old["ref"] for _, _, old, _ in disposed_members(history) if old is not None}
-        orphans = sorted(k for k in keys if k not in mrefs)
-        if not orphans:
-            return []
-        prev_names = {}
-        if ctx.previous is not None:
-            prev_names = {p["ref"]: p["name"] for p in ctx.previous["params"]}
-        names = [prev_names.get(k, f"<ref {k}>") for k in orphans]
-        return [self.finding(
-            snap, self.message.format(n=len(orphans)) + (": " + listing(names) if prev_names else ""),
-            subjects=names, key=",".join(map(str, orphans)),
-            next_failure="the state is never used again; where the optimizer looks up state for its "
-                         "current members, that lookup fails",
-            refs=orphans)]
 
 
 @register
@@ -300,25 +169,39 @@ class RefChurn(Rule):
     code, symbol, severity, family = "OC104", "ref-churn", "error", "references"
     message = "{n} parameter(s) changed identity since step {prev}, the optimizer did not follow: {names}"
 
+    @cases
+    def VALID():
+        return [
+            Valid((clean(100), clean(200, first_ref=1050)), "a resumed job: a new model and a new optimizer over it"),
+            Valid(steps(clean(backend="torchsharp"), 200), "TorchSharp: the same handles at every snapshot"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid((clean(100), edit(at(clean(100), 200), params={0: param("layer0.weight", 9999, 8888)})),
+                    "a parameter replaced between two snapshots", step=200, param="layer0.weight"),
+        ]
+
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         prev = ctx.previous
         if prev is None:
             return []
         before = {p["name"]: p for p in prev["params"]}
-        keys = _state_keys(snap)
-        lazy = _lazy_state(snap)
+        keys = state_keys(snap)
+        lazy = lazy_state(snap)
 
         def usable(m: dict) -> bool:
             return lazy or keys is None or m["ref"] in keys
 
         tracked_refs = {m["ref"] for _, m in live_members(snap) if usable(m)}
-        tracked_ptrs = {m["data_ptr"] for _, m in live_members(snap) if usable(m) and _nonempty(m.get("data_ptr"))}
+        tracked_ptrs = {m["data_ptr"] for _, m in live_members(snap) if usable(m) and nonempty(m.get("data_ptr"))}
         churned = []
         for p in snap["params"]:
             old = before.get(p["name"])
             if old is None or old["ref"] == p["ref"]:
                 continue
-            if p["ref"] in tracked_refs or (_nonempty(p["data_ptr"]) and p["data_ptr"] in tracked_ptrs):
+            if p["ref"] in tracked_refs or (nonempty(p["data_ptr"]) and p["data_ptr"] in tracked_ptrs):
                 continue
             churned.append((old, p))
         if not churned:
@@ -328,7 +211,7 @@ class RefChurn(Rule):
         return [self.finding(
             snap, self.message.format(n=len(churned), prev=prev["step"], names=listing(names)),
             subjects=names, key=",".join(f"{p['name']}@{p['ref']}" for _, p in churned),
-            next_failure=(_DISPOSED_NEXT if any(is_disposed(m) for _, m in members(snap)) else
+            next_failure=(DISPOSED_NEXT if any(is_disposed(m) for _, m in members(snap)) else
                           "TorchSharp: the next step() throws KeyNotFoundException for the first new handle"
                           if not lazy else
                           "the optimizer keeps stepping the old tensors; these parameters stop training"),
@@ -354,11 +237,26 @@ class NonleafParam(Rule):
     code, symbol, severity, family = "OC105", "nonleaf-param", "error", "references"
     message = "{n} optimizer member(s) are not leaf tensors and never get a gradient: {names}"
 
+    @cases
+    def VALID():
+        return [
+            Valid(steps(clean(), 200), "every member a leaf"),
+            Valid((edit(clean(backend="torchsharp"), members={0: DISPOSED}),),
+                  "a disposed member is OC109's, not a non-leaf"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid((edit(clean(), members={2: {"is_leaf": False}}),), "a member that is the result of an op",
+                    step=100, param="layer2.weight"),
+        ]
+
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         bad = [m for _, m in live_members(snap) if m.get("is_leaf") is False]
         if not bad:
             return []
-        names = [_name_of(snap, m) for m in bad]
+        names = [name_of(snap, m) for m in bad]
         return [self.finding(
             snap, self.message.format(n=len(bad), names=listing(names)), subjects=names,
             key=",".join(str(m["ref"]) for m in bad),
@@ -383,16 +281,33 @@ class DuplicateParam(Rule):
     code, symbol, severity, family = "OC106", "duplicate-param", "error", "references"
     message = "tensor stepped {k} times per step by the optimizer: {names}"
 
+    @cases
+    def VALID():
+        return [
+            Valid(steps(clean(backend="torchsharp"), 200), "every tensor once"),
+            Valid((edit(clean(backend="torchsharp"), add_params=[param("lm_head.weight", 3333, 11000)]),),
+                  "TorchSharp: a tied weight with two handles, given to the optimizer once"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid((edit(clean(backend="torchsharp"), add_params=[param("lm_head.weight", 3333, 11000)],
+                          add_members=[member(param("lm_head.weight", 3333, 11000))],
+                          add_state=[state_of(param("lm_head.weight", 3333, 11000))]),),
+                    "TorchSharp: a tied weight's two handles both in the optimizer", step=100, param="lm_head.weight"),
+        ]
+
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         seen: dict[tuple, list[tuple[int, dict]]] = {}
         for gi, m in live_members(snap):
-            ident = ("ptr", m["data_ptr"]) if _nonempty(m.get("data_ptr")) else ("ref", m["ref"])
+            ident = ("ptr", m["data_ptr"]) if nonempty(m.get("data_ptr")) else ("ref", m["ref"])
             seen.setdefault(ident, []).append((gi, m))
         out = []
         for ident, dup in seen.items():
             if len(dup) < 2:
                 continue
-            names = sorted({_name_of(snap, m) for _, m in dup} | {
+            names = sorted({name_of(snap, m) for _, m in dup} | {
                 p["name"] for p in snap["params"] if ident[0] == "ptr" and p["data_ptr"] == ident[1]})
             out.append(self.finding(
                 snap, self.message.format(k=len(dup), names=listing(names)), subjects=names,
@@ -401,101 +316,3 @@ class DuplicateParam(Rule):
                              "(an effectively larger, unscheduled learning rate)",
                 groups=[gi for gi, _ in dup], refs=[m["ref"] for _, m in dup]))
         return out
-
-
-@register
-class StateMismatch(Rule):
-    """An optimizer-state tensor's shape or dtype differs from its parameter's.
-
-    Moment buffers (``exp_avg``, ``exp_avg_sq``) must match the parameter
-    elementwise. A mismatch means the parameter was converted or resized after the
-    optimizer created its state (``model.double()`` / ``model.to(dtype)`` after the
-    first step, a resized embedding) or the wrong state was loaded: the next
-    ``step()`` raises a dtype/shape error, or silently mixes precisions.
-    Scalar entries (``step``) are ignored, and so are factored statistics whose
-    shape broadcasts to the parameter's (``torch.optim.Adafactor``'s ``row_var``
-    of shape (m, 1) and ``col_var`` of shape (1, n) for an (m, n) weight).
-
-    Fix: convert or resize the model before building the optimizer, or rebuild
-    it; load optimizer state that belongs to this model.
-    """
-
-    code, symbol, severity, family = "OC107", "state-mismatch", "error", "references"
-    message = "{n} optimizer-state tensor(s) of {m} parameter(s) do not match their parameter: {names}"
-
-    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
-        if not snap.get("state"):
-            return []
-        by_ref = {m["ref"]: m for _, m in live_members(snap)}
-        bad = []
-        for s in snap["state"]:
-            m = by_ref.get(s["ref"])
-            if m is None or "shape" not in m:
-                continue
-            for key, t in (s.get("tensors") or {}).items():
-                shape = t["shape"] if isinstance(t, dict) else t
-                dtype = t.get("dtype") if isinstance(t, dict) else None
-                if not shape:  # scalar (step counter)
-                    continue
-                if len(shape) == len(m["shape"]) and list(shape) != list(m["shape"]) \
-                        and not _factored(shape, m["shape"]):
-                    bad.append((m, key, f"shape {shape} vs {m['shape']}"))
-                elif list(shape) == list(m["shape"]) and dtype and m.get("dtype") and \
-                        dtype.lower() != m["dtype"].lower():
-                    bad.append((m, key, f"dtype {dtype} vs {m['dtype']}"))
-        if not bad:
-            return []
-        names = sorted({_name_of(snap, m) for m, _, _ in bad})
-        return [self.finding(
-            snap, self.message.format(n=len(bad), m=len(names), names=listing(names)), subjects=names,
-            key=",".join(f"{m['ref']}:{k}" for m, k, _ in bad),
-            next_failure="the next step() raises a dtype/shape mismatch, or updates in mixed precision",
-            mismatches=[{"name": _name_of(snap, m), "state": k, "what": w} for m, k, w in bad])]
-
-
-@register
-class MissingState(Rule):
-    """A param-group member has no optimizer state where the optimizer expects it.
-
-    Optimizers that create state at construction and look it up at every step
-    (TorchSharp: ``_state[param.handle]`` in ``AdamW.step`` before the null-grad
-    check; ``docs/torchsharp.md``) throw when a member has no state: the next ``step()``
-    raises ``KeyNotFoundException`` with the decimal handle of the first such
-    member. PyTorch creates state lazily, so this rule is silent there. On a live
-    TorchSharp run the worker's own pre-step check (``ProbeCore.PreStepProblems``,
-    the same check ``PreStepGuard`` runs in C# loops) decides, and the snapshot carries
-    its result in ``prestep_findings`` (``docs/dotnet.md``).
-
-    Fix: build the optimizer after every change to the model's parameters
-    (``Module.to``, ``load``, assigning or registering a ``Parameter``).
-    """
-
-    code, symbol, severity, family = "OC108", "missing-state", "error", "references"
-    message = "{n} optimizer member(s) have no state; next step() throws KeyNotFoundException for key {key}: {names}"
-
-    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
-        pre = prestep_finding(snap, self.code)
-        if pre is not None:  # TorchSharp: the worker's own pre-step check decided (ProbeCore.PreStepProblems)
-            if not pre:
-                return []
-            by_ref = {m["ref"]: m for _, m in live_members(snap)}
-            refs = [int(r) for r in pre["refs"]]
-            names = [_name_of(snap, by_ref[r]) if r in by_ref else n for r, n in zip(refs, pre["names"])]
-            first = pre.get("predicted_key") or refs[0]
-        else:
-            keys = _state_keys(snap)
-            if keys is None or _lazy_state(snap):
-                return []
-            missing = [m for _, m in live_members(snap) if m["ref"] not in keys]
-            if not missing:
-                return []
-            names = [_name_of(snap, m) for m in missing]
-            refs = [m["ref"] for m in missing]
-            first = refs[0]
-        return [self.finding(
-            snap, self.message.format(n=len(refs), key=first, names=listing(names)), subjects=names,
-            key=",".join(str(r) for r in refs),
-            next_failure=f"the next step() throws KeyNotFoundException: The given key '{first}' "
-                         f"was not present in the dictionary.",
-            predicted_exception="System.Collections.Generic.KeyNotFoundException",
-            predicted_key=str(first), refs=refs)]

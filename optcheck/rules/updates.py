@@ -1,7 +1,10 @@
-"""Update rules: does the optimizer really move the parameters it holds?
+"""Update rules OC204–OC208 (family "updates"): does every ``optimizer.step()`` apply
+one fresh gradient, and does it really move the parameters it holds?
 
-OC205 asks three signals, any one of which says "this parameter was updated"
-between two snapshots (``docs/parameter-identity.md``):
+OC204, OC206, OC207 and OC208 read the events of the gradient-flow probe
+(``optcheck/pytorch/grad_clear.py``, ``optcheck.Monitor``): gradients not cleared,
+no step, cleared before the step, applied twice. OC205 asks three signals, any one
+of which says "this parameter was updated" between two snapshots (``docs/parameter-identity.md``):
 
 - its values: ``checksum`` (the sum of the values' bit patterns, recorded by the
   probe) changed. Every implementation changes values, including fused kernels
@@ -21,8 +24,9 @@ from typing import Iterable
 
 from optcheck.findings import Finding
 from optcheck.rules._events import events
+from optcheck.rules._fixtures import Invalid, Valid, at, cases, clean, event, steps, with_events, with_lr, with_params
+from optcheck.rules._identity import identity_by_ref
 from optcheck.rules.base import Rule, RuleContext, listing, register
-from optcheck.rules.references import identity_by_ref
 from optcheck.snapshot import members
 
 _LOW_PRECISION = ("bfloat16", "float16")
@@ -73,9 +77,28 @@ class StalledParam(Rule):
     to the end without learning anything.
     """
 
-    code, symbol, severity, family = "OC205", "stalled-param", "error", "gradients"
+    code, symbol, severity, family = "OC205", "stalled-param", "error", "updates"
     message = ("{n} parameter(s) had gradients but were not updated from step {since} to step {step} "
                "({k} snapshot intervals in a row: same values, version counter and optimizer step count): {names}")
+
+    @cases
+    def VALID():
+        return [
+            Valid(steps(clean(), 200, 300, 400), "every step bumps the version counters"),
+            Valid((clean(), *(with_params(at(clean(), s), version=1, checksum=s) for s in (200, 300, 400))),
+                  "a fused step: the values move, the version counter does not"),
+            Valid(tuple(with_lr(with_params(at(clean(), s), version=1), 0.0) for s in (100, 200, 300, 400)),
+                  "a learning rate of 0 (warm-up from 0)"),
+            Valid(tuple(with_params(at(clean(), s), version=1, grad="none", grad_norm=None) for s in (100, 200, 300)),
+                  "no gradient: nothing to apply"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid(tuple(with_params(at(clean(), s), version=1) for s in (100, 200, 300, 400)),
+                    "step() never called on the optimizer holding them", step=300, param="layer0.weight"),
+        ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         prev = ctx.previous
@@ -127,12 +150,31 @@ class _EventRule(Rule):
     """A rule that reports the first event of ``event_kind`` (recorded by a probe)
     with the step it was first seen and how often it happened: ``count`` optimizer
     steps out of ``detail["steps"]`` checked since (``optcheck/pytorch/grad_clear.py``),
-    up to the snapshot's step."""
+    up to the snapshot's step.
+
+    The message is ``what`` and then where: "at step 2" when the event was first seen
+    at the snapshot's own step (the usual case: the finding comes at once), else
+    "from step 2: at 9 of the 19 optimizer steps checked up to step 20" (or "at every
+    one of the 19 ...", or without "of the N" for streams recorded before the events
+    carried ``steps``)."""
 
     event_kind: str = ""
     next_failure: str = ""
-    #: for streams whose events carry no ``steps`` (recorded before they did)
-    message_count_only: str = ""
+    #: the sentence before "at step N" / "from step N: ..."; empty: ``message`` says it all
+    what: str = ""
+
+    def describe(self, step, count: int, steps: int | None, last: int) -> str:
+        """The message for an event first seen at ``step``, ``count`` times in ``steps`` checked, up to ``last``."""
+        if not self.what:
+            return self.message.format(step=step, count=count, steps=steps, last=last)
+        if step == last:
+            return f"{self.what} at step {step}"
+        if steps is None:
+            return f"{self.what}, from step {step}: at {count} optimizer step(s) up to step {last}"
+        if count == steps:
+            return (f"{self.what}, from step {step}: at every one of the {steps} optimizer steps checked "
+                    f"up to step {last}")
+        return f"{self.what}, from step {step}: at {count} of the {steps} optimizer steps checked up to step {last}"
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         evs = events(snap, self.event_kind)
@@ -142,8 +184,7 @@ class _EventRule(Rule):
         count = sum(x.get("count", 1) for x in evs)
         detail = dict(e.get("detail") or {})
         steps = detail.pop("steps", None)
-        template = self.message if steps is not None else self.message_count_only
-        return [self.finding(snap, template.format(step=e.get("step"), count=count, steps=steps, last=snap["step"]),
+        return [self.finding(snap, self.describe(e.get("step"), count, steps, snap["step"]),
                              key=self.event_kind, next_failure=self.next_failure, first_step=e.get("step"),
                              count=count, steps_checked=steps, **detail)]
 
@@ -162,13 +203,24 @@ class GradNotCleared(_EventRule):
     gradient accumulation over micro-batches is fine and is not reported.
     """
 
-    code, symbol, severity, family = "OC204", "grad-not-cleared", "error", "gradients"
-    message = ("gradients of the previous step were still in .grad at backward(), from step {step}: "
-               "at {count} of the {steps} optimizer step(s) checked up to step {last}")
-    message_count_only = ("gradients of the previous step were still in .grad at backward(), from step {step}: "
-                          "at {count} optimizer step(s) up to step {last}")
+    code, symbol, severity, family = "OC204", "grad-not-cleared", "error", "updates"
+    what = "gradients of the previous step were still in .grad at backward()"
+    message = what + ", from step {step}: at {count} of the {steps} optimizer steps checked up to step {last}"
     event_kind = "grad_not_cleared"
     next_failure = "gradients accumulate across steps: updates grow until the loss diverges"
+
+    @cases
+    def VALID():
+        return [
+            Valid(steps(clean(2), 10, 20), "zero_grad() at every step"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid(tuple(with_events(at(clean(2), s), event("grad_not_cleared", 2, count=n, shape=[2], steps=n))
+                          for s, n in ((2, 1), (10, 9), (20, 19))), "zero_grad() never called", step=2),
+        ]
 
 
 @register
@@ -183,11 +235,23 @@ class NoOptimizerStep(_EventRule):
     once every N micro-batches), on the optimizer the monitor watches.
     """
 
-    code, symbol, severity, family = "OC206", "no-optimizer-step", "error", "gradients"
+    code, symbol, severity, family = "OC206", "no-optimizer-step", "error", "updates"
     message = "{count} backward() call(s) in a row without an optimizer.step() (from step {step})"
-    message_count_only = message
     event_kind = "no_optimizer_step"
     next_failure = "the model keeps its initial weights for the whole run"
+
+    @cases
+    def VALID():
+        return [
+            Valid(steps(clean(10), 20), "a step after every backward()"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid((clean(10), with_events(at(clean(10), 20), event("no_optimizer_step", 11, count=10))),
+                    "backward() without optimizer.step()", step=20),
+        ]
 
 
 @register
@@ -203,13 +267,25 @@ class GradClearedBeforeStep(_EventRule):
     (or ``backward()``, ``step()``, ``zero_grad()``).
     """
 
-    code, symbol, severity, family = "OC207", "grad-cleared-before-step", "error", "gradients"
-    message = ("optimizer.step() found the gradients cleared after backward(), from step {step}: "
-               "at {count} of the {steps} optimizer step(s) checked up to step {last}")
-    message_count_only = ("optimizer.step() found the gradients cleared after backward(), from step {step}: "
-                          "at {count} optimizer step(s) up to step {last}")
+    code, symbol, severity, family = "OC207", "grad-cleared-before-step", "error", "updates"
+    what = "optimizer.step() found the gradients cleared after backward()"
+    message = what + ", from step {step}: at {count} of the {steps} optimizer steps checked up to step {last}"
     event_kind = "grad_cleared_before_step"
     next_failure = "no update uses a gradient: the loss does not fall"
+
+    @cases
+    def VALID():
+        return [
+            Valid(steps(clean(10), 20), "zero_grad() before backward()"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid((clean(10), with_events(at(clean(10), 20),
+                                                    event("grad_cleared_before_step", 11, count=9, steps=10))),
+                    "zero_grad() between backward() and step()", step=20),
+        ]
 
 
 @register
@@ -224,10 +300,21 @@ class StaleGradStep(_EventRule):
     Fix: one ``optimizer.step()`` per ``backward()`` (or per accumulation window).
     """
 
-    code, symbol, severity, family = "OC208", "stale-grad-step", "error", "gradients"
-    message = ("optimizer.step() applied the previous gradients again, from step {step}: "
-               "at {count} of the {steps} optimizer step(s) checked up to step {last}")
-    message_count_only = ("optimizer.step() applied the previous gradients again, from step {step}: "
-                          "at {count} optimizer step(s) up to step {last}")
+    code, symbol, severity, family = "OC208", "stale-grad-step", "error", "updates"
+    what = "optimizer.step() applied the previous gradients again"
+    message = what + ", from step {step}: at {count} of the {steps} optimizer steps checked up to step {last}"
     event_kind = "stale_grad_step"
     next_failure = "updates are repeated: an effectively larger, uneven learning rate"
+
+    @cases
+    def VALID():
+        return [
+            Valid(steps(clean(10), 20), "one step per backward()"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid((with_events(clean(2), event("stale_grad_step", 2, count=1, steps=1)),),
+                    "optimizer.step() twice per iteration", step=2),
+        ]

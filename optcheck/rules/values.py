@@ -12,6 +12,7 @@ from typing import Iterable
 
 from optcheck.findings import Finding
 from optcheck.rules._events import events, names
+from optcheck.rules._fixtures import Invalid, Valid, cases, clean, edit, event, steps, with_events, with_params
 from optcheck.rules.base import Rule, RuleContext, register
 from optcheck.snapshot import to_float
 
@@ -42,6 +43,24 @@ class NonFinite(Rule):
 
     code, symbol, severity, family = "OC501", "non-finite", "error", "values"
     message = "non-finite {what} at step {step}{extra}"
+
+    @cases
+    def VALID():
+        return [
+            Valid(steps(clean(), 200), "finite loss and gradients"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid((clean(200),
+                     with_events(clean(300), event("nonfinite", 297, what="grad", params=["layer0.weight"]))),
+                    "a NaN gradient seen by the probes", step=300, param="layer0.weight"),
+            Invalid((clean(200), edit(clean(300), loss="nan")), "a recorded stream whose loss is NaN", step=300,
+                    param="loss"),
+            Invalid((clean(200), with_params(clean(300), grad_norm="inf")), "an infinite gradient norm", step=300,
+                    param="layer0.weight"),
+        ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         found: dict[str, tuple[int, list[str]]] = {}

@@ -1,17 +1,54 @@
-"""The rule catalogue itself: every rule documented, and exercised by some test."""
+"""The rule catalogue itself: every rule documented, with VALID and INVALID examples
+(``test_rule_fixtures.py`` runs them), in the module of its family, and made to fire
+by at least one real run — a soak, a zoo loop, a seed scenario, or a run recorded on
+TorchSharp — whose test asserts its code (``REAL_RUNS``)."""
 
 from __future__ import annotations
 
+import ast
+import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from optcheck import rules
 from optcheck.findings import SEVERITIES
+from optcheck.rules._fixtures import Invalid, Valid
 
-TESTS = Path(__file__).resolve().parents[1]
-ALL_TEST_TEXT = "\n".join(p.read_text(encoding="utf-8") for p in TESTS.rglob("test_*.py")
-                          if p.name != "test_catalogue.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+#: code -> the pytest node id of a test that runs a real training loop (or reads a run
+#: recorded on TorchSharp) and asserts that the rule fires there.
+REAL_RUNS = {
+    "OC101": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[load-assign]",
+    "OC102": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[module-swapped]",
+    "OC103": "tests/unit/test_fixtures_torchsharp.py::test_head_weight_assign_names_only_the_head",
+    "OC104": "tests/integration/test_soak.py::test_injected_fault_is_flagged_at_its_step[param-rebind-expected0]",
+    "OC105": "tests/unit/test_rules_real_records.py::"
+             "test_to_float64_on_0996_makes_the_plain_parameter_fields_non_leaf_members",
+    "OC106": "tests/unit/test_fixtures_torchsharp.py::test_tied_is_a_duplicate_by_data_pointer",
+    "OC107": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[half-after-state]",
+    "OC108": "tests/unit/test_fixtures_torchsharp.py::test_missing_state_predicts_the_exact_key_of_the_exception"
+             "[to-float64]",
+    "OC109": "tests/unit/test_fixtures_torchsharp.py::"
+             "test_0107_eager_param_list_names_the_disposed_members_and_the_exception",
+    "OC201": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[grad-of-intermediate]",
+    "OC202": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[unused-layer]",
+    "OC203": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[loss-detached]",
+    "OC204": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[missing-zero-grad]",
+    "OC205": "tests/integration/test_monitor_optimizers.py::test_a_hand_written_step_that_rebinds_is_stalled",
+    "OC206": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[missing-step]",
+    "OC207": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[zero-grad-between]",
+    "OC208": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[double-step]",
+    "OC301": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[inplace-exp]",
+    "OC401": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[leak]",
+    "OC402": "tests/unit/test_memory_rule.py::test_recorded_missing_dispose_scope_is_named_at_600",
+    "OC501": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[exploding-lr]",
+    "OC601": "tests/integration/test_compare_soaks.py::test_another_optimizer_fails",
+}
 
 
 @pytest.mark.parametrize("cls", rules.catalogue(), ids=lambda c: c.code)
@@ -24,5 +61,82 @@ def test_rule_is_documented(cls):
 
 
 @pytest.mark.parametrize("cls", rules.catalogue(), ids=lambda c: c.code)
-def test_rule_is_exercised_by_a_test(cls):
-    assert cls.code in ALL_TEST_TEXT, f"no test mentions {cls.code}"
+def test_rule_has_valid_and_invalid_examples(cls):
+    assert cls.VALID and all(type(c) is Valid for c in cls.VALID), f"{cls.code} needs VALID examples"
+    assert cls.INVALID and all(type(c) is Invalid for c in cls.INVALID), f"{cls.code} needs INVALID examples"
+
+
+@pytest.mark.parametrize("cls", rules.catalogue(), ids=lambda c: c.code)
+def test_rule_lives_in_the_module_of_its_family(cls):
+    module = cls.__module__.rsplit(".", 1)[1]
+    assert cls.family and (module == cls.family or module.startswith(cls.family + "_")), (cls.code, module, cls.family)
+
+
+# -- every rule fires in a real run ---------------------------------------------------------
+
+#: Collects the named test files (``pytest --collect-only``) and prints, per test item, its
+#: function's source and its parametrize values: the catalogue test reads these, not the files' text.
+_COLLECT = textwrap.dedent("""
+    import inspect, json, sys
+    import pytest
+
+    class Items:
+        out = {}
+
+        def pytest_collection_finish(self, session):
+            for item in session.items:
+                cs = getattr(item, "callspec", None)
+                self.out[item.nodeid] = {
+                    "source": inspect.getsource(item.function),
+                    "params": {k: repr(v) for k, v in (cs.params if cs else {}).items()}}
+
+    items = Items()
+    rc = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *sys.argv[2:]], plugins=[items])
+    with open(sys.argv[1], "w") as f:
+        json.dump({"rc": int(rc), "items": items.out}, f)
+""")
+
+
+@pytest.fixture(scope="module")
+def collected(tmp_path_factory):
+    files = sorted({node.split("::")[0] for node in REAL_RUNS.values()})
+    out = tmp_path_factory.mktemp("collect") / "items.json"
+    proc = subprocess.run([sys.executable, "-c", _COLLECT, str(out), *files], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert out.exists(), proc.stdout[-2000:] + proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["rc"] == 0, proc.stdout[-2000:]
+    return res["items"]
+
+
+def asserts_code(source: str, params: dict[str, str], code: str) -> bool:
+    """True when the test function's code (not its docstring, not a comment) holds
+    ``code`` in a string, or uses a parameter whose value for this item holds it."""
+    fn = ast.parse(textwrap.dedent(source)).body[0]
+    body = fn.body[1:] if fn.body and isinstance(fn.body[0], ast.Expr) and \
+        isinstance(fn.body[0].value, ast.Constant) else fn.body
+    nodes = [n for stmt in body for n in ast.walk(stmt)]
+    if any(isinstance(n, ast.Constant) and isinstance(n.value, str) and code in n.value for n in nodes):
+        return True
+    used = {n.id for n in nodes if isinstance(n, ast.Name)}
+    return any(name in used and code in value for name, value in params.items())
+
+
+def test_every_rule_has_a_real_run():
+    assert sorted(REAL_RUNS) == sorted(cls.code for cls in rules.catalogue()), \
+        "every rule needs a real run (a soak, a zoo loop, a seed scenario, a recorded TorchSharp run) in REAL_RUNS"
+
+
+@pytest.mark.parametrize("code", sorted(REAL_RUNS))
+def test_the_real_run_exists_and_asserts_the_code(code, collected):
+    node = REAL_RUNS[code]
+    assert node in collected, f"{code}: no test {node}"
+    item = collected[node]
+    assert asserts_code(item["source"], item["params"], code), f"{node} does not assert {code}"
+
+
+def test_asserts_code_reads_code_not_comments_or_docstrings():
+    src = 'def test_x(code):\n    """OC999 in a docstring."""\n    # OC998 in a comment\n    assert code in found\n'
+    assert not asserts_code(src, {}, "OC999") and not asserts_code(src, {}, "OC998")
+    assert asserts_code(src, {"code": "'OC997'"}, "OC997") and not asserts_code(src, {"bug": "'OC997'"}, "OC997")
+    assert asserts_code('def test_y():\n    assert f.code == "OC996"\n', {}, "OC996")

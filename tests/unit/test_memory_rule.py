@@ -76,7 +76,10 @@ def test_budget_projection_in_message():
     f = found[0]
     expected = (4 * 2**30 - BASE) / slope  # ~89,500
     assert f.detail["projected_step"] == pytest.approx(expected, rel=0.05)
-    assert re.fullmatch(r"RSS grows 4\d\.\d MiB per 1,000 steps; exceeds the 4 GiB budget at step ~[\d,]+", f.message)
+    assert f.detail["slope_per_1k_steps"] == pytest.approx(41.2 * MiB, rel=0.1)
+    assert f.detail["budget_bytes"] == 4 * 2**30
+    # the message gives the rate, the budget and the projected step
+    assert re.search(r"\b4\d\.\d MiB\b", f.message) and "4 GiB" in f.message
     assert f"{f.detail['projected_step']:,}" in f.message
     assert "4 GiB budget" in f.next_failure
 
@@ -136,7 +139,8 @@ def test_live_tensor_count_leak_and_jitter():
     found = run(stream(x, live_tensors=leak, rss_bytes=BASE + rng.normal(0, MiB, len(x))))
     assert [f.subjects for f in found] == [["live_tensors"]]
     # the steady-rise path sees it three snapshots in; RSS noise is not reported as its bytes
-    assert found[0].step == 200 and found[0].message.startswith("live tensor count rises by 0.98 tensors per step")
+    assert found[0].step == 200 and found[0].detail["per_step"] == pytest.approx(0.98, abs=0.005)
+    assert "0.98" in found[0].message
     assert "RSS" not in found[0].message
     assert run(stream(x, live_tensors=jitter)) == []
 
@@ -247,9 +251,9 @@ def test_live_tensor_count_rising_by_one_per_step_fires_three_snapshots_after_on
     found = run(stream(x, live_tensors=live, rss_bytes=rss))
     assert [(f.code, f.step, f.key) for f in found] == [("OC401", 800, "live_tensors")], [f.message for f in found]
     f = found[0]
-    assert f.message.startswith("live tensor count rises by 1 tensor per step at every snapshot (steps 500-800")
-    assert "RSS +2.2 MiB per step over the same steps" in f.message
+    assert f.detail["window"] == [500, 800] and f.detail["bytes_metric"] == "rss_bytes"
     assert f.detail["per_step"] == 1 and f.detail["bytes_per_step"] == pytest.approx(2.2 * MiB)
+    assert "500-800" in f.message and "2.2 MiB" in f.message  # the window and the bytes a step holds
     assert f.detail["shape"] == "steady"
 
 
@@ -259,7 +263,7 @@ def test_heap_in_use_rising_steadily_fires_with_bytes_per_step():
     heap = 120 * MiB + 250_000 * np.clip(x - 100, 0, None) + np.random.default_rng(0).integers(0, 4096, len(x))
     found = run(stream(x, heap_in_use_bytes=heap))
     assert [(f.step, f.key) for f in found] == [(250, "heap_in_use_bytes")]
-    assert "malloc heap in use rises by 24" in found[0].message and "KiB per step" in found[0].message
+    assert found[0].detail["per_step"] == pytest.approx(250_000, rel=0.01) and "244.1 KiB" in found[0].message
 
 
 def test_steady_rise_needs_three_equal_rises_and_no_decrease():
@@ -299,9 +303,10 @@ def test_rss_level_shift_is_reported_as_a_shift_not_a_projection():
     rss = np.where(x <= 500, 303 * MiB, 1.6 * 2**30 + 65 * MiB / 1000 * (x - 600)) + rng.normal(0, MiB, len(x))
     found = run(stream(x, rss_bytes=rss), RuleConfig(memory_budget_bytes=int(23.5 * 2**30)))
     assert [(f.step, f.key) for f in found] == [(700, "rss_bytes")], [f.message for f in found]
-    m = found[0].message
-    assert re.match(r"RSS rose by 1\.3 GiB between steps 500 and 600 \(30[23]\.\d MiB -> 1\.6 GiB\) and stayed", m), m
-    assert "budget" not in m and found[0].detail["shape"] == "shift" and found[0].detail["projected_step"] is None
+    f = found[0]
+    assert f.detail["shape"] == "shift" and f.detail["window"] == [500, 600] and f.detail["projected_step"] is None
+    assert f.detail["rise_bytes"] == pytest.approx(1.6 * 2**30 - 303 * MiB, abs=8 * MiB)
+    assert "1.3 GiB" in f.message and "1.6 GiB" in f.message and "budget" not in f.message
 
 
 @pytest.mark.parametrize("rss_after", [360 * MiB, 900 * MiB])
@@ -338,8 +343,11 @@ def check_run(name: str, budget: int | None = None) -> list:
 def test_recorded_state_leak_is_found_at_800():
     found = check_run("state-leak-500", budget=int(23.5 * 2**30))
     assert [(f.code, f.step, f.key) for f in found] == [("OC401", 800, "live_tensors")], [f.message for f in found]
-    assert "rises by 1 tensor per step at every snapshot (steps 500-800: 111 tensors -> 411 tensors)" in found[0].message
-    assert "RSS +1.7 MiB per step" in found[0].message
+    f = found[0]
+    assert (f.detail["window"], f.detail["per_step"], f.detail["values"][0], f.detail["values"][-1]) == \
+        ([500, 800], 1, 111, 411)
+    assert f.detail["bytes_metric"] == "rss_bytes" and f.detail["bytes_per_step"] == pytest.approx(1.7 * MiB, rel=0.05)
+    assert "111" in f.message and "411" in f.message and "1.7 MiB" in f.message
 
 
 def test_recorded_missing_dispose_scope_is_named_at_600():
@@ -347,11 +355,12 @@ def test_recorded_missing_dispose_scope_is_named_at_600():
     assert [(f.code, f.step) for f in found] == [("OC402", 600), ("OC401", 700)], [f.message for f in found]
     scope, shift = found
     assert scope.symbol == "missing-dispose-scope" and scope.subjects == ["DisposeScope"]
-    assert ("outside any DisposeScope" in scope.message and "from 293 to 8,693 between steps 500 and 600" in scope.message
-            and "at least 84 tensors per step" in scope.message and "110 are alive after GC.Collect()" in scope.message
-            and "RSS 302.9 MiB -> 1.6 GiB" in scope.message), scope.message
-    assert scope.detail["tensors_per_step"] == 84 and scope.detail["source"] == "peak"
-    assert shift.message.startswith("RSS rose by 1.3 GiB between steps 500 and 600") and "347,000" not in shift.message
+    assert (scope.detail["tensors_per_step"], scope.detail["source"]) == (84, "peak")
+    assert scope.detail["window"] == [500, 600]
+    for fact in ("293", "8,693", "84", "110", "302.9 MiB", "1.6 GiB"):  # peaks, per step, alive, RSS before/after
+        assert fact in scope.message, (fact, scope.message)
+    assert shift.detail["shape"] == "shift" and shift.detail["window"] == [500, 600]
+    assert shift.detail["projected_step"] is None and "347,000" not in shift.message
 
 
 @pytest.mark.parametrize("name", ["clean-1000", "lifecycle-3000"])
@@ -374,7 +383,7 @@ def ts_stream(steps, **series) -> list[dict]:
 
 
 def test_dispose_scope_statistics_name_tensors_per_step():
-    from optcheck.rules.dispose_scope import MissingDisposeScope
+    from optcheck.rules.memory_dispose_scope import MissingDisposeScope
 
     x = steps_every(100, 1000)
     created = 5000 + 84 * np.clip(x - 500, 0, None) + 26 * (x // 100)   # the probe's own wrappers: disposed
@@ -386,13 +395,15 @@ def test_dispose_scope_statistics_name_tensors_per_step():
         engine.feed(s)
     found = engine.findings
     assert [(f.code, f.step) for f in found] == [("OC402", 600)]
-    assert "84 tensors per step created outside any scope and never disposed (8,400 between steps 500 and 600" \
-        in found[0].message
-    assert "RSS 303 MiB -> 1.6 GiB" in found[0].message and found[0].detail["source"] == "statistics"
+    f = found[0]
+    assert (f.detail["tensors_per_step"], f.detail["window"], f.detail["source"]) == (84, [500, 600], "statistics")
+    assert f.detail["rss_bytes"] == pytest.approx(1.6 * 2**30)
+    for fact in ("84", "8,400", "303 MiB", "1.6 GiB"):  # per step, in the interval, RSS before/after
+        assert fact in f.message, (fact, f.message)
 
 
 def test_dispose_scope_silent_when_everything_is_scoped_or_disposed():
-    from optcheck.rules.dispose_scope import MissingDisposeScope
+    from optcheck.rules.memory_dispose_scope import MissingDisposeScope
 
     x = steps_every(100, 2000)
     created = 26 * (x // 100) + 26 * (x >= 1500)        # a resume loads 26 tensors outside any scope, keeps them
@@ -410,13 +421,14 @@ def test_dispose_scope_silent_when_everything_is_scoped_or_disposed():
 
 
 def test_unscoped_from_the_first_step_is_found_at_the_first_snapshot():
-    from optcheck.rules.dispose_scope import MissingDisposeScope
+    from optcheck.rules.memory_dispose_scope import MissingDisposeScope
 
     engine = RuleEngine(RuleConfig(), rules=[MissingDisposeScope])
     for s in ts_stream([0, 100, 200], live_tensors=[110, 110, 110], peak_tensors=[110, 8693, 8693]):
         engine.feed(s)
     assert [(f.code, f.step) for f in engine.findings] == [("OC402", 100)]
-    assert "rose from 110 to 8,693 between steps 0 and 100" in engine.findings[0].message
+    f = engine.findings[0]
+    assert f.detail["window"] == [0, 100] and f.detail["source"] == "peak" and "8,693" in f.message
 
 
 # ------------------------------------------------------------------ the malloc heap reading itself
@@ -443,7 +455,7 @@ def test_dispose_scope_tensors_kept_alive_are_not_garbage():
     """A resume at every=1: 100 tensors made outside any scope in one step and kept as the new
     model (the post-GC count rises by as many) — not left for the GC, so silent; the same 100
     dropped (the live count unchanged) is the finding."""
-    from optcheck.rules.dispose_scope import MissingDisposeScope
+    from optcheck.rules.memory_dispose_scope import MissingDisposeScope
 
     x = np.arange(1, 11)
     created = np.where(x >= 6, 100, 0)

@@ -1,8 +1,7 @@
-"""Reference rules OC101–OC108: each fires on its fault and is silent on a clean snapshot.
-
-Synthetic snapshots pin each rule's logic; the real-torch tests apply the
-PyTorch scenario implementations to a real GPT + AdamW and read them with the
-real probe.
+"""Reference rules OC101–OC109 beyond their VALID/INVALID examples (which
+``test_rule_fixtures.py`` runs): what the findings say (refs, predicted key, the
+names of disposed members), and the rules on a real GPT + AdamW read by the real probe
+after each PyTorch scenario.
 """
 
 from __future__ import annotations
@@ -25,30 +24,6 @@ def run(*snaps):
 def test_clean_stream_is_silent(backend):
     s = clean(backend=backend)
     assert run(s, at(s, 200), at(s, 300)) == []
-
-
-def test_oc101_stale_param_member_not_in_model():
-    s = clean()
-    s["params"][1] = param("layer1.weight", 5555, 6666)  # replaced: new ref, new data
-    f = [x for x in run(s) if x.code == "OC101"]
-    assert len(f) == 1 and f[0].subjects == ["layer1.weight"]
-
-
-def test_oc101_silent_when_data_is_shared():
-    # TorchSharp eager list after to(): a new handle on the same data still trains the model's tensor
-    s = clean(backend="torchsharp")
-    s["params"][1] = dict(s["params"][1], ref=5555)
-    assert "OC101" not in codes(run(s))
-
-
-def test_oc102_untracked_param():
-    s = clean()
-    s["params"].append(param("extra.gain", 7777, shape=(4,)))
-    f = [x for x in run(s) if x.code == "OC102"]
-    assert f and f[0].subjects == ["extra.gain"]
-    frozen = clean()
-    frozen["params"].append(param("frozen.w", 7778, rg=False))
-    assert "OC102" not in codes(run(frozen))
 
 
 def test_oc103_orphan_state():
@@ -77,12 +52,6 @@ def test_oc104_silent_when_optimizer_follows():
     b["groups"][0]["members"] = [member(p) for p in b["params"]]
     b["state"] = [state_of(p) for p in b["params"]]
     assert run(a, b) == []
-
-
-def test_oc105_nonleaf_member():
-    s = clean()
-    s["groups"][0]["members"][2]["is_leaf"] = False
-    assert [x.subjects for x in run(s) if x.code == "OC105"] == [["layer2.weight"]]
 
 
 def test_oc106_duplicate_by_data_pointer_not_ref():
@@ -244,5 +213,5 @@ def test_oc107_factored_statistics_are_not_a_shape_mismatch():
     assert run(s) == []
     s["state"][0]["tensors"]["exp_avg"] = {"shape": [6, 4], "dtype": "float32"}  # a resized parameter still is
     (f,) = [x for x in run(s) if x.code == "OC107"]
-    assert f.message == ("1 optimizer-state tensor(s) of 1 parameter(s) do not match their parameter: "
-                         "layer0.weight") and "shape [6, 4] vs [4, 4]" in f.detail["mismatches"][0]["what"]
+    assert f.subjects == ["layer0.weight"] and f.detail["mismatches"] == [
+        {"name": "layer0.weight", "state": "exp_avg", "what": "shape [6, 4] vs [4, 4]"}]

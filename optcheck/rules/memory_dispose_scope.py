@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from optcheck.findings import Finding
+from optcheck.rules._fixtures import Invalid, Valid, cases, memory_stream
 from optcheck.rules.base import Rule, RuleContext, register
 from optcheck.snapshot import to_float
 from optcheck.units import format_bytes, format_steps
@@ -68,6 +69,30 @@ class MissingDisposeScope(Rule):
 
     code, symbol, severity, family = "OC402", "missing-dispose-scope", "warning", "memory"
     message = "tensors are created outside any DisposeScope and left for the GC: {what}"
+
+    @cases
+    def VALID():
+        return [
+            Valid(memory_stream([0, 100, 200], "torchsharp", live_tensors=lambda s: 110, peak_tensors=lambda s: 293),
+                  "TorchSharp: every step in a DisposeScope (peak ~2.7x the live count)"),
+            Valid(memory_stream(range(100, 1001, 100), live_tensors=lambda s: 90, rss_bytes=lambda s: 300 * 2**20),
+                  "PyTorch records none of the fields"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid(memory_stream([0, 100, 200], "torchsharp", live_tensors=lambda s: 110,
+                                  peak_tensors=lambda s: 110 if s == 0 else 8693),
+                    "TorchSharp: no scope from the first step (peak live-tensor count)", step=100,
+                    param="DisposeScope"),
+            Invalid(memory_stream(range(100, 1001, 100), "torchsharp", live_tensors=lambda s: 110,
+                                  peak_tensors=lambda s: 293, tensors_disposed_outside_scope=lambda s: 26 * (s // 100),
+                                  tensors_created_outside_scope=lambda s: (5000 + 84 * max(0, s - 500)
+                                                                           + 26 * (s // 100))),
+                    "TorchSharp: the scope dropped at step 500 (DisposeScopeManager.Statistics)", step=600,
+                    param="DisposeScope"),
+        ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         memo = ctx.memo.setdefault(self.code, {})

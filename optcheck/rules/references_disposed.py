@@ -15,7 +15,8 @@ from typing import Iterable
 
 from optcheck.findings import Finding
 from optcheck.rules.base import Rule, RuleContext, listing, register
-from optcheck.rules.references import _name_of
+from optcheck.rules._fixtures import Invalid, Valid, cases, clean, disposed_after_to_dtype, steps
+from optcheck.rules._identity import name_of
 from optcheck.snapshot import disposed_members
 
 EXCEPTION = "System.InvalidOperationException"
@@ -51,6 +52,21 @@ class DisposedParam(Rule):
     message = ("{n} optimizer member(s) are disposed tensors (empty handle); the next zero_grad() "
                "or step() throws InvalidOperationException: {names}")
 
+    @cases
+    def VALID():
+        return [
+            Valid(steps(clean(backend="torchsharp"), 200), "TorchSharp: every member alive"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid(disposed_after_to_dtype(), "model.to(float64) after an optimizer built from a list (0.107.0)",
+                    step=1000, param="layer0.weight"),
+            Invalid(disposed_after_to_dtype()[1:], "without an earlier snapshot: named by position",
+                    step=1000, param="group 0 member 0"),
+        ]
+
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         found = disposed_members(ctx.history if ctx.history and ctx.history[-1] is snap else [*ctx.history, snap])
         if not found:
@@ -58,7 +74,7 @@ class DisposedParam(Rule):
         gone = [(gi, pos) for gi, pos, _, _ in found]
         names = []
         for gi, pos, old, seen in found:
-            name = _name_of(seen, old) if old is not None else ""
+            name = name_of(seen, old) if old is not None else ""
             names.append(name if name and not name.startswith("<ref") else f"group {gi} member {pos}")
         return [self.finding(
             snap, self.message.format(n=len(gone), names=listing(names)), subjects=names,
