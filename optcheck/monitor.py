@@ -29,7 +29,9 @@ How it watches (all hooks, nothing copied):
   without ``grad_fn`` is recorded as a finding and then raised as
   :class:`optcheck.worker_loop.StepStopped` (PyTorch would fail at ``backward()``
   with a message that names neither module nor line); ``Tensor.backward`` and
-  ``torch.autograd.backward`` are wrapped while the monitor is open;
+  ``torch.autograd.backward`` (a tensor or a sequence of them, with their
+  ``grad_tensors``) are wrapped while the monitor is open
+  (``optcheck/pytorch/monitor_hooks.py``);
 - gradients left from the previous step (``optcheck/pytorch/grad_clear.py``).
 
 Findings go to ``out/findings.jsonl`` as they happen and, by default, are shown
@@ -41,6 +43,10 @@ to the ``optcheck`` logger, "ignore" only records. Accepted findings
 a ``sys.excepthook`` in front of the user's records the exception that ends the
 process as the run's crash, as ``with`` does.
 
+When snapshots are taken, and the run's ``summary.json``, are the soak's own:
+the one sequencer (``optcheck/session.py``) and the one rule check and
+``Summary`` (``optcheck/session_summary.py``).
+
 Optimizer wrappers (accelerate, Lightning) and DDP/DataParallel models are
 unwrapped (``optcheck/pytorch/unwrap.py``); the Lightning and Trainer callbacks
 are in ``optcheck/integrations/``.
@@ -50,24 +56,24 @@ from __future__ import annotations
 
 import atexit
 import logging
-import sys
 import time
 import warnings
 import weakref
-from typing import Any
 
 import torch
 
 from optcheck import exitcodes
 from optcheck.engine import RuleEngine
-from optcheck.findings import SEVERITIES, Finding, lead_time, severity_rank
-from optcheck.pytorch import probe
+from optcheck.findings import SEVERITIES, Finding, severity_rank
+from optcheck.pytorch import monitor_hooks, probe
 from optcheck.pytorch.grad_clear import GradClearProbe
+from optcheck.pytorch.monitor_hooks import _ACTIVE, _ORIG  # noqa: F401 - the tests' leak check reads them here
 from optcheck.pytorch.train import NullHazards
 from optcheck.pytorch.unwrap import unwrap_model, unwrap_optimizer
 from optcheck.report.rundir import RunDir
 from optcheck.rules import RuleConfig
-from optcheck.snapshot import assemble
+from optcheck.session import Sequencer
+from optcheck.session_summary import Checker, Summary, run_status, utc_now
 from optcheck.suppress import resolve
 from optcheck.userframe import user_stacklevel
 from optcheck.worker_loop import StepStopped
@@ -102,76 +108,30 @@ class FindingError(RuntimeError):
         self.step_ran = finding.phase != "pre-step"
 
 
-_ACTIVE: list["Monitor"] = []
-_ORIG: dict[str, Any] = {}
+class _TorchProbe:
+    """The sequencer's probe (``optcheck.session.Probe``) over the user's model and optimizer."""
 
+    name = "pytorch"
 
-def _watched(key: str):
-    """A wrapper of ``torch.Tensor.backward`` (key "tensor") or
-    ``torch.autograd.backward`` ("autograd") that tells the newest open Monitor
-    before and after. ``Tensor.backward`` calls ``torch.autograd.backward`` itself:
-    the inner call passes straight through, so each backward is seen once."""
+    def __init__(self, model, optimizer, hazards, grad_clear):
+        self.model, self.optimizer, self.hazards, self.grad_clear = model, optimizer, hazards, grad_clear
+        self.snapshots = 0
 
-    def backward(tensors, *args, **kwargs):
-        mon = _ACTIVE[-1] if _ACTIVE else None
-        if mon is None or _IN_BACKWARD or not isinstance(tensors, torch.Tensor):
-            return _ORIG[key](tensors, *args, **kwargs)
-        mon._before_backward(tensors)
-        _IN_BACKWARD.append(True)
-        try:
-            out = _ORIG[key](tensors, *args, **kwargs)
-        finally:
-            _IN_BACKWARD.pop()
-            mon._close_if_stopped()
-        mon._after_backward()
-        return out
+    def fingerprint(self):
+        return probe.fingerprint(self.model, self.optimizer)
 
-    return backward
+    def snapshot_body(self) -> dict:
+        census = self.snapshots % CENSUS_EVERY == 0
+        self.snapshots += 1
+        body = probe.snapshot_body(self.model, self.optimizer, census=census)
+        body["events"] = self.hazards.drain() + self.grad_clear.drain()
+        return body
 
+    def versions(self) -> dict:
+        return probe.versions()
 
-_IN_BACKWARD: list[bool] = []
-
-
-_PREV_EXCEPTHOOK: list = []
-
-
-def _excepthook(exc_type, exc, tb) -> None:
-    """``sys.excepthook`` while a Monitor is open: the exception that ends the process
-    is recorded as the crash of every open monitor (as ``with Monitor`` records it),
-    which then closes, before the previous hook prints the traceback."""
-    for mon in list(_ACTIVE):
-        try:
-            mon._record_crash(exc)
-            mon.close()
-        except Exception:  # never hide the user's traceback behind ours
-            log.exception("optcheck: could not record the crash")
-    prev = _PREV_EXCEPTHOOK[0] if _PREV_EXCEPTHOOK else sys.__excepthook__
-    prev(exc_type, exc, tb)
-
-
-def _install_excepthook() -> None:
-    if not _PREV_EXCEPTHOOK:
-        _PREV_EXCEPTHOOK.append(sys.excepthook)
-        sys.excepthook = _excepthook
-
-
-def _remove_excepthook() -> None:
-    if _PREV_EXCEPTHOOK and not _ACTIVE:
-        prev = _PREV_EXCEPTHOOK.pop()
-        if sys.excepthook is _excepthook:  # someone chained after us: leave theirs (ours passes through)
-            sys.excepthook = prev
-
-
-def _install_backward_wrappers() -> None:
-    if not _ORIG:
-        _ORIG["tensor"], _ORIG["autograd"] = torch.Tensor.backward, torch.autograd.backward
-        torch.Tensor.backward = _watched("tensor")
-        torch.autograd.backward = _watched("autograd")
-
-
-def _remove_backward_wrappers() -> None:
-    if _ORIG and not _ACTIVE:
-        torch.Tensor.backward, torch.autograd.backward = _ORIG.pop("tensor"), _ORIG.pop("autograd")
+    def threads(self) -> int:
+        return torch.get_num_threads()
 
 
 class Monitor:
@@ -226,27 +186,23 @@ class Monitor:
             raise ValueError(f"on_finding must be one of {ON_FINDING}, got {on_finding!r}")
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
-        self._fail_rank = severity_rank(fail_on)
+        self._fail_on, self._fail_rank = fail_on, severity_rank(fail_on)
         # torch.compile(model) returns an OptimizedModule keeping the model as _orig_mod: watch the model
         compiled = type(model).__name__ == "OptimizedModule"
         model = model._orig_mod if compiled else model  # (names without "_orig_mod.")
-        self.model, self.optimizer, self.every, self.on_finding_policy = model, optimizer, every, on_finding
+        self.model, self.optimizer, self.on_finding_policy = model, optimizer, on_finding
         self.rundir = RunDir(out, append=append) if out is not None else None
         self.run_id = run_id or (self.rundir.path.name if self.rundir else "monitor")
         self.engine = RuleEngine(rule_config, ignore=resolve(ignore, ignore_config))
+        self.checker = Checker(self.engine, self.rundir, report=self._report, checked=self.on_snapshot)
         self.step_count = 0
-        self.snapshots = 0
         self.closed = False
         self._losses: list[tuple[int, torch.Tensor]] = []
         self._loss: torch.Tensor | None = None
-        self._last_loss: float | None = None
-        self._loss_first: float | None = None
-        self._events: list[dict] = []
         self._crash: dict | None = None
-        self._t0 = self._last_snap_t = time.perf_counter()
-        self._last_snap_step = 0
-        self._peak_rss = 0
         self._stopped: dict | None = None
+        self._started = utc_now()
+        self._may_raise = True
         self._backwards = 0  # backward() calls since the last optimizer step
         self._no_step_reported = False
         self.hazards = NullHazards()
@@ -256,20 +212,34 @@ class Monitor:
             self.hazards = HazardProbes(model, optimizer, allow_inplace=allow_inplace, compiled=compiled)
             self.hazards.on_stop = self._on_stop
         self.grad_clear = GradClearProbe(optimizer)
+        self.seq = Sequencer(_TorchProbe(model, optimizer, self.hazards, self.grad_clear), run_id=self.run_id,
+                             every=every, emit=self._emit, flush=self._flush_losses)
         self._handles = [optimizer.register_step_pre_hook(self._pre_step),
                          optimizer.register_step_post_hook(self._post_step)]
-        _ACTIVE.append(self)
-        _install_backward_wrappers()
-        _install_excepthook()
+        monitor_hooks.install(self)
         self._ctx = None
         if state is not None:
             self.load_state_dict(state)
         self._enter_step()
-        self._snapshot(self.step_count, "pre-step", "start")
+        self.seq.start(self.step_count)
         self._write_summary("running")
         ref = weakref.ref(self)
         self._atexit = lambda: (ref() is not None and not ref().closed and ref().close())
         atexit.register(self._atexit)
+
+    @property
+    def every(self) -> int:
+        """A snapshot every this many optimizer steps."""
+        return self.seq.every
+
+    @every.setter
+    def every(self, value: int) -> None:
+        self.seq.every = int(value)
+
+    @property
+    def snapshots(self) -> int:
+        """Snapshots taken so far (with those of the run resumed from)."""
+        return self.seq.snapshots
 
     # -- hooks for subclasses (Lightning-style: no-ops by default) ------------
     def on_snapshot(self, snapshot: dict) -> None:
@@ -308,16 +278,16 @@ class Monitor:
     def state_dict(self) -> dict:
         """What a resumed job needs to keep the step count and snapshot cadence."""
         return {"step": self.step_count, "snapshots": self.snapshots, "every": self.every,
-                "loss_first": self._loss_first}
+                "loss_first": self.seq.loss_first}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue counting from a :meth:`state_dict` (prefer ``Monitor(..., state=...)``:
         called later, the snapshots already written keep their step numbers)."""
         self.step_count = int(state["step"])
-        self._last_snap_step = self.step_count
-        self.snapshots = int(state.get("snapshots", self.snapshots))
+        self.seq.last_snap_step = self.step_count
+        self.seq.snapshots = int(state.get("snapshots", self.snapshots))
         self.every = int(state.get("every", self.every))
-        self._loss_first = state.get("loss_first", self._loss_first)
+        self.seq.loss_first = state.get("loss_first", self.seq.loss_first)
         if self._ctx is not None:
             self._exit_step()
             self._enter_step()
@@ -330,16 +300,14 @@ class Monitor:
         if self._backwards >= NO_STEP_AT_CLOSE and self.step_count == 0:
             self._no_step_event()
         self._exit_step()
-        if self._crash is None and self._stopped is None and (self.step_count > self._last_snap_step or self._losses):
-            self._snapshot(self.step_count, "post-step", "final")
+        if self._crash is None and self._stopped is None and (self.step_count > self.seq.last_snap_step
+                                                               or self._losses):
+            self.seq.final(self.step_count)
         for h in self._handles:
             h.remove()
         self.hazards.remove()
         self.grad_clear.remove()
-        if self in _ACTIVE:
-            _ACTIVE.remove(self)
-        _remove_backward_wrappers()
-        _remove_excepthook()
+        monitor_hooks.remove(self)
         atexit.unregister(self._atexit)
         summary = self.summary()
         self._write_summary(summary["status"], summary)
@@ -349,26 +317,21 @@ class Monitor:
         return summary
 
     def summary(self) -> dict:
-        """The run so far, in ``summary.json``'s fields."""
-        by_code: dict[str, int] = {}
-        for f in self.findings:
-            by_code[f.code] = by_code.get(f.code, 0) + 1
+        """The run so far: ``summary.json``'s fields (``optcheck.session_summary.Summary``)."""
         code = self.exit_code
-        status = ("crashed" if self._crash else "stopped" if self._stopped
-                  else "findings" if code == exitcodes.FINDINGS else "clean")
-        if not self.closed:
-            status = "running"
-        elapsed = time.perf_counter() - self._t0
-        return {"run": self.run_id, "backend": "pytorch", "source": "monitor", "status": status, "exit_code": code,
-                "last_step": self.step_count, "snapshots": self.snapshots, "findings": len(self.findings),
-                "findings_by_code": by_code, "suppressed": self.engine.suppressed_by_code(), "first_finding": self.findings[0].to_dict() if self.findings else None,
-                "loss_first": self._loss_first, "loss_last": self._last_loss, "elapsed_s": round(elapsed, 3),
-                "steps_per_s": round(self.step_count / elapsed, 2) if elapsed else None,
-                "peak_rss_bytes": self._peak_rss, "versions": probe.versions(), "threads": torch.get_num_threads(),
-                "crash": self._crash, "stopped": self._stopped,
-                "lead_time": lead_time([f.to_dict() for f in self.findings], self._crash),
-                "out": str(self.rundir.path) if self.rundir else None,
-                "not_checked": getattr(self.hazards, "not_checked", [])}
+        seq = self.seq
+        sm = Summary(run=self.run_id, backend="pytorch", source="monitor", fail_on=self._fail_on,
+                     status=run_status(running=not self.closed, crashed=self._crash is not None,
+                                       stopped=self._stopped is not None, exit_code=code),
+                     exit_code=code, last_step=self.step_count, snapshots=seq.snapshots, loss_first=seq.loss_first,
+                     loss_last=seq.last_loss, peak_rss_bytes=seq.peak_rss, versions=probe.versions(),
+                     threads=torch.get_num_threads(), crash=self._crash, stopped=self._stopped,
+                     out=str(self.rundir.path) if self.rundir else None, started=self._started,
+                     finished=utc_now() if self.closed else None, config={"every": self.every},
+                     not_checked=list(getattr(self.hazards, "not_checked", [])))
+        sm.fill_findings(self.checker)
+        sm.fill_timing(time.perf_counter() - seq.t0, seq.cost, self.checker.cost)
+        return sm.to_dict()
 
     def __enter__(self) -> "Monitor":
         return self
@@ -402,10 +365,19 @@ class Monitor:
             ctx, self._ctx = self._ctx, None
             ctx.__exit__(None, None, None)
 
-    def _before_backward(self, loss: torch.Tensor) -> None:
-        self.hazards.check_loss(loss, self.step_count + 1)
-        if loss.numel() == 1:
-            self._loss = loss.detach()
+    def _before_backward(self, roots: list[torch.Tensor], grads=None) -> None:
+        """Before a backward pass from ``roots`` (one tensor, or the tensors of
+        ``torch.autograd.backward([l1, l2], grad_tensors)``): the hazard checks on each;
+        the step's loss is Σ gᵢ·lᵢ over the one-element roots (gᵢ their one-element
+        ``grad_tensors``, else 1), kept on the device until the next snapshot."""
+        for t in roots:
+            self.hazards.check_loss(t, self.step_count + 1)
+        gs = list(grads) if isinstance(grads, (list, tuple)) else [grads] * len(roots)
+        terms = [r.detach().reshape(()) * (g.detach().reshape(()) if isinstance(g, torch.Tensor) and g.numel() == 1
+                                           else 1.0)
+                 for r, g in zip(roots, gs) if r.numel() == 1]
+        if terms:
+            self._loss = terms[0] if len(roots) == 1 else torch.stack([t.float() for t in terms]).sum()
 
     def _after_backward(self) -> None:
         self.hazards.after_backward(self.step_count + 1)
@@ -418,17 +390,20 @@ class Monitor:
         if self._no_step_reported or self._backwards < 2:
             return
         self._no_step_reported = True
-        self._events.append({"kind": "no_optimizer_step", "step": self.step_count + 1, "where": None,
-                             "count": self._backwards, "detail": {}})
-        self._snapshot(self.step_count, "post-step", "hazard")
+        self.seq.event({"kind": "no_optimizer_step", "step": self.step_count + 1, "where": None,
+                        "count": self._backwards, "detail": {}})
+        self.seq.take(self.step_count, "post-step", "hazard")
 
     def _on_stop(self, exc: StepStopped) -> None:
         """A hazard stops the step: record it, then stop watching (the exception ends
         the user's loop; leaving saved-tensor hooks installed would switch off
         PyTorch's own version check for whatever runs next)."""
-        self._events.append(exc.event)
         # no FindingError here: StepStopped (raised by the probe after this) is the stop
-        self._snapshot(self.step_count + 1, "pre-step", "hazard", may_raise=False)
+        self._may_raise = False
+        try:
+            self.seq.stopped(self.step_count + 1, exc.event)
+        finally:
+            self._may_raise = True
         self._stopped = {"step": self.step_count + 1, "reason": str(exc)}
         if torch._C._current_graph_task_id() != -1:
             # inside backward (a write found when backward unpacked a saved tensor, or in a
@@ -443,8 +418,7 @@ class Monitor:
             self.close()
 
     def _pre_step(self, optimizer, args, kwargs) -> None:
-        if probe.fingerprint(self.model, self.optimizer) != self._fp:
-            self._snapshot(self.step_count + 1, "pre-step", "check")
+        self.seq.pre_step(self.step_count + 1)
 
     def _post_step(self, optimizer, args, kwargs) -> None:
         self._backwards = 0
@@ -455,10 +429,7 @@ class Monitor:
             self._losses.append((step, self._loss))
             self._loss = None
         try:
-            if self.hazards.has_events() or self.grad_clear.has_events():
-                self._snapshot(step, "post-step", "hazard")
-            elif step % self.every == 0:
-                self._snapshot(step, "post-step", "cadence")
+            self.seq.post_step(step, hazard=self.hazards.has_events() or self.grad_clear.has_events())
         finally:  # a FindingError caught by the user: the next step is still watched
             self._enter_step()
         self.on_step_end(step)
@@ -469,43 +440,25 @@ class Monitor:
         values = torch.stack([t.float().reshape(()) for _, t in self._losses]).tolist()  # one sync
         steps = [s for s, _ in self._losses]
         self._losses = []
-        if self._loss_first is None:
-            self._loss_first = values[0]
-        self._last_loss = values[-1]
+        if self.seq.loss_first is None:
+            self.seq.loss_first = values[0]
+        self.seq.last_loss = values[-1]
         if self.rundir is not None:
             for s, v in zip(steps, values):
                 self.rundir.metric(s, v, None)
 
-    def _snapshot(self, step: int, phase: str, trigger: str, may_raise: bool = True) -> None:
-        self._flush_losses()
-        now = time.perf_counter()
-        body = probe.snapshot_body(self.model, self.optimizer, census=self.snapshots % CENSUS_EVERY == 0)
-        events, self._events = self._events, []
-        events += self.hazards.drain() + self.grad_clear.drain()
-        n = step - self._last_snap_step
-        snap = assemble(backend="pytorch", run=self.run_id, step=step, phase=phase, trigger=trigger, body=body,
-                        events=events, loss=None if trigger == "start" else self._last_loss,
-                        elapsed_s=now - self._t0, step_time_s=(now - self._last_snap_t) / n if n > 0 else None,
-                        versions=probe.versions(), threads=torch.get_num_threads())
-        self._last_snap_t, self._last_snap_step = now, step
-        self._fp = probe.fingerprint(self.model, self.optimizer)
-        self.snapshots += 1
-        self._peak_rss = max(self._peak_rss, body["memory"].get("rss_bytes") or 0)
-        if self.rundir is not None:
-            self.rundir.snapshot(snap)
-        new = self.engine.feed(snap)
-        self.on_snapshot(snap)
-        for f in new:  # every finding written and shown before any is raised
-            self._report(f)
+    def _emit(self, snap: dict, seconds: float) -> list[Finding]:
+        """The sequencer's ``emit``: check and write the snapshot (``on_snapshot``, then each
+        new finding); raise :class:`FindingError` once all are written (``on_finding="raise"``)."""
+        new = self.checker.check(snap)
         if self.rundir is not None and (new or self.engine.suppressed):
             self._write_summary("running")
         failing = [f for f in new if severity_rank(f.severity) >= self._fail_rank]
-        if self.on_finding_policy == "raise" and failing and may_raise:
+        if self.on_finding_policy == "raise" and failing and self._may_raise:
             raise FindingError(failing[0], new)
+        return new
 
     def _report(self, f: Finding) -> None:
-        if self.rundir is not None:
-            self.rundir.finding(f.to_dict())
         self.on_finding(f)
         text = f"optcheck: step {f.step} ({f.phase}) {f.code} {f.symbol}: {f.message}"
         if self.on_finding_policy == "warn":
