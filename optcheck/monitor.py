@@ -1,7 +1,5 @@
 """``optcheck.Monitor``: the soak's probes and rules inside your own PyTorch loop.
 
-(Written by the lead; the hooks below are the public interface.)
-
 Adding it to an existing loop takes two or three lines::
 
     mon = optcheck.Monitor(model, optimizer, every=50, out="runs/mine")   # 1
@@ -17,21 +15,20 @@ which also records an exception that ends it. Steps are counted by the
 optimizer (``register_step_post_hook``); the loss is taken from the tensor
 ``backward()`` is called on (``mon.step(loss)`` records one explicitly).
 
-How it watches (all hooks, nothing copied):
+How it watches (all hooks, nothing copied), in the soak's own order
+(``optcheck/session.py``: pre-step check, cadence, hazard-forced and final
+snapshots; ``optcheck/session_summary.py``: the rule check and ``summary.json``):
 
-- before every ``optimizer.step()`` (``register_step_pre_hook``): the identity
-  check of the model's parameters and the param groups (a few µs); if they
-  changed since the last snapshot, a snapshot at once, before the step;
-- after every ``optimizer.step()``: every ``every`` steps a snapshot; at once when
-  a hazard probe saw something new;
+- ``optimizer.step()`` pre- and post-hooks (``register_step_pre_hook``): the
+  identity check before, a snapshot at once if it changed; after, every
+  ``every`` steps, or at once when a hazard probe saw something new;
 - around forward and backward: the autograd hazard probes
   (``optcheck/pytorch/hazards/``): an in-place write to a saved tensor or a loss
-  without ``grad_fn`` is recorded as a finding and then raised as
+  without ``grad_fn`` is recorded, then raised as
   :class:`optcheck.worker_loop.StepStopped` (PyTorch would fail at ``backward()``
-  with a message that names neither module nor line); ``Tensor.backward`` and
-  ``torch.autograd.backward`` (a tensor or a sequence of them, with their
-  ``grad_tensors``) are wrapped while the monitor is open
-  (``optcheck/pytorch/monitor_hooks.py``);
+  naming neither module nor line); ``Tensor.backward`` and
+  ``torch.autograd.backward`` (a tensor or a sequence, with ``grad_tensors``)
+  are wrapped while a monitor is open (``optcheck/pytorch/monitor_hooks.py``);
 - gradients left from the previous step (``optcheck/pytorch/grad_clear.py``).
 
 Findings go to ``out/findings.jsonl`` as they happen and, by default, are shown
@@ -42,10 +39,6 @@ to the ``optcheck`` logger, "ignore" only records. Accepted findings
 (``ignore=``, ``optcheck/suppress.py``) are only counted. While a monitor is open
 a ``sys.excepthook`` in front of the user's records the exception that ends the
 process as the run's crash, as ``with`` does.
-
-When snapshots are taken, and the run's ``summary.json``, are the soak's own:
-the one sequencer (``optcheck/session.py``) and the one rule check and
-``Summary`` (``optcheck/session_summary.py``).
 
 Optimizer wrappers (accelerate, Lightning) and DDP/DataParallel models are
 unwrapped (``optcheck/pytorch/unwrap.py``); the Lightning and Trainer callbacks
@@ -68,6 +61,7 @@ from optcheck.findings import SEVERITIES, Finding, severity_rank
 from optcheck.pytorch import monitor_hooks, probe
 from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.monitor_hooks import _ACTIVE, _ORIG  # noqa: F401 - the tests' leak check reads them here
+from optcheck.pytorch.monitor_hooks import FindingError, OptcheckWarning, TorchProbe, backward_loss
 from optcheck.pytorch.train import NullHazards
 from optcheck.pytorch.unwrap import unwrap_model, unwrap_optimizer
 from optcheck.report.rundir import RunDir
@@ -80,58 +74,8 @@ from optcheck.worker_loop import StepStopped
 
 log = logging.getLogger("optcheck")
 ON_FINDING = ("warn", "raise", "log", "ignore")
-CENSUS_EVERY = 10
 NO_STEP_BACKWARDS = 32  # backward() calls without optimizer.step() before OC206 (or 2x every)
 NO_STEP_AT_CLOSE = 8  # at close, fewer are enough when the optimizer never stepped at all
-
-
-class OptcheckWarning(UserWarning):
-    """A finding, shown as a warning (``Monitor(on_finding="warn")``)."""
-
-
-class FindingError(RuntimeError):
-    """A finding, raised (``Monitor(on_finding="raise")``).
-
-    ``.finding`` is the first finding at or above ``fail_on`` of the snapshot,
-    ``.findings`` all of that snapshot's (every one already written to
-    ``findings.jsonl`` and ``summary.json``). ``.step_ran`` says whether the
-    optimizer step of ``finding.step`` was taken: False for a "pre-step" finding
-    (raised from the step pre-hook, before ``optimizer.step()`` changed anything),
-    True for a "post-step" one (raised from the post-hook, after it).
-    """
-
-    def __init__(self, finding: Finding, findings: list[Finding] | None = None):
-        self.findings = list(findings or [finding])
-        more = f" (+{len(self.findings) - 1} more finding(s) in findings.jsonl)" if len(self.findings) > 1 else ""
-        super().__init__(f"step {finding.step}: {finding.code} {finding.symbol}: {finding.message}{more}")
-        self.finding = finding
-        self.step_ran = finding.phase != "pre-step"
-
-
-class _TorchProbe:
-    """The sequencer's probe (``optcheck.session.Probe``) over the user's model and optimizer."""
-
-    name = "pytorch"
-
-    def __init__(self, model, optimizer, hazards, grad_clear):
-        self.model, self.optimizer, self.hazards, self.grad_clear = model, optimizer, hazards, grad_clear
-        self.snapshots = 0
-
-    def fingerprint(self):
-        return probe.fingerprint(self.model, self.optimizer)
-
-    def snapshot_body(self) -> dict:
-        census = self.snapshots % CENSUS_EVERY == 0
-        self.snapshots += 1
-        body = probe.snapshot_body(self.model, self.optimizer, census=census)
-        body["events"] = self.hazards.drain() + self.grad_clear.drain()
-        return body
-
-    def versions(self) -> dict:
-        return probe.versions()
-
-    def threads(self) -> int:
-        return torch.get_num_threads()
 
 
 class Monitor:
@@ -212,7 +156,7 @@ class Monitor:
             self.hazards = HazardProbes(model, optimizer, allow_inplace=allow_inplace, compiled=compiled)
             self.hazards.on_stop = self._on_stop
         self.grad_clear = GradClearProbe(optimizer)
-        self.seq = Sequencer(_TorchProbe(model, optimizer, self.hazards, self.grad_clear), run_id=self.run_id,
+        self.seq = Sequencer(TorchProbe(model, optimizer, self.hazards, self.grad_clear), run_id=self.run_id,
                              every=every, emit=self._emit, flush=self._flush_losses)
         self._handles = [optimizer.register_step_pre_hook(self._pre_step),
                          optimizer.register_step_post_hook(self._post_step)]
@@ -271,9 +215,8 @@ class Monitor:
     def exit_code(self) -> int:
         """``optcheck.exitcodes`` policy: 3 if the loop died inside the monitor, 1 if
         a finding reached ``fail_on``, else 0."""
-        worst = max((severity_rank(f.severity) for f in self.findings), default=None)
-        return exitcodes.run_exit_code(crashed=self._crash is not None, interrupted=False, worst_rank=worst,
-                                       fail_on_rank=self._fail_rank)
+        return exitcodes.run_exit_code(crashed=self._crash is not None, interrupted=False,
+                                       worst_rank=self.checker.worst_rank(), fail_on_rank=self._fail_rank)
 
     def state_dict(self) -> dict:
         """What a resumed job needs to keep the step count and snapshot cadence."""
@@ -372,12 +315,9 @@ class Monitor:
         ``grad_tensors``, else 1), kept on the device until the next snapshot."""
         for t in roots:
             self.hazards.check_loss(t, self.step_count + 1)
-        gs = list(grads) if isinstance(grads, (list, tuple)) else [grads] * len(roots)
-        terms = [r.detach().reshape(()) * (g.detach().reshape(()) if isinstance(g, torch.Tensor) and g.numel() == 1
-                                           else 1.0)
-                 for r, g in zip(roots, gs) if r.numel() == 1]
-        if terms:
-            self._loss = terms[0] if len(roots) == 1 else torch.stack([t.float() for t in terms]).sum()
+        loss = backward_loss(roots, grads)
+        if loss is not None:
+            self._loss = loss
 
     def _after_backward(self) -> None:
         self.hazards.after_backward(self.step_count + 1)

@@ -1,5 +1,7 @@
-"""Process-wide hooks of ``optcheck.Monitor``: the ``backward`` wrappers and the
-``sys.excepthook`` installed while a monitor is open (``optcheck/monitor.py``).
+"""What ``optcheck.Monitor`` (``optcheck/monitor.py``) is built from besides the
+run's sequencer: its probe over the user's model and optimizer, its warning and
+exception types, and the process-wide hooks — the ``backward`` wrappers and the
+``sys.excepthook`` installed while a monitor is open.
 
 ``torch.Tensor.backward`` and ``torch.autograd.backward`` are replaced while at
 least one Monitor is open, and put back when the last one closes. The newest
@@ -16,6 +18,10 @@ from typing import Any
 
 import torch
 
+from optcheck.findings import Finding
+from optcheck.pytorch import probe
+from optcheck.pytorch.train import CENSUS_EVERY
+
 log = logging.getLogger("optcheck")
 
 #: open monitors, newest last
@@ -24,6 +30,55 @@ _ACTIVE: list = []
 _ORIG: dict[str, Any] = {}
 _IN_BACKWARD: list[bool] = []
 _PREV_EXCEPTHOOK: list = []
+
+
+class OptcheckWarning(UserWarning):
+    """A finding, shown as a warning (``Monitor(on_finding="warn")``)."""
+
+
+class FindingError(RuntimeError):
+    """A finding, raised (``Monitor(on_finding="raise")``).
+
+    ``.finding`` is the first finding at or above ``fail_on`` of the snapshot,
+    ``.findings`` all of that snapshot's (every one already written to
+    ``findings.jsonl`` and ``summary.json``). ``.step_ran`` says whether the
+    optimizer step of ``finding.step`` was taken: False for a "pre-step" finding
+    (raised from the step pre-hook, before ``optimizer.step()`` changed anything),
+    True for a "post-step" one (raised from the post-hook, after it).
+    """
+
+    def __init__(self, finding: Finding, findings: list[Finding] | None = None):
+        self.findings = list(findings or [finding])
+        more = f" (+{len(self.findings) - 1} more finding(s) in findings.jsonl)" if len(self.findings) > 1 else ""
+        super().__init__(f"step {finding.step}: {finding.code} {finding.symbol}: {finding.message}{more}")
+        self.finding = finding
+        self.step_ran = finding.phase != "pre-step"
+
+
+class TorchProbe:
+    """The sequencer's probe (``optcheck.session.Probe``) over the user's model and optimizer."""
+
+    name = "pytorch"
+
+    def __init__(self, model, optimizer, hazards, grad_clear):
+        self.model, self.optimizer, self.hazards, self.grad_clear = model, optimizer, hazards, grad_clear
+        self.snapshots = 0
+
+    def fingerprint(self):
+        return probe.fingerprint(self.model, self.optimizer)
+
+    def snapshot_body(self) -> dict:
+        census = self.snapshots % CENSUS_EVERY == 0
+        self.snapshots += 1
+        body = probe.snapshot_body(self.model, self.optimizer, census=census)
+        body["events"] = self.hazards.drain() + self.grad_clear.drain()
+        return body
+
+    def versions(self) -> dict:
+        return probe.versions()
+
+    def threads(self) -> int:
+        return torch.get_num_threads()
 
 
 def backward_roots(tensors) -> list[torch.Tensor]:
@@ -35,6 +90,20 @@ def backward_roots(tensors) -> list[torch.Tensor]:
     if isinstance(tensors, (list, tuple)):
         return [t for t in tensors if isinstance(t, torch.Tensor)]
     return []
+
+
+def backward_loss(roots: list[torch.Tensor], grads=None) -> torch.Tensor | None:
+    """The loss of a backward pass from ``roots`` (:func:`backward_roots`), detached, on
+    its device (no sync): the root itself for one; Σ gᵢ·lᵢ for several, over the
+    one-element roots, gᵢ their one-element ``grad_tensors`` entry (else 1). None
+    when no root has one element (a non-scalar ``backward(gradient)``)."""
+    gs = list(grads) if isinstance(grads, (list, tuple)) else [grads] * len(roots)
+    terms = [r.detach() if not (isinstance(g, torch.Tensor) and g.numel() == 1)
+             else r.detach().reshape(()) * g.detach().reshape(())
+             for r, g in zip(roots, gs) if r.numel() == 1]
+    if not terms:
+        return None
+    return terms[0] if len(roots) == 1 else torch.stack([t.float().reshape(()) for t in terms]).sum()
 
 
 def _grad_tensors(key: str, tensors, args: tuple, kwargs: dict):
