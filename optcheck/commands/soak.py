@@ -10,9 +10,14 @@ from optcheck.rules import RuleConfig
 
 
 def _print_summary(summary: dict, findings: list) -> None:
+    """The run's closing lines, then what optcheck cost it (``summary["cost"]``)."""
     from optcheck.report.text import render_summary
+    from optcheck.session_summary import cost_line
 
     click.echo(render_summary(summary, [f.to_dict() for f in findings]))
+    line = cost_line(summary)
+    if line:
+        click.echo(line)
 
 
 def _embedded() -> bool:
