@@ -33,6 +33,7 @@ def test_clean_soak_writes_the_run_dir_and_the_loss_falls(tmp_path):
     assert snaps[-1]["trigger"] == "final" and snaps[1]["versions"]["torch"]
     assert len(lines(out / "metrics.jsonl")) == 300
     assert lines(out / "findings.jsonl") == []
+    assert not (out / ".optcheck.lock").exists() and not (out / ".optcheck-reserve").exists()  # nothing left
     # the recorded stream re-checks clean
     rc, stdout, _ = run_cli(["check", str(out / "snapshots.jsonl")])
     assert rc == exitcodes.CLEAN and "7 snapshots, 0 finding(s)" in stdout
