@@ -177,10 +177,11 @@ def register(group: click.Group) -> None:
             raise InputError(f"--backend {backend!r}: pytorch, torchsharp or pytorch,torchsharp")
         if same_init and len(backends) < 2:
             raise InputError("--same-init needs two backends: --backend pytorch,torchsharp")
-        if len(backends) > 1 and (junit or plot):
+        if (len(backends) > 1 or seeds is not None) and (junit or plot):
             option = "--junit" if junit else "--plot"
-            raise InputError(f"{option} writes one run's report, and --backend {backend} makes two: run each backend "
-                             f"with its own {option}, or use --summary-md (it covers both runs)")
+            many = f"--backend {backend} makes two" if len(backends) > 1 else f"--seeds {seeds} makes one per seed"
+            raise InputError(f"{option} writes one run's report, and {many}: run each with its own {option}, "
+                             f"or use --summary-md (it covers every run)")
 
         extra = {"optimizer": optimizer, "dotnet_runtime": dotnet_runtime}
         for key, value in (("python", python), ("torchsharp", torchsharp), ("dotnet_assembly", dotnet_assembly),
@@ -217,6 +218,8 @@ def register(group: click.Group) -> None:
             for r in results:
                 _print_summary(r.summary, r.findings)
                 _say_record_error(r.summary)
+            if summary_md:
+                _write_md(summary_md, [(r.summary, r.findings) for r in results], None)
             return code
         if len(backends) > 1:
             results, code = run_backends(cfg, backends, out, same_init=same_init, fail_on=fail_on,

@@ -108,6 +108,7 @@ def test_sigkill_of_the_worker_leaves_a_readable_run(tmp_path):
     (["--seed", "1e20"], "--seed 1e20: not an integer"),
     (["--backend", "pytorch,torchsharp", "--junit", "j.xml"], "--junit writes one run's report"),
     (["--backend", "pytorch,torchsharp", "--plot", "p.png"], "--plot writes one run's report"),
+    (["--seeds", "1,2", "--junit", "j.xml"], "--junit writes one run's report, and --seeds 1,2 makes one per seed"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
     (tmp_path / "empty.txt").write_bytes(b"")
