@@ -213,7 +213,10 @@ def _supervise(cfg: SoakConfig, out: Path, rundir: RunDir, corpus: dict, sig: Si
                         watchdog.started()
                     stop = None
                     try:
-                        stop = _handle(msg, st, rundir, checker, bar)
+                        with watchdog.paused():  # the supervisor's time is not the worker's silence
+                            stop = _handle(msg, st, rundir, checker, bar)
+                        if msg["type"] in ("done", "stopped", "crash"):
+                            watchdog.finished()
                     except RecordError as e:  # the disk is full: stop the worker, keep reading to its end
                         if record_error is None:
                             record_error = e
