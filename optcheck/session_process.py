@@ -76,8 +76,10 @@ def signal_name(returncode: int) -> str | None:
 
 def worker_command(cfg: SoakConfig, config_path: Path, fd: int) -> list[str]:
     """The worker's command line: ``cfg.extra["python"]`` (``--python``, e.g. another venv's
-    interpreter with another torch) or this interpreter, running the backend's worker module."""
-    return [cfg.extra.get("python") or sys.executable, "-m", WORKER_MODULES[cfg.backend], "--config", str(config_path), "--stream-fd", str(fd)]
+    interpreter with another torch) or this interpreter, running the backend's worker module;
+    ``fd`` is the worker's end of the stream socket (``optcheck/protocol.py``)."""
+    return [cfg.extra.get("python") or sys.executable, "-m", WORKER_MODULES[cfg.backend], "--config", str(config_path),
+            "--stream-fd", str(fd)]
 
 
 def worker_env(cfg: SoakConfig) -> dict:
