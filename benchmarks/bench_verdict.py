@@ -47,11 +47,15 @@ def main() -> None:
         stream.send("snapshot", snapshot=s, verdict=True)
         stream.verdict()
     send_only, with_verdict = [], []
-    for i in range(args.repeat):
+    for i in range(args.repeat):  # the worker never waits: the supervisor checks them behind it
         s = snaps[1 + i % (len(snaps) - 1)]
         t0 = time.perf_counter()
         stream.send("snapshot", snapshot=s, verdict=False)
         send_only.append(time.perf_counter() - t0)
+    stream.send("snapshot", snapshot=snaps[-1], verdict=True)
+    stream.verdict()  # the supervisor has caught up
+    for i in range(args.repeat):  # --stop-on-finding: the worker waits for each check
+        s = snaps[1 + i % (len(snaps) - 1)]
         t0 = time.perf_counter()
         stream.send("snapshot", snapshot=s, verdict=True)
         stream.verdict()
