@@ -2,8 +2,9 @@
 
 A condition that persists (a stale parameter stays stale) is reported once, at
 the first snapshot that shows it; it is reported again only if it clears and
-comes back. This is the one place rules are called, for a live soak, a
-``Monitor`` and ``optcheck check`` alike.
+comes back. This is the one place rules are called, for a live soak (in the
+supervisor only: a worker runs no rules), a ``Monitor`` and ``optcheck check``
+alike; ``optcheck.session_summary.Checker`` wraps the engine of a live run.
 """
 
 from __future__ import annotations
@@ -75,18 +76,6 @@ class RuleEngine:
         for f in self.suppressed:
             out[f.code] = out.get(f.code, 0) + 1
         return out
-
-    def add(self, finding: Finding) -> bool:
-        """Record a finding made outside the rules (a worker-side check); False if already active
-        or accepted by ``ignore`` (then counted in ``suppressed``)."""
-        active = self._active.setdefault(finding.code, set())
-        if finding.key and finding.key in active:
-            return False
-        active.add(finding.key)
-        if not self._keep([finding]):
-            return False
-        self.findings.append(finding)
-        return True
 
 
 def check_stream(snapshots: Iterable[dict], config: RuleConfig | None = None,

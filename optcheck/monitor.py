@@ -1,7 +1,5 @@
 """``optcheck.Monitor``: the soak's probes and rules inside your own PyTorch loop.
 
-(Written by the lead; the hooks below are the public interface.)
-
 Adding it to an existing loop takes two or three lines::
 
     mon = optcheck.Monitor(model, optimizer, every=50, out="runs/mine")   # 1
@@ -17,19 +15,20 @@ which also records an exception that ends it. Steps are counted by the
 optimizer (``register_step_post_hook``); the loss is taken from the tensor
 ``backward()`` is called on (``mon.step(loss)`` records one explicitly).
 
-How it watches (all hooks, nothing copied):
+How it watches (all hooks, nothing copied), in the soak's own order
+(``optcheck/session.py``: pre-step check, cadence, hazard-forced and final
+snapshots; ``optcheck/session_summary.py``: the rule check and ``summary.json``):
 
-- before every ``optimizer.step()`` (``register_step_pre_hook``): the identity
-  check of the model's parameters and the param groups (a few µs); if they
-  changed since the last snapshot, a snapshot at once, before the step;
-- after every ``optimizer.step()``: every ``every`` steps a snapshot; at once when
-  a hazard probe saw something new;
+- ``optimizer.step()`` pre- and post-hooks (``register_step_pre_hook``): the
+  identity check before, a snapshot at once if it changed; after, every
+  ``every`` steps, or at once when a hazard probe saw something new;
 - around forward and backward: the autograd hazard probes
   (``optcheck/pytorch/hazards/``): an in-place write to a saved tensor or a loss
-  without ``grad_fn`` is recorded as a finding and then raised as
+  without ``grad_fn`` is recorded, then raised as
   :class:`optcheck.worker_loop.StepStopped` (PyTorch would fail at ``backward()``
-  with a message that names neither module nor line); ``Tensor.backward`` and
-  ``torch.autograd.backward`` are wrapped while the monitor is open;
+  naming neither module nor line); ``Tensor.backward`` and
+  ``torch.autograd.backward`` (a tensor or a sequence, with ``grad_tensors``)
+  are wrapped while a monitor is open (``optcheck/pytorch/monitor_hooks.py``);
 - gradients left from the previous step (``optcheck/pytorch/grad_clear.py``).
 
 Findings go to ``out/findings.jsonl`` as they happen and, by default, are shown
@@ -50,128 +49,33 @@ from __future__ import annotations
 
 import atexit
 import logging
-import sys
 import time
 import warnings
 import weakref
-from typing import Any
 
 import torch
 
 from optcheck import distributed, exitcodes
 from optcheck.engine import RuleEngine
-from optcheck.findings import SEVERITIES, Finding, lead_time, severity_rank
-from optcheck.pytorch import probe
+from optcheck.findings import SEVERITIES, Finding, severity_rank
+from optcheck.pytorch import monitor_hooks, probe
 from optcheck.pytorch.grad_clear import GradClearProbe
+from optcheck.pytorch.monitor_hooks import _ACTIVE, _ORIG  # noqa: F401 - the tests' leak check reads them here
+from optcheck.pytorch.monitor_hooks import FindingError, OptcheckWarning, TorchProbe, backward_loss
 from optcheck.pytorch.train import NullHazards
 from optcheck.pytorch.unwrap import unwrap_model, unwrap_optimizer
 from optcheck.report.rundir import RunDir
 from optcheck.rules import RuleConfig
-from optcheck.snapshot import assemble
+from optcheck.session import Sequencer
+from optcheck.session_summary import Checker, Summary, run_status, utc_now
 from optcheck.suppress import resolve
 from optcheck.userframe import user_stacklevel
 from optcheck.worker_loop import StepStopped
 
 log = logging.getLogger("optcheck")
 ON_FINDING = ("warn", "raise", "log", "ignore")
-CENSUS_EVERY = 10
 NO_STEP_BACKWARDS = 32  # backward() calls without optimizer.step() before OC206 (or 2x every)
 NO_STEP_AT_CLOSE = 8  # at close, fewer are enough when the optimizer never stepped at all
-
-
-class OptcheckWarning(UserWarning):
-    """A finding, shown as a warning (``Monitor(on_finding="warn")``)."""
-
-
-class FindingError(RuntimeError):
-    """A finding, raised (``Monitor(on_finding="raise")``).
-
-    ``.finding`` is the first finding at or above ``fail_on`` of the snapshot,
-    ``.findings`` all of that snapshot's (every one already written to
-    ``findings.jsonl`` and ``summary.json``). ``.step_ran`` says whether the
-    optimizer step of ``finding.step`` was taken: False for a "pre-step" finding
-    (raised from the step pre-hook, before ``optimizer.step()`` changed anything),
-    True for a "post-step" one (raised from the post-hook, after it).
-    """
-
-    def __init__(self, finding: Finding, findings: list[Finding] | None = None):
-        self.findings = list(findings or [finding])
-        more = f" (+{len(self.findings) - 1} more finding(s) in findings.jsonl)" if len(self.findings) > 1 else ""
-        super().__init__(f"step {finding.step}: {finding.code} {finding.symbol}: {finding.message}{more}")
-        self.finding = finding
-        self.step_ran = finding.phase != "pre-step"
-
-
-_ACTIVE: list["Monitor"] = []
-_ORIG: dict[str, Any] = {}
-
-
-def _watched(key: str):
-    """A wrapper of ``torch.Tensor.backward`` (key "tensor") or
-    ``torch.autograd.backward`` ("autograd") that tells the newest open Monitor
-    before and after. ``Tensor.backward`` calls ``torch.autograd.backward`` itself:
-    the inner call passes straight through, so each backward is seen once."""
-
-    def backward(tensors, *args, **kwargs):
-        mon = _ACTIVE[-1] if _ACTIVE else None
-        if mon is None or _IN_BACKWARD or not isinstance(tensors, torch.Tensor):
-            return _ORIG[key](tensors, *args, **kwargs)
-        mon._before_backward(tensors)
-        _IN_BACKWARD.append(True)
-        try:
-            out = _ORIG[key](tensors, *args, **kwargs)
-        finally:
-            _IN_BACKWARD.pop()
-            mon._close_if_stopped()
-        mon._after_backward()
-        return out
-
-    return backward
-
-
-_IN_BACKWARD: list[bool] = []
-
-
-_PREV_EXCEPTHOOK: list = []
-
-
-def _excepthook(exc_type, exc, tb) -> None:
-    """``sys.excepthook`` while a Monitor is open: the exception that ends the process
-    is recorded as the crash of every open monitor (as ``with Monitor`` records it),
-    which then closes, before the previous hook prints the traceback."""
-    for mon in list(_ACTIVE):
-        try:
-            mon._record_crash(exc)
-            mon.close()
-        except Exception:  # never hide the user's traceback behind ours
-            log.exception("optcheck: could not record the crash")
-    prev = _PREV_EXCEPTHOOK[0] if _PREV_EXCEPTHOOK else sys.__excepthook__
-    prev(exc_type, exc, tb)
-
-
-def _install_excepthook() -> None:
-    if not _PREV_EXCEPTHOOK:
-        _PREV_EXCEPTHOOK.append(sys.excepthook)
-        sys.excepthook = _excepthook
-
-
-def _remove_excepthook() -> None:
-    if _PREV_EXCEPTHOOK and not _ACTIVE:
-        prev = _PREV_EXCEPTHOOK.pop()
-        if sys.excepthook is _excepthook:  # someone chained after us: leave theirs (ours passes through)
-            sys.excepthook = prev
-
-
-def _install_backward_wrappers() -> None:
-    if not _ORIG:
-        _ORIG["tensor"], _ORIG["autograd"] = torch.Tensor.backward, torch.autograd.backward
-        torch.Tensor.backward = _watched("tensor")
-        torch.autograd.backward = _watched("autograd")
-
-
-def _remove_backward_wrappers() -> None:
-    if _ORIG and not _ACTIVE:
-        torch.Tensor.backward, torch.autograd.backward = _ORIG.pop("tensor"), _ORIG.pop("autograd")
 
 
 class Monitor:
@@ -229,27 +133,23 @@ class Monitor:
             raise ValueError(f"on_finding must be one of {ON_FINDING}, got {on_finding!r}")
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
-        self._fail_rank = severity_rank(fail_on)
+        self._fail_on, self._fail_rank = fail_on, severity_rank(fail_on)
         # torch.compile(model) returns an OptimizedModule keeping the model as _orig_mod: watch the model
         compiled = type(model).__name__ == "OptimizedModule"
         model = model._orig_mod if compiled else model  # (names without "_orig_mod.")
-        self.model, self.optimizer, self.every, self.on_finding_policy = model, optimizer, every, on_finding
+        self.model, self.optimizer, self.on_finding_policy = model, optimizer, on_finding
         self.rundir = RunDir(out, append=append) if out is not None else None
         self.run_id = run_id or (self.rundir.path.name if self.rundir else "monitor")
         self.engine = RuleEngine(rule_config, ignore=resolve(ignore, ignore_config))
+        self.checker = Checker(self.engine, self.rundir, report=self._report, checked=self.on_snapshot)
         self.step_count = 0
-        self.snapshots = 0
         self.closed = False
         self._losses: list[tuple[int, torch.Tensor]] = []
         self._loss: torch.Tensor | None = None
-        self._last_loss: float | None = None
-        self._loss_first: float | None = None
-        self._events: list[dict] = []
         self._crash: dict | None = None
-        self._t0 = self._last_snap_t = time.perf_counter()
-        self._last_snap_step = 0
-        self._peak_rss = 0
         self._stopped: dict | None = None
+        self._started = utc_now()
+        self._may_raise = True
         self._backwards = 0  # backward() calls since the last optimizer step
         self._no_step_reported = False
         self.hazards = NullHazards()
@@ -259,20 +159,34 @@ class Monitor:
             self.hazards = HazardProbes(model, optimizer, allow_inplace=allow_inplace, compiled=compiled)
             self.hazards.on_stop = self._on_stop
         self.grad_clear = GradClearProbe(optimizer)
+        self.seq = Sequencer(TorchProbe(model, optimizer, self.hazards, self.grad_clear), run_id=self.run_id,
+                             every=every, emit=self._emit, flush=self._flush_losses)
         self._handles = [optimizer.register_step_pre_hook(self._pre_step),
                          optimizer.register_step_post_hook(self._post_step)]
-        _ACTIVE.append(self)
-        _install_backward_wrappers()
-        _install_excepthook()
+        monitor_hooks.install(self)
         self._ctx = None
         if state is not None:
             self.load_state_dict(state)
         self._enter_step()
-        self._snapshot(self.step_count, "pre-step", "start")
+        self.seq.start(self.step_count)
         self._write_summary("running")
         ref = weakref.ref(self)
         self._atexit = lambda: (ref() is not None and not ref().closed and ref().close())
         atexit.register(self._atexit)
+
+    @property
+    def every(self) -> int:
+        """A snapshot every this many optimizer steps."""
+        return self.seq.every
+
+    @every.setter
+    def every(self, value: int) -> None:
+        self.seq.every = int(value)
+
+    @property
+    def snapshots(self) -> int:
+        """Snapshots taken so far (with those of the run resumed from)."""
+        return self.seq.snapshots
 
     # -- hooks for subclasses (Lightning-style: no-ops by default) ------------
     def on_snapshot(self, snapshot: dict) -> None:
@@ -304,23 +218,22 @@ class Monitor:
     def exit_code(self) -> int:
         """``optcheck.exitcodes`` policy: 3 if the loop died inside the monitor, 1 if
         a finding reached ``fail_on``, else 0."""
-        worst = max((severity_rank(f.severity) for f in self.findings), default=None)
-        return exitcodes.run_exit_code(crashed=self._crash is not None, interrupted=False, worst_rank=worst,
-                                       fail_on_rank=self._fail_rank)
+        return exitcodes.run_exit_code(crashed=self._crash is not None, interrupted=False,
+                                       worst_rank=self.checker.worst_rank(), fail_on_rank=self._fail_rank)
 
     def state_dict(self) -> dict:
         """What a resumed job needs to keep the step count and snapshot cadence."""
         return {"step": self.step_count, "snapshots": self.snapshots, "every": self.every,
-                "loss_first": self._loss_first}
+                "loss_first": self.seq.loss_first}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue counting from a :meth:`state_dict` (prefer ``Monitor(..., state=...)``:
         called later, the snapshots already written keep their step numbers)."""
         self.step_count = int(state["step"])
-        self._last_snap_step = self.step_count
-        self.snapshots = int(state.get("snapshots", self.snapshots))
+        self.seq.last_snap_step = self.step_count
+        self.seq.snapshots = int(state.get("snapshots", self.snapshots))
         self.every = int(state.get("every", self.every))
-        self._loss_first = state.get("loss_first", self._loss_first)
+        self.seq.loss_first = state.get("loss_first", self.seq.loss_first)
         if self._ctx is not None:
             self._exit_step()
             self._enter_step()
@@ -333,18 +246,14 @@ class Monitor:
         if self._backwards >= NO_STEP_AT_CLOSE and self.step_count == 0:
             self._no_step_event()
         self._exit_step()
-        if self._crash is None and self._stopped is None and (self.step_count > self._last_snap_step or self._losses):
-            self._snapshot(self.step_count, "post-step", "final")
+        if self._crash is None and self._stopped is None and (self.step_count > self.seq.last_snap_step
+                                                               or self._losses):
+            self.seq.final(self.step_count)
         for h in self._handles:
             h.remove()
         self.hazards.remove()
         self.grad_clear.remove()
-        if self in _ACTIVE:
-            _ACTIVE.remove(self)
-        if not _ACTIVE:  # the census froze the objects alive at its first run: unfreeze them
-            probe.release_census()
-        _remove_backward_wrappers()
-        _remove_excepthook()
+        monitor_hooks.remove(self)
         atexit.unregister(self._atexit)
         summary = self.summary()
         self._write_summary(summary["status"], summary)
@@ -356,26 +265,21 @@ class Monitor:
         return summary
 
     def summary(self) -> dict:
-        """The run so far, in ``summary.json``'s fields."""
-        by_code: dict[str, int] = {}
-        for f in self.findings:
-            by_code[f.code] = by_code.get(f.code, 0) + 1
+        """The run so far: ``summary.json``'s fields (``optcheck.session_summary.Summary``)."""
         code = self.exit_code
-        status = ("crashed" if self._crash else "stopped" if self._stopped
-                  else "findings" if code == exitcodes.FINDINGS else "clean")
-        if not self.closed:
-            status = "running"
-        elapsed = time.perf_counter() - self._t0
-        return {"run": self.run_id, "backend": "pytorch", "source": "monitor", "status": status, "exit_code": code,
-                "last_step": self.step_count, "snapshots": self.snapshots, "findings": len(self.findings),
-                "findings_by_code": by_code, "suppressed": self.engine.suppressed_by_code(), "first_finding": self.findings[0].to_dict() if self.findings else None,
-                "loss_first": self._loss_first, "loss_last": self._last_loss, "elapsed_s": round(elapsed, 3),
-                "steps_per_s": round(self.step_count / elapsed, 2) if elapsed else None,
-                "peak_rss_bytes": self._peak_rss, "versions": probe.versions(), "threads": torch.get_num_threads(),
-                "crash": self._crash, "stopped": self._stopped,
-                "lead_time": lead_time([f.to_dict() for f in self.findings], self._crash),
-                "out": str(self.rundir.path) if self.rundir else None,
-                "not_checked": getattr(self.hazards, "not_checked", [])}
+        seq = self.seq
+        sm = Summary(run=self.run_id, backend="pytorch", source="monitor", fail_on=self._fail_on,
+                     status=run_status(running=not self.closed, crashed=self._crash is not None,
+                                       stopped=self._stopped is not None, exit_code=code),
+                     exit_code=code, last_step=self.step_count, snapshots=seq.snapshots, loss_first=seq.loss_first,
+                     loss_last=seq.last_loss, peak_rss_bytes=seq.peak_rss, versions=probe.versions(),
+                     threads=torch.get_num_threads(), crash=self._crash, stopped=self._stopped,
+                     out=str(self.rundir.path) if self.rundir else None, started=self._started,
+                     finished=utc_now() if self.closed else None, config={"every": self.every},
+                     not_checked=list(getattr(self.hazards, "not_checked", [])))
+        sm.fill_findings(self.checker)
+        sm.fill_timing(time.perf_counter() - seq.t0, seq.cost, self.checker.cost)
+        return sm.to_dict()
 
     def __enter__(self) -> "Monitor":
         return self
@@ -409,19 +313,26 @@ class Monitor:
             ctx, self._ctx = self._ctx, None
             ctx.__exit__(None, None, None)
 
-    def _before_backward(self, loss: torch.Tensor) -> None:
-        self.hazards.check_loss(loss, self.step_count + 1)
+    def _before_backward(self, roots: list[torch.Tensor], grads=None) -> None:
+        """Before a backward pass from ``roots`` (one tensor, or the tensors of
+        ``torch.autograd.backward([l1, l2], grad_tensors)``): the hazard checks on each;
+        the step's loss is Σ gᵢ·lᵢ over the one-element roots (gᵢ their one-element
+        ``grad_tensors``, else 1), kept on the device until the next snapshot."""
+        for t in roots:
+            self.hazards.check_loss(t, self.step_count + 1)
         if self._dist is not None and self._dist.before_backward(self.step_count):  # optcheck.distributed hook
-            self._snapshot(self.step_count + 1, "pre-step", "check")
-        if loss.numel() == 1:
-            self._loss = loss.detach()
+            self.seq.take(self.step_count + 1, "pre-step", "check")
+        loss = backward_loss(roots, grads)
+        if loss is not None:
+            self._loss = loss
 
     def _after_backward(self) -> None:
         self.hazards.after_backward(self.step_count + 1)
         self._backwards += 1
         if self._dist is not None and (ev := self._dist.after_backward(self.step_count + 1)) is not None:  # optcheck.distributed hook
-            self._events += ev
-            self._snapshot(self.step_count + 1, "pre-step", "hazard")
+            for e in ev:
+                self.seq.event(e)
+            self.seq.take(self.step_count + 1, "pre-step", "hazard")
         if self._backwards == max(NO_STEP_BACKWARDS, 2 * self.every):
             self._no_step_event()
 
@@ -430,17 +341,20 @@ class Monitor:
         if self._no_step_reported or self._backwards < 2:
             return
         self._no_step_reported = True
-        self._events.append({"kind": "no_optimizer_step", "step": self.step_count + 1, "where": None,
-                             "count": self._backwards, "detail": {}})
-        self._snapshot(self.step_count, "post-step", "hazard")
+        self.seq.event({"kind": "no_optimizer_step", "step": self.step_count + 1, "where": None,
+                        "count": self._backwards, "detail": {}})
+        self.seq.take(self.step_count, "post-step", "hazard")
 
     def _on_stop(self, exc: StepStopped) -> None:
         """A hazard stops the step: record it, then stop watching (the exception ends
         the user's loop; leaving saved-tensor hooks installed would switch off
         PyTorch's own version check for whatever runs next)."""
-        self._events.append(exc.event)
         # no FindingError here: StepStopped (raised by the probe after this) is the stop
-        self._snapshot(self.step_count + 1, "pre-step", "hazard", may_raise=False)
+        self._may_raise = False
+        try:
+            self.seq.stopped(self.step_count + 1, exc.event)
+        finally:
+            self._may_raise = True
         self._stopped = {"step": self.step_count + 1, "reason": str(exc)}
         if torch._C._current_graph_task_id() != -1:
             # inside backward (a write found when backward unpacked a saved tensor, or in a
@@ -455,8 +369,7 @@ class Monitor:
             self.close()
 
     def _pre_step(self, optimizer, args, kwargs) -> None:
-        if probe.fingerprint(self.model, self.optimizer) != self._fp:
-            self._snapshot(self.step_count + 1, "pre-step", "check")
+        self.seq.pre_step(self.step_count + 1)
 
     def _post_step(self, optimizer, args, kwargs) -> None:
         self._backwards = 0
@@ -467,10 +380,7 @@ class Monitor:
             self._losses.append((step, self._loss))
             self._loss = None
         try:
-            if self.hazards.has_events() or self.grad_clear.has_events():
-                self._snapshot(step, "post-step", "hazard")
-            elif step % self.every == 0:
-                self._snapshot(step, "post-step", "cadence")
+            self.seq.post_step(step, hazard=self.hazards.has_events() or self.grad_clear.has_events())
         finally:  # a FindingError caught by the user: the next step is still watched
             self._enter_step()
         self.on_step_end(step)
@@ -481,45 +391,27 @@ class Monitor:
         values = torch.stack([t.float().reshape(()) for _, t in self._losses]).tolist()  # one sync
         steps = [s for s, _ in self._losses]
         self._losses = []
-        if self._loss_first is None:
-            self._loss_first = values[0]
-        self._last_loss = values[-1]
+        if self.seq.loss_first is None:
+            self.seq.loss_first = values[0]
+        self.seq.last_loss = values[-1]
         if self.rundir is not None:
             for s, v in zip(steps, values):
                 self.rundir.metric(s, v, None)
 
-    def _snapshot(self, step: int, phase: str, trigger: str, may_raise: bool = True) -> None:
-        self._flush_losses()
-        now = time.perf_counter()
-        body = probe.snapshot_body(self.model, self.optimizer, census=self.snapshots % CENSUS_EVERY == 0)
-        events, self._events = self._events, []
-        events += self.hazards.drain() + self.grad_clear.drain()
-        n = step - self._last_snap_step
-        snap = assemble(backend="pytorch", run=self.run_id, step=step, phase=phase, trigger=trigger, body=body,
-                        events=events, loss=None if trigger == "start" else self._last_loss,
-                        elapsed_s=now - self._t0, step_time_s=(now - self._last_snap_t) / n if n > 0 else None,
-                        versions=probe.versions(), threads=torch.get_num_threads())
+    def _emit(self, snap: dict, seconds: float) -> list[Finding]:
+        """The sequencer's ``emit``: check and write the snapshot (``on_snapshot``, then each
+        new finding); raise :class:`FindingError` once all are written (``on_finding="raise"``)."""
         if self._dist is not None:  # optcheck.distributed hook: the cross-rank table (rules OC701-OC707)
             self._dist.annotate(snap)
-        self._last_snap_t, self._last_snap_step = now, step
-        self._fp = probe.fingerprint(self.model, self.optimizer)
-        self.snapshots += 1
-        self._peak_rss = max(self._peak_rss, body["memory"].get("rss_bytes") or 0)
-        if self.rundir is not None:
-            self.rundir.snapshot(snap)
-        new = self.engine.feed(snap)
-        self.on_snapshot(snap)
-        for f in new:  # every finding written and shown before any is raised
-            self._report(f)
+        new = self.checker.check(snap)
         if self.rundir is not None and (new or self.engine.suppressed):
             self._write_summary("running")
         failing = [f for f in new if severity_rank(f.severity) >= self._fail_rank]
-        if self.on_finding_policy == "raise" and failing and may_raise:
+        if self.on_finding_policy == "raise" and failing and self._may_raise:
             raise FindingError(failing[0], new)
+        return new
 
     def _report(self, f: Finding) -> None:
-        if self.rundir is not None:
-            self.rundir.finding(f.to_dict())
         self.on_finding(f)
         text = f"optcheck: step {f.step} ({f.phase}) {f.code} {f.symbol}: {f.message}"
         if self.on_finding_policy == "warn":

@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 import datetime as _dt
 import os
-import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -31,15 +31,15 @@ from optcheck.config import SoakConfig
 from optcheck.data import load_corpus
 from optcheck.engine import RuleEngine
 from optcheck.errors import InputError, RecordError
-from optcheck.findings import Finding, lead_time, severity_rank
-from optcheck.protocol import read_messages
+from optcheck.findings import Finding, severity_rank
+from optcheck.protocol import read_messages, send_verdict
 from optcheck.report.rundir import RunDir, check_space
 from optcheck.rules import RuleConfig
+from optcheck.session import Cost
+from optcheck.session_process import (STDERR_TAIL_LINES, WORKER_MODULES, Progress, drain_stderr, signal_name,
+                                      worker_command, worker_env)
+from optcheck.session_summary import Checker, Summary, run_status, utc_now
 from optcheck.watch import GRACE_S, Signals, Watchdog
-
-WORKER_MODULES = {"pytorch": "optcheck.pytorch.worker", "torchsharp": "optcheck.torchsharp_bridge.worker"}
-STDERR_TAIL_LINES = 40
-
 
 @dataclass
 class SoakResult:
@@ -66,6 +66,7 @@ class _State:
     loss_first: float | None = None
     snapshots: int = 0
     peak_rss: int = 0
+    snapshot_cost: Cost = field(default_factory=Cost)
     crash: dict | None = None
     stopped: dict | None = None
     done: dict | None = None
@@ -104,78 +105,6 @@ def validate(cfg: SoakConfig) -> dict:
     if corpus.train.size <= cfg.block_size + 1 or corpus.val.size <= cfg.block_size + 1:
         raise InputError(f"--data {corpus.source}: too short for --block-size {cfg.block_size}")
     return corpus.describe()
-
-
-class _Progress:
-    """A tqdm bar on stderr: step, steps/s, loss, findings so far. Quiet when disabled."""
-
-    def __init__(self, total: int, enabled: bool, label: str):
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-
-            tty = sys.stderr.isatty()
-            self.bar = tqdm(total=total, unit="step", desc=label, file=sys.stderr, dynamic_ncols=True,
-                            mininterval=0.5 if tty else 15.0, leave=True)
-        self.step = 0
-
-    def update(self, step: int, loss: float | None, findings: int) -> None:
-        if self.bar is None or step <= self.step:
-            return
-        self.bar.update(step - self.step)
-        self.step = step
-        post = {"findings": findings}
-        if loss is not None:
-            post["loss"] = f"{loss:.3f}"
-        self.bar.set_postfix(post, refresh=False)
-
-    def write(self, line: str) -> None:
-        if self.bar is not None:
-            self.bar.write(line, file=sys.stderr)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-def _drain_stderr(pipe, log, tail: collections.deque) -> None:
-    """Copy the worker's stderr to worker.log and keep its tail; a log that stops
-    taking writes (disk full) only stops the copy, never the drain."""
-    for line in iter(pipe.readline, b""):
-        if log is not None:
-            try:
-                log.write(line)
-            except (OSError, ValueError):
-                log = None
-        tail.append(line.decode("utf-8", "replace").rstrip("\n"))
-    pipe.close()
-
-
-def _signal_name(returncode: int) -> str | None:
-    if returncode < 0:
-        try:
-            return signal.Signals(-returncode).name
-        except ValueError:
-            return f"signal {-returncode}"
-    if returncode == 134:  # SIGABRT as seen through a shell or a .NET host
-        return "SIGABRT"
-    return None
-
-
-def worker_command(cfg: SoakConfig, config_path: Path, fd: int) -> list[str]:
-    """The worker's command line: ``cfg.extra["python"]`` (``--python``, e.g. another venv's
-    interpreter with another torch) or this interpreter, running the backend's worker module."""
-    return [cfg.extra.get("python") or sys.executable, "-m", WORKER_MODULES[cfg.backend], "--config", str(config_path), "--stream-fd", str(fd)]
-
-
-def worker_env(cfg: SoakConfig) -> dict:
-    """The worker's environment. With ``--python`` the folder holding this ``optcheck`` package
-    goes first on PYTHONPATH, so the other interpreter runs this optcheck with its own torch."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if cfg.extra.get("python"):
-        root = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return env
 
 
 def estimate_bytes(cfg: SoakConfig) -> int:
@@ -238,51 +167,63 @@ def _supervise(cfg: SoakConfig, out: Path, rundir: RunDir, corpus: dict, sig: Si
     work = out / "work"
     if work.is_symlink():
         raise InputError(f"{work}: is a symbolic link; optcheck never writes through one (remove it)")
-    engine = RuleEngine(rule_config, ignore=ignore)  # ignore: accepted findings (optcheck.suppress)
     st = _State()
+    bar = Progress(cfg.steps, progress and not sig.count, f"soak {cfg.backend}")
+    # the run's one rule engine (ignore: accepted findings, optcheck.suppress); the worker runs none
+    checker = Checker(RuleEngine(rule_config, ignore=ignore), rundir,
+                      report=lambda f: _report(f, bar, on_finding))
     t0 = time.time()
-    base = {"run": cfg.run_id, "backend": cfg.backend, "steps_requested": cfg.steps, "corpus": corpus,
-            "config": {k: v for k, v in vars(cfg).items() if k not in ("inject",)},
-            "inject": [f"{i.name}@{i.step}" for i in cfg.inject], "out": str(out),
-            "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    base = Summary(run=cfg.run_id, backend=cfg.backend, source="soak", fail_on=fail_on, steps_requested=cfg.steps,
+                   corpus=corpus, config={k: v for k, v in vars(cfg).items() if k not in ("inject",)},
+                   inject=[f"{i.name}@{i.step}" for i in cfg.inject], out=str(out))
     record_error: RecordError | None = None
     proc = None
     tail: collections.deque = collections.deque(maxlen=STDERR_TAIL_LINES)
     watchdog = None
-    bar = _Progress(cfg.steps, progress and not sig.count, f"soak {cfg.backend}")
     try:
         work.mkdir(exist_ok=True)
         cfg.work_dir = str(work)
         config_path = rundir.write_file("config.json", cfg.to_json())
-        rundir.summary({**base, "status": "running"})
-        base["config"]["work_dir"] = cfg.work_dir
+        rundir.summary(base.to_dict())
+        base.config["work_dir"] = cfg.work_dir
     except RecordError as e:
         record_error = e
     except OSError as e:
         record_error = RecordError(work, e)
     if record_error is None and not sig.count:
-        r, w = os.pipe()
+        ours, theirs = socket.socketpair()  # the stream, and the verdicts back (optcheck/protocol.py)
+        w = theirs.fileno()
         env = worker_env(cfg)
-        proc = subprocess.Popen(worker_command(cfg, config_path, w), pass_fds=(w,), stdin=subprocess.DEVNULL,
-                                stdout=rundir.worker_log, stderr=subprocess.PIPE, env=env, start_new_session=True)
-        os.close(w)
+        try:
+            proc = subprocess.Popen(worker_command(cfg, config_path, w), pass_fds=(w,), stdin=subprocess.DEVNULL,
+                                    stdout=rundir.worker_log, stderr=subprocess.PIPE, env=env,
+                                    start_new_session=True)
+        finally:
+            theirs.close()
         sig.attach(proc)
-        err_thread = threading.Thread(target=_drain_stderr, args=(proc.stderr, rundir.worker_log, tail), daemon=True)
+        err_thread = threading.Thread(target=drain_stderr, args=(proc.stderr, rundir.worker_log, tail), daemon=True)
         err_thread.start()
         watchdog = Watchdog(proc, sig, cfg.step_timeout_s)
         watchdog.start()
         try:
-            with os.fdopen(r, encoding="utf-8", errors="replace") as stream:
+            with ours, os.fdopen(os.dup(ours.fileno()), encoding="utf-8", errors="replace") as stream:
                 for msg in read_messages(stream):
                     watchdog.progress()
                     if msg["type"] == "hello":
                         watchdog.started()
+                    stop = None
                     try:
-                        _handle(msg, st, rundir, engine, bar, on_finding)
+                        with watchdog.paused():  # the supervisor's time is not the worker's silence
+                            stop = _handle(msg, st, rundir, checker, bar)
+                        if msg["type"] in ("done", "stopped", "crash"):
+                            watchdog.finished()
                     except RecordError as e:  # the disk is full: stop the worker, keep reading to its end
                         if record_error is None:
                             record_error = e
                             watchdog.request_stop()
+                    finally:
+                        if msg.get("verdict"):  # the worker waits for it (--stop-on-finding)
+                            send_verdict(ours, stop)
             try:
                 returncode = proc.wait(timeout=GRACE_S)
             except subprocess.TimeoutExpired:  # it closed the pipe but does not exit
@@ -305,7 +246,7 @@ def _supervise(cfg: SoakConfig, out: Path, rundir: RunDir, corpus: dict, sig: Si
         crash = dict(st.crash or {})
         crash.setdefault("step", st.last_step)
         crash["exit_code"] = returncode
-        crash["signal"] = _signal_name(returncode)
+        crash["signal"] = signal_name(returncode)
         if hung:
             crash["exc_type"] = "StepTimeout"
             crash["message"] = (f"no step for {watchdog.hung_after:.0f} s after step {st.last_step} "
@@ -323,32 +264,26 @@ def _supervise(cfg: SoakConfig, out: Path, rundir: RunDir, corpus: dict, sig: Si
             rundir.event({"kind": "crash", **{k: v for k, v in crash.items() if k != "stderr_tail"}})
         except RecordError as e:
             record_error = record_error or e
-    findings = engine.findings
-    worst = max((severity_rank(f.severity) for f in findings), default=None)
+    worst = checker.worst_rank()
     code = exitcodes.run_exit_code(crashed=crashed, interrupted=interrupted, worst_rank=worst, fail_on_rank=fail_rank,
                                    record_failed=record_error is not None)
-    status = ("interrupted" if interrupted else "record-failed" if record_error else "crashed" if crashed
-              else "stopped" if st.stopped else "findings" if code == exitcodes.FINDINGS else "clean")
-    elapsed = time.time() - t0
-    by_code: dict[str, int] = {}
-    for f in findings:
-        by_code[f.code] = by_code.get(f.code, 0) + 1
     done = st.done or {}
-    summary = {
-        **base, "status": status, "exit_code": code, "fail_on": fail_on, "last_step": st.last_step,
-        "snapshots": st.snapshots, "findings": len(findings), "findings_by_code": by_code,
-        "suppressed": engine.suppressed_by_code(), "first_finding": findings[0].to_dict() if findings else None,
-        "loss_first": st.loss_first, "loss_last": done.get("loss_last", st.last_loss),
-        "val_loss_first": done.get("val_loss_first"), "val_loss_last": done.get("val_loss_last"),
-        "val_step_first": done.get("val_step_first"), "val_step_last": done.get("val_step_last"),
-        "elapsed_s": round(elapsed, 3), "steps_per_s": round(st.last_step / elapsed, 2) if elapsed else None,
-        "peak_rss_bytes": st.peak_rss, "versions": st.hello.get("versions", {}),
-        "threads": st.hello.get("threads"), "crash": st.crash, "stopped": st.stopped,
-        "interrupted_by": sig.name, "signals": sig.count,
-        "record_error": str(record_error) if record_error else None,
-        "lead_time": lead_time([f.to_dict() for f in findings], st.crash), "garbled_lines": st.garbled,
-        "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    }
+    sm = base
+    sm.status = run_status(interrupted=interrupted, record_failed=record_error is not None, crashed=crashed,
+                           stopped=st.stopped is not None, exit_code=code)
+    sm.exit_code, sm.last_step, sm.snapshots = code, st.last_step, st.snapshots
+    sm.crash, sm.stopped = st.crash, st.stopped
+    sm.fill_findings(checker)
+    sm.loss_first, sm.loss_last = st.loss_first, done.get("loss_last", st.last_loss)
+    for k in ("val_loss_first", "val_loss_last", "val_step_first", "val_step_last"):
+        setattr(sm, k, done.get(k))
+    sm.fill_timing(time.time() - t0, st.snapshot_cost, checker.cost)
+    sm.peak_rss_bytes, sm.versions, sm.threads = st.peak_rss, st.hello.get("versions", {}), st.hello.get("threads")
+    sm.interrupted_by, sm.signals, sm.garbled_lines = sig.name, sig.count, st.garbled
+    sm.record_error = str(record_error) if record_error else None
+    sm.finished = utc_now()
+    summary = sm.to_dict()
+    findings = checker.findings
     try:
         rundir.summary(summary)
     except RecordError as e:  # even the reserve did not help: say so, keep the exit code non-1
@@ -363,7 +298,9 @@ def _supervise(cfg: SoakConfig, out: Path, rundir: RunDir, corpus: dict, sig: Si
     return SoakResult(summary, findings, code, out)
 
 
-def _handle(msg: dict, st: _State, rundir: RunDir, engine: RuleEngine, bar: _Progress, on_finding) -> None:
+def _handle(msg: dict, st: _State, rundir: RunDir, checker: Checker, bar: Progress) -> str | None:
+    """Record one worker message; for a snapshot, check it. Returns the reason to stop the
+    worker (``--stop-on-finding``: the first new finding of a snapshot that asks a verdict)."""
     kind = msg["type"]
     if kind == "metrics":
         for s, loss, dt in zip(msg["steps"], msg["losses"], msg["step_times_s"]):
@@ -372,20 +309,17 @@ def _handle(msg: dict, st: _State, rundir: RunDir, engine: RuleEngine, bar: _Pro
             if st.loss_first is None:
                 st.loss_first = msg["losses"][0]
             st.last_step, st.last_loss = msg["steps"][-1], msg["losses"][-1]
-            bar.update(st.last_step, st.last_loss, len(engine.findings))
+            bar.update(st.last_step, st.last_loss, len(checker.findings))
     elif kind == "snapshot":
         snap = msg["snapshot"]
-        rundir.snapshot(snap)
         st.snapshots += 1
         st.last_step = max(st.last_step, snap["step"])
         st.peak_rss = max(st.peak_rss, (snap.get("memory") or {}).get("rss_bytes") or 0)
-        for f in engine.feed(snap):
-            _report(f, rundir, bar, on_finding)
-    elif kind == "finding":
-        f = Finding.from_dict(msg["finding"])
-        f.key = f.key or ",".join(f.subjects)
-        if engine.add(f):
-            _report(f, rundir, bar, on_finding)
+        if isinstance(msg.get("cost_s"), (int, float)):
+            st.snapshot_cost.add(msg["cost_s"])
+        new = checker.check(snap)
+        if new and msg.get("verdict"):
+            return f"{new[0].code} {new[0].symbol} before step {snap['step']} (--stop-on-finding)"
     elif kind == "lifecycle":
         rundir.event({"kind": msg["kind"], "step": msg["step"], **(msg.get("detail") or {})})
     elif kind == "hello":
@@ -400,13 +334,13 @@ def _handle(msg: dict, st: _State, rundir: RunDir, engine: RuleEngine, bar: _Pro
     elif kind == "done":
         st.done = msg
         st.last_step = msg.get("step", st.last_step)
-        bar.update(st.last_step, msg.get("loss_last"), len(engine.findings))
+        bar.update(st.last_step, msg.get("loss_last"), len(checker.findings))
     elif kind == "garbled":
         st.garbled += 1
+    return None
 
 
-def _report(f: Finding, rundir: RunDir, bar: _Progress, on_finding) -> None:
-    rundir.finding(f.to_dict())
+def _report(f: Finding, bar: Progress, on_finding) -> None:
     bar.write(f"step {f.step} ({f.phase}) {f.code} {f.symbol} [{f.severity}]: {f.message}")
     if on_finding is not None:
         on_finding(f)

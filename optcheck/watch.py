@@ -16,6 +16,7 @@ its ``hello``) kills it.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import threading
@@ -118,6 +119,7 @@ class Watchdog(threading.Thread):
         self.hung_after: float | None = None
         self.kill_at: float | None = None  # the supervisor's own stop request (a write failed)
         self._last: float | None = None
+        self._over = False
         self._done = threading.Event()
 
     def started(self) -> None:
@@ -128,6 +130,24 @@ class Watchdog(threading.Thread):
         """A message arrived from the worker."""
         if self._last is not None:
             self._last = time.monotonic()
+
+    def finished(self) -> None:
+        """The worker sent its last message (done, stopped, crash): no step is due any
+        more, so no step timeout either (the supervisor waits ``GRACE_S`` for its exit)."""
+        self._last = None
+        self._over = True
+
+    @contextlib.contextmanager
+    def paused(self):
+        """The supervisor is busy with a message (writing it, checking a snapshot: the first
+        rule check imports SciPy, seconds on a loaded machine): that time is not the
+        worker's silence, so the step timeout counts again from its end."""
+        last, self._last = self._last, None
+        try:
+            yield
+        finally:
+            if last is not None and not self._over:
+                self._last = time.monotonic()
 
     def request_stop(self) -> None:
         """The supervisor stops the worker (e.g. the run directory stopped taking writes)."""
@@ -143,6 +163,6 @@ class Watchdog(threading.Thread):
             deadlines = [t for t in (self.signals.kill_at, self.kill_at) if t is not None]
             if deadlines and now >= min(deadlines):
                 _send(self.proc, signal.SIGKILL)
-            elif self.step_timeout_s and self._last is not None and now - self._last >= self.step_timeout_s:
-                self.hung_after = now - self._last
+            elif self.step_timeout_s and (last := self._last) is not None and now - last >= self.step_timeout_s:
+                self.hung_after = now - last
                 _send(self.proc, signal.SIGKILL)

@@ -2,7 +2,8 @@
 
 A worker process is ``python -m optcheck.pytorch.worker`` or
 ``python -m optcheck.torchsharp_bridge.worker``; each builds a :class:`Backend`
-and calls :func:`run`. The loop is a thin sequencer:
+and calls :func:`run`. The loop drives the run's one sequencer (``optcheck/session.py``, shared with
+``optcheck.Monitor``):
 
 1. load the corpus; build model and optimizer (``Backend.setup``);
 2. for every step: injections and lifecycle events due at this step; the
@@ -14,8 +15,10 @@ and calls :func:`run`. The loop is a thin sequencer:
 3. the training step; hazard events force a snapshot at once;
 4. every ``--every`` steps a cadence snapshot, and one at the end.
 
-The worker runs the rules too (cheap, on snapshots only) to decide
-``--stop-on-finding``; the supervisor's engine is the one that reports.
+The worker runs no rules: the supervisor's engine is the run's only one. With
+``--stop-on-finding`` a pre-step check snapshot is sent with ``verdict=True``
+and the worker waits for the supervisor's verdict (``optcheck/protocol.py``)
+before the step runs; a finding in it stops the worker at that step.
 
 Metrics are sent in batches (every :data:`METRICS_BATCH` steps or
 :data:`METRICS_FLUSH_S` seconds, whichever comes first, so the supervisor's
@@ -36,10 +39,9 @@ from typing import Any, Protocol
 
 from optcheck.config import SoakConfig
 from optcheck.data import BatchSchedule, Corpus, load_corpus, val_batches
-from optcheck.engine import RuleEngine
 from optcheck.errors import InputError
 from optcheck.protocol import Stream
-from optcheck.snapshot import assemble
+from optcheck.session import Sequencer
 
 METRICS_BATCH = 200
 METRICS_FLUSH_S = 1.0
@@ -72,6 +74,9 @@ class _GuardedStream:
         if self.pending and not self.terminating:
             self.terminating = True
             raise Terminated()
+
+    def verdict(self) -> dict:
+        return self._stream.verdict()
 
     def close(self) -> None:
         self._stream.close()
@@ -147,38 +152,20 @@ class Loop:
 
     def __init__(self, backend: Backend, cfg: SoakConfig, stream: Stream):
         self.backend, self.cfg, self.stream = backend, cfg, stream
-        self.engine = RuleEngine()
-        self.t0 = time.perf_counter()
-        self.last_snap_t = self.t0
-        self.last_snap_step = 0
-        self.last_loss: float | None = None
-        self.val_loss: float | None = None
-        self.loss_first: float | None = None
+        self.seq = Sequencer(backend, run_id=cfg.run_id, every=cfg.every, emit=self._emit, flush=self.flush_metrics)
         self.val_first: float | None = None
         self.val_last: float | None = None
         self.val_steps: list[int] = []   # steps at which the held-out loss was evaluated
         self.metrics: dict[str, list] = {"steps": [], "losses": [], "step_times_s": []}
-        self.last_flush_t = self.t0
-        self.pending_events: list[dict] = []
+        self.last_flush_t = time.perf_counter()
         self.step = 0
 
-    # -- snapshots ---------------------------------------------------------
-    def take(self, step: int, phase: str, trigger: str) -> list:
-        now = time.perf_counter()
-        body = self.backend.snapshot_body()
-        events, self.pending_events = self.pending_events, []
-        nsteps = step - self.last_snap_step
-        snap = assemble(
-            backend=self.backend.name, run=self.cfg.run_id, step=step, phase=phase, trigger=trigger, body=body,
-            events=events, loss=None if trigger == "start" else self.last_loss, val_loss=self.val_loss,
-            elapsed_s=now - self.t0, step_time_s=(now - self.last_snap_t) / nsteps if nsteps > 0 else None,
-            versions=self.backend.versions(), threads=self.backend.threads())
-        self.val_loss = None
-        self.last_snap_t, self.last_snap_step = now, step
-        self.flush_metrics()
-        self.stream.send("snapshot", snapshot=snap)
-        self._fingerprint = self.backend.fingerprint()
-        return self.engine.feed(snap)
+    def _emit(self, snap: dict, seconds: float) -> str | None:
+        """Send a snapshot; with ``--stop-on-finding``, a pre-step check snapshot waits for the
+        supervisor's verdict (its rule engine is the run's only one) and returns its reason to stop."""
+        ask = self.cfg.stop_on_finding and snap["trigger"] == "check"
+        self.stream.send("snapshot", snapshot=snap, cost_s=round(seconds, 6), verdict=ask)
+        return self.stream.verdict().get("stop") if ask else None
 
     def flush_metrics(self) -> None:
         self.last_flush_t = time.perf_counter()
@@ -187,8 +174,7 @@ class Loop:
             self.metrics = {"steps": [], "losses": [], "step_times_s": []}
 
     def event(self, kind: str, step: int, **detail) -> None:
-        ev = {"kind": kind, "step": step, "where": None, "count": 1, "detail": detail}
-        self.pending_events.append(ev)
+        self.seq.event({"kind": kind, "step": step, "where": None, "count": 1, "detail": detail})
         self.stream.send("lifecycle", step=step, kind=kind, detail=detail)
 
     # -- the loop ----------------------------------------------------------
@@ -203,13 +189,15 @@ class Loop:
         return due
 
     def run(self, corpus: Corpus) -> int:
-        cfg, be = self.cfg, self.backend
+        cfg, be, seq = self.cfg, self.backend, self.seq
         sched = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed)
-        val = val_batches(corpus, cfg.block_size, cfg.batch_size, cfg.seed, max(1, cfg.val_batches))
+        # --val-every 0: no held-out loss at all (nor its batches)
+        val = val_batches(corpus, cfg.block_size, cfg.batch_size, cfg.seed, max(1, cfg.val_batches)) \
+            if cfg.val_every else None
         self.stream.send("hello", backend=be.name, versions=be.versions(), threads=be.threads(),
                          pid=os.getpid(), corpus=corpus.describe(), config=dict(steps=cfg.steps, every=cfg.every))
-        self.take(0, "pre-step", "start")
-        self.t0 = self.last_snap_t = time.perf_counter()  # elapsed_s counts training, not set-up
+        seq.start(0)
+        seq.restart_clock()  # elapsed_s counts training, not set-up
         injections = {}
         for inj in cfg.inject:
             injections.setdefault(inj.step, []).append(inj.name)
@@ -219,43 +207,35 @@ class Loop:
                 self.event("inject", step, name=name, **be.inject(name, step))
             for kind in self.due_lifecycle(step):
                 self.event("lifecycle", step, name=kind, **be.lifecycle(kind, step))
-            if be.fingerprint() != self._fingerprint:
-                new = self.take(step, "pre-step", "check")
-                if new and cfg.stop_on_finding:
-                    self.stream.send("stopped", step=step, reason=f"{new[0].code} {new[0].symbol} before step {step} "
-                                                                  f"(--stop-on-finding)")
-                    return 0
+            _, stop = seq.pre_step(step)
+            if stop:
+                self.stream.send("stopped", step=step, reason=stop)
+                return 0
             x, y = sched.batch(corpus.train, step)
             ts = time.perf_counter()
             try:
                 loss = be.train_step(step, x, y)
             except StepStopped as e:
-                self.pending_events.append(e.event)
-                self.take(step, "pre-step", "hazard")
+                seq.stopped(step, e.event)
                 self.stream.send("stopped", step=step, reason=str(e))
                 return 0
             dt = time.perf_counter() - ts
-            self.last_loss = loss
-            if self.loss_first is None:
-                self.loss_first = loss
+            seq.loss(loss)
             self.metrics["steps"].append(step)
             self.metrics["losses"].append(loss)
             self.metrics["step_times_s"].append(round(dt, 6))
-            if cfg.val_every and (step % cfg.val_every == 0 or step == cfg.steps):
+            if val is not None and (step % cfg.val_every == 0 or step == cfg.steps):
                 # the last step too, so that "held-out first -> last" spans the whole run
-                self.val_loss = self.val_last = be.val_loss(val)
+                seq.val_loss = self.val_last = be.val_loss(val)
                 self.val_steps.append(step)
                 if self.val_first is None:
-                    self.val_first = self.val_loss
-            if be.has_events():
-                self.take(step, "post-step", "hazard")
-            elif step % cfg.every == 0 or step == cfg.steps:
-                self.take(step, "post-step", "final" if step == cfg.steps else "cadence")
-            elif (len(self.metrics["steps"]) >= METRICS_BATCH
-                  or time.perf_counter() - self.last_flush_t >= METRICS_FLUSH_S):
+                    self.val_first = self.val_last
+            taken, _ = seq.post_step(step, hazard=be.has_events(), last=step == cfg.steps)
+            if not taken and (len(self.metrics["steps"]) >= METRICS_BATCH
+                              or time.perf_counter() - self.last_flush_t >= METRICS_FLUSH_S):
                 self.flush_metrics()
         self.flush_metrics()
-        self.stream.send("done", step=cfg.steps, loss_first=self.loss_first, loss_last=self.last_loss,
+        self.stream.send("done", step=cfg.steps, loss_first=seq.loss_first, loss_last=seq.last_loss,
                          val_loss_first=self.val_first, val_loss_last=self.val_last,
                          val_step_first=self.val_steps[0] if self.val_steps else None,
                          val_step_last=self.val_steps[-1] if self.val_steps else None)
@@ -279,7 +259,6 @@ def run(backend: Backend, cfg: SoakConfig, stream: Stream) -> int:
     try:
         corpus = load_corpus(cfg.data, cfg.vocab_size)
         backend.setup(cfg, corpus)
-        loop._fingerprint = None
         return loop.run(corpus)
     except Terminated:
         guarded.terminating = True

@@ -9,10 +9,37 @@ from optcheck.findings import SEVERITIES
 from optcheck.rules import RuleConfig
 
 
+class _Int(click.ParamType):
+    """An integer option whose bad value (``--seed 1e20``) is one error line and exit 2
+    (:class:`optcheck.errors.InputError`), like every other bad input, instead of
+    click's three-line usage block."""
+
+    name = "integer"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return int(str(value), 10)
+        except ValueError:
+            from optcheck.errors import InputError
+
+            opt = param.opts[0] if param is not None and param.opts else "value"
+            raise InputError(f"{opt} {value}: not an integer (digits only, e.g. {opt} 1000)") from None
+
+
+INT = _Int()
+
+
 def _print_summary(summary: dict, findings: list) -> None:
+    """The run's closing lines, then what optcheck cost it (``summary["cost"]``)."""
     from optcheck.report.text import render_summary
+    from optcheck.session_summary import cost_line
 
     click.echo(render_summary(summary, [f.to_dict() for f in findings]))
+    line = cost_line(summary)
+    if line:
+        click.echo(line)
 
 
 def _embedded() -> bool:
@@ -67,9 +94,9 @@ def _compare(run_a, run_b) -> int:
 
 def register(group: click.Group) -> None:
     @group.command()
-    @click.option("--steps", type=int, default=20_000, show_default=True, help="Training steps to run.")
-    @click.option("--every", type=int, default=100, show_default=True, help="A snapshot every N steps.")
-    @click.option("--seed", type=int, default=1337, show_default=True, help="Seeds init and batches.")
+    @click.option("--steps", type=INT, default=20_000, show_default=True, help="Training steps to run.")
+    @click.option("--every", type=INT, default=100, show_default=True, help="A snapshot every N steps.")
+    @click.option("--seed", type=INT, default=1337, show_default=True, help="Seeds init and batches.")
     @click.option("--seeds", type=str, default=None, metavar="N,N,...",
                   help="Run once per seed into --out/seed-N (a seed band for `optcheck compare --band`).")
     @click.option("--python", "python", type=click.Path(dir_okay=False), default=None,
@@ -77,7 +104,7 @@ def register(group: click.Group) -> None:
                        "its torch, this optcheck).")
     @click.option("--data", type=str, default=None,
                   help="Text file, or nanoGPT .bin of uint16 token ids. Default: the Python stdlib's sources.")
-    @click.option("--vocab-size", type=int, default=None, help="Vocabulary of a .bin without meta.pkl beside it.")
+    @click.option("--vocab-size", type=INT, default=None, help="Vocabulary of a .bin without meta.pkl beside it.")
     @click.option("--out", type=click.Path(file_okay=False), default=None,
                   help="Run directory (default: runs/<UTC time>).")
     @click.option("--inject", "injects", multiple=True, metavar="NAME@STEP",
@@ -88,25 +115,25 @@ def register(group: click.Group) -> None:
                   help="pytorch, torchsharp, or both as pytorch,torchsharp (run one after the other, then compared).")
     @click.option("--same-init", is_flag=True,
                   help="With several backends: start TorchSharp from the PyTorch GPT's initial weights.")
-    @click.option("--threads", type=int, default=1, show_default=True,
+    @click.option("--threads", type=INT, default=1, show_default=True,
                   help="Intra-op threads (1 is fastest for the small default model on 2 cores).")
     @click.option("--stop-on-finding", is_flag=True, help="Stop the worker at the first finding of its pre-step check.")
     @click.option("--no-hazards", is_flag=True, help="Switch the autograd hazard probes off.")
     @click.option("--allow-inplace", is_flag=True,
                   help="Continue past an in-place write to a saved tensor (default: stop that step).")
-    @click.option("--val-every", type=int, default=1000, show_default=True, help="Held-out loss every N steps (0: never).")
-    @click.option("--eval-every", type=int, default=0, help="Eval-mode pass + model.to() round trip every N steps.")
-    @click.option("--checkpoint-every", type=int, default=0, help="Save and reload model+optimizer every N steps.")
-    @click.option("--resume-at", type=int, default=0, help="Rebuild model+optimizer from the last checkpoint at step N.")
+    @click.option("--val-every", type=INT, default=1000, show_default=True, help="Held-out loss every N steps (0: never).")
+    @click.option("--eval-every", type=INT, default=0, help="Eval-mode pass + model.to() round trip every N steps.")
+    @click.option("--checkpoint-every", type=INT, default=0, help="Save and reload model+optimizer every N steps.")
+    @click.option("--resume-at", type=INT, default=0, help="Rebuild model+optimizer from the last checkpoint at step N.")
     @click.option("--memory-budget", type=str, default=None,
                   help="Memory budget for OC401's projection, e.g. 4GiB (default: this machine's RAM).")
     @click.option("--lr", type=float, default=1e-3, show_default=True, help="Peak learning rate.")
     @click.option("--optimizer", type=click.Choice(["adamw", "sgd"]), default="adamw", show_default=True)
-    @click.option("--n-layer", type=int, default=2, show_default=True)
-    @click.option("--n-embd", type=int, default=64, show_default=True)
-    @click.option("--n-head", type=int, default=2, show_default=True)
-    @click.option("--block-size", type=int, default=64, show_default=True)
-    @click.option("--batch-size", type=int, default=16, show_default=True)
+    @click.option("--n-layer", type=INT, default=2, show_default=True)
+    @click.option("--n-embd", type=INT, default=64, show_default=True)
+    @click.option("--n-head", type=INT, default=2, show_default=True)
+    @click.option("--block-size", type=INT, default=64, show_default=True)
+    @click.option("--batch-size", type=INT, default=16, show_default=True)
     @click.option("--dotnet-runtime", type=click.Choice(["coreclr", "mono"]), default="coreclr", show_default=True,
                   help="TorchSharp backend: the .NET runtime pythonnet loads.")
     @click.option("--torchsharp", "torchsharp", type=str, default=None,
@@ -158,6 +185,11 @@ def register(group: click.Group) -> None:
             raise InputError(f"--backend {backend!r}: pytorch, torchsharp or pytorch,torchsharp")
         if same_init and len(backends) < 2:
             raise InputError("--same-init needs two backends: --backend pytorch,torchsharp")
+        if (len(backends) > 1 or seeds is not None) and (junit or plot):
+            option = "--junit" if junit else "--plot"
+            many = f"--backend {backend} makes two" if len(backends) > 1 else f"--seeds {seeds} makes one per seed"
+            raise InputError(f"{option} writes one run's report, and {many}: run each with its own {option}, "
+                             f"or use --summary-md (it covers every run)")
 
         extra = {"optimizer": optimizer, "dotnet_runtime": dotnet_runtime}
         for key, value in (("python", python), ("torchsharp", torchsharp), ("dotnet_assembly", dotnet_assembly),
@@ -203,6 +235,8 @@ def register(group: click.Group) -> None:
             for r in results:
                 _print_summary(r.summary, r.findings)
                 _say_record_error(r.summary)
+            if summary_md:
+                _write_md(summary_md, [(r.summary, r.findings) for r in results], None)
             return code
         if len(backends) > 1:
             results, code = run_backends(cfg, backends, out, same_init=same_init, fail_on=fail_on,

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from optcheck.config import SoakConfig
-from optcheck.data import Corpus, val_batches
+from optcheck.data import BatchSchedule, Corpus, val_batches
 from optcheck.pytorch import probe
 from optcheck.pytorch.gpt import GPT, GPTConfig
 from optcheck.pytorch.grad_clear import GradClearProbe
@@ -179,7 +179,12 @@ class TorchBackend:
             scenarios.check(inj.name)
         tie = not any(scenarios.needs_untied(i.name) for i in cfg.inject)
         self.trainer = Trainer(cfg, corpus.vocab_size, tie_weights=tie)
-        self.val_batches = val_batches(corpus, cfg.block_size, cfg.batch_size, cfg.seed, max(1, cfg.val_batches))
+        if cfg.val_every:
+            self.val_batches = val_batches(corpus, cfg.block_size, cfg.batch_size, cfg.seed, max(1, cfg.val_batches))
+        else:  # --val-every 0: no held-out data at all; the eval event's forward runs on step 1's batch
+            sched = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed)
+            self.val_batches = [sched.batch(corpus.train, 1)]
+        self.report_val = bool(cfg.val_every)
 
     def versions(self) -> dict[str, str]:
         return probe.versions()
@@ -193,7 +198,10 @@ class TorchBackend:
         return scenarios.apply(name, self.trainer, step)
 
     def lifecycle(self, kind: str, step: int) -> dict:
-        return self.trainer.lifecycle(kind, step, self.val_batches)
+        detail = self.trainer.lifecycle(kind, step, self.val_batches)
+        if not self.report_val:  # --val-every 0: the eval pass's loss is no held-out loss
+            detail.pop("val_loss", None)
+        return detail
 
     def fingerprint(self):
         return probe.fingerprint(self.trainer.model, self.trainer.optimizer)

@@ -9,14 +9,16 @@ Layout of ``--out DIR``::
     summary.json      ``optcheck.summary/1``: written with status "running" at
                       the start and replaced atomically at the end
     worker.log        the worker's stderr
-    .optcheck.lock    the writer's lock (``fcntl.flock``) and its PID
+    .optcheck.lock    the writer's lock (``fcntl.flock``) and its PID, while it writes
 
 Guarantees:
 
 * **one writer**: :class:`RunDir` takes an exclusive ``flock`` on
   ``.optcheck.lock`` for as long as it is open; a second writer gets
   :class:`InputError` naming the PID that holds it. The kernel drops the lock
-  when the holder exits, however it exits (flock(2)).
+  when the holder exits, however it exits (flock(2)); a writer that closes
+  removes the file while it still holds the lock, and a writer that locked a
+  file removed that way (its inode no longer the path's) takes the new one.
 * **no silent overwrite**: a directory that already holds run records is
   refused unless ``force=True`` (``--force``) or ``append=True`` (a resume).
 * **no symlink is followed**: every file is opened with ``O_NOFOLLOW`` (and
@@ -138,14 +140,24 @@ def lock_run_dir(path: Path) -> int:
     Raises:
         InputError: another process holds it ("in use by PID N").
     """
-    fd = _open_regular(path / LOCK_NAME, os.O_RDWR | os.O_CREAT)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
-        os.close(fd)
-        raise InputError(f"--out {path}: the run directory is in use by PID {holder} (another optcheck writes "
-                         f"there); wait for it to finish or choose another --out") from None
+    for _ in range(8):  # the holder removes the file when it finishes: lock the file the path names now
+        fd = _open_regular(path / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            raise InputError(f"--out {path}: the run directory is in use by PID {holder} (another optcheck "
+                             f"writes there); wait for it to finish or choose another --out") from None
+        try:
+            st, now = os.fstat(fd), os.stat(path / LOCK_NAME, follow_symlinks=False)
+            if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # locked a file its holder had just removed: take the new one
+    else:
+        raise InputError(f"--out {path}: could not take the run directory's lock ({LOCK_NAME} keeps changing)")
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -322,10 +334,13 @@ class RunDir:
             os.close(fd)
         self._fds = {}
         if self._lock is not None:
-            try:
-                os.ftruncate(self._lock, 0)  # no stale PID for the next writer to read
+            try:  # no lock file left behind; still locked, so a writer starting now waits for the new one
+                os.unlink(self.path / LOCK_NAME)
             except OSError:
-                pass
+                try:
+                    os.ftruncate(self._lock, 0)  # no stale PID for the next writer to read
+                except OSError:
+                    pass
             os.close(self._lock)  # releases the flock
             self._lock = None
 

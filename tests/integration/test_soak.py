@@ -57,6 +57,7 @@ def test_clean_soak_writes_the_run_dir_and_the_loss_falls(soaks):
     assert snaps[-1]["trigger"] == "final" and snaps[1]["versions"]["torch"]
     assert len(lines(out / "metrics.jsonl")) == 300
     assert lines(out / "findings.jsonl") == []
+    assert not (out / ".optcheck.lock").exists() and not (out / ".optcheck-reserve").exists()  # nothing left
     # the recorded stream re-checks clean
     rc, stdout, _ = run_cli(["check", str(out / "snapshots.jsonl")])
     assert rc == exitcodes.CLEAN and "7 snapshots, 0 finding(s)" in stdout
@@ -121,6 +122,10 @@ def test_sigkill_of_the_worker_leaves_a_readable_run(tmp_path):
     (["--data", "{corrupt}"], "corrupt .bin"),
     (["--out", "/proc/optcheck-cannot-write"], "cannot write there"),
     (["--inject", "eager-param-list@5"], "not available on pytorch"),
+    (["--seed", "1e20"], "--seed 1e20: not an integer"),
+    (["--backend", "pytorch,torchsharp", "--junit", "j.xml"], "--junit writes one run's report"),
+    (["--backend", "pytorch,torchsharp", "--plot", "p.png"], "--plot writes one run's report"),
+    (["--seeds", "1,2", "--junit", "j.xml"], "--junit writes one run's report, and --seeds 1,2 makes one per seed"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
     (tmp_path / "empty.txt").write_bytes(b"")
@@ -133,6 +138,30 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
     assert proc.returncode == exitcodes.USAGE, proc.stderr
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and "Traceback" not in proc.stderr
+
+
+def test_stop_on_finding_stops_before_the_step_on_the_supervisors_finding(tmp_path):
+    """--stop-on-finding: the pre-step check snapshot waits for the supervisor's verdict (its
+    engine is the run's only one); the worker stops before the step, which never trains."""
+    out = tmp_path / "stop"
+    rc, stdout, _ = run_cli(["soak", "-q", "--steps", "100", "--every", "50", "--inject", "tie-after-optimizer@40",
+                             "--stop-on-finding", "--out", str(out), *SMALL])
+    assert rc == exitcodes.FINDINGS, stdout
+    s = json.loads((out / "summary.json").read_text())
+    assert s["status"] == "stopped" and s["last_step"] == 40
+    assert s["stopped"] == {"step": 40, "reason": "OC101 stale-param before step 40 (--stop-on-finding)"}
+    assert [(f["code"], f["step"], f["phase"]) for f in lines(out / "findings.jsonl")] == [("OC101", 40, "pre-step")]
+    assert max(m["step"] for m in lines(out / "metrics.jsonl")) == 39  # step 40 never ran
+    assert "Stopped at step 40: OC101 stale-param before step 40 (--stop-on-finding)" in stdout
+
+
+def test_the_worker_loop_holds_no_rule_engine():
+    """Rules run once per soak, in the supervisor: the worker's modules do not even import them."""
+    code = ("import sys, optcheck.worker_loop, optcheck.pytorch.worker; "
+            "print(sorted(m for m in sys.modules if m.startswith(('optcheck.engine', 'optcheck.rules'))))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
 
 
 def test_catalogue_commands():

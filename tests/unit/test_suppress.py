@@ -54,11 +54,19 @@ def test_pyproject_table_found_upwards_and_added_to_arguments(tmp_path, monkeypa
         load_config()
 
 
+class _Reports:
+    """A rule (the engine's plug-in interface) that reports OC205 on two parameters at every snapshot."""
+
+    code = "OC205"
+
+    def check(self, snap, ctx):
+        return [f("OC205", "lm_head.weight"), f("OC205", "wte.weight")]
+
+
 def test_engine_counts_suppressed_and_keeps_the_rest():
-    eng = RuleEngine(ignore=parse(["OC205:lm_head.*"]))
-    assert eng.add(f("OC205", "lm_head.weight")) is False
-    assert eng.add(f("OC205", "wte.weight")) is True
+    eng = RuleEngine(rules=[_Reports], ignore=parse(["OC205:lm_head.*"]))
+    assert [x.subjects for x in eng.feed({"step": 3})] == [["wte.weight"]]
     assert [x.subjects for x in eng.findings] == [["wte.weight"]]
     assert eng.suppressed_by_code() == {"OC205": 1}
-    plain = RuleEngine()
-    assert plain.add(f("OC205", "lm_head.weight")) is True and plain.suppressed_by_code() == {}
+    plain = RuleEngine(rules=[_Reports])
+    assert len(plain.feed({"step": 3})) == 2 and plain.suppressed_by_code() == {}

@@ -64,3 +64,22 @@ def test_step_timeout_fires_on_silence_only_after_hello():
     assert proc.poll() is None and dog.hung_after is None
     assert proc.wait(timeout=10) == -signal.SIGKILL and dog.hung_after >= 0.5
     dog.stop()
+
+
+def test_step_timeout_does_not_count_the_supervisors_own_work_nor_the_exit_after_done():
+    """A slow rule check in the supervisor (the first one imports SciPy: seconds on a loaded
+    machine) is not the worker's silence; after its last message the worker is not timed."""
+    proc = child()
+    dog = Watchdog(proc, Signals(), step_timeout_s=0.5, poll_s=0.05)
+    dog.start()
+    dog.started()
+    with dog.paused():
+        time.sleep(1.2)  # the supervisor busy with one message
+    time.sleep(0.2)
+    assert proc.poll() is None and dog.hung_after is None  # counted again from the end of the pause
+    dog.finished()  # "done": only its exit is left
+    time.sleep(1.2)
+    assert proc.poll() is None and dog.hung_after is None
+    dog.stop()
+    proc.kill()
+    proc.wait()

@@ -1,0 +1,178 @@
+"""What ``optcheck.Monitor`` (``optcheck/monitor.py``) is built from besides the
+run's sequencer: its probe over the user's model and optimizer, its warning and
+exception types, and the process-wide hooks — the ``backward`` wrappers and the
+``sys.excepthook`` installed while a monitor is open.
+
+``torch.Tensor.backward`` and ``torch.autograd.backward`` are replaced while at
+least one Monitor is open, and put back when the last one closes. The newest
+open Monitor is told before and after each backward pass; ``Tensor.backward``
+calls ``torch.autograd.backward`` itself (``torch/_tensor.py``), so the inner
+call passes straight through and each pass is seen once.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import torch
+
+from optcheck.findings import Finding
+from optcheck.pytorch import probe
+from optcheck.pytorch.train import CENSUS_EVERY
+
+log = logging.getLogger("optcheck")
+
+#: open monitors, newest last
+_ACTIVE: list = []
+#: the original ``Tensor.backward`` ("tensor") and ``torch.autograd.backward`` ("autograd") while wrapped
+_ORIG: dict[str, Any] = {}
+_IN_BACKWARD: list[bool] = []
+_PREV_EXCEPTHOOK: list = []
+
+
+class OptcheckWarning(UserWarning):
+    """A finding, shown as a warning (``Monitor(on_finding="warn")``)."""
+
+
+class FindingError(RuntimeError):
+    """A finding, raised (``Monitor(on_finding="raise")``).
+
+    ``.finding`` is the first finding at or above ``fail_on`` of the snapshot,
+    ``.findings`` all of that snapshot's (every one already written to
+    ``findings.jsonl`` and ``summary.json``). ``.step_ran`` says whether the
+    optimizer step of ``finding.step`` was taken: False for a "pre-step" finding
+    (raised from the step pre-hook, before ``optimizer.step()`` changed anything),
+    True for a "post-step" one (raised from the post-hook, after it).
+    """
+
+    def __init__(self, finding: Finding, findings: list[Finding] | None = None):
+        self.findings = list(findings or [finding])
+        more = f" (+{len(self.findings) - 1} more finding(s) in findings.jsonl)" if len(self.findings) > 1 else ""
+        super().__init__(f"step {finding.step}: {finding.code} {finding.symbol}: {finding.message}{more}")
+        self.finding = finding
+        self.step_ran = finding.phase != "pre-step"
+
+
+class TorchProbe:
+    """The sequencer's probe (``optcheck.session.Probe``) over the user's model and optimizer."""
+
+    name = "pytorch"
+
+    def __init__(self, model, optimizer, hazards, grad_clear):
+        self.model, self.optimizer, self.hazards, self.grad_clear = model, optimizer, hazards, grad_clear
+        self.snapshots = 0
+
+    def fingerprint(self):
+        return probe.fingerprint(self.model, self.optimizer)
+
+    def snapshot_body(self) -> dict:
+        census = self.snapshots % CENSUS_EVERY == 0
+        self.snapshots += 1
+        body = probe.snapshot_body(self.model, self.optimizer, census=census)
+        body["events"] = self.hazards.drain() + self.grad_clear.drain()
+        return body
+
+    def versions(self) -> dict:
+        return probe.versions()
+
+    def threads(self) -> int:
+        return torch.get_num_threads()
+
+
+def backward_roots(tensors) -> list[torch.Tensor]:
+    """The tensors a backward pass starts from: ``tensors`` itself, or the Tensors of a
+    sequence (``torch.autograd.backward([l1, l2])``; other items such as a
+    ``GradientEdge`` are left out). Empty for anything else."""
+    if isinstance(tensors, torch.Tensor):
+        return [tensors]
+    if isinstance(tensors, (list, tuple)):
+        return [t for t in tensors if isinstance(t, torch.Tensor)]
+    return []
+
+
+def backward_loss(roots: list[torch.Tensor], grads=None) -> torch.Tensor | None:
+    """The loss of a backward pass from ``roots`` (:func:`backward_roots`), detached, on
+    its device (no sync): the root itself for one; Σ gᵢ·lᵢ for several, over the
+    one-element roots, gᵢ their one-element ``grad_tensors`` entry (else 1). None
+    when no root has one element (a non-scalar ``backward(gradient)``)."""
+    gs = list(grads) if isinstance(grads, (list, tuple)) else [grads] * len(roots)
+    terms = [r.detach() if not (isinstance(g, torch.Tensor) and g.numel() == 1)
+             else r.detach().reshape(()) * g.detach().reshape(())
+             for r, g in zip(roots, gs) if r.numel() == 1]
+    if not terms:
+        return None
+    return terms[0] if len(roots) == 1 else torch.stack([t.float().reshape(()) for t in terms]).sum()
+
+
+def _grad_tensors(key: str, tensors, args: tuple, kwargs: dict):
+    """The ``grad_tensors`` (``torch.autograd.backward``) or ``gradient`` (``Tensor.backward``)
+    argument of a call, as given (None when absent)."""
+    name = "gradient" if key == "tensor" else "grad_tensors"
+    return args[0] if args else kwargs.get(name)
+
+
+def _watched(key: str):
+    """A wrapper of ``torch.Tensor.backward`` (key "tensor") or ``torch.autograd.backward``
+    ("autograd") that tells the newest open Monitor before and after."""
+
+    def backward(tensors, *args, **kwargs):
+        mon = _ACTIVE[-1] if _ACTIVE else None
+        roots = backward_roots(tensors) if mon is not None and not _IN_BACKWARD else []
+        if not roots:
+            return _ORIG[key](tensors, *args, **kwargs)
+        mon._before_backward(roots, _grad_tensors(key, tensors, args, kwargs))
+        _IN_BACKWARD.append(True)
+        try:
+            out = _ORIG[key](tensors, *args, **kwargs)
+        finally:
+            _IN_BACKWARD.pop()
+            mon._close_if_stopped()
+        mon._after_backward()
+        return out
+
+    return backward
+
+
+def _excepthook(exc_type, exc, tb) -> None:
+    """``sys.excepthook`` while a Monitor is open: the exception that ends the process
+    is recorded as the crash of every open monitor (as ``with Monitor`` records it),
+    which then closes, before the previous hook prints the traceback."""
+    for mon in list(_ACTIVE):
+        try:
+            mon._record_crash(exc)
+            mon.close()
+        except Exception:  # never hide the user's traceback behind ours
+            log.exception("optcheck: could not record the crash")
+    prev = _PREV_EXCEPTHOOK[0] if _PREV_EXCEPTHOOK else sys.__excepthook__
+    prev(exc_type, exc, tb)
+
+
+def install(mon) -> None:
+    """Register ``mon`` as the newest open monitor; wrap backward and the excepthook once."""
+    _ACTIVE.append(mon)
+    if not _ORIG:
+        _ORIG["tensor"], _ORIG["autograd"] = torch.Tensor.backward, torch.autograd.backward
+        torch.Tensor.backward = _watched("tensor")
+        torch.autograd.backward = _watched("autograd")
+    if not _PREV_EXCEPTHOOK:
+        _PREV_EXCEPTHOOK.append(sys.excepthook)
+        sys.excepthook = _excepthook
+
+
+def remove(mon) -> None:
+    """Unregister ``mon``; with no monitor left open, put backward and the excepthook back."""
+    if mon in _ACTIVE:
+        _ACTIVE.remove(mon)
+    if _ACTIVE:
+        return
+    from optcheck.pytorch import probe
+
+    probe.release_census()  # the census froze the objects alive at its first run: unfreeze them
+    if _ORIG:
+        torch.Tensor.backward, torch.autograd.backward = _ORIG.pop("tensor"), _ORIG.pop("autograd")
+    if _PREV_EXCEPTHOOK:
+        prev = _PREV_EXCEPTHOOK.pop()
+        if sys.excepthook is _excepthook:  # someone chained after us: leave theirs (ours passes through)
+            sys.excepthook = prev

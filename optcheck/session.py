@@ -1,0 +1,174 @@
+"""The one sequencer of a run: when a snapshot is taken, and what goes into it. Torch-free.
+
+Both drivers of a run use it: the soak worker loop (``optcheck/worker_loop.py``,
+one process per backend, PyTorch or TorchSharp) and ``optcheck.Monitor``
+(``optcheck/monitor.py``, inside the user's own PyTorch loop). The order it
+keeps, per optimizer step ``n`` (1-based):
+
+1. **pre-step check** (:meth:`Sequencer.pre_step`): the probe's fingerprint —
+   parameter and optimizer-member identities, data pointers, eager state keys,
+   a few µs — against the one taken with the last snapshot; when it changed, a
+   snapshot ``phase="pre-step", trigger="check"`` at step ``n`` *before* the
+   step runs, so a finding names the cause at the step it happened;
+2. the step itself (the driver's);
+3. **post-step** (:meth:`Sequencer.post_step`): a hazard probe that recorded
+   events forces a snapshot ``trigger="hazard"``; otherwise every ``every``
+   steps ``trigger="cadence"``, and ``trigger="final"`` at the last step;
+4. a hazard that stops a step (:meth:`Sequencer.stopped`): a snapshot
+   ``phase="pre-step", trigger="hazard"`` carrying the event.
+
+:meth:`Sequencer.take` is the one place a snapshot is built (hook it to add
+per-rank fields); it hands the snapshot to the driver's ``emit`` (the worker
+sends it to the supervisor, the Monitor checks and writes it:
+:class:`optcheck.session_summary.Checker`). What a run cost — seconds spent in
+snapshots and in rule checks — is counted in :class:`Cost` and lands in
+``summary.json``'s ``cost`` (``docs/summary.md``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable, Protocol
+
+from optcheck.snapshot import assemble
+
+
+class Cost:
+    """Wall-clock seconds of one kind of work (snapshots, rule checks), one entry per call."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+
+    def add(self, seconds: float) -> None:
+        self.seconds.append(float(seconds))
+
+    def to_dict(self) -> dict:
+        """``{"count", "total_s", "median_s"}`` (seconds; median None when count is 0)."""
+        s = self.seconds
+        return {"count": len(s), "total_s": round(sum(s), 6),
+                "median_s": round(statistics.median(s), 6) if s else None}
+
+
+def cost_dict(snapshots: Cost, checks: Cost) -> dict:
+    """The summary's ``cost``: ``{"snapshots": {...}, "checks": {...}}``, each :meth:`Cost.to_dict`."""
+    return {"snapshots": snapshots.to_dict(), "checks": checks.to_dict()}
+
+
+class Probe(Protocol):
+    """What the sequencer needs from a backend (``optcheck.worker_loop.Backend`` has it)."""
+
+    name: str
+
+    def fingerprint(self) -> Any:
+        """A cheap, comparable value that changes when parameters or optimizer members change identity."""
+
+    def snapshot_body(self) -> dict:
+        """params, groups, state, optimizer, memory, events (drained), notes."""
+
+    def versions(self) -> dict[str, str]:
+        """Library versions for the snapshot."""
+
+    def threads(self) -> int:
+        """Intra-op threads in use."""
+
+
+class Sequencer:
+    """Cadence, pre-step check, hazard-forced and final snapshots of one run.
+
+    Args:
+        probe: the backend (:class:`Probe`).
+        run_id: the snapshots' ``run``.
+        every: a cadence snapshot every this many optimizer steps (≥ 1).
+        emit: ``emit(snapshot, seconds)`` gets every snapshot and the seconds its
+            body took; its return value is what :meth:`take` returns.
+        flush: called first thing in :meth:`take` (send or write the losses
+            held so far, so they precede the snapshot and set :attr:`last_loss`).
+        step: the step the run starts after (a resumed Monitor), 0 otherwise.
+        snapshots: snapshots already taken (a resumed Monitor).
+    """
+
+    def __init__(self, probe: Probe, *, run_id: str, every: int, emit: Callable[[dict, float], Any],
+                 flush: Callable[[], None] | None = None, step: int = 0, snapshots: int = 0):
+        self.probe, self.run_id, self.every, self.emit, self.flush = probe, run_id, every, emit, flush
+        self.t0 = self.last_snap_t = time.perf_counter()
+        self.last_snap_step = step
+        self.snapshots = snapshots
+        self.last_loss: float | None = None
+        self.loss_first: float | None = None
+        self.val_loss: float | None = None   # held-out loss not yet put in a snapshot
+        self.pending_events: list[dict] = []
+        self.peak_rss = 0
+        self.cost = Cost()
+        self._fp: Any = None
+
+    # -- bookkeeping the driver feeds ------------------------------------------
+    def event(self, event: dict) -> None:
+        """An event (schema-1 ``events`` item) for the next snapshot."""
+        self.pending_events.append(event)
+
+    def loss(self, value: float) -> None:
+        """The loss of the step just taken."""
+        self.last_loss = value
+        if self.loss_first is None:
+            self.loss_first = value
+
+    def restart_clock(self) -> None:
+        """``elapsed_s`` counts from now (the soak: training, not set-up)."""
+        self.t0 = self.last_snap_t = time.perf_counter()
+
+    # -- the sequence -------------------------------------------------------------
+    def start(self, step: int = 0) -> Any:
+        """The snapshot before anything trains (``trigger="start"``)."""
+        return self.take(step, "pre-step", "start")
+
+    def changed(self) -> bool:
+        """The pre-step check: True when the fingerprint moved since the last snapshot."""
+        return self.probe.fingerprint() != self._fp
+
+    def pre_step(self, step: int) -> tuple[bool, Any]:
+        """Before step ``step`` runs: ``(True, emit's result)`` when the check fired a snapshot."""
+        if self.changed():
+            return True, self.take(step, "pre-step", "check")
+        return False, None
+
+    def post_step(self, step: int, *, hazard: bool, last: bool = False) -> tuple[bool, Any]:
+        """After step ``step``: a hazard, cadence or final snapshot when one is due;
+        ``(taken, emit's result)``."""
+        if hazard:
+            return True, self.take(step, "post-step", "hazard")
+        if step % self.every == 0 or last:
+            return True, self.take(step, "post-step", "final" if last else "cadence")
+        return False, None
+
+    def stopped(self, step: int, event: dict) -> Any:
+        """A hazard stopped step ``step`` before harm was done: a snapshot with its event."""
+        self.event(event)
+        return self.take(step, "pre-step", "hazard")
+
+    def final(self, step: int) -> Any:
+        """The closing snapshot (``trigger="final"``) of a run that ended between cadences."""
+        return self.take(step, "post-step", "final")
+
+    def take(self, step: int, phase: str, trigger: str) -> Any:
+        """Build snapshot ``step``/``phase``/``trigger`` and hand it to ``emit`` — the one
+        place a snapshot is made."""
+        if self.flush is not None:
+            self.flush()
+        t = time.perf_counter()
+        body = self.probe.snapshot_body()
+        events, self.pending_events = self.pending_events, []
+        n = step - self.last_snap_step
+        snap = assemble(backend=self.probe.name, run=self.run_id, step=step, phase=phase, trigger=trigger,
+                        body=body, events=events, loss=None if trigger == "start" else self.last_loss,
+                        val_loss=self.val_loss, elapsed_s=t - self.t0,
+                        step_time_s=(t - self.last_snap_t) / n if n > 0 else None,
+                        versions=self.probe.versions(), threads=self.probe.threads())
+        self._fp = self.probe.fingerprint()
+        seconds = time.perf_counter() - t
+        self.cost.add(seconds)
+        self.val_loss = None
+        self.last_snap_t, self.last_snap_step = t, step
+        self.snapshots += 1
+        self.peak_rss = max(self.peak_rss, (snap.get("memory") or {}).get("rss_bytes") or 0)
+        return self.emit(snap, seconds)
