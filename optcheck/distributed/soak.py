@@ -93,7 +93,8 @@ def run_distributed_soak(cfg: SoakConfig, nproc: int, out: str | os.PathLike | N
     Raises:
         InputError: ``nproc`` < 2, or ``out`` holds a run and ``force`` is False.
     """
-    from optcheck.soak import SoakResult, _Progress, default_out_dir
+    from optcheck.session_process import Progress
+    from optcheck.soak import SoakResult, default_out_dir
 
     if nproc < 2:
         raise InputError(f"--nproc {nproc}: give 2 or more ranks (1 is the ordinary soak)")
@@ -105,7 +106,7 @@ def run_distributed_soak(cfg: SoakConfig, nproc: int, out: str | os.PathLike | N
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "optcheck.distributed.worker",
            "--config", str(cfg_path), "--out", str(out), "--fail-on", fail_on, "--timeout", str(timeout_s)]
     env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads))
-    bar = _Progress(cfg.steps, progress, f"soak pytorch x{nproc} (DDP)")
+    bar = Progress(cfg.steps, progress, f"soak pytorch x{nproc} (DDP)")
     hung = None
     t0 = time.perf_counter()
     with open(out / "launcher.log", "w", encoding="utf-8") as log:
