@@ -14,7 +14,7 @@ import pytest
 
 from conftest import SMALL, run_cli
 from optcheck import exitcodes
-from optcheck.report.records import read_summary
+from optcheck.report.reader import read_summary
 from optcheck.session_summary import SUMMARY_VERSION, Summary
 from optcheck.snapshot import read_jsonl, read_snapshots
 
