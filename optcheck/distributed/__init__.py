@@ -12,7 +12,8 @@ merged ``runs/ddp/summary.json`` (``optcheck/distributed/merge.py``). The Monito
 asks :func:`attach` for a :class:`~optcheck.distributed.watch.RankWatch`; outside
 an initialised process group of more than one rank it gets None and nothing
 changes. What is compared across ranks, and what is not under FSDP:
-``docs/distributed.md``; the rules: ``optcheck/rules/crossrank.py`` (OC701–OC707).
+``docs/distributed.md``; the rules: ``optcheck/rules/crossrank.py`` (OC701–OC705) and
+``crossrank_events.py`` (OC706, OC707).
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ Where a rule lives: ``optcheck/rules/<family>.py``, or ``<family>_<topic>.py`` w
 family outgrows one module — references (OC101–OC109: ``references.py``,
 ``references_state.py``, ``references_disposed.py``), gradients (OC201–OC203),
 updates (OC204–OC208), autograd (OC3xx), memory (OC401 ``memory.py``, OC402
-``memory_dispose_scope.py``), values (OC5xx), parity (OC6xx). Modules starting with
+``memory_dispose_scope.py``), values (OC5xx), parity (OC6xx), crossrank (OC701–OC705
+``crossrank.py``: the table the ranks of a ``torch.distributed`` job exchange; OC706,
+OC707 ``crossrank_events.py``: events one rank records). Modules starting with
 ``_`` are helpers. Every other module in this package is imported here, so a new
 family module registers itself by existing.
 

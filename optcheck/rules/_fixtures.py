@@ -246,3 +246,45 @@ def loss_curve(steps: int = 1000, *, offset_from: int | None = None, offset: flo
 
     return {s: 4.0 * math.exp(-s / 400) + 1.5 + 0.05 * math.sin(s) + jitter * math.cos(3 * s)
             + (offset if offset_from is not None and s >= offset_from else 0.0) for s in range(1, steps + 1)}
+
+
+# -- torch.distributed: the cross-rank table (OC701-OC707) ------------------------------
+
+BUFFERS = ("bn.running_mean",)
+"""The buffer names of :func:`ranks`' table (one BatchNorm running mean)."""
+
+
+def rank_row(snap: dict, rank: int) -> dict:
+    """Rank ``rank``'s row of the table the ranks of a healthy job exchange at ``snap``
+    (``optcheck/distributed/table.py``): the step, the hashes of the param groups' keys
+    and options, per parameter a checksum, a gradient count and an optimizer-state step
+    count, per buffer a checksum — the same on every rank."""
+    step, n = snap["step"], len(snap["params"])
+    return {"rank": rank, "step": step, "iteration": step, "groups_keys": 11, "groups_options": 12,
+            "checksums": [7_000 + i for i in range(n)], "grads": [step] * n, "state_steps": [step] * n,
+            "buffers": [9_000 + i for i in range(len(BUFFERS))]}
+
+
+def ranks(snap: dict, world: int = 2, *, kind: str = "ddp", rows: dict[int, dict] | None = None,
+          sharded: Iterable[str] = (), groups: list | None = None) -> dict:
+    """A copy of ``snap`` carrying the cross-rank table (schema ``$defs/ranks``) of a
+    ``world``-rank ``kind`` job ("ddp", "fsdp", "none") whose ranks agree
+    (:func:`rank_row`), except that ``rows={rank: {field: value}}`` replaces fields of
+    that rank's row. ``sharded``: names of FSDP-sharded parameters (their checksums
+    are local shards, not compared); ``groups``: the gathered param-group detail."""
+    s = copy.deepcopy(snap)
+    table_rows = [rank_row(s, r) for r in range(world)]
+    for r, over in (rows or {}).items():
+        table_rows[r].update(copy.deepcopy(over))
+    s["ranks"] = {"world": world, "kind": kind, "iteration": s["step"], "params": [p["name"] for p in s["params"]],
+                  "sharded": list(sharded), "buffers": list(BUFFERS), "rows": table_rows,
+                  "groups": copy.deepcopy(groups)}
+    return validate(s)
+
+
+def rank_groups(*lrs: float) -> list[dict]:
+    """The gathered param-group detail of ranks 0, 1, ...: one group each, holding
+    ``layer0-2.weight``, whose learning rate is ``lrs[rank]``."""
+    names = [f"layer{i}.weight" for i in range(3)]
+    return [{"rank": r, "groups": [{"keys": ["lr", "params"], "members": names, "options": {"lr": lr}}]}
+            for r, lr in enumerate(lrs)]

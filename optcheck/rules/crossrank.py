@@ -1,4 +1,4 @@
-"""Cross-rank rules OC701–OC707: ranks of one ``torch.distributed`` job that no longer agree.
+"""Cross-rank rules OC701–OC705: ranks of one ``torch.distributed`` job that no longer agree.
 
 Under ``torchrun`` every rank runs its own ``optcheck.Monitor``; at every
 ``every``-th backward pass the ranks exchange one small table
@@ -18,8 +18,8 @@ Rank 0 is the reference: a finding names the ranks that differ from it.
                "buffers": [int | None]}, ...],
      "groups": [{"rank": 0, "groups": [{"keys": [...], "options": {...}, "members": [...]}]}] | None}
 
-OC706 reads an event (``ddp_unused``) one rank records after a backward pass;
-OC707 an event (``rank_lost``) recorded when the exchange itself fails.
+OC706 and OC707 read events one rank records (``ddp_unused`` after a backward
+pass, ``rank_lost`` when the exchange itself fails): ``crossrank_events.py``.
 Facts relied on: ``docs/distributed.md``.
 """
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from optcheck.findings import Finding
-from optcheck.rules._events import events
+from optcheck.rules._fixtures import Invalid, Valid, at, cases, clean, rank_groups, ranks, steps
 from optcheck.rules.base import Rule, RuleContext, listing, register
 
 
@@ -105,6 +105,25 @@ class RankParamDivergence(Rule):
     code, symbol, severity, family = "OC701", "rank-param-divergence", "error", "crossrank"
     message = "parameters differ across DDP ranks: {params} on {ranks} differ from rank 0"
 
+    @cases
+    def VALID():
+        return [
+            Valid(steps(ranks(clean()), 200, 300), "DDP replicas that agree"),
+            Valid((ranks(clean(), kind="fsdp", sharded=[f"layer{i}.weight" for i in range(3)],
+                         rows={1: {"checksums": [1, 2, 3]}}),), "FSDP2: each rank holds another shard"),
+            Valid((ranks(clean(), kind="none", rows={1: {"checksums": [1, 2, 3]}}),),
+                  "no DDP, no replica contract"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid((ranks(clean(), rows={1: {"checksums": [7_000, 1, 7_002]}}),),
+                    "layer1.weight replaced on rank 1", step=100, param="layer1.weight"),
+            Invalid((ranks(clean()), ranks(at(clean(), 200), 3, rows={2: {"checksums": [5, 7_001, 7_002]}})),
+                    "no_sync() never left on rank 2: replicas part after step 100", step=200, param="layer0.weight"),
+        ]
+
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         t = table(snap)
         if t is None or t.get("kind") != "ddp":
@@ -170,6 +189,24 @@ class RankGroupMismatch(Rule):
     code, symbol, severity, family = "OC702", "rank-group-mismatch", "error", "crossrank"
     message = "param groups differ across ranks: {what}"
 
+    @cases
+    def VALID():
+        return [
+            Valid(steps(ranks(clean(), groups=rank_groups(1e-3, 1e-3)), 200), "the same param groups on every rank"),
+            Valid((ranks(clean(), kind="fsdp", sharded=[f"layer{i}.weight" for i in range(3)],
+                         rows={1: {"checksums": [1, 2, 3]}}),), "FSDP2 shards differ, the groups agree"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid((ranks(clean()), ranks(at(clean(), 200), rows={1: {"groups_options": 99}},
+                                           groups=rank_groups(1e-3, 0.1))),
+                    "a scheduler stepped on rank 1 only", step=200, param="rank 1"),
+            Invalid((ranks(clean(), kind="fsdp", rows={1: {"groups_keys": 98}}),),
+                    "a group key added on rank 1, no detail gathered", step=100, param="rank 1"),
+        ]
+
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         t = table(snap)
         if t is None:
@@ -206,6 +243,24 @@ class RankStepMismatch(Rule):
 
     code, symbol, severity, family = "OC703", "rank-step-mismatch", "error", "crossrank"
     message = "optimizer step counts differ across ranks: {what}"
+
+    @cases
+    def VALID():
+        return [
+            Valid(steps(ranks(clean()), 200, 300), "every rank took every step"),
+            Valid((ranks(clean(), rows={1: {"grads": [99, 99, 99]}}),), "other gradient counts, the same steps"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid((ranks(clean()), ranks(at(clean(), 200), rows={1: {"step": 199, "state_steps": [199] * 3}})),
+                    "rank 1 skipped a step (a local NaN check)", step=200, param="layer0.weight"),
+            Invalid((ranks(clean(), kind="fsdp", rows={1: {"step": 101}}),),
+                    "FSDP2: rank 1 stepped twice", step=100, param="rank 1"),
+            Invalid((ranks(clean(), rows={1: {"state_steps": [100, 0, 100]}}),),
+                    "rank 1 lost layer1.weight's state", step=100, param="layer1.weight"),
+        ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         t = table(snap)
@@ -254,6 +309,23 @@ class RankGradMissing(Rule):
     code, symbol, severity, family = "OC704", "rank-grad-missing", "warning", "crossrank"
     message = "{params} got a gradient on some ranks only: none or fewer on {ranks}"
 
+    @cases
+    def VALID():
+        return [
+            Valid(steps(ranks(clean()), 200), "every parameter used on every rank"),
+            Valid((ranks(clean(), world=3, rows={r: {"grads": [100, 0, 100]} for r in range(3)}),),
+                  "a parameter unused on every rank alike (OC202's, not cross-rank)"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid((ranks(clean(), rows={1: {"grads": [100, 100, 60]}}),),
+                    "layer2.weight routed around on rank 1 in 40 passes", step=100, param="layer2.weight"),
+            Invalid((ranks(clean()), ranks(at(clean(), 200), rows={0: {"grads": [200, 199, 200]}})),
+                    "rank 0 missed one gradient of layer1.weight", step=200, param="layer1.weight"),
+        ]
+
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         t = table(snap)
         if t is None:
@@ -296,6 +368,20 @@ class RankBufferDivergence(Rule):
     code, symbol, severity, family = "OC705", "rank-buffer-divergence", "info", "crossrank"
     message = "buffers differ across ranks: {buffers} on {ranks} differ from rank 0"
 
+    @cases
+    def VALID():
+        return [
+            Valid(steps(ranks(clean()), 200), "buffers broadcast from rank 0"),
+            Valid((ranks(clean(), rows={1: {"checksums": [7_000, 7_001, 1]}}),), "parameters differ, buffers do not"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid((ranks(clean(), rows={1: {"buffers": [123]}}),),
+                    "broadcast_buffers=False: rank 1's BatchNorm statistics", step=100, param="bn.running_mean"),
+        ]
+
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         t = table(snap)
         if t is None:
@@ -313,79 +399,3 @@ class RankBufferDivergence(Rule):
         return [self.finding(snap, self.message.format(buffers=listing(diff), ranks=_rank_words(ranks)),
                              subjects=sorted(diff), key="ranks=" + ",".join(map(str, ranks)),
                              ranks=ranks, buffers={n: rs for n, rs in sorted(diff.items())})]
-
-
-@register
-class DdpUnusedParam(Rule):
-    """Under DDP without ``find_unused_parameters``, a backward pass left parameters without a gradient.
-
-    ``DistributedDataParallel`` waits, in each synchronising backward pass, for a
-    gradient of every parameter it holds; a parameter the forward did not use never
-    reports ready, so the reduction never finishes. This rank's Monitor sees it at
-    the end of the backward pass (no post-accumulate-grad hook ran for the
-    parameter) — one forward before PyTorch raises "Expected to have finished
-    reduction in the prior iteration before starting a new one", which names
-    parameter indices, or before a rank blocks in the all-reduce.
-
-    What fails next: the next forward raises ``RuntimeError`` (or, if only some
-    ranks skipped it, the other ranks hang in the all-reduce until the collective
-    timeout).
-
-    Fix: use the parameter in every forward, remove it from the model, or construct
-    ``DistributedDataParallel(model, find_unused_parameters=True)`` (costs an
-    extra pass over the graph each step).
-    """
-
-    code, symbol, severity, family = "OC706", "ddp-unused-param", "error", "crossrank"
-    message = "DDP (find_unused_parameters=False) got no gradient for {params} on rank {rank}"
-
-    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
-        out = []
-        for e in events(snap, "ddp_unused"):
-            d = e.get("detail") or {}
-            names = d.get("params") or []
-            out.append(self.finding(
-                snap, self.message.format(params=listing(names), rank=d.get("rank"))
-                + f" in backward pass {d.get('iteration')}: the next forward will raise "
-                "'Expected to have finished reduction in the prior iteration'",
-                subjects=names, key=f"rank={d.get('rank')}:" + ",".join(names),
-                next_failure="RuntimeError at the next forward (or the other ranks block in the all-reduce)",
-                predicted_exception="RuntimeError", predicted_key="Expected to have finished reduction",
-                rank=d.get("rank"), params=names))
-        return out
-
-
-@register
-class RankLost(Rule):
-    """A rank stopped answering: the cross-rank exchange failed or timed out.
-
-    Every ``every`` backward passes the ranks exchange their table; when one rank
-    has died (SIGKILL, out-of-memory killer, a crash) or hangs, the exchange fails
-    with the peer's connection closed or times out after the process group's
-    ``timeout`` (``init_process_group(timeout=...)``). The rank that sees it records
-    which ranks did not answer (``monitored_barrier`` on gloo names them) and its
-    step, then stops instead of blocking in the next collective.
-
-    What fails next: every other collective of the job (DDP's all-reduce) blocks
-    until its own timeout — 10 minutes on gloo by default, 10 minutes or more on NCCL.
-
-    Fix: look at the lost rank's own records (``rank-K/summary.json``: its crash or
-    its last step) and the launcher's log; set a shorter ``timeout`` so a lost rank
-    ends the job sooner.
-    """
-
-    code, symbol, severity, family = "OC707", "rank-lost", "error", "crossrank"
-    message = "rank(s) {ranks} stopped answering at backward pass {iteration}: {error}"
-
-    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
-        out = []
-        for e in events(snap, "rank_lost"):
-            d = e.get("detail") or {}
-            ranks = d.get("ranks") or []
-            out.append(self.finding(
-                snap, self.message.format(ranks=", ".join(map(str, ranks)) or "unknown",
-                                          iteration=d.get("iteration"), error=d.get("error", "")),
-                subjects=[f"rank {r}" for r in ranks], key="lost",
-                next_failure="every other collective blocks until its timeout",
-                ranks=ranks, seen_by=d.get("rank")))
-        return out

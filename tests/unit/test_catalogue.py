@@ -21,7 +21,8 @@ from optcheck.rules._fixtures import Invalid, Valid
 ROOT = Path(__file__).resolve().parents[2]
 
 #: code -> the pytest node id of a test that runs a real training loop (or reads a run
-#: recorded on TorchSharp) and asserts that the rule fires there.
+#: recorded on TorchSharp) and asserts that the rule fires there. OC7xx: real 2-rank
+#: gloo jobs under ``torch.distributed.run`` (``tests/distributed/dist_loop.py``).
 REAL_RUNS = {
     "OC101": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[load-assign]",
     "OC102": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[module-swapped]",
@@ -48,6 +49,13 @@ REAL_RUNS = {
     "OC402": "tests/unit/test_memory_rule.py::test_recorded_missing_dispose_scope_is_named_at_600",
     "OC501": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[exploding-lr]",
     "OC601": "tests/integration/test_compare_soaks.py::test_another_optimizer_fails",
+    "OC701": "tests/distributed/test_distributed_monitor.py::test_no_sync_that_never_syncs_makes_replicas_diverge_OC701",
+    "OC702": "tests/distributed/test_distributed_monitor.py::test_rank_1_learning_rate_changed_is_OC702_at_its_step",
+    "OC703": "tests/distributed/test_distributed_monitor.py::test_a_skipped_optimizer_step_on_rank_1_is_a_finding_not_a_hang",
+    "OC704": "tests/distributed/test_distributed_monitor.py::test_a_parameter_unused_on_rank_1_only_is_OC704",
+    "OC705": "tests/distributed/test_distributed_monitor.py::test_diverging_batchnorm_buffers_are_OC705_info",
+    "OC706": "tests/distributed/test_distributed_monitor.py::test_an_unused_parameter_under_ddp_is_OC706_one_forward_before_ddp_raises",
+    "OC707": "tests/distributed/test_distributed_monitor.py::test_a_rank_killed_under_the_monitor_is_OC707_naming_it",
 }
 
 
