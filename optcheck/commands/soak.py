@@ -206,7 +206,8 @@ def register(group: click.Group) -> None:
         from optcheck.distributed.cli import dispatch  # optcheck.distributed hook: --nproc
 
         if (code := dispatch(cfg, nproc, out, fail_on=fail_on, quiet=quiet, force=force, print_summary=_print_summary,
-                             other_options=bool(seeds or len(backends) > 1 or junit or plot or summary_md or baseline))) is not None:
+                             other_options=bool(seeds or len(backends) > 1 or junit or plot or summary_md or baseline
+                                                 or ignores or memory_budget))) is not None:
             return code
 
         from optcheck.baseline import after_soak, prepare

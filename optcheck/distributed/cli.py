@@ -16,7 +16,7 @@ def dispatch(cfg: SoakConfig, nproc: int, out, *, fail_on: str, quiet: bool, for
     """Run the distributed soak and return its exit code; None when ``nproc`` is 1 (the
     ordinary soak goes on). InputError (exit 2) for a distributed scenario without
     ``--nproc``, or options ``--nproc`` does not take (several backends or seeds,
-    TorchSharp, --junit/--plot/--summary-md, lifecycle events)."""
+    TorchSharp, --junit/--plot/--summary-md/--baseline/--ignore/--memory-budget, lifecycle events)."""
     dist_only = [i.name for i in cfg.inject if i.name in DIST_SCENARIOS]
     if nproc < 2:
         if dist_only:
@@ -24,7 +24,7 @@ def dispatch(cfg: SoakConfig, nproc: int, out, *, fail_on: str, quiet: bool, for
         return None
     if cfg.backend != "pytorch" or other_options:
         raise InputError("--nproc runs the PyTorch GPT under DDP only: without --backend torchsharp, --seeds, "
-                         "--junit, --plot, --summary-md or --baseline")
+                         "--junit, --plot, --summary-md, --baseline, --ignore or --memory-budget")
     if cfg.eval_every or cfg.checkpoint_every or cfg.resume_at or cfg.extra.get("python"):
         raise InputError("--nproc: --eval-every, --checkpoint-every, --resume-at and --python are one-process only")
     other = [i.name for i in cfg.inject if i.name not in DIST_SCENARIOS]

@@ -67,7 +67,9 @@ def test_a_hung_rank_is_named_through_step_timeout_and_exit_3(tmp_path):
 def test_usage_errors_are_one_line_and_exit_2(tmp_path):
     for args, words in ((["--inject", "rank1-lr@5"], "needs --nproc 2 or more"),
                         (["--nproc", "2", "--backend", "torchsharp"], "PyTorch GPT under DDP only"),
-                        (["--nproc", "2", "--inject", "param-rebind@5"], "only the distributed scenarios")):
+                        (["--nproc", "2", "--inject", "param-rebind@5"], "only the distributed scenarios"),
+                        (["--nproc", "2", "--ignore", "OC101"], "PyTorch GPT under DDP only"),
+                        (["--nproc", "2", "--memory-budget", "1GiB"], "PyTorch GPT under DDP only")):
         proc = soak(*args, "--out", str(tmp_path / "x"), timeout=120)
         assert proc.returncode == 2 and words in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
