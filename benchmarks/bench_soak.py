@@ -52,8 +52,8 @@ opt = model.configure_optimizers(cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2
 t0, c0 = time.perf_counter(), time.process_time()
 times = []
 for step in range(1, steps + 1):
-    ts = time.perf_counter()
     x, y = sched.batch(corpus.train, step)
+    ts = time.perf_counter()  # the span the soak's metrics.jsonl times (worker_loop: around train_step)
     for g in opt.param_groups:
         g["lr"] = lr_at(cfg, step)
     opt.zero_grad(set_to_none=True)
