@@ -181,8 +181,9 @@ def main() -> None:
         for name, (_, fn) in runs.items():
             res[name].append(fn())
         print(f"round {r + 1}/{a.repeat} done", file=sys.stderr, flush=True)
-    print(f"soak: {a.steps} steps; ordinary loop: {a.monitor_steps} steps (4 micro-batches each); --every {a.every}; "
-          f"{a.threads} thread(s); {a.repeat} interleaved rounds, fresh processes")
+    what = ([f"soak: {a.steps} steps"] if a.only != "monitor" else []) + \
+        ([f"ordinary loop: {a.monitor_steps} steps (4 micro-batches each)"] if a.only != "soak" else [])
+    print(f"{'; '.join(what)}; --every {a.every}; {a.threads} thread(s); {a.repeat} interleaved rounds, fresh processes")
     print("ratio = this run / the same round's run without optcheck: median (min-max) over rounds")
     print(f"{'configuration':34} {'ms/step':>8} {'ms/step ratio':>22} {'median step ratio':>22} {'CPU ratio':>10}")
     for name, (base, _) in runs.items():
