@@ -1,24 +1,38 @@
-"""Cost of ``optcheck soak`` against a plain training loop, in one run.
+"""Cost of optcheck against the same training loop without it, in one run.
 
-Times, each in a fresh process, with the same model, steps, seed, batches and
-threads: (1) the plain loop (the default GPT and AdamW, no optcheck), (2)
-``optcheck soak`` with every probe, (3) ``optcheck soak --no-hazards``. Prints
-ms/step and the ratios. Training time is compared (the soak's worker reports its
-own elapsed time in the final snapshot); end-to-end wall time, with process
-start-up and corpus loading, is printed beside it.
+Two pairs, every run in a fresh process with the same model, steps, seed, batches
+and 1 intra-op thread, interleaved in rounds (so load from other processes hits
+all alike):
 
-    python benchmarks/bench_soak.py --steps 2000 --every 100 --repeat 2
+- the soak: (1) a plain loop (the default soak GPT and AdamW, no optcheck), (2)
+  ``optcheck soak --no-hazards``, (3) ``optcheck soak`` with every probe;
+- an ordinary loop written without optcheck (the zoo's GPT-ish loop,
+  ``tests/integration/monitor_zoo.py``: AdamW with param groups, 4 micro-batches
+  per step, bf16 autocast, gradient clipping), (4) as is, (5) under
+  ``optcheck.Monitor(every=..., hazards=False)``, (6) under
+  ``optcheck.Monitor(every=...)`` (every probe).
+
+For each round it takes two ratios to that round's loop without optcheck: training
+time per step (snapshots included; the soak worker reports its own elapsed time in
+the final snapshot) and the median step time (``metrics.jsonl`` for the soak, the
+loop's own timer otherwise); it prints the median and the range over rounds, and
+the process CPU seconds per step beside them (less disturbed by other processes on
+a shared machine than wall time). Usage::
+
+    python benchmarks/bench_soak.py --steps 1000 --monitor-steps 300 --every 100 --repeat 5
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PLAIN = r"""
 import sys, time, torch
@@ -35,11 +49,11 @@ torch.manual_seed(cfg.seed)
 model = GPT(GPTConfig(block_size=cfg.block_size, vocab_size=corpus.vocab_size, n_layer=cfg.n_layer,
                       n_head=cfg.n_head, n_embd=cfg.n_embd))
 opt = model.configure_optimizers(cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.eps)
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 times = []
 for step in range(1, steps + 1):
-    ts = time.perf_counter()
     x, y = sched.batch(corpus.train, step)
+    ts = time.perf_counter()  # the span the soak's metrics.jsonl times (worker_loop: around train_step)
     for g in opt.param_groups:
         g["lr"] = lr_at(cfg, step)
     opt.zero_grad(set_to_none=True)
@@ -50,53 +64,136 @@ for step in range(1, steps + 1):
     last = loss.item()
     times.append(time.perf_counter() - ts)
 times.sort()
-print(time.perf_counter() - t0, times[len(times) // 2])
+print(time.perf_counter() - t0, times[len(times) // 2], time.process_time() - c0)
+"""
+
+# the zoo's train_gpt loop (tests/integration/monitor_zoo.py), timed per step; argv: steps threads every mode
+ORDINARY = r"""
+import contextlib, sys, time, torch
+import torch.nn as nn
+sys.path.insert(0, sys.argv[5])
+from monitor_zoo import MiniGPT, _text
+steps, threads, every, mode = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+data, ctx, accum = _text(), 32, 4
+model = MiniGPT()
+decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                        lr=3e-3, betas=(0.9, 0.95))
+sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5))
+gen = torch.Generator().manual_seed(0)
+
+def get_batch():
+    ix = torch.randint(len(data) - ctx - 1, (4,), generator=gen)
+    return (torch.stack([data[i:i + ctx] for i in ix]), torch.stack([data[i + 1:i + ctx + 1] for i in ix]))
+
+if mode == "none":
+    mon = contextlib.nullcontext()
+else:
+    import optcheck
+    mon = optcheck.Monitor(model, opt, every=every, hazards=(mode == "all"))
+times = []
+t0, c0 = time.perf_counter(), time.process_time()
+with mon:
+    for step in range(steps):
+        ts = time.perf_counter()
+        for micro in range(accum):
+            x, y = get_batch()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                _, loss = model(x, y)
+            loss = loss / accum
+            loss.item()
+            loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - ts)
+times.sort()
+print(time.perf_counter() - t0, times[len(times) // 2], time.process_time() - c0)
 """
 
 
+def _run(code: str, *args) -> tuple[float, float, float]:
+    out = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, check=True)
+    t, med, cpu = out.stdout.split()[-3:]
+    return float(t), float(med), float(cpu)
+
+
 def plain(steps: int, threads: int) -> tuple[float, float, float]:
-    """(training seconds, wall seconds, median step seconds) of the plain loop."""
-    t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", PLAIN, str(steps), str(threads)], capture_output=True, text=True,
-                         check=True).stdout.split()
-    return float(out[0]), time.perf_counter() - t, float(out[1])
+    """(training seconds, median step seconds, CPU seconds) of the plain soak loop."""
+    return _run(PLAIN, steps, threads)
+
+
+def ordinary(steps: int, threads: int, every: int, mode: str) -> tuple[float, float, float]:
+    """(training seconds, median step seconds, CPU seconds) of the zoo's GPT loop; mode none|nohaz|all."""
+    return _run(ORDINARY, steps, threads, every, mode, ROOT / "tests" / "integration")
 
 
 def soak(steps: int, every: int, threads: int, extra: list[str]) -> tuple[float, float, float]:
-    """(training seconds from the final snapshot, wall seconds, median step seconds from metrics.jsonl)."""
+    """(training seconds from the final snapshot, median step seconds from metrics.jsonl, process CPU
+    seconds of the whole soak, worker start-up included)."""
     with tempfile.TemporaryDirectory() as d:
-        t = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "optcheck", "soak", "-q", "--steps", str(steps), "--every", str(every),
-                        "--threads", str(threads), "--val-every", "0", "--out", d, *extra],
-                       capture_output=True, text=True)
-        wall = time.perf_counter() - t
-        last = [json.loads(line) for line in Path(d, "snapshots.jsonl").read_text().splitlines()][-1]
+        proc = subprocess.run([sys.executable, "-m", "optcheck", "soak", "-q", "--steps", str(steps), "--every",
+                               str(every), "--threads", str(threads), "--val-every", "0", "--out", d, *extra],
+                              capture_output=True, text=True)
+        snaps = Path(d, "snapshots.jsonl")
+        if not snaps.exists():
+            raise SystemExit(f"optcheck soak failed (exit {proc.returncode}): {proc.stderr.strip()[-400:]}")
+        last = [json.loads(line) for line in snaps.read_text().splitlines()][-1]
         step_times = sorted(json.loads(line)["step_time_s"] for line in Path(d, "metrics.jsonl").read_text().splitlines())
-        return last["elapsed_s"], wall, step_times[len(step_times) // 2]
+        return last["elapsed_s"], step_times[len(step_times) // 2], float("nan")
+
+
+def _fmt(ratios: list[float]) -> str:
+    return f"{statistics.median(ratios):.3f}x ({min(ratios):.3f}-{max(ratios):.3f})"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--steps", type=int, default=1000, help="soak steps per run")
+    ap.add_argument("--monitor-steps", type=int, default=300, help="optimizer steps of the ordinary loop per run")
     ap.add_argument("--every", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--only", choices=["soak", "monitor"], help="run one of the two pairs only")
     a = ap.parse_args()
-    rows: dict[str, list[tuple[float, float, float]]] = {"plain loop": [], "soak (all probes)": [], "soak --no-hazards": []}
-    for _ in range(a.repeat):  # interleaved, so load on the machine hits all three alike
-        rows["plain loop"].append(plain(a.steps, a.threads))
-        rows["soak (all probes)"].append(soak(a.steps, a.every, a.threads, []))
-        rows["soak --no-hazards"].append(soak(a.steps, a.every, a.threads, ["--no-hazards"]))
-    base = min(v[0] for v in rows["plain loop"])
-    base_wall = min(v[1] for v in rows["plain loop"])
-    base_med = min(v[2] for v in rows["plain loop"])
-    print(f"{a.steps} steps, --every {a.every}, {a.threads} thread(s), best of {a.repeat}")
-    print("ms/step = training time / steps (snapshots included); median = median time of one training step")
-    print(f"{'':22} {'ms/step':>8} {'ratio':>6} {'median':>7} {'ratio':>6} {'wall s':>7} {'wall ratio':>10}")
-    for name, vals in rows.items():
-        t, w, m = (min(v[i] for v in vals) for i in range(3))
-        print(f"{name:22} {t / a.steps * 1e3:8.2f} {t / base:6.3f} {m * 1e3:7.2f} {m / base_med:6.3f} "
-              f"{w:7.1f} {w / base_wall:10.3f}")
+    if a.repeat < 1 or a.steps < 1 or a.monitor_steps < 1 or a.every < 1:
+        ap.error("--steps, --monitor-steps, --every and --repeat must be >= 1")
+    runs = {}
+    if a.only != "monitor":
+        runs.update({
+            "plain soak loop": ("plain soak loop", lambda: plain(a.steps, a.threads)),
+            "soak --no-hazards": ("plain soak loop", lambda: soak(a.steps, a.every, a.threads, ["--no-hazards"])),
+            "soak (all probes)": ("plain soak loop", lambda: soak(a.steps, a.every, a.threads, [])),
+        })
+    if a.only != "soak":
+        runs.update({
+            "ordinary loop": ("ordinary loop", lambda: ordinary(a.monitor_steps, a.threads, a.every, "none")),
+            f"Monitor(every={a.every}, hazards=False)": ("ordinary loop",
+                                                         lambda: ordinary(a.monitor_steps, a.threads, a.every, "nohaz")),
+            f"Monitor(every={a.every})": ("ordinary loop", lambda: ordinary(a.monitor_steps, a.threads, a.every, "all")),
+        })
+    res: dict[str, list[tuple[float, float, float]]] = {k: [] for k in runs}
+    for r in range(a.repeat):  # interleaved: one of each per round
+        for name, (_, fn) in runs.items():
+            res[name].append(fn())
+        print(f"round {r + 1}/{a.repeat} done", file=sys.stderr, flush=True)
+    what = ([f"soak: {a.steps} steps"] if a.only != "monitor" else []) + \
+        ([f"ordinary loop: {a.monitor_steps} steps (4 micro-batches each)"] if a.only != "soak" else [])
+    print(f"{'; '.join(what)}; --every {a.every}; {a.threads} thread(s); {a.repeat} interleaved rounds, fresh processes")
+    print("ratio = this run / the same round's run without optcheck: median (min-max) over rounds")
+    print(f"{'configuration':34} {'ms/step':>8} {'ms/step ratio':>22} {'median step ratio':>22} {'CPU ratio':>10}")
+    for name, (base, _) in runs.items():
+        steps = a.steps if base == "plain soak loop" else a.monitor_steps
+        ms = statistics.median(v[0] for v in res[name]) / steps * 1e3
+        t_ratio = [v[0] / b[0] for v, b in zip(res[name], res[base])]
+        m_ratio = [v[1] / b[1] for v, b in zip(res[name], res[base])]
+        cpu = [v[2] / b[2] for v, b in zip(res[name], res[base])]
+        cpu_text = f"{statistics.median(cpu):.3f}x" if all(c == c for c in cpu) else "-"
+        print(f"{name:34} {ms:8.2f} {_fmt(t_ratio):>22} {_fmt(m_ratio):>22} {cpu_text:>10}")
 
 
 if __name__ == "__main__":

@@ -421,3 +421,26 @@ def test_a_compiled_model_keeps_the_parameter_checks_and_the_full_cut():
 def test_an_eager_model_reports_nothing_unchecked():
     mon, exc = run_net(Net())
     assert exc is None and mon.summary()["not_checked"] == []
+
+
+# --------------------------------------------------------------------------- issue 16: found at its step
+@pytest.mark.parametrize("bug,code,stops", [("inplace-saved", "OC301", True), ("loss-no-grad", "OC203", True),
+                                            ("detach-middle", "OC203", False)])
+def test_a_hazard_between_two_snapshots_is_found_at_its_step(tmp_path, bug, code, stops):
+    """Every probe runs on every step: a hazard planted on step 11 under ``every=100``
+    (snapshots at 0 and 100 only) is found at step 11, not at the next snapshot."""
+    from plain_loop import train
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            _, mon = train(bug, steps=30, monitor_kwargs={"every": 100, "out": str(tmp_path / bug),
+                                                          "on_finding": "ignore"})
+            exc = None
+        except StepStopped as e:
+            exc = e
+    assert (exc is not None) == stops
+    from optcheck.snapshot import read_jsonl
+
+    found = [(f["code"], f["step"]) for f in read_jsonl(tmp_path / bug / "findings.jsonl")]
+    assert (code, 11) in found and all(step == 11 for c, step in found if c == code), found

@@ -76,6 +76,9 @@ class HazardProbes(InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe
         self._handles.append(torch.nn.modules.module.register_module_module_registration_hook(self._registered))
         self._handles.append(optimizer.register_step_post_hook(self._after_step))
         self._internal_code: dict[Any, bool] = {}
+        self._pack_hook = self._pack  # one bound method: the innermost hook is ours when it is this object
+        self._trainable_key: tuple | None = None
+        self._trainable_all: list[tuple[str, torch.Tensor]] = []
         self._install_warning_hook()
         self._reset_step()
 
@@ -151,7 +154,7 @@ class HazardProbes(InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe
         self._reset_step()
         self._active = True
         try:
-            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            with torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack):
                 yield self
         finally:
             self._active = False
@@ -173,7 +176,7 @@ class HazardProbes(InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe
             self._scan()
             name = self._names.get(id(module), name)
         top = _top_hooks(False)
-        if top is not None and _is_recompute_pack(top[0]):
+        if top is not None and top[0] is not self._pack_hook and _is_recompute_pack(top[0]):
             self._compose(module, *top)
         if self._live and sum(map(_VERSION, self._live)) != self._vsum:
             self._entering = name
@@ -265,12 +268,15 @@ class HazardProbes(InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe
         self._check_grads_finite(trainable, step)
 
     def _trainable(self) -> list[tuple[str, torch.Tensor]]:
-        out = []
-        for g in self.optimizer.param_groups:
-            for p in g["params"]:
-                if p.requires_grad:
-                    out.append((self._param_names.get(id(p), f"<param {id(p)}>"), p))
-        return out
+        """(name, parameter) of the optimizer's parameters that require grad now. The names are
+        kept until a param group's parameters or the model's names (a re-scan) change."""
+        groups = self.optimizer.param_groups
+        key = (self.rescans, *[tuple(map(id, g["params"])) for g in groups])
+        if key != self._trainable_key:
+            self._trainable_all = [(self._param_names.get(id(p), f"<param {id(p)}>"), p)
+                                   for g in groups for p in g["params"]]
+            self._trainable_key = key
+        return [np for np in self._trainable_all if np[1].requires_grad]
 
     def _stop(self, msg: str, event: dict) -> None:
         """Raise StepStopped, after telling ``on_stop`` (a Monitor records the finding

@@ -45,13 +45,21 @@ class InplaceProbe:
     """In-place writes to saved tensors (OC301): the ``inplace_on_saved`` event."""
 
     def _pack(self, t: torch.Tensor):
-        f = sys._getframe(1)
-        code = f.f_code
-        internal = self._internal_code.get(code)
-        if internal is None:
-            internal = self._internal_code[code] = _internal(code.co_filename)
-        if internal:
-            f = _user_frame(f) or f
+        # hot path: runs once per tensor autograd saves (tens to thousands per step). The walk to the
+        # user's frame reads one dict per frame (code object -> inside torch or optcheck), no string
+        # work; a parameter (or a view of one) is left out of the eager version check
+        f = first = sys._getframe(1)
+        internal_code = self._internal_code
+        while f is not None:
+            code = f.f_code
+            internal = internal_code.get(code)
+            if internal is None:
+                internal = internal_code[code] = _internal(code.co_filename)
+            if not internal:
+                break
+            f = f.f_back
+        if f is None:  # no frame outside torch and optcheck: the one that saved it
+            f = first
             code = f.f_code
         v = t._version
         rec = (t, v, self._cur, code, f.f_lineno)
@@ -59,7 +67,12 @@ class InplaceProbe:
             p = self._eval_ptrs.get(_storage_ptr(t))
             if p is not None:
                 self._fed.add(p)
-        if not _parameter_like(t) and id(t) not in self._live_ids:
+        base = t._base
+        if base is None:
+            base = t
+        if base.is_leaf and (base.requires_grad or isinstance(base, torch.nn.Parameter)):
+            return rec  # _parameter_like(t): checked at unpack only
+        if id(t) not in self._live_ids:
             self._live_ids.add(id(t))
             self._live.append(t)
             self._live_rec.append(rec)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from optcheck.pytorch.hazards._tensors import MAX_SAMPLES, _dense
@@ -12,7 +14,10 @@ class NonfiniteProbe:
     """Non-finite values (OC501): the ``nonfinite`` event."""
 
     def _check_loss_finite(self, loss: torch.Tensor, step: int) -> None:
-        if not bool(torch.isfinite(loss.detach()).all()):
+        # a scalar loss: one read of its value (one op, not isfinite + all + read)
+        finite = math.isfinite(loss.item()) if loss.numel() == 1 and not loss.is_complex() else \
+            bool(torch.isfinite(loss.detach()).all())
+        if not finite:
             self._record({"kind": "nonfinite", "step": step, "where": None, "count": 1,
                           "detail": {"what": "loss", "value": float(loss.detach().float().reshape(-1)[0])}},
                          key=("nonfinite", "loss"))
