@@ -22,7 +22,7 @@ from optcheck.pytorch import probe
 from optcheck.pytorch.gpt import GPT, GPTConfig
 from optcheck.pytorch.grad_clear import GradClearProbe
 
-CENSUS_EVERY = 10  # tensor census on every 10th snapshot (~30 ms each)
+CENSUS_EVERY = 10  # tensor census on every 10th snapshot (~1-2 ms after the first full walk; docs/memory.md)
 
 
 class NullHazards:
