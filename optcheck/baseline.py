@@ -48,7 +48,13 @@ from pathlib import Path
 import numpy as np
 
 from optcheck import exitcodes
+from optcheck.compare import DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_WINDOW, compare_losses, finding_difference, read_run
 from optcheck.errors import InputError
+from optcheck.findings import SEVERITIES, severity_rank
+from optcheck.report.reader import RunReader, read_summary
+from optcheck.series import moving_mean
+from optcheck.units import format_bytes
+from optcheck.verdict import judge, judge_seed_band, same_batches, seed_band
 
 SPEED_TOLERANCE = 0.15
 MEMORY_TOLERANCE = 0.15
@@ -119,7 +125,6 @@ def load_baseline(path: str | os.PathLike) -> Baseline:
         InputError: missing, not a run directory nor a seed set, a ``summary.json``
             unreadable, or a baseline run that did not finish (crashed, interrupted, short).
     """
-    from optcheck.report.reader import read_summary
     from optcheck.upgrade import seed_runs
 
     p = Path(path)
@@ -231,8 +236,6 @@ class BaselineResult:
 
 
 def _final_mean(loss: dict[int, float], steps: list[int], window: int) -> float:
-    from optcheck.series import moving_mean
-
     w = min(window, len(steps))
     return float(moving_mean([loss[s] for s in steps], w)[0][-1])
 
@@ -249,13 +252,6 @@ def compare_with_baseline(run: str | os.PathLike, baseline: Baseline | str | os.
         InputError: the baseline or the run is unreadable or not comparable (trains another
             model or on another corpus), or they share no step.
     """
-    from optcheck.compare import DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_WINDOW, _difference, compare_losses, \
-        read_run
-    from optcheck.report.reader import RunReader
-    from optcheck.report.reader import read_summary
-    from optcheck.units import format_bytes
-    from optcheck.verdict import judge, judge_seed_band, same_batches, seed_band
-
     tol = tol or Tolerances()
     window = tol.window or DEFAULT_WINDOW
     rtol = DEFAULT_RTOL if tol.loss_rtol is None else tol.loss_rtol
@@ -274,14 +270,12 @@ def compare_with_baseline(run: str | os.PathLike, baseline: Baseline | str | os.
     last = info.last_step
 
     # findings the baseline does not have
-    from optcheck.findings import SEVERITIES, severity_rank
-
     base_findings = [f for _, _, fs in base for f in fs]
     floor = severity_rank(tol.fail_on)
     failing = [f for f in findings if severity_rank(f.get("severity") if f.get("severity") in SEVERITIES
                                                     else "error") >= floor]
-    new, known = _difference(failing, base_findings), _difference(findings, [])
-    below = [f for f in _difference(findings, base_findings) if f not in new]
+    new, known = finding_difference(failing, base_findings), finding_difference(findings, [])
+    below = [f for f in finding_difference(findings, base_findings) if f not in new]
     if new:
         first = min(new, key=lambda f: f.get("step") or 0)
         res.checks.append(Check("findings", REGRESSION, "new: " + ", ".join(

@@ -252,7 +252,7 @@ def _finding_key(f: dict) -> tuple[str, tuple[str, ...]]:
     return f.get("code", ""), subjects
 
 
-def _difference(xs: list[dict], ys: list[dict]) -> list[dict]:
+def finding_difference(xs: list[dict], ys: list[dict]) -> list[dict]:
     """Findings of ``xs`` whose (code, subjects) no finding of ``ys`` has; first occurrence each."""
     other = {_finding_key(f) for f in ys}
     out, seen = [], set()
@@ -309,7 +309,7 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, *, loss_rto
     verdict = judge(loss_a, loss_b, same_seed=same_batches(ra.summary, rb.summary), snaps_a=ra.snapshots,
                     snaps_b=rb.snapshots, summary_a=ra.summary, summary_b=rb.summary, smoothed=loss)
     a.defects, b.defects = list(ra.defects), list(rb.defects)  # the snapshots' skipped lines too
-    only_a, only_b = _difference(find_a, find_b), _difference(find_b, find_a)
+    only_a, only_b = finding_difference(find_a, find_b), finding_difference(find_b, find_a)
     findings = []
     if verdict.diverged:
         findings.append(_divergence(verdict, loss, a, b, pa, pb, loss_rtol, loss_atol))

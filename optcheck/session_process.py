@@ -7,6 +7,7 @@ and the progress bar the supervisor shows while it runs.
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import sys

@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from optcheck.series import moving_mean
+
 IDENTICAL, WITHIN_NOISE, DIVERGED = "identical", "within-noise", "diverged"
 #: Relative per-step loss tolerance of a same-seed comparison at step 0.
 NOISE_RTOL = 1e-5
@@ -346,8 +348,6 @@ def seed_band(baseline: list[dict[int, float]], steps: list[int], *, window: int
     Raises:
         ValueError: fewer than two baseline seeds, or no step.
     """
-    from optcheck.series import moving_mean
-
     if len(baseline) < 2:
         raise ValueError("a seed band needs at least two baseline seeds")
     if not steps:
@@ -369,8 +369,6 @@ def judge_seed_band(baseline: list[dict[int, float]], candidate: list[dict[int, 
     Raises:
         ValueError: fewer than two baseline seeds, no candidate, or no step common to all.
     """
-    from optcheck.series import moving_mean
-
     if len(baseline) < 2 or not candidate:
         raise ValueError("a seed band needs at least two baseline seeds and one candidate seed")
     common = sorted(set.intersection(*(set(r) for r in baseline + candidate)))

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from optcheck.findings import Finding
-from optcheck.pytorch import probe
+from optcheck.pytorch import census, probe
 from optcheck.pytorch.train import CENSUS_EVERY
 
 log = logging.getLogger("optcheck")
@@ -167,9 +167,7 @@ def remove(mon) -> None:
         _ACTIVE.remove(mon)
     if _ACTIVE:
         return
-    from optcheck.pytorch import probe
-
-    probe.release_census()  # the census froze the objects alive at its first run: unfreeze them
+    census.release()  # the census froze the objects alive at its first run: unfreeze them
     if _ORIG:
         torch.Tensor.backward, torch.autograd.backward = _ORIG.pop("tensor"), _ORIG.pop("autograd")
     if _PREV_EXCEPTHOOK:

@@ -28,7 +28,7 @@ import psutil
 import torch
 
 from optcheck import heap
-from optcheck.pytorch.census import CENSUS, release as release_census  # noqa: F401 (Monitor.close)
+from optcheck.pytorch.census import CENSUS
 from optcheck.distributed.shards import local  # FSDP2: a DTensor's shard on this rank
 
 _PROC = psutil.Process()
