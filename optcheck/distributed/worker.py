@@ -57,7 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(cfg.threads)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.timeout))
     try:
-        return _train(cfg, Path(a.out), a.fail_on, torch, dist, monitor=not a.no_monitor)
+        code = _train(cfg, Path(a.out), a.fail_on, torch, dist, monitor=not a.no_monitor)
+        # every rank done before any tears the gloo group down: a rank that destroys it while
+        # another is still in its last collective makes that one abort (SIGABRT, "Connection closed")
+        dist.barrier()
+        return code
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
