@@ -47,7 +47,9 @@ def parse_seeds(text: str) -> list[int]:
 
 def run_seeds(cfg: SoakConfig, seeds: list[int], out, **kwargs):
     """Run ``cfg`` once per seed into ``out/seed-N`` (``optcheck.soak.run_soak`` each);
-    returns (results, worst exit code). Every seed's config is validated before any runs."""
+    returns (results, worst exit code). Every seed's config is validated before any runs.
+    ``kwargs`` go to every run: pass all that shapes findings (``fail_on``,
+    ``rule_config``, ``ignore``), or a finding the user accepted comes back in one seed."""
     from optcheck.soak import default_out_dir, run_soak, validate
     from optcheck.watch import Signals
 
@@ -173,6 +175,8 @@ def run_upgrade(cfg: SoakConfig, baseline: Side, candidate: Side, out, *, scenar
     (``optcheck.compare.compare_runs``: the verdict of ``optcheck.verdict.judge``), and with
     ``scenarios`` run each named scenario at step ``scenario_steps // 2`` of a
     ``scenario_steps``-step soak on both sides into ``out/scenarios/NAME/``.
+    ``kwargs`` (``fail_on``, ``rule_config``, ``ignore``...) go to every
+    ``optcheck.soak.run_soak`` of both sides, the scenario runs included.
 
     Raises:
         InputError: bad option on either side (checked for both before anything runs),

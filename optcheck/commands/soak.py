@@ -77,6 +77,22 @@ def ignore_entries(ignores) -> list:
         raise InputError(f"--ignore: {e}") from None
 
 
+def rule_config_for(memory_budget: str | None) -> RuleConfig:
+    """The rule knobs a soak's options set: ``--memory-budget`` (e.g. ``4GiB``; default
+    this machine's physical memory, so OC401 projects the step at which it would run
+    out). InputError (exit 2) on a bad size."""
+    rule_config = RuleConfig()
+    if memory_budget:
+        from optcheck.units import parse_bytes
+
+        rule_config.memory_budget_bytes = parse_bytes(memory_budget, "--memory-budget")
+    else:
+        import psutil
+
+        rule_config.memory_budget_bytes = psutil.virtual_memory().total
+    return rule_config
+
+
 def _write_md(path: str, runs: list, plot, baseline=None) -> None:
     from optcheck.report.markdown import write_markdown
 
@@ -216,23 +232,16 @@ def register(group: click.Group) -> None:
         for option, target in (("--junit", junit), ("--plot", plot), ("--summary-md", summary_md)):
             if target:
                 check_output_file(target, option, created_dir=out)
-        rule_config = RuleConfig()
+        rule_config = rule_config_for(memory_budget)
         ignore = ignore_entries(ignores)
-        if memory_budget:
-            from optcheck.units import parse_bytes
-
-            rule_config.memory_budget_bytes = parse_bytes(memory_budget, "--memory-budget")
-        else:  # project against the machine's physical memory: the step at which it would OOM
-            import psutil
-
-            rule_config.memory_budget_bytes = psutil.virtual_memory().total
         if seeds is not None:
             from optcheck.upgrade import parse_seeds, run_seeds
 
             if len(backends) > 1:
                 raise InputError("--seeds runs one backend: give --backend pytorch or torchsharp")
             results, code = run_seeds(cfg, parse_seeds(seeds), out, fail_on=fail_on, rule_config=rule_config,
-                                      progress=not quiet, force=force, signals=Signals(restore=_embedded()))
+                                      progress=not quiet, force=force, signals=Signals(restore=_embedded()),
+                                      ignore=ignore)
             for r in results:
                 _print_summary(r.summary, r.findings)
                 _say_record_error(r.summary)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from optcheck.findings import SEVERITIES
+
 
 def register(group: click.Group) -> None:
     @group.command()
@@ -40,10 +42,17 @@ def register(group: click.Group) -> None:
     @click.option("--force", is_flag=True, help="Replace runs already in --out.")
     @click.option("--junit", type=click.Path(dir_okay=False), default=None,
                   help="Also write one testcase per verdict and per scenario row as JUnit XML.")
+    @click.option("--fail-on", type=click.Choice(SEVERITIES), default="warning", show_default=True,
+                  help="Lowest finding severity that counts against a side (as `optcheck soak --fail-on`).")
+    @click.option("--memory-budget", type=str, default=None,
+                  help="Memory budget for OC401's projection on both sides, e.g. 4GiB (default: this machine's RAM).")
+    @click.option("--ignore", "ignores", multiple=True, metavar="CODE[:PATTERN]",
+                  help="Accept a finding on both sides (as `optcheck soak --ignore`; repeatable; added to "
+                       "[tool.optcheck] ignore of the nearest pyproject.toml).")
     @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
     def upgrade(baseline_python, candidate_python, baseline_torchsharp, candidate_torchsharp, baseline_backend,
                 candidate_backend, steps, every, seed, lr, threads, data, n_layer, n_embd, batch_size,
-                with_scenarios, only, scenario_steps, out, force, junit, quiet):
+                with_scenarios, only, scenario_steps, out, force, junit, fail_on, memory_budget, ignores, quiet):
         """Run the same soak (seed, data, batches, config) on a baseline and a candidate
         and print the verdict first: IDENTICAL, WITHIN NUMERICAL NOISE (with the measured
         size) or DIVERGED (from which step, by how much, where: parameter, option, versions).
@@ -57,6 +66,7 @@ def register(group: click.Group) -> None:
         1 diverged or a scenario changed behaviour, 2 bad input, 3 a side crashed, 130 interrupted.
         """
         from optcheck.commands._paths import check_output_file
+        from optcheck.commands.soak import ignore_entries, rule_config_for
         from optcheck.config import SoakConfig
         from optcheck.errors import InputError
         from optcheck.upgrade import Side, check_python, render, run_upgrade, shared_scenarios
@@ -74,13 +84,15 @@ def register(group: click.Group) -> None:
             raise InputError("--scenario needs --scenarios")
         if junit:
             check_output_file(junit, "--junit", created_dir=out)
+        # every option that shapes a side's findings reaches both sides' soaks and scenario runs
+        shaping = {"fail_on": fail_on, "rule_config": rule_config_for(memory_budget), "ignore": ignore_entries(ignores)}
         cfg = SoakConfig(steps=steps, every=every, seed=seed, lr=lr, threads=threads, data=data, n_layer=n_layer,
                          n_embd=n_embd, batch_size=batch_size, val_every=0,
                          extra={"optimizer": "adamw", "dotnet_runtime": "coreclr"})
         cfg.validate()
         names = (list(only) or shared_scenarios(sides)) if with_scenarios else []
         result = run_upgrade(cfg, sides[0], sides[1], out, scenarios=names, scenario_steps=scenario_steps,
-                             progress=not quiet, force=force)
+                             progress=not quiet, force=force, **shaping)
         click.echo(render(result, sides))
         if junit:
             from optcheck.report.junit import write_upgrade_junit

@@ -176,3 +176,70 @@ def test_soak_python_must_be_an_interpreter(tmp_path):
                                   "--out", str(tmp_path / "r")])
     assert rc == exitcodes.USAGE and f"--python {tmp_path / 'nope'}: not an executable file" in stderr
     assert not (tmp_path / "r").exists()
+
+
+# -- options that shape findings reach every seed and both sides -----------------
+
+SMALL = ["-q", "--steps", "10", "--every", "5", "--val-every", "0", "--n-layer", "1", "--n-embd", "32"]
+
+
+def _summary(path) -> dict:
+    import json
+
+    return json.loads((Path(path) / "summary.json").read_text())
+
+
+def test_soak_seeds_keep_the_ignore_option_and_the_config_file(tmp_path, monkeypatch):
+    """no-zero-grad makes OC204 at step 5 (an error) in every seed: --ignore OC204, and the
+    same entry in [tool.optcheck] ignore of the nearest pyproject.toml, accept it in each
+    seed's run (suppressed, not a finding, exit 0)."""
+    base = [*SMALL, "--inject", "no-zero-grad@5"]
+    rc, stdout, stderr = run_cli(["soak", *base, "--seeds", "1,2", "--out", str(tmp_path / "plain")])
+    assert rc == exitcodes.FINDINGS and stdout.count("OC204") >= 2, stdout + stderr  # the finding fires per seed
+    rc, stdout, stderr = run_cli(["soak", *base, "--seeds", "1,2", "--ignore", "OC204", "--out", str(tmp_path / "arg")])
+    assert rc == exitcodes.CLEAN and "OC204  grad-not-cleared" not in stdout, stdout + stderr
+    for seed in (1, 2):
+        s = _summary(tmp_path / "arg" / f"seed-{seed}")
+        assert s["findings_by_code"] == {} and s["suppressed"] == {"OC204": 1}, s
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text('[tool.optcheck]\nignore = ["OC204"]\n')
+    monkeypatch.chdir(project)
+    rc, stdout, stderr = run_cli(["soak", *base, "--seeds", "1,2", "--out", str(tmp_path / "config")])
+    assert rc == exitcodes.CLEAN, stdout + stderr
+    assert all(_summary(tmp_path / "config" / f"seed-{s}")["suppressed"] == {"OC204": 1} for s in (1, 2))
+
+
+def test_upgrade_passes_ignore_fail_on_and_memory_budget_to_every_run(tmp_path, monkeypatch):
+    """The no-zero-grad scenario on both sides, with --ignore OC204 --fail-on error
+    --memory-budget 1GiB: every soak (baseline, candidate, both scenario runs) gets the
+    same three, the scenario matrix shows no finding, and each run's summary says so."""
+    import optcheck.soak
+
+    real, seen = optcheck.soak.run_soak, []
+
+    def spy(cfg, out, **kwargs):  # the real soak runs; this only records what it was given
+        seen.append((Path(out), kwargs))
+        return real(cfg, out, **kwargs)
+
+    monkeypatch.setattr(optcheck.soak, "run_soak", spy)
+    args = ["upgrade", "-q", "--steps", "10", "--every", "5", "--n-layer", "1", "--n-embd", "32", "--scenarios",
+            "--scenario", "no-zero-grad", "--scenario-steps", "10", "--out", str(tmp_path / "u")]
+    rc, stdout, stderr = run_cli([*args, "--ignore", "OC204", "--fail-on", "error", "--memory-budget", "1GiB"])
+    assert rc == exitcodes.CLEAN, stdout + stderr
+    assert len(seen) == 4
+    for out, kwargs in seen:
+        assert [i.code for i in kwargs["ignore"]] == ["OC204"] and kwargs["fail_on"] == "error", out
+        assert kwargs["rule_config"].memory_budget_bytes == 2 ** 30, out
+        assert _summary(out)["fail_on"] == "error"
+    row = next(line for line in stdout.splitlines() if "no-zero-grad@5" in line)
+    assert "OC204" not in row and row.split().count("none") == 2, stdout
+    for side in ("baseline", "candidate"):
+        assert _summary(tmp_path / "u" / "scenarios" / "no-zero-grad" / side)["suppressed"] == {"OC204": 1}
+    seen.clear()
+    rc, stdout, _ = run_cli([*args, "--force"])  # without --ignore the finding is there on both sides
+    assert rc == exitcodes.CLEAN and len(seen) == 4  # a scenario that fires on both sides is no change
+    row = next(line for line in stdout.splitlines() if "no-zero-grad@5" in line)
+    assert row.count("OC204") == 2, stdout
+    rc, _, stderr = run_cli([*args, "--force", "--memory-budget", "lots"])
+    assert rc == exitcodes.USAGE and "--memory-budget" in stderr and "Traceback" not in stderr
