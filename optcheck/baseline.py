@@ -199,6 +199,7 @@ class BaselineResult:
     baseline: Baseline
     checks: list[Check] = field(default_factory=list)
     verdict: object = None  # optcheck.verdict.Verdict, or None when not compared
+    baseline_findings: list = field(default_factory=list)  # the baseline runs' finding dicts (JUnit: "in the baseline")
 
     @property
     def regressions(self) -> list[Check]:
@@ -270,7 +271,7 @@ def compare_with_baseline(run: str | os.PathLike, baseline: Baseline | str | os.
     last = info.last_step
 
     # findings the baseline does not have
-    base_findings = [f for _, _, fs in base for f in fs]
+    base_findings = res.baseline_findings = [f for _, _, fs in base for f in fs]
     floor = severity_rank(tol.fail_on)
     failing = [f for f in findings if severity_rank(f.get("severity") if f.get("severity") in SEVERITIES
                                                     else "error") >= floor]

@@ -15,7 +15,10 @@ def register(group: click.Group) -> None:
                   help="Lowest severity of a new finding that is a regression.")
     @click.option("--summary-md", "summary_md", type=click.Path(dir_okay=False), default=None,
                   help="Also write the run's Markdown report with the comparison (e.g. $GITHUB_STEP_SUMMARY).")
-    def baseline(run, baseline, speed_tolerance, memory_tolerance, fail_on, summary_md):
+    @click.option("--junit", type=click.Path(dir_okay=False), default=None,
+                  help="Also write the run's findings and the comparison as JUnit XML (fails exactly when the exit "
+                       "code is 1).")
+    def baseline(run, baseline, speed_tolerance, memory_tolerance, fail_on, summary_md, junit):
         """Compare run directory RUN (an `optcheck soak --out` folder) with BASELINE (a kept
         run, or a folder of seed-N runs) and fail only on a regression: findings not in the
         baseline, final or held-out loss above the baseline's band, steps/s or peak RSS worse
@@ -29,8 +32,9 @@ def register(group: click.Group) -> None:
 
         tol = Tolerances(speed=parse_fraction(speed_tolerance, "--speed-tolerance"),
                          memory=parse_fraction(memory_tolerance, "--memory-tolerance"), fail_on=fail_on)
-        if summary_md:
-            check_output_file(summary_md, "--summary-md")
+        for option, target in (("--summary-md", summary_md), ("--junit", junit)):
+            if target:
+                check_output_file(target, option)
         summary = read_summary(run)
         res = compare_with_baseline(run, load_baseline(baseline), tol)
         for line in res.lines():
@@ -39,4 +43,9 @@ def register(group: click.Group) -> None:
             from optcheck.report.markdown import write_markdown
 
             write_markdown(summary_md, [(summary, RunReader(run).findings)], None, baseline=res)
+        if junit:
+            from optcheck.report.junit import write_junit
+
+            write_junit(RunReader(run).findings, junit, suite_name=f"optcheck baseline {run}", summary=summary,
+                        fail_on=fail_on, baseline=res)
         return res.exit_code

@@ -272,7 +272,7 @@ def register(group: click.Group) -> None:
 
                 write_junit([f.to_dict() for f in result.findings], junit, suite_name=f"optcheck soak {result.out}",
                             summary=result.summary, crash=result.summary.get("crash"), fail_on=fail_on,
-                            time_s=result.summary.get("elapsed_s"))
+                            time_s=result.summary.get("elapsed_s"), baseline=against)
             if plot:
                 from optcheck.report.plot import plot_run
 

@@ -4,7 +4,11 @@ test reporters). Torch-free.
 One ``<testcase>`` per rule of the catalogue (``classname`` ``optcheck.<family>``,
 ``name`` ``"OC101 stale-param"``): it passes when the rule made no finding and has
 one ``<failure>`` per finding otherwise. A crashed worker adds a ``run`` test case
-with an ``<error>``. The layout follows the widely used JUnit 4 schema (Ant's
+with an ``<error>``. With a baseline (``optcheck soak --baseline``) the file agrees
+with the job's exit code: a finding the baseline has too goes to ``<system-out>``
+("in the baseline"), only new ones fail, and each check of the comparison (findings,
+loss, held-out loss, steps/s, peak RSS, trajectory) is a ``baseline <check>`` test
+case, failing on a regression and ``<skipped>`` when not compared. The layout follows the widely used JUnit 4 schema (Ant's
 ``XMLJUnitResultFormatter`` output as Jenkins reads it); ``tests/fixtures/junit.xsd``
 is the schema the tests validate against.
 """
@@ -71,7 +75,7 @@ def _failure_text(f: dict) -> str:
 
 def build_junit(findings: Iterable[dict], *, suite_name: str = "optcheck", rules=None,
                 properties: dict | None = None, summary: dict | None = None, crash: dict | None = None,
-                fail_on: str = "info", time_s: float | None = None) -> ET.ElementTree:
+                fail_on: str = "info", time_s: float | None = None, baseline=None) -> ET.ElementTree:
     """The JUnit XML tree (see :func:`write_junit` for the arguments)."""
     if rules is None:
         from optcheck.rules import catalogue
@@ -97,19 +101,26 @@ def build_junit(findings: Iterable[dict], *, suite_name: str = "optcheck", rules
     props = ET.SubElement(suite, "properties")
     for k, v in sorted((properties or {}).items()):
         ET.SubElement(props, "property", name=_text(k), value=_text(v))
-    failed = 0
+    known = _in_baseline(baseline)
+    failed = skipped = 0
     for classname, name, fs in cases:
         tc = ET.SubElement(suite, "testcase", name=name, classname=classname, time="0")
-        failing = [f for f in fs if _rank(f) >= threshold]
-        below = [f for f in fs if _rank(f) < threshold]
+        old = [f for f in fs if known(f)]
+        failing = [f for f in fs if _rank(f) >= threshold and f not in old]
+        below = [f for f in fs if _rank(f) < threshold and f not in old]
         for f in failing:
             el = ET.SubElement(tc, "failure", message=_text(f.get("message", "")).replace("\n", " "),
                                type=f"{f.get('code')} {f.get('symbol')}")
             el.text = _failure_text(f)
-        if below:
+        if below or old:
             out = ET.SubElement(tc, "system-out")
-            out.text = "\n\n".join(_failure_text(f) for f in below)
+            out.text = "\n\n".join([*(_failure_text(f) for f in below),
+                                     *(f"in the baseline (not a regression): {_failure_text(f)}" for f in old)])
         failed += bool(failing)
+    n_baseline = 0
+    if baseline is not None:
+        n_baseline, more_failed, skipped = _baseline_cases(suite, baseline)
+        failed += more_failed
     errors = 0
     if crash:
         tc = ET.SubElement(suite, "testcase", name="run", classname="optcheck.run", time=f"{time_s or 0:.3f}")
@@ -121,10 +132,10 @@ def build_junit(findings: Iterable[dict], *, suite_name: str = "optcheck", rules
                                    *(["--- worker stderr (tail) ---", *map(str, tail)] if tail else [])]))
         errors = 1
     suite.set("name", _text(suite_name))
-    suite.set("tests", str(len(cases) + errors))
+    suite.set("tests", str(len(cases) + n_baseline + errors))
     suite.set("failures", str(failed))
     suite.set("errors", str(errors))
-    suite.set("skipped", "0")
+    suite.set("skipped", str(skipped))
     suite.set("time", f"{time_s or 0:.3f}")
     suite.set("timestamp", _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None, microsecond=0).isoformat())
     suite.set("hostname", _text(socket.gethostname()) or "localhost")
@@ -133,6 +144,42 @@ def build_junit(findings: Iterable[dict], *, suite_name: str = "optcheck", rules
     root.append(suite)
     ET.indent(root)
     return ET.ElementTree(root)
+
+
+def _in_baseline(baseline):
+    """``known(finding) -> bool``: the baseline has a finding of that code on those
+    parameters (``optcheck.compare.finding_difference``, as the comparison matches them).
+    Always False without a baseline, or when the run was not compared with it."""
+    if baseline is None or not baseline.compared:
+        return lambda f: False
+    from optcheck.compare import finding_difference
+
+    theirs = list(baseline.baseline_findings)
+    return lambda f: not finding_difference([f], theirs)
+
+
+def _baseline_cases(suite: ET.Element, baseline) -> tuple[int, int, int]:
+    """One ``baseline <check>`` test case per check of ``baseline`` (an
+    ``optcheck.baseline.BaselineResult``): a regression is a ``<failure>``, a check
+    not compared is ``<skipped>``, the others pass with their line in ``<system-out>``.
+    Returns (test cases, failures, skipped)."""
+    from optcheck.baseline import NOT_COMPARED, REGRESSION
+
+    failed = skipped = 0
+    for c in baseline.checks:
+        tc = ET.SubElement(suite, "testcase", name=_text(f"baseline {c.name}"), classname="optcheck.baseline",
+                           time="0")
+        at = f" (step {c.step})" if c.step is not None else ""
+        if c.status == REGRESSION:
+            el = ET.SubElement(tc, "failure", message=_text(f"{c.name}{at}: {c.text}"), type=f"regression {c.name}")
+            el.text = _text(f"against the baseline {baseline.baseline.text()}\n{c.line().strip()}")
+            failed += 1
+        elif c.status == NOT_COMPARED:
+            ET.SubElement(tc, "skipped", message=_text(f"not compared: {c.text}"))
+            skipped += 1
+        else:
+            ET.SubElement(tc, "system-out").text = _text(c.line().strip())
+    return len(baseline.checks), failed, skipped
 
 
 def _rank(f: dict) -> int:
@@ -144,7 +191,7 @@ def _rank(f: dict) -> int:
 
 def write_junit(findings: Iterable[dict], path: str | os.PathLike, *, suite_name: str = "optcheck", rules=None,
                 properties: dict | None = None, summary: dict | None = None, crash: dict | None = None,
-                fail_on: str = "info", time_s: float | None = None) -> Path:
+                fail_on: str = "info", time_s: float | None = None, baseline=None) -> Path:
     """Write findings as a JUnit XML file; return its path.
 
     Args:
@@ -161,12 +208,16 @@ def write_junit(findings: Iterable[dict], path: str | os.PathLike, *, suite_name
         fail_on: findings below this severity ("info" | "warning" | "error") are
             written to the test case's ``<system-out>`` instead of as failures.
         time_s: the suite's ``time`` attribute, seconds.
+        baseline: the run's ``optcheck.baseline.BaselineResult`` (``--baseline``): findings
+            it has too go to ``<system-out>`` ("in the baseline"), not failures, and each
+            of its checks is a ``baseline <check>`` test case (a regression fails it), so
+            the file fails exactly when the job's exit code is 1.
 
     Raises:
         InputError: the file cannot be written.
     """
     tree = build_junit(findings, suite_name=suite_name, rules=rules, properties=properties, summary=summary,
-                       crash=crash, fail_on=fail_on, time_s=time_s)
+                       crash=crash, fail_on=fail_on, time_s=time_s, baseline=baseline)
     p = Path(path)
     try:
         if p.parent and not p.parent.exists():

@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import xmlschema
 
 from conftest import SMALL, run_cli
 from optcheck import exitcodes
@@ -23,6 +25,7 @@ from optcheck import exitcodes
 STEPS = ["--steps", "200", "--every", "100", *SMALL]
 LOOSE = ["--speed-tolerance", "50%"]
 NIGHTS = Path(__file__).resolve().parents[1] / "fixtures" / "nights"  # recorded runs, see its README.md
+XSD = Path(__file__).resolve().parents[1] / "fixtures" / "junit.xsd"
 
 SITECUSTOMIZE = '''\
 import os, time
@@ -51,8 +54,25 @@ def base(tmp_path_factory):
 def _soak(tmp_path, base_dir, *args):
     out, md = tmp_path / "run", tmp_path / "summary.md"
     rc, stdout, stderr = run_cli(["soak", "-q", "--out", str(out), "--summary-md", str(md), "--baseline",
-                                  str(base_dir), *STEPS, *args])
+                                  str(base_dir), "--junit", str(tmp_path / "junit.xml"), *STEPS, *args])
     return rc, stdout + stderr, md.read_text(encoding="utf-8") if md.exists() else ""
+
+
+def _junit(path: Path, rc: int) -> dict:
+    """The JUnit file at ``path``: valid against tests/fixtures/junit.xsd, and failing
+    (failures + errors > 0) exactly when the job's exit code ``rc`` is not 0. Returns
+    {test case name: element}."""
+    xmlschema.XMLSchema(XSD).validate(str(path))
+    suite = ET.parse(path).getroot().find("testsuite")
+    failing = int(suite.get("failures")) + int(suite.get("errors"))
+    assert (failing > 0) == (rc != exitcodes.CLEAN), (rc, ET.tostring(suite, encoding="unicode")[:3000])
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert int(suite.get("tests")) == len(cases)
+    return cases
+
+
+def _failed(case) -> bool:
+    return case.find("failure") is not None
 
 
 def _rows(md: str) -> dict[str, str]:
@@ -73,6 +93,12 @@ def test_clean_rerun_of_the_baseline_passes(base, tmp_path):
     assert "### ✅ Against the baseline: NO REGRESSION" in md
     assert _rows(md) == {"findings": "ok", "loss": "ok", "held-out loss": "ok", "steps/s": "ok",
                          "peak RSS": "ok", "trajectory": "ok"}
+    cases = _junit(tmp_path / "junit.xml", rc)
+    checks = {n: c for n, c in cases.items() if c.get("classname") == "optcheck.baseline"}
+    assert set(checks) == {f"baseline {n}" for n in ("findings", "loss", "held-out loss", "steps/s", "peak RSS",
+                                                     "trajectory")}
+    assert not any(map(_failed, checks.values()))
+    assert checks["baseline loss"].find("system-out").text.startswith("ok")
 
 
 def test_another_seed_inside_the_seed_band_is_reported_not_failed(base, tmp_path):
@@ -104,6 +130,25 @@ def test_planted_fault_fails_with_the_new_finding(base, tmp_path):
     assert "step 100" in line and "OC204" in line and "not in the baseline" in line
     assert "**Fails the job (exit 1):** findings: new: OC204" in md
     assert _rows(md)["findings"] == "regression"
+    cases = _junit(tmp_path / "junit.xml", rc)
+    assert _failed(cases["OC204 grad-not-cleared"]) and _failed(cases["baseline findings"])
+    assert not _failed(cases["baseline loss"])
+
+
+def test_findings_the_baseline_has_are_not_junit_failures(base, tmp_path):
+    """A baseline that has OC204 (the same planted fault, kept last night): tonight's OC204
+    does not fail the job (exit 0), so the JUnit file lists it in <system-out> "in the
+    baseline" and has no failure; a finding the baseline lacks still fails (the test above)."""
+    old = tmp_path / "old"
+    rc, stdout, _ = run_cli(["soak", "-q", "--out", str(old), *STEPS, "--seed", "1", "--inject", "no-zero-grad@100"])
+    assert rc == exitcodes.FINDINGS and "OC204" in stdout
+    rc, out, md = _soak(tmp_path, old, "--seed", "1", "--inject", "no-zero-grad@100", *LOOSE)
+    assert rc == exitcodes.CLEAN and "only findings the baseline has too: OC204" in out, out
+    cases = _junit(tmp_path / "junit.xml", rc)
+    case = cases["OC204 grad-not-cleared"]
+    assert not _failed(case) and case.find("system-out").text.startswith("in the baseline (not a regression): "
+                                                                         "OC204 grad-not-cleared [error] at step 100")
+    assert not _failed(cases["baseline findings"])
 
 
 def test_slower_worker_fails_on_steps_per_s(base, tmp_path):
@@ -119,6 +164,10 @@ def test_slower_worker_fails_on_steps_per_s(base, tmp_path):
     assert rows["steps/s"] == "regression" and rows["findings"] == rows["loss"] == "ok", md
     assert "**Fails the job (exit 1):** steps/s:" in md
     assert "fails below 50% of the baseline" in md
+    cases = _junit(tmp_path / "junit.xml", rc)
+    failure = cases["baseline steps/s"].find("failure")
+    assert failure is not None and failure.get("message").startswith("steps/s: ")
+    assert not _failed(cases["baseline loss"]) and not _failed(cases["baseline findings"])
 
 
 def test_lower_learning_rate_fails_on_the_loss(base, tmp_path):
@@ -129,6 +178,10 @@ def test_lower_learning_rate_fails_on_the_loss(base, tmp_path):
     assert rows["trajectory"] == "differs"
     assert "lr 0.001 vs 0.0001" in md   # what differs between the runs
     assert "**Fails the job (exit 1):** loss: final loss" in md
+    cases = _junit(tmp_path / "junit.xml", rc)
+    assert _failed(cases["baseline loss"]) and _failed(cases["baseline held-out loss"])
+    assert cases["baseline loss"].find("failure").get("type") == "regression loss"
+    assert not _failed(cases["baseline findings"]) and not _failed(cases["baseline trajectory"])
     # the same judgement from the folders, without running again
     rc2, out2, _ = run_cli(["baseline", str(tmp_path / "run"), str(base / "seed-1"), *LOOSE])
     assert rc2 == exitcodes.FINDINGS and "REGRESSION against the baseline: loss; held-out loss" in out2
@@ -178,17 +231,24 @@ def test_recorded_torch_upgrade_trains_the_same_and_takes_more_memory(tmp_path):
     losses, but the CUDA wheel's libraries are loaded on CPU too (peak RSS 408 -> 771 MiB)."""
     md = tmp_path / "summary.md"
     rc, out, _ = run_cli(["baseline", str(NIGHTS / "night-4-torch2.14"), str(NIGHTS / "night-1-torch2.13"),
-                          "--summary-md", str(md)])
+                          "--summary-md", str(md), "--junit", str(tmp_path / "j.xml")])
     assert rc == exitcodes.FINDINGS, out
     assert "REGRESSION   peak RSS: 770.5 MiB vs 407.9 MiB (1.89x; fails above 115%)" in out
+    cases = _junit(tmp_path / "j.xml", rc)
+    assert cases["baseline peak RSS"].find("failure").get("message") == \
+        "peak RSS: 770.5 MiB vs 407.9 MiB (1.89x; fails above 115%)"
+    # the recorded CUDA-wheel night is also slower on steps/s; no rule case fails (no finding)
+    assert {n for n, c in cases.items() if _failed(c)} <= {"baseline peak RSS", "baseline steps/s"}
     assert "IDENTICAL: 300 steps, bit-for-bit equal losses; runs differ in: torch 2.13.0+cpu → 2.14.1+cu130" in out
     rows = _rows(md.read_text(encoding="utf-8"))
     assert rows["loss"] == rows["held-out loss"] == rows["findings"] == rows["trajectory"] == "ok"
 
 
-def test_recorded_night_against_the_night_before_passes():
-    rc, out, _ = run_cli(["baseline", str(NIGHTS / "night-2-torch2.13"), str(NIGHTS / "night-1-torch2.13")])
+def test_recorded_night_against_the_night_before_passes(tmp_path):
+    rc, out, _ = run_cli(["baseline", str(NIGHTS / "night-2-torch2.13"), str(NIGHTS / "night-1-torch2.13"),
+                          "--junit", str(tmp_path / "j.xml")])
     assert rc == exitcodes.CLEAN and "NO REGRESSION against the baseline" in out, out
+    assert not any(map(_failed, _junit(tmp_path / "j.xml", rc).values()))
 
 
 def test_recorded_planted_regression_fails_on_findings_and_loss():
@@ -196,3 +256,12 @@ def test_recorded_planted_regression_fails_on_findings_and_loss():
     assert rc == exitcodes.FINDINGS
     assert "REGRESSION against the baseline: findings; loss; held-out loss" in out
     assert "REGRESSION   findings step 100: new: OC101 stale-param" in out
+
+
+def test_recorded_regression_junit_fails_the_new_finding_and_the_losses(tmp_path):
+    rc, _, _ = run_cli(["baseline", str(NIGHTS / "night-5-torch2.14-regression"), str(NIGHTS / "night-4-torch2.14"),
+                        "--junit", str(tmp_path / "j.xml")])
+    cases = _junit(tmp_path / "j.xml", rc)
+    assert rc == exitcodes.FINDINGS
+    assert {n for n, c in cases.items() if _failed(c)} >= {"OC101 stale-param", "baseline findings", "baseline loss",
+                                                             "baseline held-out loss"}
