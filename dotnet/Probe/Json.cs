@@ -3,10 +3,10 @@
 // targets netstandard2.0, whose facade (the one Mono's mcs compiles against here) has no
 // System.Text.Json, and the two documents are small and flat (docs/dotnet.md, "The boundary").
 //
-// Output follows what Python's json.loads reads: numbers in the invariant culture with round-trip
-// precision ("R"), non-finite doubles as NaN / Infinity / -Infinity (json.loads turns them into
-// float('nan') / float('inf'), the values the PyTorch probe leaves in its dicts), strings escaped
-// per RFC 8259 (control characters as \u00XX).
+// Output is strict JSON (RFC 8259) that Python's json.loads reads: numbers in the invariant culture
+// with round-trip precision ("R"), non-finite doubles as the strings "nan" / "inf" / "-inf" (the run
+// directory's one encoding, docs/run-directory.md; optcheck/torchsharp_bridge/convert.py turns them
+// back into floats), strings escaped per RFC 8259 (control characters as \u00XX).
 using System;
 using System.Collections.Generic;
 using System.Globalization;
@@ -41,18 +41,20 @@ namespace OptCheck.Probe
         public JsonWriter Bool(bool v) { Sep(); sb.Append(v ? "true" : "false"); return this; }
         public JsonWriter Long(long v) { Sep(); sb.Append(v.ToString(CultureInfo.InvariantCulture)); return this; }
 
-        /// <summary>A double; NaN, Infinity and -Infinity as those bare words (Python's json.loads reads them).</summary>
+        /// <summary>A double; NaN, +Infinity and -Infinity as the strings "nan", "inf" and "-inf" (strict JSON
+        /// has no NaN: the run directory's encoding, docs/run-directory.md).</summary>
         public JsonWriter Double(double v)
         {
             Sep();
-            if (double.IsNaN(v)) sb.Append("NaN");
-            else if (double.IsPositiveInfinity(v)) sb.Append("Infinity");
-            else if (double.IsNegativeInfinity(v)) sb.Append("-Infinity");
+            if (double.IsNaN(v)) sb.Append("\"nan\"");
+            else if (double.IsPositiveInfinity(v)) sb.Append("\"inf\"");
+            else if (double.IsNegativeInfinity(v)) sb.Append("\"-inf\"");
             else sb.Append(v.ToString("R", CultureInfo.InvariantCulture));
             return this;
         }
 
-        /// <summary>A double, or null when it is NaN (a value that was not measured).</summary>
+        /// <summary>A double, or null when it is NaN because it was not measured. Never for a measured value:
+        /// a NaN gradient norm is a finding (OC501), and null would hide it.</summary>
         public JsonWriter DoubleOrNull(double v) { return double.IsNaN(v) ? Null() : Double(v); }
 
         public JsonWriter String(string v)

@@ -203,12 +203,16 @@ namespace OptCheck.Probe
                 bool grad = p.HasGrad;
                 w.Name("device").String(p.Device ?? "cpu");
                 w.Name("grad").String(grad ? "set" : "none");
-                w.Name("grad_norm").DoubleOrNull(grad ? p.GradNorm() : double.NaN);
+                // a measured norm is written as it is, NaN and Inf included (OC501 reads them);
+                // null only when there is no gradient to measure
+                w.Name("grad_norm");
+                if (grad) w.Double(p.GradNorm()); else w.Null();
                 var values = p as IParameterValues;
                 double norm = double.NaN;
                 long sum = 0;
                 bool haveSum = values != null && values.ReadValues(out norm, out sum);
-                w.Name("value_norm").DoubleOrNull(norm);
+                w.Name("value_norm");
+                if (haveSum) w.Double(norm); else w.Null();
                 w.Name("checksum");
                 if (haveSum) w.Long(sum); else w.Null();
                 w.Name("version").Null();

@@ -3,8 +3,11 @@
 .NET-free: the probe writes the body as one JSON object in the snapshot's own field
 names (``optcheck/snapshot.py``: ``params``, ``groups``, ``state``, ``optimizer``,
 ``memory``, ``notes``, and ``prestep_findings``, the pre-step check's problems);
-:func:`body_from_json` reads it with :func:`json.loads` (``NaN``/``Infinity`` become
-Python floats, as the PyTorch probe leaves them) and checks its top-level shape.
+:func:`body_from_json` reads it with :func:`json.loads`, checks its top-level shape and
+turns the non-finite numbers the probe writes as the strings ``"nan"``, ``"inf"``,
+``"-inf"`` (strict JSON has no NaN: the run directory's encoding,
+``docs/run-directory.md``) back into Python floats, as the PyTorch probe leaves them.
+A measured NaN gradient norm stays NaN (OC501 reads it); ``null`` means not measured.
 ``ref`` is the handle (the key of TorchSharp's optimizer state, ``docs/torchsharp.md``),
 ``data_ptr`` the tensor's data address; ``docs/dotnet.md`` describes the boundary.
 """
@@ -12,9 +15,19 @@ Python floats, as the PyTorch probe leaves them) and checks its top-level shape.
 from __future__ import annotations
 
 import json
+import math
 
 #: The members every probe body has (ProbeCore.Read writes them all, in this order).
 BODY_FIELDS = ("params", "groups", "state", "optimizer", "memory", "notes", "prestep_findings")
+#: The spellings of non-finite numbers (``JsonWriter.Double``, ``optcheck.snapshot.clean_json``).
+NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+#: The float members of a body's ``params`` entries; every value of a group's ``options`` is a float too.
+PARAM_FLOATS = ("grad_norm", "value_norm")
+
+
+def _number(value):
+    """``"nan"``/``"inf"``/``"-inf"`` as a float; any other value unchanged."""
+    return NONFINITE[value] if isinstance(value, str) and value in NONFINITE else value
 
 
 def body_from_json(text: str) -> dict:
@@ -36,6 +49,14 @@ def body_from_json(text: str) -> dict:
     for k in ("params", "groups", "notes", "prestep_findings"):
         if not isinstance(body[k], list):
             raise ValueError(f"the .NET probe's {k} is a {type(body[k]).__name__}, not a list")
+    for p in body["params"]:
+        for k in PARAM_FLOATS:
+            if k in p:
+                p[k] = _number(p[k])
+    for g in body["groups"]:
+        options = g.get("options") or {}
+        for k, v in options.items():
+            options[k] = [_number(x) for x in v] if isinstance(v, list) else _number(v)
     return body
 
 

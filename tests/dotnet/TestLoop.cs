@@ -28,7 +28,9 @@
 // Faults (Inject): param-replaced, module-to-after-optimizer, param-registered-late,
 // eager-param-list, state-leak (a Storage kept per step), no-dispose-scope (the step's 24 native
 // temporaries left to the finalizer instead of disposed), failfast (Environment.FailFast: SIGABRT, exit 134). Setup option
-// "extra.failfast_at" = N calls FailFast at the start of step N. NativeTrainer P/Invokes a
+// "extra.failfast_at" = N calls FailFast at the start of step N. "extra.nan_grad_at" = N puts a NaN into
+// lm_head.bias's gradient at step N and skips that step's clipping and optimizer step (as
+// torch.cuda.amp.GradScaler skips a step whose gradients are not finite): the parameters stay finite. NativeTrainer P/Invokes a
 // native library that does not exist (DllNotFoundException in Setup).
 using System;
 using System.Collections.Generic;
@@ -437,9 +439,11 @@ namespace OptCheckTest
             var temps = new List<Temp>(TempsPerStep);
             for (int i = 0; i < TempsPerStep; i++) temps.Add(new Temp(!noDisposeScope));
             double loss = Model.Loss(inputs, targets, batch * time, true);
+            bool nanGrad = D("extra.nan_grad_at", -1) == step;
+            if (nanGrad) Model.LmHeadBias.Grad[0] = double.NaN;
             double clip = D("grad_clip", 1.0);
-            if (clip > 0) Clip(clip);
-            if (!SkipsOptimizerStep) Optimizer.Step();
+            if (clip > 0 && !nanGrad) Clip(clip);
+            if (!SkipsOptimizerStep && !nanGrad) Optimizer.Step();
             if (keepLosses) {  // `losses.Add(loss)`: the loss and the activation it holds, never released
                 var kept = new Storage(batch * time * Model.D);
                 kept.Data[0] = loss;

@@ -207,6 +207,29 @@ def test_failfast_kills_the_worker_and_leaves_the_run_readable(dll, tmp_path):
     assert json.loads((res.out / "summary.json").read_text())["status"] == "crashed"
 
 
+@pytest.mark.parametrize("kind", ["coreclr", "mono"])
+def test_a_nan_gradient_is_oc501_at_its_step(dll, tmp_path, kind):
+    """The stand-in puts a NaN into lm_head.bias's gradient at step 100 and skips that step
+    (as GradScaler does), so the parameters stay finite: the probe writes the measured NaN
+    norm as "nan" (not null, which would hide it), the bridge reads it back as a float, and
+    OC501 names the parameter at step 100. The same run without the NaN stays clean."""
+    import math
+
+    need(kind)
+    res = soak(config(dll, kind, steps=150, nan_grad_at=100), tmp_path / "run")
+    s = res.summary
+    assert res.exit_code == 1 and s["findings_by_code"] == {"OC501": 1}, s
+    (f,) = res.findings
+    assert (f.code, f.step, f.subjects) == ("OC501", 100, ["lm_head.bias"])
+    assert f.message == "non-finite grad at step 100 in 1 parameter(s): lm_head.bias"
+    line = next(x for x in (res.out / "snapshots.jsonl").read_text().splitlines() if '"step":100,' in x)
+    raw = {p["name"]: p for p in json.loads(line)["params"]}
+    assert raw["lm_head.bias"]["grad_norm"] == "nan" and math.isfinite(raw["lm_head.bias"]["value_norm"])
+    assert all(isinstance(p["grad_norm"], float) for n, p in raw.items() if n != "lm_head.bias")
+    clean = soak(config(dll, kind, steps=150), tmp_path / "clean")
+    assert clean.exit_code == 0 and clean.summary["findings"] == 0, clean.summary
+
+
 @pytest.mark.parametrize("change, expect", [
     ({"dotnet_trainer": "OptCheckTest.NativeTrainer"},
      r"^the \.NET worker could not load native library LibOptcheckMissingNative: .* LD_LIBRARY_PATH"),

@@ -41,6 +41,19 @@ def test_body_reads_non_finite_numbers_as_floats():
     assert tuple(b) == BODY_FIELDS
 
 
+def test_body_reads_the_non_finite_strings_as_floats():
+    """The probe writes NaN/Inf as "nan"/"inf"/"-inf" (docs/run-directory.md): back to floats in the
+    numeric members, a parameter named "nan" left a string."""
+    b = body()
+    b["params"][0].update(grad_norm="nan", value_norm="-inf", name="nan")
+    b["groups"][1]["options"].update(lr="inf", betas=["nan", 0.95])
+    b = body_from_json(json.dumps(b, allow_nan=False))
+    p = b["params"][0]
+    assert math.isnan(p["grad_norm"]) and p["value_norm"] == -math.inf and p["name"] == "nan"
+    opts = b["groups"][1]["options"]
+    assert opts["lr"] == math.inf and math.isnan(opts["betas"][0]) and opts["betas"][1] == 0.95
+
+
 @pytest.mark.parametrize("text, match", [
     ("{", r"the \.NET probe wrote bad JSON \(Expecting property name"),
     ("[]", r"wrote a JSON list, not an object"),
