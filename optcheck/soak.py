@@ -8,8 +8,7 @@ an exception, SIGKILL, SIGABRT from .NET's ``Environment.FailFast``, a segfault
 in libtorch — or no step for ``--step-timeout`` seconds ends the run with exit
 code 3 and leaves every line written so far readable
 (``optcheck.report.rundir``). A run directory that stops taking writes (disk
-full) stops the worker and ends the run with exit code 4. Exit codes:
-``optcheck.exitcodes``.
+full) stops the worker and ends the run with exit code 4 (``optcheck.exitcodes``).
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from optcheck.errors import InputError, RecordError
 from optcheck.findings import Finding, severity_rank
 from optcheck.protocol import read_messages, send_verdict
 from optcheck.report.rundir import RunDir, check_space
-from optcheck.rules import RuleConfig
+from optcheck.rules import RuleConfig, warm_up
 from optcheck.session import Cost
 from optcheck.session_process import (STDERR_TAIL_LINES, WORKER_MODULES, Progress, drain_stderr, signal_name,
                                       worker_command, worker_env)
@@ -201,6 +200,7 @@ def _supervise(cfg: SoakConfig, out: Path, rundir: RunDir, corpus: dict, sig: Si
         finally:
             theirs.close()
         sig.attach(proc)
+        threading.Thread(target=warm_up, name="optcheck-warm-up", daemon=True).start()  # while the worker starts
         err_thread = threading.Thread(target=drain_stderr, args=(proc.stderr, rundir.worker_log, tail), daemon=True)
         err_thread.start()
         watchdog = Watchdog(proc, sig, cfg.step_timeout_s)

@@ -184,3 +184,30 @@ def test_check_bad_stream_is_one_line_and_exit_2(tmp_path, content, needle):
     proc = subprocess.run([sys.executable, "-m", "optcheck", "check", str(path)], capture_output=True, text=True)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == exitcodes.USAGE and len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+FIRST_SCIPY_IMPORT = r'''
+import runpy, sys, threading
+first = []
+sys.addaudithook(lambda event, args: first.append(threading.current_thread().name)
+                 if event == "import" and args[0] == "scipy" and not first else None)
+sys.argv = ["optcheck", *sys.argv[1:]]
+try:
+    runpy.run_module("optcheck", run_name="__main__")
+finally:
+    print("scipy first imported in thread:", first[0] if first else None, file=sys.stderr)
+'''
+
+
+def test_the_supervisor_imports_scipy_while_the_worker_starts(tmp_path):
+    """scipy.stats (OC401's trend test) takes seconds to import: the soak supervisor imports
+    it in its warm-up thread while the worker starts up, not inside the first rule check
+    (which would delay the first finding and inflate the first check's cost in summary.json).
+    A fresh interpreter, so nothing imported it before; an audit hook names the importing thread."""
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-c", FIRST_SCIPY_IMPORT, "soak", "-q", "--steps", "10", "--every", "5",
+                           "--val-every", "0", *SMALL, "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == exitcodes.CLEAN, proc.stdout + proc.stderr
+    assert "scipy first imported in thread: optcheck-warm-up" in proc.stderr, proc.stderr
+    cost = json.loads((out / "summary.json").read_text())["cost"]["checks"]
+    assert cost["count"] == 3 and cost["total_s"] >= cost["median_s"] > 0
