@@ -60,29 +60,29 @@ def torch_version() -> str:
 
 def report() -> list[tuple[str, list[str]]]:
     """Sections of the doctor's report as ``(title, lines)``."""
-    from optcheck.torchsharp_bridge import runtime
+    from optcheck.torchsharp_bridge import discovery, runtime
 
     sections = [("python", [f"{platform.python_version()} ({sys.executable})",
                             f"cpus: {os.cpu_count()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"])]
-    core = runtime.coreclr_runtimes()
+    core = discovery.coreclr_runtimes()
     lines = [f"{r.version}  [{r.root}] ({r.source})" for r in core] or ["none found"]
-    best = runtime.newest(core)
+    best = discovery.newest(core)
     if best is not None:
         lines.append(f"default: {best.version}, rolled forward (LatestMajor); invariant globalization: "
                      f"{'yes' if runtime.needs_invariant_globalization(best) else 'no'}")
     sections.append(("CoreCLR runtimes (Microsoft.NETCore.App)", lines))
-    sections.append((".NET SDKs", runtime.dotnet_sdks() or ["none (the TorchSharp GPT worker cannot be built here)"]))
-    mono = runtime.mono_runtime()
+    sections.append((".NET SDKs", discovery.dotnet_sdks() or ["none (the TorchSharp GPT worker cannot be built here)"]))
+    mono = discovery.mono_runtime()
     if mono is None:
-        mono_lines = [f"not found: {runtime.MONO_HINT}"]
+        mono_lines = [f"not found: {discovery.MONO_HINT}"]
     else:
-        facade = runtime.mono_facade()
+        facade = discovery.mono_facade()
         mono_lines = [f"{mono.version or '?'}  [{mono.root}]",
                       f"netstandard facade: {facade}" if facade else
                       "netstandard facade missing (pythonnet cannot load Mono): apt-get install mono-devel"]
     sections.append(("Mono", mono_lines))
     pn = runtime.pythonnet_version()
-    sections.append(("pythonnet", [pn if pn else f"not installed: {runtime.PYTHONNET_HINT}"]))
+    sections.append(("pythonnet", [pn if pn else f"not installed: {discovery.PYTHONNET_HINT}"]))
     sections.append(("torch (checked in a subprocess)", [torch_version()]))
     from optcheck.torchsharp_bridge.build import cache_root
 

@@ -16,7 +16,7 @@
 - after each backward pass (:meth:`after_backward`): under DDP without
   ``find_unused_parameters``, the parameters no gradient reached (OC706).
 
-The comparison itself is in the rules (``optcheck/rules/crossrank.py``), on the
+The comparison itself is in the rules (``optcheck/rules/crossrank.py``, ``_crossrank_table.py``), on the
 snapshot's ``ranks`` field; every rank runs it on the same table.
 """
 
@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from optcheck.distributed import merge, table
-from optcheck.rules.crossrank import disagreements
+from optcheck.rules._crossrank_table import disagreements
 
 
 MERGE_WAIT_S = 15.0  # rank 0 waits this long at close for the other ranks' final summaries

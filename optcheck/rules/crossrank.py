@@ -20,6 +20,7 @@ Rank 0 is the reference: a finding names the ranks that differ from it.
 
 OC706 and OC707 read events one rank records (``ddp_unused`` after a backward
 pass, ``rank_lost`` when the exchange itself fails): ``crossrank_events.py``.
+What differs from rank 0 in the table, and on which ranks: ``_crossrank_table.py``.
 Facts relied on: ``docs/distributed.md``.
 """
 
@@ -28,55 +29,9 @@ from __future__ import annotations
 from typing import Iterable
 
 from optcheck.findings import Finding
+from optcheck.rules._crossrank_table import differing, group_diff, rank_words, ranks_of, table
 from optcheck.rules._fixtures import Invalid, Valid, at, cases, clean, rank_groups, ranks, steps
 from optcheck.rules.base import Rule, RuleContext, listing, register
-
-
-def table(snap: dict) -> dict | None:
-    """The snapshot's cross-rank table (a dict with ``rows``), or None."""
-    t = snap.get("ranks")
-    return t if isinstance(t, dict) and isinstance(t.get("rows"), list) and len(t["rows"]) > 1 else None
-
-
-def differing(t: dict, field: str, skip: Iterable[str] = ()) -> dict[str, list[int]]:
-    """``{param name: [ranks whose value of per-parameter ``field`` differs from rank 0's]}``."""
-    names, rows, skip = t.get("params") or [], t["rows"], set(skip)
-    ref = rows[0].get(field) or []
-    out: dict[str, list[int]] = {}
-    for row in rows[1:]:
-        vals = row.get(field) or []
-        for i, name in enumerate(names):
-            if name in skip or i >= len(ref) or i >= len(vals):
-                continue
-            if vals[i] != ref[i]:
-                out.setdefault(name, []).append(row["rank"])
-    return out
-
-
-def _ranks_of(diff: dict[str, list[int]]) -> list[int]:
-    return sorted({r for rs in diff.values() for r in rs})
-
-
-def _rank_words(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
-
-
-def disagreements(t: dict) -> set[str]:
-    """Keys of every cross-rank difference in table ``t`` (OC701–OC705): what the
-    exchange uses to decide whether to snapshot at once (a new key) or wait for the
-    next snapshot."""
-    keys: set[str] = set()
-    sharded = t.get("sharded") or []
-    if t.get("kind") == "ddp":
-        keys |= {f"param:{n}" for n in differing(t, "checksums", sharded)}
-    keys |= {f"grad:{n}" for n in differing(t, "grads")}
-    keys |= {f"state:{n}" for n in differing(t, "state_steps")}
-    ref = t["rows"][0]
-    for row in t["rows"][1:]:
-        for k in ("groups_keys", "groups_options", "step"):
-            if row.get(k) != ref.get(k):
-                keys.add(f"{k}:{row['rank']}")
-    return keys
 
 
 @register
@@ -131,40 +86,15 @@ class RankParamDivergence(Rule):
         diff = differing(t, "checksums", t.get("sharded") or [])
         if not diff:
             return []
-        ranks = _ranks_of(diff)
+        ranks = ranks_of(diff)
         steps = {row["rank"]: row.get("step") for row in t["rows"]}
         return [self.finding(
-            snap, self.message.format(params=listing(diff), ranks=_rank_words(ranks))
+            snap, self.message.format(params=listing(diff), ranks=rank_words(ranks))
             + f" (optimizer steps taken: {', '.join(f'rank {r}: {s}' for r, s in steps.items())}; "
             f"backward pass {t.get('iteration')})",
             subjects=sorted(diff), key="ranks=" + ",".join(map(str, ranks)),
             next_failure="each rank now trains its own model; rank 0's checkpoint is not what the others trained",
             ranks=ranks, params={n: rs for n, rs in sorted(diff.items())}, steps=steps)]
-
-
-def _group_diff(t: dict) -> list[str]:
-    """What differs in the param groups, from the ``groups`` detail (when gathered)."""
-    detail = t.get("groups")
-    if not detail:
-        return []
-    ref = detail[0].get("groups") or []
-    out = []
-    for entry in detail[1:]:
-        mine, r = entry.get("groups") or [], entry.get("rank")
-        if len(mine) != len(ref):
-            out.append(f"rank {r} has {len(mine)} param group(s), rank 0 {len(ref)}")
-            continue
-        for i, (a, b) in enumerate(zip(ref, mine)):
-            if a.get("keys") != b.get("keys"):
-                extra = sorted(set(b.get("keys") or []) ^ set(a.get("keys") or []))
-                out.append(f"group {i} keys differ on rank {r} ({', '.join(extra)})")
-            if a.get("members") != b.get("members"):
-                out.append(f"group {i} members differ on rank {r}")
-            oa, ob = a.get("options") or {}, b.get("options") or {}
-            for k in sorted(set(oa) & set(ob)):
-                if oa[k] != ob[k]:
-                    out.append(f"group {i} {k}={ob[k]!r} on rank {r}, {oa[k]!r} on rank 0")
-    return out
 
 
 @register
@@ -217,7 +147,7 @@ class RankGroupMismatch(Rule):
                  or row.get("groups_options") != ref.get("groups_options")]
         if not ranks:
             return []
-        what = _group_diff(t) or [f"param-group keys or options on {_rank_words(ranks)} differ from rank 0's"]
+        what = group_diff(t) or [f"param-group keys or options on {rank_words(ranks)} differ from rank 0's"]
         return [self.finding(snap, self.message.format(what="; ".join(what)), subjects=[f"rank {r}" for r in ranks],
                              key="ranks=" + ",".join(map(str, ranks)),
                              next_failure="the ranks apply different updates; DDP replicas drift apart (OC701)",
@@ -274,8 +204,8 @@ class RankStepMismatch(Rule):
                 ranks.add(row["rank"])
         diff = differing(t, "state_steps")
         if diff:
-            ranks |= set(_ranks_of(diff))
-            what.append(f"optimizer-state step of {listing(diff)} differs on {_rank_words(_ranks_of(diff))}")
+            ranks |= set(ranks_of(diff))
+            what.append(f"optimizer-state step of {listing(diff)} differs on {rank_words(ranks_of(diff))}")
         if not what:
             return []
         ranks_l = sorted(ranks)
@@ -341,8 +271,8 @@ class RankGradMissing(Rule):
                 diff[n] = low
         if not diff:
             return []
-        ranks = _ranks_of(diff)
-        return [self.finding(snap, self.message.format(params=listing(diff), ranks=_rank_words(ranks)),
+        ranks = ranks_of(diff)
+        return [self.finding(snap, self.message.format(params=listing(diff), ranks=rank_words(ranks)),
                              subjects=sorted(diff), key="ranks=" + ",".join(map(str, ranks)),
                              next_failure="DDP averages in zeros for it (find_unused_parameters) or raises (OC706)",
                              ranks=ranks, params={n: rs for n, rs in sorted(diff.items())},
@@ -395,7 +325,7 @@ class RankBufferDivergence(Rule):
                     diff.setdefault(names[i], []).append(row["rank"])
         if not diff:
             return []
-        ranks = _ranks_of(diff)
-        return [self.finding(snap, self.message.format(buffers=listing(diff), ranks=_rank_words(ranks)),
+        ranks = ranks_of(diff)
+        return [self.finding(snap, self.message.format(buffers=listing(diff), ranks=rank_words(ranks)),
                              subjects=sorted(diff), key="ranks=" + ",".join(map(str, ranks)),
                              ranks=ranks, buffers={n: rs for n, rs in sorted(diff.items())})]

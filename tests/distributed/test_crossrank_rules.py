@@ -10,7 +10,7 @@ from snapfactory import clean
 
 from optcheck.distributed.merge import merged, ranks_in
 from optcheck.engine import RuleEngine
-from optcheck.rules import crossrank
+from optcheck.rules import _crossrank_table
 from optcheck.snapshot import validate
 
 NAMES = ["fc.weight", "fc.bias"]
@@ -97,7 +97,7 @@ def test_a_persisting_difference_is_one_finding():
 
 def test_a_single_rank_table_or_none_is_silent():
     s = clean()
-    assert crossrank.table(s) is None and fire(s) == {}
+    assert _crossrank_table.table(s) is None and fire(s) == {}
 
 
 @pytest.mark.parametrize("message,expect", [

@@ -30,8 +30,8 @@ def test_doctor_reports_and_exits_0(tmp_path):
                   "torch (checked in a subprocess):", f"TorchSharp builds in {tmp_path / 'torchsharp'}:"):
         assert title in out
     assert f"0.105.0  [ok, stale: sources changed, rebuilt on next use] {build / 'bin' / 'OptCheck.Worker.dll'}" in out
-    from optcheck.torchsharp_bridge import runtime
+    from optcheck.torchsharp_bridge import discovery, runtime
 
-    for r in runtime.coreclr_runtimes():
+    for r in discovery.coreclr_runtimes():
         assert r.version in out
     assert (runtime.pythonnet_version() or "not installed") in out

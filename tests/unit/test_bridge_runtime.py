@@ -1,5 +1,5 @@
-"""optcheck.torchsharp_bridge.runtime: finding runtimes, runtimeconfig, one-line errors; the
-TorchSharp worker's import path stays torch-free."""
+"""optcheck.torchsharp_bridge.discovery (finding runtimes) and .runtime (runtimeconfig, choosing,
+one-line errors); the TorchSharp worker's import path stays torch-free."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import sys
 import pytest
 
 from optcheck.errors import InputError
-from optcheck.torchsharp_bridge import runtime
-from optcheck.torchsharp_bridge.runtime import DotnetRuntime
+from optcheck.torchsharp_bridge import discovery, runtime
+from optcheck.torchsharp_bridge.discovery import DotnetRuntime
 
 
 def test_worker_import_path_is_torch_free():
     code = ("import sys, optcheck.torchsharp_bridge.worker, optcheck.torchsharp_bridge.fixtures, "
-            "optcheck.torchsharp_bridge.convert, optcheck.torchsharp_bridge.runtime; "
+            "optcheck.torchsharp_bridge.convert, optcheck.torchsharp_bridge.runtime, "
+            "optcheck.torchsharp_bridge.discovery; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
@@ -26,8 +27,8 @@ def test_tfm_and_version_order():
     assert runtime.tfm("3.1.23") == "netcoreapp3.1"
     assert runtime.tfm("8.0.11") == "net8.0"
     rts = [DotnetRuntime("coreclr", v, "/x", "t") for v in ("3.1.23", "10.0.1", "8.0.11")]
-    assert runtime.newest(rts).version == "10.0.1"
-    assert runtime.newest([]) is None
+    assert discovery.newest(rts).version == "10.0.1"
+    assert discovery.newest([]) is None
 
 
 def test_runtimeconfig_rolls_forward(tmp_path, monkeypatch):
@@ -47,7 +48,7 @@ def test_invariant_globalization_follows_the_environment(monkeypatch):
     monkeypatch.setenv("DOTNET_SYSTEM_GLOBALIZATION_INVARIANT", "0")
     assert runtime.needs_invariant_globalization(DotnetRuntime("coreclr", "3.1.2", "/x", "t")) is False
     monkeypatch.delenv("DOTNET_SYSTEM_GLOBALIZATION_INVARIANT")
-    assert runtime.needs_invariant_globalization(rt8) is (not runtime.icu_available())
+    assert runtime.needs_invariant_globalization(rt8) is (not discovery.icu_available())
 
 
 def test_unknown_kind_is_one_line():
@@ -74,16 +75,16 @@ def test_a_fake_root_is_found_with_its_versions(tmp_path):
     for v in ("6.0.5", "8.0.2"):
         (tmp_path / "shared" / "Microsoft.NETCore.App" / v).mkdir(parents=True)
     (tmp_path / "host" / "fxr" / "8.0.2").mkdir(parents=True)
-    found = runtime.coreclr_runtimes(tmp_path)
+    found = discovery.coreclr_runtimes(tmp_path)
     assert [r.version for r in found] == ["6.0.5", "8.0.2"]
     assert runtime.select("coreclr", tmp_path).version == "8.0.2"
 
 
 def test_dotnetcore2_runtime_is_found_when_installed():
-    root = runtime.dotnetcore2_root()
+    root = discovery.dotnetcore2_root()
     if root is None:
         pytest.skip("dotnetcore2 not installed")
-    assert any(r.source == "dotnetcore2" and r.version.startswith("3.1") for r in runtime.coreclr_runtimes())
+    assert any(r.source == "dotnetcore2" and r.version.startswith("3.1") for r in discovery.coreclr_runtimes())
 
 
 def test_no_pythonnet_is_one_line():
@@ -98,9 +99,9 @@ def test_no_pythonnet_is_one_line():
 
 def test_no_clr_loader_is_one_line():
     code = ("import sys; sys.modules['clr_loader'] = None\n"
-            "from optcheck.torchsharp_bridge import runtime\n"
+            "from optcheck.torchsharp_bridge import discovery, runtime\n"
             "from optcheck.errors import InputError\n"
-            "print(runtime.coreclr_runtimes(), runtime.find_libmono())\n"
+            "print(discovery.coreclr_runtimes(), discovery.find_libmono())\n"
             "try:\n    runtime.select('coreclr')\nexcept InputError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == ["[] None", "pythonnet is not installed (no clr_loader), and the TorchSharp backend "
@@ -119,17 +120,17 @@ def test_runtimes_are_read_through_clr_loader(tmp_path, monkeypatch):
     seen = []
     real = clr_find.find_runtimes_in_root
     monkeypatch.setattr(clr_find, "find_runtimes_in_root", lambda root: seen.append(root) or real(root))
-    assert [r.version for r in runtime.coreclr_runtimes(tmp_path)] == ["8.0.2"] and seen == [tmp_path]
-    monkeypatch.setattr(clr_loader, "find_libmono", lambda: runtime.Path("/x/libmonosgen-2.0.so.1"))
-    assert runtime.find_libmono() == runtime.Path("/x/libmonosgen-2.0.so.1")
+    assert [r.version for r in discovery.coreclr_runtimes(tmp_path)] == ["8.0.2"] and seen == [tmp_path]
+    monkeypatch.setattr(clr_loader, "find_libmono", lambda: discovery.Path("/x/libmonosgen-2.0.so.1"))
+    assert discovery.find_libmono() == discovery.Path("/x/libmonosgen-2.0.so.1")
 
 
 def test_mono_without_libmono_or_facade_is_one_line(monkeypatch):
-    monkeypatch.setattr(runtime, "find_libmono", lambda: None)
+    monkeypatch.setattr(discovery, "find_libmono", lambda: None)
     with pytest.raises(InputError, match=r"^Mono not found \(no libmonosgen-2.0.so\): apt-get install"):
         runtime.select("mono")
-    monkeypatch.setattr(runtime, "find_libmono", lambda: runtime.Path("/usr/lib/libmonosgen-2.0.so.1"))
-    monkeypatch.setattr(runtime, "_MONO_FACADES", ("/nonexistent/Facades",))
+    monkeypatch.setattr(discovery, "find_libmono", lambda: discovery.Path("/usr/lib/libmonosgen-2.0.so.1"))
+    monkeypatch.setattr(discovery, "_MONO_FACADES", ("/nonexistent/Facades",))
     with pytest.raises(InputError, match=r"Mono lacks Facades/netstandard\.dll.*: apt-get install mono-devel$"):
         runtime.select("mono")
 
