@@ -92,7 +92,7 @@ namespace OptCheck.Probe
         /// KeyNotFoundException for the first one's decimal handle, as TorchSharp's AdamW looks up
         /// _state[param.handle] before the null-grad check), members the model no longer uses by handle and
         /// data (OC101), trainable model parameters in no group (OC102), state keys of no member (OC103).
-        /// Empty when they agree. The Python rule OC108 takes its finding from this list on TorchSharp
+        /// Empty when they agree. The Python rules OC101, OC102 and OC108 take their findings from this list on TorchSharp
         /// snapshots (the JSON's prestep_findings).</summary>
         public List<PreStepProblem> PreStepProblems()
         {

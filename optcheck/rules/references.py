@@ -20,7 +20,7 @@ from typing import Iterable
 from optcheck.findings import Finding
 from optcheck.rules._fixtures import DISPOSED, Invalid, Valid, at, cases, clean, edit, member, param, state_of, steps
 from optcheck.rules._identity import (DISPOSED_NEXT, LATE, by_identity, former_name, lazy_state, name_of, nonempty,
-                                      parametrization, parametrized_into, state_keys)
+                                      parametrization, parametrized_into, prestep_finding, state_keys)
 from optcheck.rules.base import Rule, RuleContext, listing, register
 from optcheck.snapshot import is_disposed, live_members, members
 
@@ -39,6 +39,11 @@ class StaleParam(Rule):
 
     Typical causes: ``model.load_state_dict(sd, assign=True)``, tying weights, or
     applying ``parametrizations.weight_norm`` after the optimizer was built.
+
+    On a live TorchSharp run the worker's own pre-step check
+    (``ProbeCore.PreStepProblems``, the check ``PreStepGuard`` runs in C# loops)
+    decides which members are stale, and the snapshot carries its result in
+    ``prestep_findings`` (``docs/dotnet.md``); this rule names them.
 
     Fix: do every change to the model's parameters before building the optimizer,
     or rebuild the optimizer (and reload its state) after the change.
@@ -66,10 +71,16 @@ class StaleParam(Rule):
         ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
-        refs = {p["ref"] for p in snap["params"]}
-        ptrs = {p["data_ptr"] for p in snap["params"] if nonempty(p["data_ptr"])}
-        stale = [(gi, m) for gi, m in live_members(snap)
-                 if m["ref"] not in refs and not (nonempty(m.get("data_ptr")) and m["data_ptr"] in ptrs)]
+        pre = prestep_finding(snap, self.code)
+        if pre is not None:  # TorchSharp: the worker's own pre-step check decided (ProbeCore.PreStepProblems)
+            by_ref = {m["ref"]: (gi, m) for gi, m in live_members(snap)}
+            stale = [by_ref.get(int(r)) or (None, {"ref": int(r), "name": n})
+                     for r, n in zip(pre.get("refs") or (), pre.get("names") or ())]
+        else:
+            refs = {p["ref"] for p in snap["params"]}
+            ptrs = {p["data_ptr"] for p in snap["params"] if nonempty(p["data_ptr"])}
+            stale = [(gi, m) for gi, m in live_members(snap)
+                     if m["ref"] not in refs and not (nonempty(m.get("data_ptr")) and m["data_ptr"] in ptrs)]
         if not stale:
             return []
         names, shown = [], []
@@ -108,6 +119,9 @@ class UntrackedParam(Rule):
     that missed it. On TorchSharp, ``Module.to(dtype)`` rebuilds plain
     ``Parameter`` fields as new tensors that the eager parameter list misses.
 
+    On a live TorchSharp run the worker's pre-step check (``ProbeCore.PreStepProblems``)
+    decides, as for OC101; its result is the snapshot's ``prestep_findings``.
+
     Fix: build the optimizer after the model is final, or ``add_param_group`` for
     the new parameter (with its state); freeze it (``requires_grad_(False)``) if it
     is not meant to train.
@@ -131,10 +145,16 @@ class UntrackedParam(Rule):
         ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
-        mrefs = {m["ref"] for _, m in live_members(snap)}
-        mptrs = {m["data_ptr"] for _, m in live_members(snap) if nonempty(m.get("data_ptr"))}
-        lost = [p for p in snap["params"] if p["requires_grad"] and p["ref"] not in mrefs
-                and not (nonempty(p["data_ptr"]) and p["data_ptr"] in mptrs)]
+        pre = prestep_finding(snap, self.code)
+        if pre is not None:  # TorchSharp: the worker's own pre-step check decided (ProbeCore.PreStepProblems)
+            by_ref = {p["ref"]: p for p in snap["params"]}
+            lost = [by_ref.get(int(r)) or {"ref": int(r), "name": n}
+                    for r, n in zip(pre.get("refs") or (), pre.get("names") or ())]
+        else:
+            mrefs = {m["ref"] for _, m in live_members(snap)}
+            mptrs = {m["data_ptr"] for _, m in live_members(snap) if nonempty(m.get("data_ptr"))}
+            lost = [p for p in snap["params"] if p["requires_grad"] and p["ref"] not in mrefs
+                    and not (nonempty(p["data_ptr"]) and p["data_ptr"] in mptrs)]
         if not lost or not snap["groups"]:
             return []
         names = [p["name"] for p in lost]

@@ -150,6 +150,14 @@ def test_eager_list_flags_only_the_rebuilt_plain_fields(dll, tmp_path):
     assert {f.code for f in lost} == {"OC101", "OC102", "OC104"}
     assert all(set(f.subjects) == {"ln_f.weight", "ln_f.bias"} and f.step == 150 for f in lost)
     assert not any(f.code == "OC108" for f in res.findings)
+    # OC101 and OC102 are the worker's own pre-step check (ProbeCore.PreStepProblems): the same handles; the C#
+    # cannot name members the model no longer has ("<handle N>"), the rule names them by their former names
+    (at150,) = [x for x in read_snapshots(res.out / "snapshots.jsonl") if x["step"] == 150]
+    pre = {e["code"]: e for e in at150["prestep_findings"]}
+    (f101,), (f102,) = ([f for f in lost if f.code == c] for c in ("OC101", "OC102"))
+    assert f101.detail["refs"] == pre["OC101"]["refs"] and len(f101.detail["refs"]) == 2
+    assert pre["OC101"]["names"] == [f"<handle {r}>" for r in pre["OC101"]["refs"]]
+    assert f102.detail["refs"] == pre["OC102"]["refs"] and f102.subjects == pre["OC102"]["names"]
 
 
 def test_disposed_members_are_named_and_the_invalid_operation_predicted(dll, tmp_path):

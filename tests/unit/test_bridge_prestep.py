@@ -1,4 +1,4 @@
-"""OC108 on TorchSharp comes from the worker's own pre-step check (ProbeCore.PreStepProblems,
+"""OC101, OC102 and OC108 on TorchSharp come from the worker's own pre-step check (ProbeCore.PreStepProblems,
 dotnet/Probe/ProbeCore.cs), carried in the snapshot's ``prestep_findings``; snapshots without
 it (PyTorch, recorded fixtures, runs written before) still get the rule's own derivation."""
 
@@ -68,3 +68,33 @@ def test_the_schema_holds_prestep_findings():
     bad = ts(prestep=[{"code": "OC999", "line": "?", "names": [], "refs": []}])
     with pytest.raises(SchemaError, match="prestep_findings"):
         validate(bad)
+
+
+def codes(snap: dict, code: str) -> list:
+    return [f for f in check_stream([snap]) if f.code == code]
+
+
+def test_the_csharp_check_decides_oc101_and_oc102_fire():
+    """The snapshot's members and parameters agree; only the C# check says layer1.weight's member
+    is stale and layer2.weight untracked, and that decides; the rules name them as they would."""
+    s = ts()
+    m_ref, p_ref = s["groups"][0]["members"][1]["ref"], s["params"][2]["ref"]
+    s["prestep_findings"] = [
+        {"code": "OC101", "line": "1 optimizer member(s) are not the model's tensors ...", "names": ["layer1.weight"],
+         "refs": [m_ref]},
+        {"code": "OC102", "line": "1 trainable model parameter(s) in no param group ...", "names": ["layer2.weight"],
+         "refs": [p_ref]}]
+    (f101,) = codes(s, "OC101")
+    assert f101.subjects == ["layer1.weight"] and f101.detail["refs"] == [m_ref] and f101.detail["groups"] == [0]
+    (f102,) = codes(s, "OC102")
+    assert f102.subjects == ["layer2.weight"] and f102.detail["refs"] == [p_ref]
+    assert f102.message == "1 trainable parameter(s) in no param group, never updated: layer2.weight"
+
+
+def test_the_csharp_check_decides_oc101_and_oc102_silent():
+    s = ts(prestep=[])
+    s["params"][1] = {**s["params"][1], "ref": 4242, "data_ptr": 4343}   # derived: OC101 and OC102 would fire
+    assert codes(s, "OC101") == [] and codes(s, "OC102") == []
+    del s["prestep_findings"]                                           # no C# check: derived
+    assert [f.subjects for f in codes(s, "OC101")] == [["layer1.weight"]]
+    assert [f.subjects for f in codes(s, "OC102")] == [["layer1.weight"]]
