@@ -8,9 +8,9 @@ with an ``<error>``. With a baseline (``optcheck soak --baseline``) the file agr
 with the job's exit code: a finding the baseline has too goes to ``<system-out>``
 ("in the baseline"), only new ones fail, and each check of the comparison (findings,
 loss, held-out loss, steps/s, peak RSS, trajectory) is a ``baseline <check>`` test
-case, failing on a regression and ``<skipped>`` when not compared. The layout follows the widely used JUnit 4 schema (Ant's
-``XMLJUnitResultFormatter`` output as Jenkins reads it); ``tests/fixtures/junit.xsd``
-is the schema the tests validate against.
+case, failing on a regression and ``<skipped>`` when not compared. The layout
+follows the widely used JUnit 4 schema (Ant's ``XMLJUnitResultFormatter`` output as
+Jenkins reads it); ``tests/fixtures/junit.xsd`` is the schema the tests validate against.
 """
 
 from __future__ import annotations
