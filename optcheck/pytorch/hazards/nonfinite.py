@@ -8,6 +8,7 @@ import math
 import torch
 
 from optcheck.pytorch.hazards._tensors import MAX_SAMPLES, _dense
+from optcheck.pytorch.probe import l2_norms, state_tensors
 
 
 class NonfiniteProbe:
@@ -32,24 +33,33 @@ class NonfiniteProbe:
                               "detail": {"what": "grad", "params": bad[:MAX_SAMPLES], "n_params": len(bad)}},
                              key=("nonfinite", "grad"))
 
-    def _check_state(self) -> None:
-        tensors, names = [], []
+    #: ``drain(norms)`` takes the snapshot body's norms (``optcheck.pytorch.probe.Norms``)
+    wants_norms = True
+
+    def _check_state(self, norms: dict | None = None) -> None:
+        """NaN/Inf in the trainable parameters and their floating optimizer state, found
+        from one L2 norm per tensor: a finite norm proves every element finite. The norms
+        come from ``norms`` (``optcheck.pytorch.probe.Norms`` of the snapshot body taken
+        just before: those tensors are not read again); those it lacks are taken here,
+        one ``torch._foreach_norm`` per device and dtype (``probe.l2_norms``). Only a
+        tensor whose norm is NaN/Inf is read again, element by element (``isfinite``):
+        a finite float32 tensor whose sum of squares overflows (values ~1e20 over 1,000
+        elements) has an infinite norm and is no finding."""
+        entries = []  # (what, name, tensor, norm or None)
+        known = norms or {}
         for n, p in self._trainable():
-            tensors.append(_dense(p.detach()))  # _dense: FSDP2 DTensor -> local shard, no collective
-            names.append(("param", n))
-            for k, v in self.optimizer.state.get(p, {}).items():
-                if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 0:
-                    tensors.append(_dense(v))
-                    names.append(("optimizer_state", f"{n}:{k}"))
-        if not tensors:
-            return
-        with torch.no_grad():
-            ok = bool(torch.stack([x.float() for x in torch._foreach_norm(tensors)]).isfinite().all())
-        if ok:
-            return
+            entries.append(("param", n, _dense(p.detach()), known.get(("value", id(p)))))  # _dense: FSDP2 shard
+            for key, v in state_tensors(self.optimizer, [p]):
+                entries.append(("optimizer_state", f"{n}:{key[2]}", _dense(v), known.get(key)))
+        missing = [i for i, e in enumerate(entries) if e[3] is None]
+        if missing:
+            with torch.no_grad():
+                got = torch.stack(l2_norms([entries[i][2] for i in missing])).tolist()
+            for i, v in zip(missing, got):
+                entries[i] = (*entries[i][:3], v)
         bad: dict[str, list[str]] = {}
-        for (what, name), t in zip(names, tensors):
-            if not bool(torch.isfinite(t).all()):
+        for what, name, t, norm in entries:
+            if not math.isfinite(norm) and not bool(torch.isfinite(t).all()):
                 bad.setdefault(what, []).append(name)
         for what, lst in bad.items():
             self._record({"kind": "nonfinite", "step": self._step, "where": None, "count": 1,
