@@ -226,14 +226,17 @@ class Norms(dict):
     anything writes those tensors again (the drain runs right after the body)."""
 
 
-def state_tensors(optimizer: torch.optim.Optimizer, params: list) -> list[tuple[tuple, torch.Tensor]]:
-    """``(("state", id(p), k), tensor)`` for each floating, non-empty tensor in
-    ``optimizer.state[p]`` of each ``p`` in ``params`` (FSDP2: the local shard)."""
+def state_tensors(optimizer: torch.optim.Optimizer, params: list) -> list[tuple[torch.Tensor, str, torch.Tensor]]:
+    """``(p, k, optimizer.state[p][k])`` for each floating, non-empty tensor in the
+    optimizer state of each ``p`` in ``params``: what the NaN/Inf check (OC501) reads
+    and :class:`Norms` holds as ``("state", id(p), k)``."""
     out = []
+    get = optimizer.state.get
     for p in params:
-        for k, v in optimizer.state.get(p, {}).items():
-            if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 0:
-                out.append((("state", id(p), k), local(v)))
+        st = get(p)
+        if st:
+            out.extend((p, k, v) for k, v in st.items()
+                       if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 0)
     return out
 
 
@@ -270,7 +273,7 @@ def params(model: torch.nn.Module, steps: dict[int, int | None] | None = None,
     if norms is not None and optimizer is not None:
         members = {id(p): p for g in optimizer.param_groups for p in g["params"] if p.requires_grad}
         extra = state_tensors(optimizer, list(members.values()))
-    read = l2_norms([local(p).detach() for p in tensors] + grads + [t for _, t in extra])
+    read = l2_norms([local(p).detach() for p in tensors] + grads + [local(v) for _, _, v in extra])
     floats = {i: t for i, t in enumerate(read) if t is not None}
     steps = steps or {}
     sums = {id(p): _checksum(local(p)) for p in tensors if not _VERSIONS.moved(p, steps.get(id(p)))}
@@ -281,7 +284,7 @@ def params(model: torch.nn.Module, steps: dict[int, int | None] | None = None,
     if norms is not None:
         norms.update((("value", k), v) for k, v in value_norms.items())
         norms.update((("grad", k), v) for k, v in grad_norms.items())
-        norms.update((key, got.get(2 * n + i)) for i, (key, _) in enumerate(extra))
+        norms.update((("state", id(p), k), got.get(2 * n + i)) for i, (p, k, _) in enumerate(extra))
     return [{
         "name": name, "ref": id(p), "data_ptr": p.data_ptr(), "shape": list(p.shape),
         "dtype": dtype_name(p.dtype), "device": str(p.device), "is_leaf": p.is_leaf,
@@ -317,7 +320,11 @@ def state(optimizer: torch.optim.Optimizer) -> tuple[list[dict], int]:
                 tensors[k] = {"shape": list(v.shape), "dtype": dtype_name(v.dtype)}
                 nbytes += local(v).numel() * v.element_size()  # FSDP2: the bytes this rank holds
                 if k == "step" and v.numel() == 1:
-                    steps[i] = v.detach().reshape(()).double()  # read below, one sync per device
+                    v = local(v)
+                    if v.device.type == "cpu":
+                        step = int(v.item())  # one call, no device to wait for
+                    else:
+                        steps[i] = v.detach().reshape(()).double()  # read below, one sync per device
             elif k == "step" and isinstance(v, (int, float)):
                 step = int(v)
         out.append({"ref": id(p), "step": step, "tensors": tensors})

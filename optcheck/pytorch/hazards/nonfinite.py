@@ -45,22 +45,23 @@ class NonfiniteProbe:
         tensor whose norm is NaN/Inf is read again, element by element (``isfinite``):
         a finite float32 tensor whose sum of squares overflows (values ~1e20 over 1,000
         elements) has an infinite norm and is no finding."""
-        entries = []  # (what, name, tensor, norm or None)
+        trainable = self._trainable()
+        params = [p for _, p in trainable]
+        names = {id(p): n for n, p in trainable}
+        entries = [("param", p, None, p) for p in params]  # (what, parameter, state key, tensor)
+        entries += [("optimizer_state", p, k, v) for p, k, v in state_tensors(self.optimizer, params)]
         known = norms or {}
-        for n, p in self._trainable():
-            entries.append(("param", n, _dense(p.detach()), known.get(("value", id(p)))))  # _dense: FSDP2 shard
-            for key, v in state_tensors(self.optimizer, [p]):
-                entries.append(("optimizer_state", f"{n}:{key[2]}", _dense(v), known.get(key)))
-        missing = [i for i, e in enumerate(entries) if e[3] is None]
-        if missing:
+        got = [known.get(("value", id(p)) if k is None else ("state", id(p), k)) for _, p, k, _ in entries]
+        missing = [i for i, x in enumerate(got) if x is None]
+        if missing:  # _dense: an FSDP2 DTensor's local shard, a sparse tensor's values
             with torch.no_grad():
-                got = torch.stack(l2_norms([entries[i][2] for i in missing])).tolist()
-            for i, v in zip(missing, got):
-                entries[i] = (*entries[i][:3], v)
+                got_here = torch.stack(l2_norms([_dense(entries[i][3].detach()) for i in missing])).tolist()
+            for i, x in zip(missing, got_here):
+                got[i] = x
         bad: dict[str, list[str]] = {}
-        for what, name, t, norm in entries:
-            if not math.isfinite(norm) and not bool(torch.isfinite(t).all()):
-                bad.setdefault(what, []).append(name)
+        for (what, p, k, t), x in zip(entries, got):
+            if not math.isfinite(x) and not bool(torch.isfinite(_dense(t.detach())).all()):
+                bad.setdefault(what, []).append(names[id(p)] if k is None else f"{names[id(p)]}:{k}")
         for what, lst in bad.items():
             self._record({"kind": "nonfinite", "step": self._step, "where": None, "count": 1,
                           "detail": {"what": what, "params": lst[:MAX_SAMPLES], "n_params": len(lst)}},
