@@ -5,7 +5,9 @@ Costs (1 thread; ``benchmarks/bench_snapshot.py``, figures in ``docs/parameter-i
 and ``docs/memory.md``): :func:`fingerprint` (the pre-step check) ~0.02–0.06 ms on
 GPT-2 small, the module walk cached; :func:`snapshot_body` one read of the values and
 one of the gradients of each distinct tensor (1.08× one ``_foreach_norm`` pass over
-both on GPT-2 small), ~1–3 ms on the default GPT; the tensor census
+both on GPT-2 small), and with :class:`Norms` of the optimizer state too, which the
+hazard drain's NaN/Inf check then reads no more (the whole snapshot 1.03–1.07× one
+pass over everything it reads, ``docs/memory.md``), ~1–3 ms on the default GPT; the tensor census
 (:mod:`optcheck.pytorch.census`) ~1 ms after the first, whatever else is alive.
 Facts used (``docs/parameter-identity.md``): ``optimizer.state`` is keyed by the
 Parameter object (``torch/optim/optimizer.py``), so ``ref = id(param)``;
