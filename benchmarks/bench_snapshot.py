@@ -36,7 +36,8 @@ a gradient), then times with one torch thread, ``--repeat`` times, interleaved:
   the work of one cadence snapshot against the median step, both scaled to ``--every 100``.
 
 Prints one table: median and [min–max] ms over the repeats; the ratios the goals
-are stated in (body / floor) are computed per repeat, then summarised the same way.
+are stated in (whole snapshot or body / a floor) are computed per repeat, then summarised
+the same way.
 CPU time of the process (``time.process_time``; with one torch thread it is the
 wall time of an idle machine, and far less disturbed by other processes on a shared
 one); still noisy there: read the ratios.
