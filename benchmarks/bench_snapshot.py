@@ -243,6 +243,10 @@ def main() -> None:
     ap.add_argument("--monitor", type=int, default=0, metavar="N",
                     help="also run N steps of the GPT-2-small shape under optcheck.Monitor(every=2)")
     args = ap.parse_args()
+    if args.monitor and args.small_only:
+        ap.error("--monitor runs the GPT-2-small shape: drop --small-only")
+    if args.monitor and args.monitor < 3:
+        ap.error("--monitor needs at least 3 steps (step 1 is left out, every=2)")
     torch.set_num_threads(1)
     models = {"default GPT": trained(GPTConfig())}
     if not args.small_only:
