@@ -70,8 +70,9 @@ class TorchProbe:
     def snapshot_body(self) -> dict:
         census = self.snapshots % CENSUS_EVERY == 0
         self.snapshots += 1
-        body = probe.snapshot_body(self.model, self.optimizer, census=census)
-        body["events"] = self.hazards.drain() + self.grad_clear.drain()
+        norms = probe.Norms() if self.hazards.wants_norms else None  # one read of every tensor
+        body = probe.snapshot_body(self.model, self.optimizer, census=census, norms=norms)
+        body["events"] = self.hazards.drain(norms) + self.grad_clear.drain()
         return body
 
     def versions(self) -> dict:

@@ -5,7 +5,9 @@ Costs (1 thread; ``benchmarks/bench_snapshot.py``, figures in ``docs/parameter-i
 and ``docs/memory.md``): :func:`fingerprint` (the pre-step check) ~0.02–0.06 ms on
 GPT-2 small, the module walk cached; :func:`snapshot_body` one read of the values and
 one of the gradients of each distinct tensor (1.08× one ``_foreach_norm`` pass over
-both on GPT-2 small), ~1–3 ms on the default GPT; the tensor census
+both on GPT-2 small), and with :class:`Norms` of the optimizer state too, which the
+hazard drain's NaN/Inf check then reads no more (the whole snapshot 1.03–1.07× one
+pass over everything it reads, ``docs/memory.md``), ~1–3 ms on the default GPT; the tensor census
 (:mod:`optcheck.pytorch.census`) ~1 ms after the first, whatever else is alive.
 Facts used (``docs/parameter-identity.md``): ``optimizer.state`` is keyed by the
 Parameter object (``torch/optim/optimizer.py``), so ``ref = id(param)``;
@@ -145,10 +147,13 @@ def _checksum(p: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
-def _norms(tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+def l2_norms(tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
     """L2 norms as 0-d float32 tensors (16-bit tensors accumulated in float32), None
     where there is no tensor: one ``torch._foreach_norm`` per (device, dtype) over the
-    dense ones, one read each; no device sync (:func:`_values` does that)."""
+    dense ones, one read each; a sparse tensor's norm is that of its coalesced values.
+    No device sync (:func:`_values` does that). A float32 sum of squares can overflow:
+    a finite tensor whose norm exceeds ~3.4e38 (values ~1e20 over 1,000 elements)
+    gets ``inf``."""
     out: list = [None] * len(tensors)
     buckets: dict[tuple, list[int]] = {}
     for i, t in enumerate(tensors):
@@ -210,7 +215,35 @@ class _Versions:
 _VERSIONS = _Versions()
 
 
-def params(model: torch.nn.Module, steps: dict[int, int | None] | None = None) -> list[dict]:
+class Norms(dict):
+    """The L2 norms one snapshot body read, as Python floats, for the hazard drain
+    (torch-side only: never written to a snapshot). Keys: ``("value", id(p))`` and
+    ``("grad", id(p))`` for every distinct model parameter, ``("state", id(p), k)`` for
+    every floating, non-empty optimizer-state tensor ``optimizer.state[p][k]`` of a
+    param-group member that requires grad (``exp_avg``, ``exp_avg_sq``, ``step``...).
+    A value is ``nan``/``inf`` when the tensor holds a NaN/Inf, and also when a finite
+    float32 tensor's sum of squares overflows (:func:`l2_norms`): a non-finite norm
+    calls for an exact ``isfinite`` check of that tensor, a finite one proves every
+    element finite. ``None`` where no norm was taken (no gradient). Valid only until
+    anything writes those tensors again (the drain runs right after the body)."""
+
+
+def state_tensors(optimizer: torch.optim.Optimizer, params: list) -> list[tuple[torch.Tensor, str, torch.Tensor]]:
+    """``(p, k, optimizer.state[p][k])`` for each floating, non-empty tensor in the
+    optimizer state of each ``p`` in ``params``: what the NaN/Inf check (OC501) reads
+    and :class:`Norms` holds as ``("state", id(p), k)``."""
+    out = []
+    get = optimizer.state.get
+    for p in params:
+        st = get(p)
+        if st:
+            out.extend((p, k, v) for k, v in st.items()
+                       if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 0)
+    return out
+
+
+def params(model: torch.nn.Module, steps: dict[int, int | None] | None = None,
+           optimizer: torch.optim.Optimizer | None = None, norms: Norms | None = None) -> list[dict]:
     """Param records of ``named_parameters(remove_duplicate=False)``: a tied weight
     appears under each of its names, with one ref.
 
@@ -218,15 +251,19 @@ def params(model: torch.nn.Module, steps: dict[int, int | None] | None = None) -
     gradient: ``grad_norm`` (L2 norm of ``.grad``) and ``value_norm`` (L2 norm of the
     values, float32: the parameter fingerprint :mod:`optcheck.verdict` compares) come
     from one ``torch._foreach_norm`` per device and dtype over values and gradients
-    together. ``checksum`` (:func:`_checksum`, a second read of the values) is taken
-    only where neither the version counter nor the optimizer's step count for the
-    tensor (``steps``: ``{id(param): state[param]["step"]}``, from :func:`state`)
-    moved since the tensor's last snapshot, or on its first one: fused optimizer
-    kernels and ``p.data`` writes do not bump the version counter
+    together. With ``norms`` (and ``optimizer``), the same call also reads the
+    optimizer state of every param-group member that requires grad
+    (:func:`state_tensors`), and ``norms`` is filled with every norm taken (:class:`Norms`:
+    the NaN/Inf check of parameters and state reads its answer there instead of
+    reading the tensors again). ``checksum`` (:func:`_checksum`, a second read of the
+    values) is taken only where neither the version counter nor the optimizer's step
+    count for the tensor (``steps``: ``{id(param): state[param]["step"]}``, from
+    :func:`state`) moved since the tensor's last snapshot, or on its first one: fused
+    optimizer kernels and ``p.data`` writes do not bump the version counter
     (``docs/parameter-identity.md``). Where either moved, ``checksum`` is None and
-    that signal says the tensor was stepped. One device sync for everything.
-    Cost on GPT-2 small (124.5 M parameters, 1 thread): one read of the values and
-    one of the gradients (``benchmarks/bench_snapshot.py``)."""
+    that signal says the tensor was stepped. One device sync for all the norms.
+    Cost on GPT-2 small (124.5 M parameters, 1 thread): one read of the values, one of
+    the gradients and, with ``norms``, one of the state (``benchmarks/bench_snapshot.py``)."""
     named = list(model.named_parameters(remove_duplicate=False))
     unique: dict[int, torch.Tensor] = {}
     for _, p in named:
@@ -234,14 +271,22 @@ def params(model: torch.nn.Module, steps: dict[int, int | None] | None = None) -
     tensors = list(unique.values())
     n = len(tensors)
     grads = [local(p.grad) if p.is_leaf else None for p in tensors]  # .grad on a non-leaf warns and is None
-    norms = _norms([local(p).detach() for p in tensors] + grads)
-    floats = {i: t for i, t in enumerate(norms) if t is not None}
+    extra = []
+    if norms is not None and optimizer is not None:
+        members = {id(p): p for g in optimizer.param_groups for p in g["params"] if p.requires_grad}
+        extra = state_tensors(optimizer, list(members.values()))
+    read = l2_norms([local(p).detach() for p in tensors] + grads + [local(v) for _, _, v in extra])
+    floats = {i: t for i, t in enumerate(read) if t is not None}
     steps = steps or {}
     sums = {id(p): _checksum(local(p)) for p in tensors if not _VERSIONS.moved(p, steps.get(id(p)))}
     got = _values(floats)
     checks = _values({k: c.long() for k, c in sums.items() if c is not None})
     value_norms = {k: got.get(i) for i, k in enumerate(unique)}
     grad_norms = {k: got.get(n + i) for i, k in enumerate(unique)}
+    if norms is not None:
+        norms.update((("value", k), v) for k, v in value_norms.items())
+        norms.update((("grad", k), v) for k, v in grad_norms.items())
+        norms.update((("state", id(p), k), got.get(2 * n + i)) for i, (p, k, _) in enumerate(extra))
     return [{
         "name": name, "ref": id(p), "data_ptr": p.data_ptr(), "shape": list(p.shape),
         "dtype": dtype_name(p.dtype), "device": str(p.device), "is_leaf": p.is_leaf,
@@ -277,7 +322,11 @@ def state(optimizer: torch.optim.Optimizer) -> tuple[list[dict], int]:
                 tensors[k] = {"shape": list(v.shape), "dtype": dtype_name(v.dtype)}
                 nbytes += local(v).numel() * v.element_size()  # FSDP2: the bytes this rank holds
                 if k == "step" and v.numel() == 1:
-                    steps[i] = v.detach().reshape(()).double()  # read below, one sync per device
+                    v = local(v)
+                    if v.device.type == "cpu":
+                        step = int(v.item())  # one call, no device to wait for
+                    else:
+                        steps[i] = v.detach().reshape(()).double()  # read below, one sync per device
             elif k == "step" and isinstance(v, (int, float)):
                 step = int(v)
         out.append({"ref": id(p), "step": step, "tensors": tensors})
@@ -340,13 +389,18 @@ def memory(state_bytes: int, census: bool = True, model: torch.nn.Module | None 
     return mem
 
 
-def snapshot_body(model: torch.nn.Module, optimizer: torch.optim.Optimizer, census: bool = True) -> dict:
+def snapshot_body(model: torch.nn.Module, optimizer: torch.optim.Optimizer, census: bool = True,
+                  norms: Norms | None = None) -> dict:
     """The backend part of a schema-1 snapshot (see ``optcheck.snapshot``):
     params, groups, state, optimizer, memory, notes. The caller adds step, phase,
-    trigger, loss, events and versions."""
+    trigger, loss, events and versions. ``norms`` (an empty :class:`Norms`): also read
+    the optimizer state in the same pass as values and gradients, and hand every norm
+    back there (for ``HazardProbes.drain(norms)``: one read of each tensor per
+    snapshot, ``docs/memory.md``)."""
     st, state_bytes = state(optimizer)
     return {
-        "params": params(model, {r["ref"]: r["step"] for r in st}), "groups": groups(optimizer), "state": st,
+        "params": params(model, {r["ref"]: r["step"] for r in st}, optimizer, norms), "groups": groups(optimizer),
+        "state": st,
         "optimizer": {"type": type(optimizer).__name__, "state_init": "lazy", "identity": "ref"},
         "memory": memory(state_bytes, census, model), "notes": [],
     }

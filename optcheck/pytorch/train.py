@@ -40,7 +40,9 @@ class NullHazards:
     def has_events(self) -> bool:
         return False
 
-    def drain(self) -> list[dict]:
+    wants_norms = False  # drain() reads no tensor: the snapshot body need not read the optimizer state
+
+    def drain(self, norms: dict | None = None) -> list[dict]:
         return []
 
     def remove(self) -> None:
@@ -218,8 +220,9 @@ class TorchBackend:
     def snapshot_body(self) -> dict:
         census = self.snapshots % CENSUS_EVERY == 0
         self.snapshots += 1
-        body = probe.snapshot_body(self.trainer.model, self.trainer.optimizer, census=census)
-        body["events"] = self.trainer.hazards.drain() + self.trainer.grad_clear.drain()
+        norms = probe.Norms() if self.trainer.hazards.wants_norms else None  # one read of every tensor
+        body = probe.snapshot_body(self.trainer.model, self.trainer.optimizer, census=census, norms=norms)
+        body["events"] = self.trainer.hazards.drain(norms) + self.trainer.grad_clear.drain()
         return body
 
     def exception_info(self, exc: BaseException) -> dict:

@@ -303,10 +303,11 @@ class HazardProbes(InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe
         """True when an event of a kind/place not seen before was recorded since the last drain."""
         return self._urgent
 
-    def drain(self) -> list[dict]:
+    def drain(self, norms: dict | None = None) -> list[dict]:
         """Events since the last drain (then forgotten), plus non-finite parameters and
-        optimizer state found now (checked here, at snapshot time)."""
-        self._check_state()
+        optimizer state found now (checked here, at snapshot time; from ``norms``, the
+        snapshot body's ``optcheck.pytorch.probe.Norms``, when given)."""
+        self._check_state(norms)
         out = list(self._events.values())
         self._events.clear()
         self._urgent = False

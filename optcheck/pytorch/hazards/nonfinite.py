@@ -8,6 +8,7 @@ import math
 import torch
 
 from optcheck.pytorch.hazards._tensors import MAX_SAMPLES, _dense
+from optcheck.pytorch.probe import l2_norms, state_tensors
 
 
 class NonfiniteProbe:
@@ -32,25 +33,35 @@ class NonfiniteProbe:
                               "detail": {"what": "grad", "params": bad[:MAX_SAMPLES], "n_params": len(bad)}},
                              key=("nonfinite", "grad"))
 
-    def _check_state(self) -> None:
-        tensors, names = [], []
-        for n, p in self._trainable():
-            tensors.append(_dense(p.detach()))  # _dense: FSDP2 DTensor -> local shard, no collective
-            names.append(("param", n))
-            for k, v in self.optimizer.state.get(p, {}).items():
-                if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 0:
-                    tensors.append(_dense(v))
-                    names.append(("optimizer_state", f"{n}:{k}"))
-        if not tensors:
-            return
-        with torch.no_grad():
-            ok = bool(torch.stack([x.float() for x in torch._foreach_norm(tensors)]).isfinite().all())
-        if ok:
-            return
+    #: ``drain(norms)`` takes the snapshot body's norms (``optcheck.pytorch.probe.Norms``)
+    wants_norms = True
+
+    def _check_state(self, norms: dict | None = None) -> None:
+        """NaN/Inf in the trainable parameters and their floating optimizer state, found
+        from one L2 norm per tensor: a finite norm proves every element finite. The norms
+        come from ``norms`` (``optcheck.pytorch.probe.Norms`` of the snapshot body taken
+        just before: those tensors are not read again); those it lacks are taken here,
+        one ``torch._foreach_norm`` per device and dtype (``probe.l2_norms``). Only a
+        tensor whose norm is NaN/Inf is read again, element by element (``isfinite``):
+        a finite float32 tensor whose sum of squares overflows (values ~1e20 over 1,000
+        elements) has an infinite norm and is no finding."""
+        trainable = self._trainable()
+        params = [p for _, p in trainable]
+        names = {id(p): n for n, p in trainable}
+        entries = [("param", p, None, p) for p in params]  # (what, parameter, state key, tensor)
+        entries += [("optimizer_state", p, k, v) for p, k, v in state_tensors(self.optimizer, params)]
+        known = norms or {}
+        got = [known.get(("value", id(p)) if k is None else ("state", id(p), k)) for _, p, k, _ in entries]
+        missing = [i for i, x in enumerate(got) if x is None]
+        if missing:  # _dense: an FSDP2 DTensor's local shard, a sparse tensor's values
+            with torch.no_grad():
+                got_here = torch.stack(l2_norms([_dense(entries[i][3].detach()) for i in missing])).tolist()
+            for i, x in zip(missing, got_here):
+                got[i] = x
         bad: dict[str, list[str]] = {}
-        for (what, name), t in zip(names, tensors):
-            if not bool(torch.isfinite(t).all()):
-                bad.setdefault(what, []).append(name)
+        for (what, p, k, t), x in zip(entries, got):
+            if not math.isfinite(x) and not bool(torch.isfinite(_dense(t.detach())).all()):
+                bad.setdefault(what, []).append(names[id(p)] if k is None else f"{names[id(p)]}:{k}")
         for what, lst in bad.items():
             self._record({"kind": "nonfinite", "step": self._step, "where": None, "count": 1,
                           "detail": {"what": what, "params": lst[:MAX_SAMPLES], "n_params": len(lst)}},
