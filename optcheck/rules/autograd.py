@@ -22,6 +22,13 @@ def describe_inplace(event: dict) -> str:
     says so and gives the window it happened in, never the line that saved the tensor."""
     d = event.get("detail") or {}
     t, saved, written = d.get("tensor") or {}, d.get("saved_by") or {}, d.get("written") or {}
+    if d.get("found_by") == "pytorch":  # PyTorch's own check fired: the probes were not armed on this step
+        made = f", output {t.get('output_nr')} of {t['grad_fn']}," if t.get("grad_fn") else ""
+        return (f"{t.get('type') or 'tensor'} {t.get('shape')}{made} saved for backward was written in place "
+                f"before backward() used it (version {d.get('saved_version')} -> {d.get('version')}; found by "
+                f"PyTorch's own version check in backward()); the op, module and line that wrote it are not "
+                f"known: optcheck's probes were not armed on this step (Monitor(hazards=\"always\") or soak "
+                f"--hazards always names them)")
     if written.get("where"):
         where = written["where"]
     elif str(written.get("detected_at", "")).startswith("unpack"):

@@ -204,12 +204,18 @@ class GraphCut(Rule):
                 what="loss has no grad_fn" if full else "graph cut", where=e.get("where") or "?",
                 module=module, why=f"lost grad_fn: {why}" if first else "", n=n,
                 names=names(params) + ("" if len(params) >= n else f" (+{n - len(params)} more)")).replace(" ;", ";")
-            out.append(self.finding(
+            f = self.finding(
                 snap, msg, subjects=params, key=f"{d.get('cut')}:{module}",
                 next_failure=(f"backward() raises RuntimeError: {d.get('pytorch_error')}"
                               if full and d.get("pytorch_error") else
                               "backward() runs, but no parameter gets a gradient: the model stops training "
                               "without an error" if full else f"{n} parameter(s) silently stop training"),
                 cut=d.get("cut"), first_step=e.get("step"), module=first.get("module"),
-                grad_enabled=first.get("grad_enabled"), cuts=d.get("cuts"), n_params_without_grad=n))
+                grad_enabled=first.get("grad_enabled"), cuts=d.get("cuts"), n_params_without_grad=n)
+            if d.get("named_at_step") and isinstance(e.get("step"), int):
+                # the PyTorch probes named it on an armed step after the first step without gradients
+                # (docs/hazards.md, "Armed on demand"): the finding is at that first step
+                f.step = e["step"]
+                f.detail["named_at_step"] = d["named_at_step"]
+            out.append(f)
         return out
