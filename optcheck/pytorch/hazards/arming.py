@@ -41,6 +41,16 @@ _PYTORCH_INPLACE = re.compile(
     r"expected version (?P<saved>\d+) instead")
 
 
+def _hooks_owner(pack) -> str:
+    """Why saved-tensor hooks of someone else keep the probes armed: a non-reentrant
+    checkpoint's (``torch/utils/checkpoint.py``: ``_checkpoint_hook`` in forward,
+    ``_recomputation_hook`` in backward), or others' (``save_on_cpu``, a user's own)."""
+    fn = getattr(pack, "__wrapped__", pack)  # torch._dynamo.disable wraps the checkpoint's
+    if getattr(fn, "__module__", None) == "torch.utils.checkpoint":
+        return "checkpoint (non-reentrant)"
+    return "foreign saved-tensor hooks"
+
+
 def pytorch_inplace_error(exc: BaseException) -> re.Match | None:
     """The parts of PyTorch's "one of the variables needed for gradient computation has been
     modified by an inplace operation" ``RuntimeError`` (None for any other exception)."""
@@ -54,6 +64,7 @@ class ArmingPolicy:
         self.mode = mode
         self.armed = False  # the running step is armed
         self.armed_reason: str | None = None
+        self._fresh = False  # the step context is entered armed and nothing ran in it yet
         self._arm_next: str | None = "start"
         self._sticky: str | None = "allow_inplace" if self.allow_inplace else None
         self.armed_steps = 0  # optimizer steps taken armed / in all (counted at the watched optimizer's step)
@@ -71,8 +82,11 @@ class ArmingPolicy:
 
     # -- the decision --------------------------------------------------------------------
     def arm(self, reason: str) -> None:
-        """Arm the next step (``reason`` goes to :meth:`stats`), e.g. after ``load_state_dict``."""
-        self._arm_next = self._arm_next or reason
+        """Arm the next step (``reason`` goes to :meth:`stats`), e.g. after ``load_state_dict``.
+        Nothing to do when the step about to run is armed already (its context entered, armed,
+        nothing run in it yet: the Monitor's first step, before its step-0 snapshot)."""
+        if not self._fresh:
+            self._arm_next = self._arm_next or reason
 
     def _decide(self) -> str | None:
         """Why the step starting now is armed, or None (unarmed)."""
@@ -102,7 +116,7 @@ class ArmingPolicy:
         version under them, so only the armed probes can: stay armed."""
         top = _top_hooks(False)
         if top is not None and top[0] is not self._pack_hook and not getattr(top[0], "optcheck", False):
-            self._stay_armed("foreign saved-tensor hooks")
+            self._stay_armed(_hooks_owner(top[0]))
 
     def stats(self) -> dict:
         """``summary.json``'s ``hazards``: mode, optimizer steps taken armed and in all, and

@@ -13,7 +13,7 @@ import torch
 
 from optcheck.pytorch.hazards._tensors import (_VERSION, _clean, _float_outputs, _float_tensors, _grad_fns, _ptr,
                                                _storage_ptr, _tensors)
-from optcheck.pytorch.hazards.arming import MODES, ArmingPolicy
+from optcheck.pytorch.hazards.arming import MODES, ArmingPolicy, _hooks_owner
 from optcheck.pytorch.hazards.graph_cut import GraphCutProbe
 from optcheck.pytorch.hazards.inplace import InplaceProbe, _is_recompute_pack, _top_hooks
 from optcheck.pytorch.hazards.nonfinite import NonfiniteProbe
@@ -58,7 +58,9 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         if mode not in MODES:
             raise ValueError(f"hazard probe mode must be one of {MODES}, got {mode!r}")
         self.model, self.optimizer = model, optimizer
-        self._hooks_on = mode == "always"  # module hooks installed (armed); unarmed steps have none
+        # module hooks installed (armed); unarmed steps have none, except under torch.compile: Dynamo guards on
+        # a module's hooks (adding or removing them recompiles), and inside the compiled forward they do nothing
+        self._hooks_on = mode == "always" or compiled
         self.compiled = compiled
         self.allow_inplace = allow_inplace
         self.grad_check_every = grad_check_every
@@ -142,6 +144,7 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         self._hooked = {}
 
     def _set_armed(self, on: bool) -> None:
+        on = on or self.compiled
         if on and self._dirty:
             self._hooks_on = True
             self._scan()
@@ -194,7 +197,7 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         self.armed, self.armed_reason = reason is not None, reason
         self._set_armed(self.armed)
         self._reset_step()
-        self._active = self.armed
+        self._active = self._fresh = self.armed
         try:
             if self.armed:
                 with torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack):
@@ -202,7 +205,7 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
             else:  # no hook: PyTorch's own version check is on (backward_failed reads its error)
                 yield self
         finally:
-            self._active = False
+            self._active = self._fresh = False
             self._release()
 
     def _pre(self, module, args):
@@ -226,7 +229,7 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
                 self._stay_armed("checkpoint (non-reentrant)")  # PyTorch checks no version in its recompute
                 self._compose(module, *top)
             elif not getattr(top[0], "optcheck", False):
-                self._stay_armed("foreign saved-tensor hooks")
+                self._stay_armed(_hooks_owner(top[0]))
         if self._live and sum(map(_VERSION, self._live)) != self._vsum:
             self._entering = name
             self._roots.extend(a.grad_fn for a in _tensors(args) if a.grad_fn is not None)
@@ -294,6 +297,7 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         that requires grad is recorded instead: backward would run), a non-finite
         loss (recorded)."""
         self._step = step
+        self._fresh = False
         self._before_backward_grads()
         if not self.armed and not self._removed:
             self._watch_foreign_hooks()
