@@ -24,7 +24,8 @@ saved-tensor hooks, or with ``allow_inplace``. Policy ``always`` arms every step
 from __future__ import annotations
 
 import re
-from operator import attrgetter, methodcaller
+from itertools import compress, repeat
+from operator import attrgetter, is_not, methodcaller
 
 import torch
 
@@ -71,6 +72,9 @@ class ArmingPolicy:
         self.steps = 0
         self.arm_reasons: dict[str, int] = {}
         self._got: set[int] = set()  # ids of parameters that got a gradient in a backward of this step
+        self._arrival_key = None  # _trainable_key the cached parameter list below was made for
+        self._arrival_ps: list = []
+        self._arrival_ids: tuple = ()
         self._got_prev: frozenset | None = None  # ... of the previous step
         self._prev_saved: frozenset | None = None  # _got_prev before this step's end (a replay restores it)
         self._gb: tuple | None = None  # grads (and their versions) before the running backward
@@ -126,13 +130,19 @@ class ArmingPolicy:
 
     # -- gradient arrival -----------------------------------------------------------------
     def _arrival_params(self) -> list:
-        return [p for _, p in self._trainable_all] if self._trainable_key is not None else []
+        """The optimizer's parameters (cached with the names of ``_trainable``)."""
+        if self._arrival_key is not self._trainable_key or self._trainable_key is None:
+            self._trainable()
+            self._arrival_ps = [p for _, p in self._trainable_all]
+            self._arrival_ids = tuple(map(id, self._arrival_ps))
+            self._arrival_key = self._trainable_key
+        return self._arrival_ps
 
     def _before_backward_grads(self) -> None:
         """Before a backward: each trainable parameter's ``.grad`` and its version counter."""
-        self._trainable()
         gb = list(map(_GRAD, self._arrival_params()))
-        if gb.count(None) == len(gb):  # zero_grad(set_to_none=True): nothing to compare
+        if not any(map(is_not, gb, repeat(None))):  # zero_grad(set_to_none=True): nothing to compare
+            # (not gb.count(None): list.count compares with ==, and Tensor == None runs a torch op)
             self._gb = None
         else:
             self._gb = (gb, [g._version if g is not None else -1 for g in gb])
@@ -142,8 +152,8 @@ class ArmingPolicy:
         replaces a missing gradient or adds in place, which bumps the version)."""
         ps = self._arrival_params()
         ga = list(map(_GRAD, ps))
-        if self._gb is None:
-            self._got.update(id(p) for p, g in zip(ps, ga) if g is not None)
+        if self._gb is None:  # C-level: the ids of the parameters whose .grad is set now
+            self._got.update(compress(self._arrival_ids, map(is_not, ga, repeat(None))))
         else:
             gb, vb = self._gb
             if len(gb) == len(ga):
