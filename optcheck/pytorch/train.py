@@ -55,8 +55,11 @@ def make_hazards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: 
         return NullHazards()
     from optcheck.pytorch.hazards import HazardProbes
 
-    return HazardProbes(model, optimizer, allow_inplace=cfg.allow_inplace,
-                        grad_check_every=int(cfg.extra.get("grad_check_every", 1)), mode=cfg.hazard_mode)
+    # with clipping, the gradients' NaN/Inf check reads clip_grad_norm_'s total norm (Trainer.train_step)
+    # instead of a second pass over every gradient
+    every = int(cfg.extra.get("grad_check_every", 0 if cfg.grad_clip else 1))
+    return HazardProbes(model, optimizer, allow_inplace=cfg.allow_inplace, grad_check_every=every,
+                        mode=cfg.hazard_mode)
 
 
 def lr_at(cfg: SoakConfig, step: int) -> float:
@@ -139,7 +142,9 @@ class Trainer:
         if replay:
             loss = self._replay(step, xb, yb, rng, first)
         if self.cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+            if not math.isfinite(norm) and hasattr(hz, "check_grads_now"):
+                hz.check_grads_now(step)  # a NaN/Inf gradient makes the total norm non-finite: name them
         self.optimizer.step()
         return float(loss.detach())
 

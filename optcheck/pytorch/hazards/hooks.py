@@ -335,6 +335,15 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
             self._trainable_key = key
         return [np for np in self._trainable_all if np[1].requires_grad]
 
+    def check_grads_now(self, step: int) -> None:
+        """The gradients' NaN/Inf check (OC501) now, whatever ``grad_check_every`` says (the soak
+        calls it when ``clip_grad_norm_``'s total norm is not finite)."""
+        every, self.grad_check_every = self.grad_check_every, 1
+        try:
+            self._check_grads_finite(self._trainable(), step)
+        finally:
+            self.grad_check_every = every
+
     def _after_step(self, optimizer, args, kwargs) -> None:
         """The watched optimizer stepped: judge cuts fed to it (graph_cut), then the step's
         gradient arrival (arming.py), and count the step."""
