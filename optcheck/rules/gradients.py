@@ -188,6 +188,12 @@ class GraphCut(Rule):
                 params_without_grad=["h.0.ln_1.weight", "h.0.ln_1.bias"],
                 first_module={"module": "h.0.ln_1", "why": "ran under no_grad", "grad_enabled": True})),),
                 "a cast under no_grad cuts the layers before it", step=500, param="h.0.ln_1.weight"),
+            Invalid((clean(30), with_events(clean(38), event(
+                "graph_cut", 37, "model.py:41", cut="partial", n_params_without_grad=2, named_at_step=38,
+                params_without_grad=["inp.weight", "inp.bias"],
+                first_module={"module": "mid", "why": "its input does not require grad", "grad_enabled": True})),),
+                "named by the armed step after the first step without gradients: found at that first step",
+                step=37, param="inp.weight"),
         ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:

@@ -281,3 +281,52 @@ def test_monitor_rejects_an_unknown_hazard_mode():
     model = nn.Linear(2, 1)
     with pytest.raises(ValueError, match="hazards must be"):
         optcheck.Monitor(model, torch.optim.SGD(model.parameters(), lr=0.1), hazards="sometimes")
+
+
+def test_without_zero_grad_the_soak_does_not_replay_and_pytorchs_check_still_stops_the_step():
+    tr = soak_trainer()
+    tr.zero_grad = False  # the no-zero-grad scenario: clearing .grad for a replay would change the step
+    with pytest.raises(StepStopped) as exc:
+        train(tr, 8, one_off_inplace)
+    d = exc.value.event["detail"]
+    assert exc.value.event["step"] == 5 and d["found_by"] == "pytorch" and "replayed" not in d
+    assert "modified by an inplace operation" in str(exc.value.__cause__)
+
+
+def nan_loss_at_4(trainer, logits, loss):
+    return loss * float("nan") if trainer.step_now == 4 else loss
+
+
+def test_a_nan_gradient_in_the_soak_is_named_from_the_clipped_norm():
+    tr = soak_trainer()
+    assert tr.hazards.grad_check_every == 0  # no second pass over the gradients: clip_grad_norm_'s norm
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 256, (4, 32)), rng.integers(0, 256, (4, 32))
+    tr.extra_forward.append(nan_loss_at_4)
+    events = {}
+    for step in range(1, 6):
+        tr.step_now = step
+        tr.train_step(step, x, y)
+        events[step] = {(e["kind"], e["detail"]["what"]) for e in tr.hazards.drain()}
+    assert ("nonfinite", "grad") in events[4] and ("nonfinite", "loss") in events[4]
+    assert not events[3]
+
+
+def test_monitor_load_state_dict_and_a_replaced_forward_arm_the_next_step(tmp_path):
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    with optcheck.Monitor(model, opt, every=100, on_finding="ignore") as mon:
+        for step in range(1, 41):
+            if step == 10:
+                mon.load_state_dict(mon.state_dict())  # a resume: the next step is armed
+            if step == 20:
+                inner = model.mid.forward
+                model.mid.forward = lambda h: inner(h) * 1.0  # a wrapper on the instance: a changed structure
+            loss = F.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    hz = mon.summary()["hazards"]
+    assert mon.findings == [] and hz["reasons"] == {"start": 1, "resume": 1, "structure": 1}, hz

@@ -105,6 +105,35 @@ class ArmingPolicy:
             reason = reason or "structure"
         return reason
 
+    def _hook_modules(self) -> None:
+        """Module hooks on every module of the model not hooked yet; off those no longer in it."""
+        for key, ref in self._mods.items():
+            m = ref()
+            have = self._hooked.get(key)
+            if m is not None and (have is None or have[0]() is not m):
+                self._hooked[key] = (ref, (m.register_forward_pre_hook(self._pre),
+                                           m.register_forward_hook(self._post, always_call=True)))
+        for key in [k for k in self._hooked if k not in self._mods]:
+            for h in self._hooked.pop(key)[1]:
+                h.remove()
+
+    def _unhook_modules(self) -> None:
+        """No module hook at all (an unarmed step): every module call takes
+        ``Module._call_impl``'s fast path again (``torch/nn/modules/module.py``)."""
+        for _, hs in self._hooked.values():
+            for h in hs:
+                h.remove()
+        self._hooked = {}
+
+    def _set_armed(self, on: bool) -> None:
+        on = on or self.compiled
+        if on and self._dirty:
+            self._hooks_on = True
+            self._scan()
+        elif on != self._hooks_on:
+            self._hooks_on = on
+            self._hook_modules() if on else self._unhook_modules()
+
     def _structure(self):
         """A cheap signature of the model's structure (two C-level maps over its modules): a
         ``forward`` replaced on an instance, children added or removed (``Sequential.insert``
@@ -216,6 +245,15 @@ class ArmingPolicy:
         if self.armed:
             self.armed_steps += 1
             self.arm_reasons[self.armed_reason] = self.arm_reasons.get(self.armed_reason, 0) + 1
+
+    def check_grads_now(self, step: int) -> None:
+        """The gradients' NaN/Inf check (OC501) now, whatever ``grad_check_every`` says (the soak
+        calls it when ``clip_grad_norm_``'s total norm is not finite)."""
+        every, self.grad_check_every = self.grad_check_every, 1
+        try:
+            self._check_grads_finite(self._trainable(), step)
+        finally:
+            self.grad_check_every = every
 
     # -- OC301 found by PyTorch's own check ----------------------------------------------------
     def backward_failed(self, exc: BaseException, step: int) -> None:
