@@ -116,6 +116,26 @@ def test_a_partial_cut_from_an_unarmed_step_on_is_named_at_its_first_step(tmp_pa
     assert set(f["subjects"]) == {"inp.weight", "inp.bias"} and "test_hazards_arming.py:" in f["message"]
     hz = mon.summary()["hazards"]
     assert hz["reasons"].get("gradient-arrival") == 1  # armed once for the new gradless set, not per step
+    events = [e for snap in read_jsonl(tmp_path / "run" / "snapshots.jsonl") for e in snap.get("events", [])
+              if e["kind"] == "graph_cut"]
+    # the armed step 38 named it (a hazard snapshot at once); the unarmed steps 39-60 merged into one event
+    assert [(e["step"], e["count"], e["detail"].get("last_step")) for e in events] == [(37, 1, None), (39, 22, 60)]
+
+
+@pytest.mark.parametrize("hazards,found", [(True, False), ("always", True)])
+def test_a_one_off_cut_is_what_auto_misses_and_always_finds(tmp_path, hazards, found):
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    with optcheck.Monitor(model, opt, every=100, on_finding="ignore", hazards=hazards) as mon:
+        for step in range(1, 50):
+            model.cut = step == BUG_AT  # gradless on one step only: fine again on the armed step after it
+            loss = F.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert [(f.code, f.step) for f in mon.findings] == ([("OC203", BUG_AT)] if found else [])
 
 
 def test_clean_loop_without_the_bug_is_silent_and_arms_no_more(tmp_path):
