@@ -17,7 +17,9 @@ time per step (snapshots included; the soak worker reports its own elapsed time 
 the final snapshot) and the median step time (``metrics.jsonl`` for the soak, the
 loop's own timer otherwise); it prints the median and the range over rounds, and
 the process CPU seconds per step beside them (less disturbed by other processes on
-a shared machine than wall time). Usage::
+a shared machine than wall time), and how many steps ran with the hazard probes
+armed (``summary.json``'s ``hazards``; docs/hazards.md: with the default ``auto``,
+the first step and the step after each snapshot). Usage::
 
     python benchmarks/bench_soak.py --steps 1000 --monitor-steps 300 --every 100 --repeat 5
 """
@@ -64,7 +66,7 @@ for step in range(1, steps + 1):
     last = loss.item()
     times.append(time.perf_counter() - ts)
 times.sort()
-print(time.perf_counter() - t0, times[len(times) // 2], time.process_time() - c0)
+print(time.perf_counter() - t0, times[len(times) // 2], time.process_time() - c0, -1)
 """
 
 # the zoo's train_gpt loop (tests/integration/monitor_zoo.py), timed per step; argv: steps threads every mode
@@ -112,29 +114,31 @@ with mon:
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - ts)
 times.sort()
-print(time.perf_counter() - t0, times[len(times) // 2], time.process_time() - c0)
+hz = (mon.summary().get("hazards") or {}) if mode == "all" else {}
+print(time.perf_counter() - t0, times[len(times) // 2], time.process_time() - c0, hz.get("armed_steps", -1))
 """
 
 
-def _run(code: str, *args) -> tuple[float, float, float]:
+def _run(code: str, *args) -> tuple[float, float, float, int]:
     out = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, check=True)
-    t, med, cpu = out.stdout.split()[-3:]
-    return float(t), float(med), float(cpu)
+    t, med, cpu, armed = out.stdout.split()[-4:]
+    return float(t), float(med), float(cpu), int(armed)
 
 
-def plain(steps: int, threads: int) -> tuple[float, float, float]:
+def plain(steps: int, threads: int) -> tuple[float, float, float, int]:
     """(training seconds, median step seconds, CPU seconds) of the plain soak loop."""
     return _run(PLAIN, steps, threads)
 
 
-def ordinary(steps: int, threads: int, every: int, mode: str) -> tuple[float, float, float]:
-    """(training seconds, median step seconds, CPU seconds) of the zoo's GPT loop; mode none|nohaz|all."""
+def ordinary(steps: int, threads: int, every: int, mode: str) -> tuple[float, float, float, int]:
+    """(training seconds, median step seconds, CPU seconds, steps the hazard probes ran armed or -1) of
+    the zoo's GPT loop; mode none|nohaz|all."""
     return _run(ORDINARY, steps, threads, every, mode, ROOT / "tests" / "integration")
 
 
-def soak(steps: int, every: int, threads: int, extra: list[str]) -> tuple[float, float, float]:
-    """(training seconds from the final snapshot, median step seconds from metrics.jsonl, process CPU
-    seconds of the whole soak, worker start-up included)."""
+def soak(steps: int, every: int, threads: int, extra: list[str]) -> tuple[float, float, float, int]:
+    """(training seconds from the final snapshot, median step seconds from metrics.jsonl, NaN (the
+    soak's CPU seconds are not measured), steps the hazard probes ran armed (summary.json) or -1)."""
     with tempfile.TemporaryDirectory() as d:
         proc = subprocess.run([sys.executable, "-m", "optcheck", "soak", "-q", "--steps", str(steps), "--every",
                                str(every), "--threads", str(threads), "--val-every", "0", "--out", d, *extra],
@@ -144,7 +148,8 @@ def soak(steps: int, every: int, threads: int, extra: list[str]) -> tuple[float,
             raise SystemExit(f"optcheck soak failed (exit {proc.returncode}): {proc.stderr.strip()[-400:]}")
         last = [json.loads(line) for line in snaps.read_text().splitlines()][-1]
         step_times = sorted(json.loads(line)["step_time_s"] for line in Path(d, "metrics.jsonl").read_text().splitlines())
-        return last["elapsed_s"], step_times[len(step_times) // 2], float("nan")
+        hz = json.loads(Path(d, "summary.json").read_text()).get("hazards") or {}
+        return last["elapsed_s"], step_times[len(step_times) // 2], float("nan"), hz.get("armed_steps", -1)
 
 
 def _fmt(ratios: list[float]) -> str:
@@ -176,7 +181,7 @@ def main() -> None:
                                                          lambda: ordinary(a.monitor_steps, a.threads, a.every, "nohaz")),
             f"Monitor(every={a.every})": ("ordinary loop", lambda: ordinary(a.monitor_steps, a.threads, a.every, "all")),
         })
-    res: dict[str, list[tuple[float, float, float]]] = {k: [] for k in runs}
+    res: dict[str, list[tuple[float, float, float, int]]] = {k: [] for k in runs}
     for r in range(a.repeat):  # interleaved: one of each per round
         for name, (_, fn) in runs.items():
             res[name].append(fn())
@@ -185,7 +190,8 @@ def main() -> None:
         ([f"ordinary loop: {a.monitor_steps} steps (4 micro-batches each)"] if a.only != "soak" else [])
     print(f"{'; '.join(what)}; --every {a.every}; {a.threads} thread(s); {a.repeat} interleaved rounds, fresh processes")
     print("ratio = this run / the same round's run without optcheck: median (min-max) over rounds")
-    print(f"{'configuration':34} {'ms/step':>8} {'ms/step ratio':>22} {'median step ratio':>22} {'CPU ratio':>10}")
+    print(f"{'configuration':34} {'ms/step':>8} {'ms/step ratio':>22} {'median step ratio':>22} {'CPU ratio':>10} "
+          f"{'armed':>9}")
     for name, (base, _) in runs.items():
         steps = a.steps if base == "plain soak loop" else a.monitor_steps
         ms = statistics.median(v[0] for v in res[name]) / steps * 1e3
@@ -193,7 +199,9 @@ def main() -> None:
         m_ratio = [v[1] / b[1] for v, b in zip(res[name], res[base])]
         cpu = [v[2] / b[2] for v, b in zip(res[name], res[base])]
         cpu_text = f"{statistics.median(cpu):.3f}x" if all(c == c for c in cpu) else "-"
-        print(f"{name:34} {ms:8.2f} {_fmt(t_ratio):>22} {_fmt(m_ratio):>22} {cpu_text:>10}")
+        armed = sorted({v[3] for v in res[name]})  # steps run with the hazard probes armed (summary.json)
+        armed_text = "-" if armed == [-1] else f"{'/'.join(map(str, armed))}/{steps}"
+        print(f"{name:34} {ms:8.2f} {_fmt(t_ratio):>22} {_fmt(m_ratio):>22} {cpu_text:>10} {armed_text:>9}")
 
 
 if __name__ == "__main__":

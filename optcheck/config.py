@@ -66,6 +66,9 @@ class SoakConfig:
             cuts, non-leaf ``.grad`` reads, non-finite values).
         allow_inplace: continue past an in-place write to a saved tensor
             (default: stop the step, as PyTorch's own check would have).
+        hazard_mode: "auto" (the probes' module and saved-tensor hooks armed on the
+            steps that need them; a failing step is re-run armed) or "always" (every
+            step); docs/hazards.md.
         step_timeout_s: the supervisor kills a worker that reports no step for
             this many seconds (0 = never).
     """
@@ -100,6 +103,7 @@ class SoakConfig:
     stop_on_finding: bool = False
     hazards: bool = True
     allow_inplace: bool = False
+    hazard_mode: str = "auto"
     step_timeout_s: float = 0.0
     run_id: str = ""
     work_dir: str = ""
@@ -123,6 +127,7 @@ class SoakConfig:
             need(isinstance(v, int) and v >= 0, "--" + name.replace("_", "-"), v, "must be a whole number >= 0")
         need(self.n_embd % self.n_head == 0, "--n-embd", self.n_embd,
              f"must be a multiple of --n-head ({self.n_head}): each head gets n_embd / n_head channels")
+        need(self.hazard_mode in ("auto", "always"), "--hazards", self.hazard_mode, "must be auto or always")
         need(0 <= self.seed <= MAX_SEED, "--seed", self.seed, f"must be in 0..{MAX_SEED} (2**63 - 1)")
         need(1 <= self.threads <= max_threads(), "--threads", self.threads,
              f"must be in 1..{max_threads()} (4 per CPU core of this machine)")

@@ -92,8 +92,11 @@ class Monitor:
         every: a snapshot every this many optimizer steps.
         out: run directory (``snapshots.jsonl``, ``findings.jsonl``,
             ``metrics.jsonl``, ``summary.json``); None keeps everything in memory.
-        hazards: autograd hazard probes on (in-place writes to saved tensors, cut
-            graphs, non-leaf ``.grad`` reads, non-finite values).
+        hazards: autograd hazard probes (in-place writes to saved tensors, cut
+            graphs, non-leaf ``.grad`` reads, non-finite values): True or "auto" (module
+            and saved-tensor hooks armed on the steps that need them, docs/hazards.md),
+            "always" (armed on every step: the write site of a one-off in-place write),
+            False (off).
         allow_inplace: record an in-place write to a saved tensor and let the step
             go on instead of raising ``StepStopped``.
         on_finding: "warn" | "raise" | "log" | "ignore". "raise" raises
@@ -116,12 +119,12 @@ class Monitor:
         TypeError: ``model`` is not an ``nn.Module``, or ``optimizer`` holds no
             ``torch.optim.Optimizer``.
         ValueError: ``on_finding`` or ``fail_on`` unknown, ``every`` < 1, a bad
-            ``ignore`` entry.
+            ``ignore`` entry, ``hazards`` not one of True, False, "auto", "always".
         optcheck.errors.InputError: ``out`` cannot be written.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, every: int = 100,
-                 out: str | None = None, hazards: bool = True, allow_inplace: bool = False,
+                 out: str | None = None, hazards: bool | str = True, allow_inplace: bool = False,
                  on_finding: str = "warn", fail_on: str = "warning", rule_config: RuleConfig | None = None,
                  run_id: str | None = None, append: bool = False, state: dict | None = None,
                  ignore: list[str] | None = None, ignore_config: str | bool = True):
@@ -133,6 +136,8 @@ class Monitor:
             raise ValueError(f"on_finding must be one of {ON_FINDING}, got {on_finding!r}")
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
+        if hazards not in (True, False, "auto", "always"):
+            raise ValueError(f"hazards must be True, False, 'auto' or 'always', got {hazards!r}")
         self._fail_on, self._fail_rank = fail_on, severity_rank(fail_on)
         # torch.compile(model) returns an OptimizedModule keeping the model as _orig_mod: watch the model
         compiled = type(model).__name__ == "OptimizedModule"
@@ -156,7 +161,8 @@ class Monitor:
         if hazards:
             from optcheck.pytorch.hazards import HazardProbes
 
-            self.hazards = HazardProbes(model, optimizer, allow_inplace=allow_inplace, compiled=compiled)
+            self.hazards = HazardProbes(model, optimizer, allow_inplace=allow_inplace, compiled=compiled,
+                                        mode="always" if hazards == "always" else "auto")
             self.hazards.on_stop = self._on_stop
         self.grad_clear = GradClearProbe(optimizer)
         self.seq = Sequencer(TorchProbe(model, optimizer, self.hazards, self.grad_clear), run_id=self.run_id,
@@ -234,6 +240,8 @@ class Monitor:
         self.seq.snapshots = int(state.get("snapshots", self.snapshots))
         self.every = int(state.get("every", self.every))
         self.seq.loss_first = state.get("loss_first", self.seq.loss_first)
+        if hasattr(self.hazards, "arm"):
+            self.hazards.arm("resume")
         if self._ctx is not None:
             self._exit_step()
             self._enter_step()
@@ -276,7 +284,8 @@ class Monitor:
                      threads=torch.get_num_threads(), crash=self._crash, stopped=self._stopped,
                      out=str(self.rundir.path) if self.rundir else None, started=self._started,
                      finished=utc_now() if self.closed else None, config={"every": self.every},
-                     not_checked=list(getattr(self.hazards, "not_checked", [])))
+                     not_checked=list(getattr(self.hazards, "not_checked", [])),
+                     hazards=self.hazards.stats() if hasattr(self.hazards, "stats") else None)
         sm.fill_findings(self.checker)
         sm.fill_timing(time.perf_counter() - seq.t0, seq.cost, self.checker.cost)
         return sm.to_dict()

@@ -131,6 +131,7 @@ class Summary:
     record_error: str | None = None
     garbled_lines: int = 0
     not_checked: list = field(default_factory=list)
+    hazards: dict | None = None          # the hazard probes' arming (docs/summary.md); None when off
     summary_version: int = SUMMARY_VERSION
 
     def fill_findings(self, checker: Checker) -> None:

@@ -70,6 +70,7 @@ class _State:
     stopped: dict | None = None
     done: dict | None = None
     garbled: int = 0
+    hazards: dict | None = None
 
 
 def default_out_dir() -> Path:
@@ -274,6 +275,7 @@ def _supervise(cfg: SoakConfig, out: Path, rundir: RunDir, corpus: dict, sig: Si
     sm.exit_code, sm.last_step, sm.snapshots = code, st.last_step, st.snapshots
     sm.crash, sm.stopped = st.crash, st.stopped
     sm.fill_findings(checker)
+    sm.hazards = st.hazards
     sm.loss_first, sm.loss_last = st.loss_first, done.get("loss_last", st.last_loss)
     for k in ("val_loss_first", "val_loss_last", "val_step_first", "val_step_last"):
         setattr(sm, k, done.get(k))
@@ -328,11 +330,13 @@ def _handle(msg: dict, st: _State, rundir: RunDir, checker: Checker, bar: Progre
     elif kind == "crash":
         st.crash = {k: v for k, v in msg.items() if k != "type"}
     elif kind == "stopped":
-        st.stopped = {k: v for k, v in msg.items() if k != "type"}
+        st.hazards = msg.get("hazards")
+        st.stopped = {k: v for k, v in msg.items() if k not in ("type", "hazards")}
         st.last_step = max(st.last_step, msg.get("step", 0))
         rundir.event({"kind": "stopped", **st.stopped})
     elif kind == "done":
         st.done = msg
+        st.hazards = msg.get("hazards")
         st.last_step = msg.get("step", st.last_step)
         bar.update(st.last_step, msg.get("loss_last"), len(checker.findings))
     elif kind == "garbled":

@@ -217,7 +217,7 @@ class Loop:
                 loss = be.train_step(step, x, y)
             except StepStopped as e:
                 seq.stopped(step, e.event)
-                self.stream.send("stopped", step=step, reason=str(e))
+                self.stream.send("stopped", step=step, reason=str(e), **self.hazard_stats())
                 return 0
             dt = time.perf_counter() - ts
             seq.loss(loss)
@@ -238,8 +238,15 @@ class Loop:
         self.stream.send("done", step=cfg.steps, loss_first=seq.loss_first, loss_last=seq.last_loss,
                          val_loss_first=self.val_first, val_loss_last=self.val_last,
                          val_step_first=self.val_steps[0] if self.val_steps else None,
-                         val_step_last=self.val_steps[-1] if self.val_steps else None)
+                         val_step_last=self.val_steps[-1] if self.val_steps else None, **self.hazard_stats())
         return 0
+
+    def hazard_stats(self) -> dict:
+        """``{"hazards": ...}`` for the done/stopped message: the hazard probes' arming
+        (``summary.json``'s ``hazards``), when the backend has probes that report it."""
+        stats = getattr(self.backend, "hazard_stats", None)
+        value = stats() if stats is not None else None
+        return {"hazards": value} if value else {}
 
 
 def run(backend: Backend, cfg: SoakConfig, stream: Stream) -> int:

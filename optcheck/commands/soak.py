@@ -135,6 +135,9 @@ def register(group: click.Group) -> None:
                   help="Intra-op threads (1 is fastest for the small default model on 2 cores).")
     @click.option("--stop-on-finding", is_flag=True, help="Stop the worker at the first finding of its pre-step check.")
     @click.option("--no-hazards", is_flag=True, help="Switch the autograd hazard probes off.")
+    @click.option("--hazards", "hazard_mode", type=click.Choice(["auto", "always"]), default="auto", show_default=True,
+                  help="When the hazard probes' hooks are armed: auto (the steps that need them; a failing step "
+                       "is re-run armed) or always (every step; docs/hazards.md).")
     @click.option("--allow-inplace", is_flag=True,
                   help="Continue past an in-place write to a saved tensor (default: stop that step).")
     @click.option("--val-every", type=INT, default=1000, show_default=True, help="Held-out loss every N steps (0: never).")
@@ -180,7 +183,7 @@ def register(group: click.Group) -> None:
                   help="Ranks: >= 2 runs the GPT under DDP with torch.distributed.run (gloo), one run "
                        "directory per rank in --out/rank-K (optcheck/distributed/).")
     def soak(steps, every, seed, seeds, python, data, vocab_size, out, injects, fail_on, backend, same_init, threads, stop_on_finding,
-             no_hazards, allow_inplace, val_every, eval_every, checkpoint_every, resume_at, memory_budget, lr,
+             no_hazards, hazard_mode, allow_inplace, val_every, eval_every, checkpoint_every, resume_at, memory_budget, lr,
              optimizer, n_layer, n_embd, n_head, block_size, batch_size, dotnet_runtime, torchsharp,
              dotnet_assembly, dotnet_trainer, dotnet_root, force, step_timeout, ignores, junit, plot, summary_md, baseline, speed_tolerance, memory_tolerance, quiet, nproc):
         """Soak-test a GPT training run and flag inconsistencies at the step they happen.
@@ -215,7 +218,7 @@ def register(group: click.Group) -> None:
         cfg = SoakConfig(
             backend=backends[0], steps=steps, every=every, seed=seed, data=data, vocab_size=vocab_size,
             inject=[Injection.parse(i) for i in injects], threads=threads, stop_on_finding=stop_on_finding,
-            hazards=not no_hazards, allow_inplace=allow_inplace, val_every=val_every, eval_every=eval_every,
+            hazards=not no_hazards, hazard_mode=hazard_mode, allow_inplace=allow_inplace, val_every=val_every, eval_every=eval_every,
             checkpoint_every=checkpoint_every, resume_at=resume_at, lr=lr, n_layer=n_layer, n_embd=n_embd,
             n_head=n_head, block_size=block_size, batch_size=batch_size, step_timeout_s=step_timeout, extra=extra)
         cfg.validate()  # every option before anything is created

@@ -127,6 +127,11 @@ def _watched(key: str):
         _IN_BACKWARD.append(True)
         try:
             out = _ORIG[key](tensors, *args, **kwargs)
+        except RuntimeError as e:  # PyTorch's version check on an unarmed step: StepStopped (OC301) from it
+            failed = getattr(mon.hazards, "backward_failed", None)
+            if failed is not None:
+                failed(e, mon.step_count + 1)
+            raise
         finally:
             _IN_BACKWARD.pop()
             mon._close_if_stopped()

@@ -21,6 +21,8 @@ from optcheck.data import BatchSchedule, Corpus, val_batches
 from optcheck.pytorch import probe
 from optcheck.pytorch.gpt import GPT, GPTConfig
 from optcheck.pytorch.grad_clear import GradClearProbe
+from optcheck.pytorch.hazards.arming import pytorch_inplace_error
+from optcheck.worker_loop import StepStopped
 
 CENSUS_EVERY = 10  # tensor census on every 10th snapshot (~1-2 ms after the first full walk; docs/memory.md)
 
@@ -55,8 +57,11 @@ def make_hazards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: 
         return NullHazards()
     from optcheck.pytorch.hazards import HazardProbes
 
-    return HazardProbes(model, optimizer, allow_inplace=cfg.allow_inplace,
-                        grad_check_every=int(cfg.extra.get("grad_check_every", 1)))
+    # with clipping, the gradients' NaN/Inf check reads clip_grad_norm_'s total norm (Trainer.train_step)
+    # instead of a second pass over every gradient
+    every = int(cfg.extra.get("grad_check_every", 0 if cfg.grad_clip else 1))
+    return HazardProbes(model, optimizer, allow_inplace=cfg.allow_inplace, grad_check_every=every,
+                        mode=cfg.hazard_mode)
 
 
 def lr_at(cfg: SoakConfig, step: int) -> float:
@@ -98,12 +103,54 @@ class Trainer:
         return model.configure_optimizers(c.lr, c.weight_decay, (c.beta1, c.beta2), c.eps)
 
     def train_step(self, step: int, x, y) -> float:
-        """One step on int64 arrays ``x``, ``y`` of shape (B, T); returns the loss."""
+        """One step on int64 arrays ``x``, ``y`` of shape (B, T); returns the loss.
+
+        With the hazard probes in mode "auto", a step run unarmed (no module or
+        saved-tensor hooks, docs/hazards.md) is re-run armed — same batch, the RNG state
+        of its start, gradients cleared; the optimizer has not stepped — when it failed
+        with PyTorch's "modified by an inplace operation" error, stopped on a loss
+        without ``grad_fn``, or parameters that had a gradient at the previous step got
+        none: the armed run names the write site, module and line at this step. Not
+        when ``zero_grad`` is off (the ``no-zero-grad`` scenario: earlier steps'
+        gradients are in ``.grad`` and clearing them would change the step); the
+        probes' next-step confirmation applies then.
+
+        Raises:
+            optcheck.worker_loop.StepStopped: a hazard stopped the step.
+            RuntimeError: PyTorch's own failure that no probe explains.
+        """
         xb, yb = torch.from_numpy(x), torch.from_numpy(y)
         for g in self.optimizer.param_groups:
             g["lr"] = lr_at(self.cfg, step)
+        hz = self.hazards
+        replayable = self.zero_grad and hasattr(hz, "replay")
+        rng = torch.get_rng_state() if replayable else None
         if self.zero_grad:
             self.optimizer.zero_grad(set_to_none=True)
+        first: BaseException | None = None
+        try:
+            loss = self._forward_backward(step, xb, yb)
+            replay = replayable and not hz.armed and hz.end_step(step)
+        except StepStopped as e:  # unarmed: a loss without grad_fn (the armed run names the module)
+            if not (replayable and not hz.armed):
+                raise
+            replay, first = True, e
+        except RuntimeError as e:  # unarmed: PyTorch's version check (the armed run names the write)
+            if not (replayable and not hz.armed and pytorch_inplace_error(e)):
+                if hasattr(hz, "backward_failed"):
+                    hz.backward_failed(e, step)
+                raise
+            replay, first = True, e
+        if replay:
+            loss = self._replay(step, xb, yb, rng, first)
+        if self.cfg.grad_clip:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+            if not math.isfinite(norm) and hasattr(hz, "check_grads_now"):
+                hz.check_grads_now(step)  # a NaN/Inf gradient makes the total norm non-finite: name them
+        self.optimizer.step()
+        return float(loss.detach())
+
+    def _forward_backward(self, step: int, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         with self.hazards.step_context(step):
             logits, loss = self.model(xb, yb)
             for hook in self.extra_forward:
@@ -111,10 +158,31 @@ class Trainer:
             self.hazards.check_loss(loss, step)
             loss.backward()
         self.hazards.after_backward(step)
-        if self.cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        self.optimizer.step()
-        return float(loss.detach())
+        return loss
+
+    def _replay(self, step: int, xb, yb, rng: torch.Tensor, first: BaseException | None) -> torch.Tensor:
+        """Re-run step ``step`` armed (see :meth:`train_step`); ``first`` is what stopped the
+        unarmed run (None after a gradient-arrival trigger)."""
+        torch.set_rng_state(rng)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.hazards.replay(step)
+        try:
+            loss = self._forward_backward(step, xb, yb)
+        except StepStopped as e:
+            e.event["detail"]["replayed"] = True
+            if pytorch_inplace_error(first) and e.event["kind"] == "inplace_on_saved":
+                e.event["detail"]["pytorch_error"] = str(first).split("\n", 1)[0]  # what PyTorch said
+            raise
+        except RuntimeError as e:
+            self.hazards.backward_failed(e, step)
+            raise
+        if isinstance(first, StepStopped):  # the armed run did not reproduce it: report the unarmed one
+            raise first
+        if first is not None:
+            self.hazards.backward_failed(first, step)
+            raise first
+        self.hazards.end_step(step)
+        return loss
 
     @torch.no_grad()
     def val_loss(self, batches: list) -> float:
@@ -216,6 +284,11 @@ class TorchBackend:
 
     def has_events(self) -> bool:
         return self.trainer.hazards.has_events() or self.trainer.grad_clear.has_events()
+
+    def hazard_stats(self) -> dict | None:
+        """The hazard probes' arming (``HazardProbes.stats``), None with ``--no-hazards``."""
+        stats = getattr(self.trainer.hazards, "stats", None)
+        return stats() if stats is not None else None
 
     def snapshot_body(self) -> dict:
         census = self.snapshots % CENSUS_EVERY == 0

@@ -22,6 +22,15 @@ def describe_inplace(event: dict) -> str:
     says so and gives the window it happened in, never the line that saved the tensor."""
     d = event.get("detail") or {}
     t, saved, written = d.get("tensor") or {}, d.get("saved_by") or {}, d.get("written") or {}
+    if d.get("found_by") == "pytorch":  # PyTorch's own check fired: the probes were not armed on this step
+        made = f", output {t.get('output_nr')} of {t['grad_fn']}," if t.get("grad_fn") else ""
+        why = ("the probes' hooks did not see it (saved outside the step they watch)" if d.get("armed") else
+               "optcheck's probes were not armed on this step (Monitor(hazards=\"always\") or soak "
+               "--hazards always names them)")
+        return (f"{t.get('type') or 'tensor'} {t.get('shape')}{made} saved for backward was written in place "
+                f"before backward() used it (version {d.get('saved_version')} -> {d.get('version')}; found by "
+                f"PyTorch's own version check in backward()); the op, module and line that wrote it are not "
+                f"known: {why}")
     if written.get("where"):
         where = written["where"]
     elif str(written.get("detected_at", "")).startswith("unpack"):
@@ -87,6 +96,15 @@ class InplaceOnSaved(Rule):
                 saved_by={"op": "BmmBackward0", "module": "h.0.attn", "where": "model.py:39"},
                 written={"module": "h.0.attn", "where": "model.py:36", "code": "k = cache.index_copy_(2, pos, k)"}))),
                 "a KV cache written in place while the graph uses it", step=500, param="h.0.attn"),
+            Invalid((clean(30), with_events(edit(clean(37), phase="pre-step", trigger="hazard"), event(
+                "inplace_on_saved", 37, None, tensor={"type": "torch.FloatTensor", "shape": [32, 16],
+                                                      "grad_fn": "Sigmoid", "output_nr": 0},
+                saved_version=0, version=1, phase="before backward", stopped=True, found_by="pytorch", armed=False,
+                saved_by={"op": None, "module": None, "where": None}, written={"where": None},
+                pytorch_error="one of the variables needed for gradient computation has been modified by an "
+                              "inplace operation: [torch.FloatTensor [32, 16]], which is output 0 of Sigmoid, "
+                              "is at version 1; expected version 0 instead."))),
+                "found by PyTorch's own version check on a step the probes ran unarmed", step=37),
         ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:

@@ -188,6 +188,12 @@ class GraphCut(Rule):
                 params_without_grad=["h.0.ln_1.weight", "h.0.ln_1.bias"],
                 first_module={"module": "h.0.ln_1", "why": "ran under no_grad", "grad_enabled": True})),),
                 "a cast under no_grad cuts the layers before it", step=500, param="h.0.ln_1.weight"),
+            Invalid((clean(30), with_events(clean(38), event(
+                "graph_cut", 37, "model.py:41", cut="partial", n_params_without_grad=2, named_at_step=38,
+                params_without_grad=["inp.weight", "inp.bias"],
+                first_module={"module": "mid", "why": "its input does not require grad", "grad_enabled": True})),),
+                "named by the armed step after the first step without gradients: found at that first step",
+                step=37, param="inp.weight"),
         ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
@@ -204,12 +210,18 @@ class GraphCut(Rule):
                 what="loss has no grad_fn" if full else "graph cut", where=e.get("where") or "?",
                 module=module, why=f"lost grad_fn: {why}" if first else "", n=n,
                 names=names(params) + ("" if len(params) >= n else f" (+{n - len(params)} more)")).replace(" ;", ";")
-            out.append(self.finding(
+            f = self.finding(
                 snap, msg, subjects=params, key=f"{d.get('cut')}:{module}",
                 next_failure=(f"backward() raises RuntimeError: {d.get('pytorch_error')}"
                               if full and d.get("pytorch_error") else
                               "backward() runs, but no parameter gets a gradient: the model stops training "
                               "without an error" if full else f"{n} parameter(s) silently stop training"),
                 cut=d.get("cut"), first_step=e.get("step"), module=first.get("module"),
-                grad_enabled=first.get("grad_enabled"), cuts=d.get("cuts"), n_params_without_grad=n))
+                grad_enabled=first.get("grad_enabled"), cuts=d.get("cuts"), n_params_without_grad=n)
+            if d.get("named_at_step") and isinstance(e.get("step"), int):
+                # the PyTorch probes named it on an armed step after the first step without gradients
+                # (docs/hazards.md, "Armed on demand"): the finding is at that first step
+                f.step = e["step"]
+                f.detail["named_at_step"] = d["named_at_step"]
+            out.append(f)
         return out

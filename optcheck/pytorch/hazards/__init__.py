@@ -13,6 +13,15 @@ hook interface of :class:`optcheck.pytorch.train.NullHazards`:
   ``{kind, step, where, count, detail}``) recorded since the last drain;
 - ``remove()``: unhook everything.
 
+Armed on demand (``mode="auto"``, the default; ``arming.py``, docs/hazards.md): the
+module and saved-tensor hooks below are installed on the steps that need them only —
+the first, the one after each snapshot, one whose modules changed, the one after
+parameters lost their gradients, and every step once a non-reentrant checkpoint or other
+saved-tensor hooks are seen. On the other steps PyTorch's own version check finds an
+in-place write (:meth:`HazardProbes.backward_failed` turns its error into the OC301
+event), and the loss, gradient NaN/Inf, non-leaf ``.grad`` and gradient-arrival checks
+run as always. ``mode="always"`` arms every step.
+
 What is recorded (event ``kind`` → rule):
 
 ``inplace_on_saved`` (OC301)
@@ -72,8 +81,8 @@ hooks do nothing inside the compiled forward (no graph break); see
 
 OC202 (grad-starved) needs no event: the snapshot's params carry ``grad``.
 
-Layout: ``hooks.py`` installs every hook and dispatches (:class:`HazardProbes`), one
-mixin per probe (``inplace.py``, ``graph_cut.py``, ``nonleaf.py``, ``nonfinite.py``),
+Layout: ``hooks.py`` installs every hook and dispatches (:class:`HazardProbes`), ``arming.py``
+decides which steps are armed, one mixin per probe (``inplace.py``, ``graph_cut.py``, ``nonleaf.py``, ``nonfinite.py``),
 ``source.py`` finds user frames and source lines, ``_tensors.py`` holds tensor helpers.
 """
 

@@ -110,6 +110,12 @@ class GraphCutProbe:
             where = _backward_caller()  # the line that called backward(): the loss is made just above it
             what = ("no module output lost grad_fn: the loss was computed from a detached tensor "
                     "(.detach(), .item(), .data, numpy) after the model's forward")
+            if not self.armed and not self.compiled and not (loss.requires_grad and loss.is_leaf):
+                first = {"module": "a module not known", "call": -1, "how": "unarmed", "grad_enabled": None,
+                         "where": where, "code": None,
+                         "why": ("optcheck's module hooks were not armed on this step (Monitor(hazards=\"always\") "
+                                 "or soak --hazards always names the module)")}
+                what = f"the module that lost grad_fn is not known: {first['why']}"
             if not self._calls and self.compiled:
                 first = {"module": "the model's compiled forward", "call": -1, "how": "compiled",
                          "grad_enabled": None, "where": where, "code": None,
@@ -121,6 +127,7 @@ class GraphCutProbe:
                 what = ("no module output lost grad_fn: the loss is a new leaf tensor that requires grad "
                         "(e.g. torch.tensor(loss.item(), requires_grad=True)), not connected to the model")
         detail = {"cut": "full", "loss_requires_grad": loss.requires_grad, "grad_enabled_at_loss": grad_on,
+                  "armed": self.armed,
                   "first_module": first,
                   "modules_without_grad_fn": [c["module"] for c in self._judged_cuts(full=True)][:MAX_SAMPLES],
                   "n_params_without_grad": len(trainable), "params_without_grad": trainable[:MAX_SAMPLES],
@@ -228,5 +235,8 @@ class GraphCutProbe:
         detail = {"cut": "partial", "first_module": first, "cuts": [c["module"] for c in cuts][:MAX_SAMPLES],
                   "n_cuts": len(cuts), "n_params_without_grad": len(affected),
                   "params_without_grad": affected[:MAX_SAMPLES]}
-        self._record({"kind": "graph_cut", "step": self._step, "where": first.get("where"), "count": 1,
-                      "detail": detail}, key=("graph_cut", first["module"], first["how"]))
+        event = {"kind": "graph_cut", "step": self._step, "where": first.get("where"), "count": 1, "detail": detail}
+        key = ("graph_cut", first["module"], first["how"])
+        named = set(affected)
+        self._confirmed_cut(event, key, frozenset(id(p) for n, p in starved if n in named))  # arming.py
+        self._record(event, key=key)

@@ -13,6 +13,7 @@ import torch
 
 from optcheck.pytorch.hazards._tensors import (_VERSION, _clean, _float_outputs, _float_tensors, _grad_fns, _ptr,
                                                _storage_ptr, _tensors)
+from optcheck.pytorch.hazards.arming import MODES, ArmingPolicy, _hooks_owner
 from optcheck.pytorch.hazards.graph_cut import GraphCutProbe
 from optcheck.pytorch.hazards.inplace import InplaceProbe, _is_recompute_pack, _top_hooks
 from optcheck.pytorch.hazards.nonfinite import NonfiniteProbe
@@ -30,7 +31,7 @@ NOT_CHECKED_UNDER_COMPILE = (
 )
 
 
-class HazardProbes(InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe):
+class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe):
     """Autograd hazard probes for one model and optimizer (see the package docstring).
 
     Args:
@@ -42,16 +43,24 @@ class HazardProbes(InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe
             (1 = every step; 0 = only at drain time via the optimizer state).
         compiled: the model is run through ``torch.compile`` (``model`` is the module it
             wraps): :attr:`not_checked` then lists what the probes cannot see.
+        mode: "auto" (arm the module and saved-tensor hooks on the steps the policy picks,
+            ``optcheck/pytorch/hazards/arming.py``) or "always" (every step).
 
     Raises (from the hooks):
         optcheck.worker_loop.StepStopped: an in-place write to a saved tensor
             (unless ``allow_inplace``), or a loss without ``grad_fn``; ``.event``
             is the schema-1 event (it is *not* also returned by :meth:`drain`).
+        ValueError: ``mode`` is not one of :data:`MODES`.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, allow_inplace: bool = False,
-                 grad_check_every: int = 1, compiled: bool = False):
+                 grad_check_every: int = 1, compiled: bool = False, mode: str = "auto"):
+        if mode not in MODES:
+            raise ValueError(f"hazard probe mode must be one of {MODES}, got {mode!r}")
         self.model, self.optimizer = model, optimizer
+        # module hooks installed (armed); unarmed steps have none, except under torch.compile: Dynamo guards on
+        # a module's hooks (adding or removing them recompiles), and inside the compiled forward they do nothing
+        self._hooks_on = mode == "always" or compiled
         self.compiled = compiled
         self.allow_inplace = allow_inplace
         self.grad_check_every = grad_check_every
@@ -80,6 +89,7 @@ class HazardProbes(InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe
         self._trainable_key: tuple | None = None
         self._trainable_all: list[tuple[str, torch.Tensor]] = []
         self._install_warning_hook()
+        self._init_arming(mode)
         self._reset_step()
 
     @property
@@ -95,17 +105,18 @@ class HazardProbes(InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe
         root = type(self.model).__name__
         names: dict[int, str] = {}
         self._nchild: dict[int, int] = {}
+        mods = {}
         for name, m in self.model.named_modules():
             names.setdefault(id(m), _clean(name) or root)
             self._nchild[id(m)] = len(m._modules)
-            have = self._hooked.get(id(m))
-            if have is None or have[0]() is not m:
-                self._hooked[id(m)] = (weakref.ref(m), (m.register_forward_pre_hook(self._pre),
-                                                        m.register_forward_hook(self._post, always_call=True)))
-        for key in [k for k in self._hooked if k not in names]:
-            for h in self._hooked.pop(key)[1]:
-                h.remove()
+            mods.setdefault(id(m), m)
+        self._mods = {k: weakref.ref(m) for k, m in mods.items()}
+        self._mod_dicts = [m.__dict__ for m in mods.values()]
+        self._mod_children = [m._modules for m in mods.values()]
+        self._struct = self._structure()
         self._names = names
+        if self._hooks_on:
+            self._hook_modules()
         self._param_names = {}
         for name, p in self.model.named_parameters():
             self._param_names.setdefault(id(p), _clean(name))
@@ -150,14 +161,22 @@ class HazardProbes(InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe
         if self._removed:
             yield self
             return
+        if self._step and self._step != step and self._ended != self._step:
+            self.end_step(self._step)  # the watched optimizer did not step (or another one is stepping)
         self._step = step
+        reason = self._decide()
+        self.armed, self.armed_reason = reason is not None, reason
+        self._set_armed(self.armed)
         self._reset_step()
-        self._active = True
+        self._active = self._fresh = self.armed
         try:
-            with torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack):
+            if self.armed:
+                with torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack):
+                    yield self
+            else:  # no hook: PyTorch's own version check is on (backward_failed reads its error)
                 yield self
         finally:
-            self._active = False
+            self._active = self._fresh = False
             self._release()
 
     def _pre(self, module, args):
@@ -176,8 +195,12 @@ class HazardProbes(InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe
             self._scan()
             name = self._names.get(id(module), name)
         top = _top_hooks(False)
-        if top is not None and top[0] is not self._pack_hook and _is_recompute_pack(top[0]):
-            self._compose(module, *top)
+        if top is not None and top[0] is not self._pack_hook:
+            if _is_recompute_pack(top[0]):
+                self._stay_armed("checkpoint (non-reentrant)")  # PyTorch checks no version in its recompute
+                self._compose(module, *top)
+            elif not getattr(top[0], "optcheck", False):
+                self._stay_armed(_hooks_owner(top[0]))
         if self._live and sum(map(_VERSION, self._live)) != self._vsum:
             self._entering = name
             self._roots.extend(a.grad_fn for a in _tensors(args) if a.grad_fn is not None)
@@ -245,6 +268,10 @@ class HazardProbes(InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe
         that requires grad is recorded instead: backward would run), a non-finite
         loss (recorded)."""
         self._step = step
+        self._fresh = False
+        self._before_backward_grads()
+        if not self.armed and not self._removed:
+            self._watch_foreign_hooks()
         if self._active:
             self._check_versions("check_loss (after the model's forward, before backward)")
             self._last = ("loss", -1)
@@ -264,6 +291,7 @@ class HazardProbes(InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe
         parameters at or before a cut got no gradient) and check gradients."""
         self._in_backward = False
         trainable = self._trainable()
+        self._after_backward_grads()
         self._judge_at_backward(trainable)
         self._check_grads_finite(trainable, step)
 
@@ -278,13 +306,22 @@ class HazardProbes(InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe
             self._trainable_key = key
         return [np for np in self._trainable_all if np[1].requires_grad]
 
-    def _stop(self, msg: str, event: dict) -> None:
+    def _after_step(self, optimizer, args, kwargs) -> None:
+        """The watched optimizer stepped: judge cuts fed to it (graph_cut), then the step's
+        gradient arrival (arming.py), and count the step."""
+        GraphCutProbe._after_step(self, optimizer, args, kwargs)
+        if torch.compiler.is_compiling() or self._removed:
+            return
+        self.end_step(self._step)
+        self._count_step()
+
+    def _stop(self, msg: str, event: dict, cause: BaseException | None = None) -> None:
         """Raise StepStopped, after telling ``on_stop`` (a Monitor records the finding
         there, before the exception unwinds the user's forward)."""
         exc = StepStopped(msg, event)
         if self.on_stop is not None:
             self.on_stop(exc)
-        raise exc
+        raise exc from cause
 
     def _record(self, event: dict, key: tuple) -> None:
         """Merge ``event`` into the pending one of the same ``key`` (count summed,
@@ -308,6 +345,7 @@ class HazardProbes(InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe
         optimizer state found now (checked here, at snapshot time; from ``norms``, the
         snapshot body's ``optcheck.pytorch.probe.Norms``, when given)."""
         self._check_state(norms)
+        self.arm("snapshot")  # one armed step per snapshot interval: the step after it
         out = list(self._events.values())
         self._events.clear()
         self._urgent = False
@@ -328,10 +366,8 @@ class HazardProbes(InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe
         for h in self._handles:
             h.remove()
         self._handles = []
-        for _, hs in self._hooked.values():
-            for h in hs:
-                h.remove()
-        self._hooked = {}
+        self._unhook_modules()
+        self._hooks_on = False
         self._remove_warning_hook()
         self._active = False
         self._removed = True

@@ -184,6 +184,11 @@ class InplaceProbe:
                 self._candidate(out, frame.f_code, _function_span(frame.f_code)[0], frame.f_lineno - 1,
                                 pick_last=True, aliases=_aliases(frame, rec[0]))
                 out["frame"] = _where(frame.f_code, frame.f_lineno)
+            if not out.get("where") and detected_at.startswith("check_loss") and rec[3] is not None \
+                    and not _internal(rec[3].co_filename):
+                # a function that returned before check_loss saved it (a loss hook): the write usually
+                # follows the save there
+                self._candidate(out, rec[3], rec[4], _function_span(rec[3])[1], pick_last=False)
         return out
 
     @staticmethod

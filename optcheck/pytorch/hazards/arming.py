@@ -1,0 +1,277 @@
+"""When the hazard probes are armed (mixin of :class:`HazardProbes`; docs/hazards.md,
+"Armed on demand").
+
+Armed, a step runs with every module hook and the saved-tensor hooks (write site,
+module and line of an OC301; the module of an OC203). Unarmed, none of them is
+installed: PyTorch's own version check stays on (``torch/csrc/autograd/saved_variable.cpp``
+checks every saved tensor's version at ``backward()`` when no saved-tensor hooks are
+set), so an in-place write to a saved tensor still fails there, and
+:meth:`ArmingPolicy.backward_failed` turns that ``RuntimeError`` into the OC301 event.
+What runs on every step, armed or not: the loss checks, the gradient NaN/Inf check, the
+non-leaf ``.grad`` warning hook and the gradient-arrival check (which trainable
+parameters got a gradient in each backward: their ``.grad`` identity and version
+counter before and after, one C-level ``map`` each).
+
+Policy ``auto`` arms: the first step (and the step after :meth:`arm`, e.g. a resume),
+the step after each snapshot (:meth:`drain`), a step whose module structure changed
+(a sub-module registered, a container's children, a ``forward`` replaced on an
+instance), the step after a *trigger* (trainable parameters that got a gradient at the
+previous step got none at this one, as a set not confirmed clean already), and every
+step for good once an armed step saw a non-reentrant checkpoint's recompute or foreign
+saved-tensor hooks, or with ``allow_inplace``. Policy ``always`` arms every step.
+"""
+
+from __future__ import annotations
+
+import re
+from itertools import compress, repeat
+from operator import attrgetter, is_not, methodcaller
+
+import torch
+
+from optcheck.rules.autograd import describe_inplace
+
+MODES = ("auto", "always")
+_GRAD = attrgetter("grad")
+_FORWARD = methodcaller("get", "forward")  # a forward replaced on the instance lives in its __dict__
+_top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+# torch/csrc/autograd/saved_variable.cpp (SavedVariable::unpack), torch 2.x wording
+_PYTORCH_INPLACE = re.compile(
+    r"modified by an inplace operation: \[(?P<type>[\w.]+) \[(?P<shape>[^\]]*)\]\]"
+    r"(?:, which is output (?P<nr>\d+) of (?P<node>\w+),)? is at version (?P<version>\d+); "
+    r"expected version (?P<saved>\d+) instead")
+
+
+def _hooks_owner(pack) -> str:
+    """Why saved-tensor hooks of someone else keep the probes armed: a non-reentrant
+    checkpoint's (``torch/utils/checkpoint.py``: ``_checkpoint_hook`` in forward,
+    ``_recomputation_hook`` in backward), or others' (``save_on_cpu``, a user's own)."""
+    fn = getattr(pack, "__wrapped__", pack)  # torch._dynamo.disable wraps the checkpoint's
+    if getattr(fn, "__module__", None) == "torch.utils.checkpoint":
+        return "checkpoint (non-reentrant)"
+    return "foreign saved-tensor hooks"
+
+
+def pytorch_inplace_error(exc: BaseException) -> re.Match | None:
+    """The parts of PyTorch's "one of the variables needed for gradient computation has been
+    modified by an inplace operation" ``RuntimeError`` (None for any other exception)."""
+    return _PYTORCH_INPLACE.search(str(exc)) if isinstance(exc, RuntimeError) else None
+
+
+class ArmingPolicy:
+    """Arming policy and the checks of unarmed steps (see the module docstring)."""
+
+    def _init_arming(self, mode: str) -> None:
+        self.mode = mode
+        self.armed = False  # the running step is armed
+        self.armed_reason: str | None = None
+        self._fresh = False  # the step context is entered armed and nothing ran in it yet
+        self._arm_next: str | None = "start"
+        self._sticky: str | None = "allow_inplace" if self.allow_inplace else None
+        self.armed_steps = 0  # optimizer steps taken armed / in all (counted at the watched optimizer's step)
+        self.steps = 0
+        self.arm_reasons: dict[str, int] = {}
+        self._got: set[int] = set()  # ids of parameters that got a gradient in a backward of this step
+        self._arrival_key = None  # _trainable_key the cached parameter list below was made for
+        self._arrival_ps: list = []
+        self._arrival_ids: tuple = ()
+        self._got_prev: frozenset | None = None  # ... of the previous step
+        self._prev_saved: frozenset | None = None  # _got_prev before this step's end (a replay restores it)
+        self._gb: tuple | None = None  # grads (and their versions) before the running backward
+        self._ended = 0  # the last step whose gradient arrival was judged
+        self._clean_sets: set[frozenset] = set()  # gradless sets an armed step found no cut for
+        self._trigger: tuple | None = None  # (step, frozenset of ids): a gradless set waiting for an armed step
+        self._cut_sets: dict[tuple, tuple] = {}  # event key -> (ids of its parameters, event): confirmed cuts
+        self._struct = self._structure()
+
+    # -- the decision --------------------------------------------------------------------
+    def arm(self, reason: str) -> None:
+        """Arm the next step (``reason`` goes to :meth:`stats`), e.g. after ``load_state_dict``.
+        Nothing to do when the step about to run is armed already (its context entered, armed,
+        nothing run in it yet: the Monitor's first step, before its step-0 snapshot)."""
+        if not self._fresh:
+            self._arm_next = self._arm_next or reason
+
+    def _decide(self) -> str | None:
+        """Why the step starting now is armed, or None (unarmed)."""
+        if self.mode == "always":
+            return "always"
+        if self._sticky:
+            return self._sticky
+        reason, self._arm_next = self._arm_next, None
+        struct = self._structure()
+        if struct != self._struct or self._dirty:
+            self._struct = struct
+            reason = reason or "structure"
+        return reason
+
+    def _hook_modules(self) -> None:
+        """Module hooks on every module of the model not hooked yet; off those no longer in it."""
+        for key, ref in self._mods.items():
+            m = ref()
+            have = self._hooked.get(key)
+            if m is not None and (have is None or have[0]() is not m):
+                self._hooked[key] = (ref, (m.register_forward_pre_hook(self._pre),
+                                           m.register_forward_hook(self._post, always_call=True)))
+        for key in [k for k in self._hooked if k not in self._mods]:
+            for h in self._hooked.pop(key)[1]:
+                h.remove()
+
+    def _unhook_modules(self) -> None:
+        """No module hook at all (an unarmed step): every module call takes
+        ``Module._call_impl``'s fast path again (``torch/nn/modules/module.py``)."""
+        for _, hs in self._hooked.values():
+            for h in hs:
+                h.remove()
+        self._hooked = {}
+
+    def _set_armed(self, on: bool) -> None:
+        on = on or self.compiled
+        if on and self._dirty:
+            self._hooks_on = True
+            self._scan()
+        elif on != self._hooks_on:
+            self._hooks_on = on
+            self._hook_modules() if on else self._unhook_modules()
+
+    def _structure(self):
+        """A cheap signature of the model's structure (two C-level maps over its modules): a
+        ``forward`` replaced on an instance, children added or removed (``Sequential.insert``
+        writes ``_modules`` without the registration hook)."""
+        return tuple(map(_FORWARD, self._mod_dicts)), tuple(map(len, self._mod_children))
+
+    def _stay_armed(self, why: str) -> None:
+        self._sticky = self._sticky or why
+
+    def _watch_foreign_hooks(self) -> None:
+        """Unarmed, at ``check_loss``: saved-tensor hooks of someone else on the stack
+        (``torch.autograd.graph.save_on_cpu``, a non-reentrant checkpoint): PyTorch checks no
+        version under them, so only the armed probes can: stay armed."""
+        top = _top_hooks(False)
+        if top is not None and top[0] is not self._pack_hook and not getattr(top[0], "optcheck", False):
+            self._stay_armed(_hooks_owner(top[0]))
+
+    def stats(self) -> dict:
+        """``summary.json``'s ``hazards``: mode, optimizer steps taken armed and in all, and
+        how many armed steps each reason armed (docs/summary.md)."""
+        return {"mode": self.mode, "armed_steps": self.armed_steps, "steps": self.steps,
+                "reasons": dict(sorted(self.arm_reasons.items())), "stays_armed": self._sticky}
+
+    # -- gradient arrival -----------------------------------------------------------------
+    def _arrival_params(self) -> list:
+        """The optimizer's parameters (cached with the names of ``_trainable``)."""
+        if self._arrival_key is not self._trainable_key or self._trainable_key is None:
+            self._trainable()
+            self._arrival_ps = [p for _, p in self._trainable_all]
+            self._arrival_ids = tuple(map(id, self._arrival_ps))
+            self._arrival_key = self._trainable_key
+        return self._arrival_ps
+
+    def _before_backward_grads(self) -> None:
+        """Before a backward: each trainable parameter's ``.grad`` and its version counter."""
+        gb = list(map(_GRAD, self._arrival_params()))
+        if not any(map(is_not, gb, repeat(None))):  # zero_grad(set_to_none=True): nothing to compare
+            # (not gb.count(None): list.count compares with ==, and Tensor == None runs a torch op)
+            self._gb = None
+        else:
+            self._gb = (gb, [g._version if g is not None else -1 for g in gb])
+
+    def _after_backward_grads(self) -> None:
+        """After it: the parameters whose ``.grad`` is new or was added to (AccumulateGrad
+        replaces a missing gradient or adds in place, which bumps the version)."""
+        ps = self._arrival_params()
+        ga = list(map(_GRAD, ps))
+        if self._gb is None:  # C-level: the ids of the parameters whose .grad is set now
+            self._got.update(compress(self._arrival_ids, map(is_not, ga, repeat(None))))
+        else:
+            gb, vb = self._gb
+            if len(gb) == len(ga):
+                self._got.update(id(p) for p, a, b, v in zip(ps, ga, gb, vb)
+                                 if a is not None and (a is not b or a._version != v))
+        self._gb = None
+
+    def end_step(self, step: int) -> bool:
+        """Judge the gradient arrival of step ``step`` (once; at the watched optimizer's step, or
+        before it when the soak calls it). Unarmed: merge the steps of confirmed cuts whose
+        parameters are still gradless, and set a trigger (arm the next step) for a new gradless
+        set. Armed after a trigger: a set still gradless without a cut is confirmed clean.
+        Returns True when this (unarmed) step set a trigger."""
+        if self._ended == step:
+            return False
+        self._ended = step
+        got, self._got = frozenset(self._got), set()
+        prev, self._prev_saved, self._got_prev = self._got_prev, self._got_prev, got
+        if self.armed:
+            if self._trigger is not None:  # not consumed by a cut: no cut explains it
+                _, lost = self._trigger
+                self._trigger = None
+                if not (lost & got):  # still gradless, armed, no cut: legitimately unused (an auxiliary head)
+                    self._clean_sets.add(lost)
+            return False
+        for key, (ids, ev) in self._cut_sets.items():  # a confirmed cut goes on: same event, this step
+            if ids and not (ids & got):
+                self._record({**ev, "step": step, "count": 1, "detail": dict(ev["detail"])}, key)
+        if prev is None:
+            return False
+        lost = prev - got
+        if not lost or lost in self._clean_sets or any(lost <= ids for ids, _ in self._cut_sets.values()):
+            return False
+        self._trigger = (step, lost)
+        self.arm("gradient-arrival")
+        return True
+
+    def replay(self, step: int) -> None:
+        """Arm step ``step`` again, for the soak's replay of it (its gradients are cleared and
+        the RNG restored by the caller): this step's gradient arrival is judged anew."""
+        self._got, self._gb = set(), None
+        if self._ended == step:
+            self._got_prev, self._ended = self._prev_saved, 0
+        self._arm_next = "replay"
+
+    def _confirmed_cut(self, event: dict, key: tuple, ids: frozenset) -> None:
+        """An armed step named a partial cut: when it explains a trigger's gradless set, the
+        event carries the trigger's step (the first step without gradients)."""
+        trig = self._trigger
+        if trig is not None and trig[1] & ids:
+            self._trigger = None
+            if trig[0] != self._step:
+                event["detail"]["named_at_step"] = self._step
+                event["step"] = trig[0]
+        ev = {**event, "detail": {k: v for k, v in event["detail"].items() if k != "named_at_step"}}
+        self._cut_sets[key] = (ids, ev)
+
+    def _count_step(self) -> None:
+        self.steps += 1
+        if self.armed:
+            self.armed_steps += 1
+            self.arm_reasons[self.armed_reason] = self.arm_reasons.get(self.armed_reason, 0) + 1
+
+    def check_grads_now(self, step: int) -> None:
+        """The gradients' NaN/Inf check (OC501) now, whatever ``grad_check_every`` says (the soak
+        calls it when ``clip_grad_norm_``'s total norm is not finite)."""
+        every, self.grad_check_every = self.grad_check_every, 1
+        try:
+            self._check_grads_finite(self._trainable(), step)
+        finally:
+            self.grad_check_every = every
+
+    # -- OC301 found by PyTorch's own check ----------------------------------------------------
+    def backward_failed(self, exc: BaseException, step: int) -> None:
+        """``backward()`` raised ``exc``. When it is PyTorch's version-check error (an in-place
+        write to a saved tensor, found by PyTorch on an unarmed step, or in a reentrant
+        checkpoint's recompute), record the OC301 event with what the message gives and raise
+        ``StepStopped`` from it; any other exception: return (the caller re-raises it)."""
+        m = pytorch_inplace_error(exc)
+        if m is None or self._removed:
+            return
+        text = str(exc).split("\n", 1)[0]
+        shape = [int(s) for s in m["shape"].split(",") if s.strip()]
+        event = {"kind": "inplace_on_saved", "step": step, "where": None, "count": 1, "detail": {
+            "tensor": {"type": m["type"], "shape": shape, "grad_fn": m["node"],
+                       "output_nr": int(m["nr"]) if m["nr"] is not None else None},
+            "saved_version": int(m["saved"]), "version": int(m["version"]),
+            "saved_by": {"op": None, "module": None, "where": None, "code": None},
+            "written": {"detected_at": "backward() (PyTorch's own version check)", "where": None},
+            "phase": "before backward", "stopped": True, "pytorch_error": text, "found_by": "pytorch",
+            "armed": self.armed}}
+        self._stop(f"step {step}: {describe_inplace(event)}", event, cause=exc)
