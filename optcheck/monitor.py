@@ -394,9 +394,8 @@ class Monitor:
         if self.seq.loss_first is None:
             self.seq.loss_first = values[0]
         self.seq.last_loss = values[-1]
-        if self.rundir is not None:
-            for s, v in zip(steps, values):
-                self.rundir.metric(s, v, None)
+        if self.rundir is not None:  # the steps since the last snapshot, one write(2)
+            self.rundir.metrics(steps, values)
 
     def _emit(self, snap: dict, seconds: float) -> list[Finding]:
         """The sequencer's ``emit``: check and write the snapshot (``on_snapshot``, then each

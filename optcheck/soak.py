@@ -303,8 +303,7 @@ def _handle(msg: dict, st: _State, rundir: RunDir, checker: Checker, bar: Progre
     worker (``--stop-on-finding``: the first new finding of a snapshot that asks a verdict)."""
     kind = msg["type"]
     if kind == "metrics":
-        for s, loss, dt in zip(msg["steps"], msg["losses"], msg["step_times_s"]):
-            rundir.metric(s, loss, dt)
+        rundir.metrics(msg["steps"], msg["losses"], msg["step_times_s"])  # the worker's batch: one write(2)
         if msg["steps"]:
             if st.loss_first is None:
                 st.loss_first = msg["losses"][0]
