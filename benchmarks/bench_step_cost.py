@@ -11,8 +11,8 @@ difference of ``backward()`` over 200 small leaves with and without
 :class:`optcheck.pytorch.grad_clear.GradClearProbe` (they run inside autograd, so
 they cannot be timed from Python one by one).
 
-Run it against another checkout to compare (every run starts in a neutral
-directory so that ``PYTHONPATH`` decides which optcheck is imported)::
+Run it against another checkout to compare (``PYTHONPATH`` decides which optcheck
+is imported; the header names it)::
 
     python benchmarks/bench_step_cost.py
     PYTHONPATH=/path/to/other/checkout python benchmarks/bench_step_cost.py
