@@ -25,6 +25,13 @@ and the load average before and after. Usage::
 
     python benchmarks/bench_soak.py --steps 1000 --monitor-steps 300 --every 100 --repeat 5
 
+Every run is started in a session of its own, as the soak starts its worker: with
+Linux's autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``) each
+session gets its own share of the CPU, so a loop left in the benchmark's session
+(shared with whatever else runs there) would be slowed by that load while the soak
+worker is not; measured at load 7, that made the plain loop up to 2x slower than
+the soak.
+
 ``--baseline-tree DIR`` also runs every configuration with optcheck imported from
 DIR (e.g. ``git archive <commit> | tar -x -C DIR``), interleaved in the same rounds,
 so that two versions are compared under the same load.
@@ -139,7 +146,7 @@ def _env(tree: str | None) -> dict:
 
 def _run(code: str, *args, tree: str | None = None) -> Result:
     out = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, check=True,
-                         env=_env(tree), cwd=tempfile.gettempdir())
+                         env=_env(tree), cwd=tempfile.gettempdir(), start_new_session=True)
     t, med, cpu, own = out.stdout.split()[-4:]
     return float(t), float(med), float(cpu), None if own == "None" else float(own)
 
@@ -160,7 +167,7 @@ def soak(steps: int, every: int, threads: int, extra: list[str], tree: str | Non
     with tempfile.TemporaryDirectory() as d:
         proc = subprocess.run([sys.executable, "-m", "optcheck", "soak", "-q", "--steps", str(steps), "--every",
                                str(every), "--threads", str(threads), "--val-every", "0", "--out", d, *extra],
-                              capture_output=True, text=True, env=_env(tree), cwd=d)
+                              capture_output=True, text=True, env=_env(tree), cwd=d, start_new_session=True)
         snaps = Path(d, "snapshots.jsonl")
         if not snaps.exists():
             raise SystemExit(f"optcheck soak failed (exit {proc.returncode}): {proc.stderr.strip()[-400:]}")
