@@ -12,22 +12,38 @@ all alike):
   ``optcheck.Monitor(every=..., hazards=False)``, (6) under
   ``optcheck.Monitor(every=...)`` (every probe).
 
-For each round it takes two ratios to that round's loop without optcheck: training
+For each round it takes three ratios to that round's loop without optcheck: training
 time per step (snapshots included; the soak worker reports its own elapsed time in
-the final snapshot) and the median step time (``metrics.jsonl`` for the soak, the
-loop's own timer otherwise); it prints the median and the range over rounds, and
-the process CPU seconds per step beside them (less disturbed by other processes on
-a shared machine than wall time), and how many steps ran with the hazard probes
-armed (``summary.json``'s ``hazards``; docs/hazards.md: with the default ``auto``,
-the first step and the step after each snapshot). Usage::
+the final snapshot), the median step time (``metrics.jsonl`` for the soak, the
+loop's own timer otherwise) and the CPU seconds of the training loop (the soak
+worker's ``summary.json`` ``cost.train_cpu_s``; ``time.process_time()`` around the
+loop otherwise: less disturbed by other processes on a shared machine than wall
+time). It prints the median and the range (min-max) over rounds of each, and
+optcheck's own per-step time as the run itself reports it (``cost.steps.mean_us``,
+``docs/summary.md``) and the steps the hazard probes ran armed (``summary.json``'s
+``hazards``; docs/hazards.md). The header names the optcheck that ran (path and git
+commit) and the load average before and after. ``--always`` adds the rows with the
+probes armed on every step (``soak --hazards always``, ``Monitor(hazards="always")``). Usage::
 
     python benchmarks/bench_soak.py --steps 1000 --monitor-steps 300 --every 100 --repeat 5
+
+Every run is started in a session of its own, as the soak starts its worker: with
+Linux's autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``) each
+session gets its own share of the CPU, so a loop left in the benchmark's session
+(shared with whatever else runs there) would be slowed by that load while the soak
+worker is not; measured at load 7, that made the plain loop up to 2x slower than
+the soak.
+
+``--baseline-tree DIR`` also runs every configuration with optcheck imported from
+DIR (e.g. ``git archive <commit> | tar -x -C DIR``), interleaved in the same rounds,
+so that two versions are compared under the same load.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -66,7 +82,7 @@ for step in range(1, steps + 1):
     last = loss.item()
     times.append(time.perf_counter() - ts)
 times.sort()
-print(time.perf_counter() - t0, times[len(times) // 2], time.process_time() - c0, -1)
+print(time.perf_counter() - t0, times[len(times) // 2], time.process_time() - c0, None, None)
 """
 
 # the zoo's train_gpt loop (tests/integration/monitor_zoo.py), timed per step; argv: steps threads every mode
@@ -95,7 +111,7 @@ if mode == "none":
     mon = contextlib.nullcontext()
 else:
     import optcheck
-    mon = optcheck.Monitor(model, opt, every=every, hazards=(mode == "all"))
+    mon = optcheck.Monitor(model, opt, every=every, hazards={"all": True, "always": "always"}.get(mode, False))
 times = []
 t0, c0 = time.perf_counter(), time.process_time()
 with mon:
@@ -114,45 +130,80 @@ with mon:
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - ts)
 times.sort()
-hz = (mon.summary().get("hazards") or {}) if mode == "all" else {}
-print(time.perf_counter() - t0, times[len(times) // 2], time.process_time() - c0, hz.get("armed_steps", -1))
+t, cpu = time.perf_counter() - t0, time.process_time() - c0
+summary = mon.summary() if mode != "none" else {}
+own = (summary.get("cost") or {}).get("steps")  # optcheck's own us/step, as it reports it
+hz = summary.get("hazards") or {}  # the steps the hazard probes ran armed (docs/hazards.md)
+print(t, times[len(times) // 2], cpu, (own or {}).get("mean_us"),
+      f"{hz['armed_steps']}/{hz['steps']}" if hz.get("steps") else None)
 """
 
-
-def _run(code: str, *args) -> tuple[float, float, float, int]:
-    out = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, check=True)
-    t, med, cpu, armed = out.stdout.split()[-4:]
-    return float(t), float(med), float(cpu), int(armed)
+Result = tuple  # (training seconds, median step seconds, CPU seconds or nan, optcheck's own us/step or None,
+#                 "armed/steps" of the hazard probes or None)
 
 
-def plain(steps: int, threads: int) -> tuple[float, float, float, int]:
-    """(training seconds, median step seconds, CPU seconds) of the plain soak loop."""
+def _env(tree: str | None) -> dict:
+    """The environment of a run: optcheck imported from ``tree``, by default this
+    checkout's (every run starts in a neutral directory: ``python -c`` puts the
+    current directory first on ``sys.path``)."""
+    path = [str(tree or ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+
+
+def _run(code: str, *args, tree: str | None = None) -> Result:
+    out = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, check=True,
+                         env=_env(tree), cwd=tempfile.gettempdir(), start_new_session=True)
+    t, med, cpu, own, armed = out.stdout.split()[-5:]
+    return float(t), float(med), float(cpu), None if own == "None" else float(own), None if armed == "None" else armed
+
+
+def plain(steps: int, threads: int) -> Result:
+    """The plain soak loop (no optcheck)."""
     return _run(PLAIN, steps, threads)
 
 
-def ordinary(steps: int, threads: int, every: int, mode: str) -> tuple[float, float, float, int]:
-    """(training seconds, median step seconds, CPU seconds, steps the hazard probes ran armed or -1) of
-    the zoo's GPT loop; mode none|nohaz|all."""
-    return _run(ORDINARY, steps, threads, every, mode, ROOT / "tests" / "integration")
+def ordinary(steps: int, threads: int, every: int, mode: str, tree: str | None = None) -> Result:
+    """The zoo's GPT loop; mode none|nohaz|all|always."""
+    return _run(ORDINARY, steps, threads, every, mode, ROOT / "tests" / "integration", tree=tree)
 
 
-def soak(steps: int, every: int, threads: int, extra: list[str]) -> tuple[float, float, float, int]:
-    """(training seconds from the final snapshot, median step seconds from metrics.jsonl, NaN (the
-    soak's CPU seconds are not measured), steps the hazard probes ran armed (summary.json) or -1)."""
+def soak(steps: int, every: int, threads: int, extra: list[str], tree: str | None = None) -> Result:
+    """Training seconds from the final snapshot, median step seconds from metrics.jsonl, the worker's
+    training CPU seconds and own us/step from summary.json (nan/None from an optcheck without them)."""
     with tempfile.TemporaryDirectory() as d:
         proc = subprocess.run([sys.executable, "-m", "optcheck", "soak", "-q", "--steps", str(steps), "--every",
                                str(every), "--threads", str(threads), "--val-every", "0", "--out", d, *extra],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, env=_env(tree), cwd=d, start_new_session=True)
         snaps = Path(d, "snapshots.jsonl")
         if not snaps.exists():
             raise SystemExit(f"optcheck soak failed (exit {proc.returncode}): {proc.stderr.strip()[-400:]}")
         last = [json.loads(line) for line in snaps.read_text().splitlines()][-1]
         step_times = sorted(json.loads(line)["step_time_s"] for line in Path(d, "metrics.jsonl").read_text().splitlines())
-        hz = json.loads(Path(d, "summary.json").read_text()).get("hazards") or {}
-        return last["elapsed_s"], step_times[len(step_times) // 2], float("nan"), hz.get("armed_steps", -1)
+        summary = json.loads(Path(d, "summary.json").read_text())
+        cost, hz = summary.get("cost") or {}, summary.get("hazards") or {}
+        cpu = cost.get("train_cpu_s")
+        return (last["elapsed_s"], step_times[len(step_times) // 2], float("nan") if cpu is None else cpu,
+                (cost.get("steps") or {}).get("mean_us"),
+                f"{hz['armed_steps']}/{hz['steps']}" if hz.get("steps") else None)
+
+
+def describe(tree: str | None) -> str:
+    """Which optcheck a run imports: its directory and git commit (``-dirty`` with uncommitted changes)."""
+    code = "import optcheck, os; print(os.path.dirname(os.path.dirname(os.path.abspath(optcheck.__file__))))"
+    where = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(tree),
+                           cwd=tempfile.gettempdir()).stdout.strip()
+    git = subprocess.run(["git", "-C", where, "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True,
+                         text=True)
+    return f"{where} @ {git.stdout.strip() if git.returncode == 0 else 'no git'}"
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def _fmt(ratios: list[float]) -> str:
+    if not ratios or any(r != r for r in ratios):
+        return "-"
     return f"{statistics.median(ratios):.3f}x ({min(ratios):.3f}-{max(ratios):.3f})"
 
 
@@ -162,26 +213,43 @@ def main() -> None:
     ap.add_argument("--monitor-steps", type=int, default=300, help="optimizer steps of the ordinary loop per run")
     ap.add_argument("--every", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=5, help="interleaved rounds (default 5)")
     ap.add_argument("--only", choices=["soak", "monitor"], help="run one of the two pairs only")
+    ap.add_argument("--no-all-probes", action="store_true", help="leave out the rows with the hazard probes on")
+    ap.add_argument("--always", action="store_true",
+                    help="also run every probe armed on every step (soak --hazards always, Monitor(hazards='always'))")
+    ap.add_argument("--baseline-tree", metavar="DIR", help="also run every optcheck row with optcheck from DIR")
     a = ap.parse_args()
     if a.repeat < 1 or a.steps < 1 or a.monitor_steps < 1 or a.every < 1:
         ap.error("--steps, --monitor-steps, --every and --repeat must be >= 1")
+    if a.baseline_tree is not None and not (Path(a.baseline_tree) / "optcheck" / "__init__.py").is_file():
+        ap.error(f"--baseline-tree {a.baseline_tree}: no optcheck/__init__.py there")
+    trees = [(None, "")] + ([(a.baseline_tree, " [baseline]")] if a.baseline_tree else [])
     runs = {}
     if a.only != "monitor":
-        runs.update({
-            "plain soak loop": ("plain soak loop", lambda: plain(a.steps, a.threads)),
-            "soak --no-hazards": ("plain soak loop", lambda: soak(a.steps, a.every, a.threads, ["--no-hazards"])),
-            "soak (all probes)": ("plain soak loop", lambda: soak(a.steps, a.every, a.threads, [])),
-        })
+        runs["plain soak loop"] = ("plain soak loop", lambda: plain(a.steps, a.threads))
+        for tree, tag in trees:
+            runs[f"soak --no-hazards{tag}"] = ("plain soak loop",
+                                               lambda t=tree: soak(a.steps, a.every, a.threads, ["--no-hazards"], t))
+            if not a.no_all_probes:
+                runs[f"soak (all probes){tag}"] = ("plain soak loop",
+                                                   lambda t=tree: soak(a.steps, a.every, a.threads, [], t))
+            if a.always:
+                runs[f"soak --hazards always{tag}"] = (
+                    "plain soak loop", lambda t=tree: soak(a.steps, a.every, a.threads, ["--hazards", "always"], t))
     if a.only != "soak":
-        runs.update({
-            "ordinary loop": ("ordinary loop", lambda: ordinary(a.monitor_steps, a.threads, a.every, "none")),
-            f"Monitor(every={a.every}, hazards=False)": ("ordinary loop",
-                                                         lambda: ordinary(a.monitor_steps, a.threads, a.every, "nohaz")),
-            f"Monitor(every={a.every})": ("ordinary loop", lambda: ordinary(a.monitor_steps, a.threads, a.every, "all")),
-        })
-    res: dict[str, list[tuple[float, float, float, int]]] = {k: [] for k in runs}
+        runs["ordinary loop"] = ("ordinary loop", lambda: ordinary(a.monitor_steps, a.threads, a.every, "none"))
+        for tree, tag in trees:
+            runs[f"Monitor(every={a.every}, hazards=False){tag}"] = (
+                "ordinary loop", lambda t=tree: ordinary(a.monitor_steps, a.threads, a.every, "nohaz", t))
+            if not a.no_all_probes:
+                runs[f"Monitor(every={a.every}){tag}"] = (
+                    "ordinary loop", lambda t=tree: ordinary(a.monitor_steps, a.threads, a.every, "all", t))
+            if a.always:
+                runs[f"Monitor(every={a.every}, hazards='always'){tag}"] = (
+                    "ordinary loop", lambda t=tree: ordinary(a.monitor_steps, a.threads, a.every, "always", t))
+    load_before = load()
+    res: dict[str, list[Result]] = {k: [] for k in runs}
     for r in range(a.repeat):  # interleaved: one of each per round
         for name, (_, fn) in runs.items():
             res[name].append(fn())
@@ -189,19 +257,22 @@ def main() -> None:
     what = ([f"soak: {a.steps} steps"] if a.only != "monitor" else []) + \
         ([f"ordinary loop: {a.monitor_steps} steps (4 micro-batches each)"] if a.only != "soak" else [])
     print(f"{'; '.join(what)}; --every {a.every}; {a.threads} thread(s); {a.repeat} interleaved rounds, fresh processes")
-    print("ratio = this run / the same round's run without optcheck: median (min-max) over rounds")
-    print(f"{'configuration':34} {'ms/step':>8} {'ms/step ratio':>22} {'median step ratio':>22} {'CPU ratio':>10} "
-          f"{'armed':>9}")
+    print(f"optcheck: {describe(None)}" + (f"; [baseline]: {describe(a.baseline_tree)}" if a.baseline_tree else ""))
+    print(f"load average (1, 5, 15 min): before {load_before}, after {load()}; {os.cpu_count()} CPUs")
+    print("ratio = this run / the same round's run without optcheck: median (min-max) over rounds; "
+          "own = optcheck's own us/step as the run reports it (summary cost.steps)")
+    print(f"{'configuration':44} {'ms/step':>8} {'ms/step ratio':>22} {'median step ratio':>22} "
+          f"{'CPU ratio':>22} {'own us/step':>11} {'armed':>9}")
     for name, (base, _) in runs.items():
         steps = a.steps if base == "plain soak loop" else a.monitor_steps
         ms = statistics.median(v[0] for v in res[name]) / steps * 1e3
         t_ratio = [v[0] / b[0] for v, b in zip(res[name], res[base])]
         m_ratio = [v[1] / b[1] for v, b in zip(res[name], res[base])]
         cpu = [v[2] / b[2] for v, b in zip(res[name], res[base])]
-        cpu_text = f"{statistics.median(cpu):.3f}x" if all(c == c for c in cpu) else "-"
-        armed = sorted({v[3] for v in res[name]})  # steps run with the hazard probes armed (summary.json)
-        armed_text = "-" if armed == [-1] else f"{'/'.join(map(str, armed))}/{steps}"
-        print(f"{name:34} {ms:8.2f} {_fmt(t_ratio):>22} {_fmt(m_ratio):>22} {cpu_text:>10} {armed_text:>9}")
+        own = [v[3] for v in res[name] if v[3] is not None]
+        own_text = f"{statistics.median(own):.1f}" if own else "-"
+        armed = next((v[4] for v in res[name] if v[4] is not None), "-")  # the same every round (the policy)
+        print(f"{name:44} {ms:8.2f} {_fmt(t_ratio):>22} {_fmt(m_ratio):>22} {_fmt(cpu):>22} {own_text:>11} {armed:>9}")
 
 
 if __name__ == "__main__":

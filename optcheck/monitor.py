@@ -66,7 +66,7 @@ from optcheck.pytorch.train import NullHazards
 from optcheck.pytorch.unwrap import unwrap_model, unwrap_optimizer
 from optcheck.report.rundir import RunDir
 from optcheck.rules import RuleConfig
-from optcheck.session import Sequencer
+from optcheck.session import Sequencer, StepCost
 from optcheck.session_summary import Checker, Summary, run_status, utc_now
 from optcheck.suppress import resolve
 from optcheck.userframe import user_stacklevel
@@ -76,6 +76,7 @@ log = logging.getLogger("optcheck")
 ON_FINDING = ("warn", "raise", "log", "ignore")
 NO_STEP_BACKWARDS = 32  # backward() calls without optimizer.step() before OC206 (or 2x every)
 NO_STEP_AT_CLOSE = 8  # at close, fewer are enough when the optimizer never stepped at all
+_now = time.perf_counter_ns
 
 
 class Monitor:
@@ -157,6 +158,7 @@ class Monitor:
         self._may_raise = True
         self._backwards = 0  # backward() calls since the last optimizer step
         self._no_step_reported = False
+        self.step_cost = StepCost()  # the hooks' own time per step, snapshots left out (summary cost.steps)
         self.hazards = NullHazards()
         if hazards:
             from optcheck.pytorch.hazards import HazardProbes
@@ -288,6 +290,7 @@ class Monitor:
                      hazards=self.hazards.stats() if hasattr(self.hazards, "stats") else None)
         sm.fill_findings(self.checker)
         sm.fill_timing(time.perf_counter() - seq.t0, seq.cost, self.checker.cost)
+        sm.cost["steps"], sm.cost["train_cpu_s"] = self.step_cost.to_dict(), None  # (CPU: a soak worker's only)
         return sm.to_dict()
 
     def __enter__(self) -> "Monitor":
@@ -327,23 +330,31 @@ class Monitor:
         ``torch.autograd.backward([l1, l2], grad_tensors)``): the hazard checks on each;
         the step's loss is Σ gᵢ·lᵢ over the one-element roots (gᵢ their one-element
         ``grad_tensors``, else 1), kept on the device until the next snapshot."""
-        for t in roots:
-            self.hazards.check_loss(t, self.step_count + 1)
-        if self._dist is not None and self._dist.before_backward(self.step_count):  # optcheck.distributed hook
-            self.seq.take(self.step_count + 1, "pre-step", "check")
-        loss = backward_loss(roots, grads)
-        if loss is not None:
-            self._loss = loss
+        t0, busy = _now(), self.seq.busy_ns
+        try:
+            for t in roots:
+                self.hazards.check_loss(t, self.step_count + 1)
+            if self._dist is not None and self._dist.before_backward(self.step_count):  # optcheck.distributed hook
+                self.seq.take(self.step_count + 1, "pre-step", "check")
+            loss = backward_loss(roots, grads)
+            if loss is not None:
+                self._loss = loss
+        finally:
+            self.step_cost.ns += _now() - t0 - (self.seq.busy_ns - busy)
 
     def _after_backward(self) -> None:
-        self.hazards.after_backward(self.step_count + 1)
-        self._backwards += 1
-        if self._dist is not None and (ev := self._dist.after_backward(self.step_count + 1)) is not None:  # optcheck.distributed hook
-            for e in ev:
-                self.seq.event(e)
-            self.seq.take(self.step_count + 1, "pre-step", "hazard")
-        if self._backwards == max(NO_STEP_BACKWARDS, 2 * self.every):
-            self._no_step_event()
+        t0, busy = _now(), self.seq.busy_ns
+        try:
+            self.hazards.after_backward(self.step_count + 1)
+            self._backwards += 1
+            if self._dist is not None and (ev := self._dist.after_backward(self.step_count + 1)) is not None:  # optcheck.distributed hook
+                for e in ev:
+                    self.seq.event(e)
+                self.seq.take(self.step_count + 1, "pre-step", "hazard")
+            if self._backwards == max(NO_STEP_BACKWARDS, 2 * self.every):
+                self._no_step_event()
+        finally:
+            self.step_cost.ns += _now() - t0 - (self.seq.busy_ns - busy)
 
     def _no_step_event(self) -> None:
         """Many backward passes and no optimizer step: record it once and snapshot."""
@@ -378,20 +389,30 @@ class Monitor:
             self.close()
 
     def _pre_step(self, optimizer, args, kwargs) -> None:
-        self.seq.pre_step(self.step_count + 1)
+        t0, busy = _now(), self.seq.busy_ns
+        try:
+            self.seq.pre_step(self.step_count + 1)
+        finally:
+            self.step_cost.ns += _now() - t0 - (self.seq.busy_ns - busy)
 
     def _post_step(self, optimizer, args, kwargs) -> None:
+        t0, busy = _now(), self.seq.busy_ns
         self._backwards = 0
         self.step_count += 1
         step = self.step_count
-        self._exit_step()
-        if self._loss is not None:
-            self._losses.append((step, self._loss))
-            self._loss = None
         try:
-            self.seq.post_step(step, hazard=self.hazards.has_events() or self.grad_clear.has_events())
-        finally:  # a FindingError caught by the user: the next step is still watched
-            self._enter_step()
+            self._exit_step()
+            if self._loss is not None:
+                self._losses.append((step, self._loss))
+                self._loss = None
+            try:
+                self.seq.post_step(step, hazard=self.hazards.has_events() or self.grad_clear.has_events())
+            finally:  # a FindingError caught by the user: the next step is still watched
+                self._enter_step()
+        finally:
+            cost = self.step_cost
+            cost.ns += _now() - t0 - (self.seq.busy_ns - busy)
+            cost.steps += 1
         self.on_step_end(step)
 
     def _flush_losses(self) -> None:
@@ -403,9 +424,8 @@ class Monitor:
         if self.seq.loss_first is None:
             self.seq.loss_first = values[0]
         self.seq.last_loss = values[-1]
-        if self.rundir is not None:
-            for s, v in zip(steps, values):
-                self.rundir.metric(s, v, None)
+        if self.rundir is not None:  # the steps since the last snapshot, one write(2)
+            self.rundir.metrics(steps, values)
 
     def _emit(self, snap: dict, seconds: float) -> list[Finding]:
         """The sequencer's ``emit``: check and write the snapshot (``on_snapshot``, then each

@@ -16,7 +16,7 @@ lifecycle  step, kind ("eval", "checkpoint", "resume", "inject"), detail
 crash      step, exc_type, message, stack, where: an exception ended the run
 stopped    step, reason: the worker stopped early on purpose
 done       step, loss_first, loss_last, val_loss_first, val_loss_last, val_step_first,
-           val_step_last
+           val_step_last, step_cost (``optcheck.session.StepCost``), train_cpu_s
 =========  ====================================================================
 
 The other way there is one message, the **verdict**: after a snapshot sent

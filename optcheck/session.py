@@ -21,7 +21,8 @@ keeps, per optimizer step ``n`` (1-based):
 per-rank fields); it hands the snapshot to the driver's ``emit`` (the worker
 sends it to the supervisor, the Monitor checks and writes it:
 :class:`optcheck.session_summary.Checker`). What a run cost — seconds spent in
-snapshots and in rule checks — is counted in :class:`Cost` and lands in
+snapshots and in rule checks — is counted in :class:`Cost`, optcheck's own
+work per step outside snapshots in :class:`StepCost`; both land in
 ``summary.json``'s ``cost`` (``docs/summary.md``).
 """
 
@@ -48,6 +49,30 @@ class Cost:
         s = self.seconds
         return {"count": len(s), "total_s": round(sum(s), 6),
                 "median_s": round(statistics.median(s), 6) if s else None}
+
+
+class StepCost:
+    """optcheck's own per-step work outside snapshots and rule checks, summed in
+    nanoseconds (two integers however long the run: no entry per step).
+
+    What a driver times is its own Python code at each step: the pre-step check,
+    the post-step bookkeeping and, for a Monitor, the ``backward`` wrapper. The
+    per-parameter gradient hooks (``optcheck/pytorch/grad_clear.py``) and the
+    optimizer step hooks' dispatch run inside PyTorch and are not timed here
+    (timing them would cost about what they do): ``benchmarks/bench_soak.py``
+    measures the whole overhead against a loop without optcheck.
+    """
+
+    __slots__ = ("ns", "steps")
+
+    def __init__(self) -> None:
+        self.ns = 0
+        self.steps = 0
+
+    def to_dict(self) -> dict:
+        """``{"count": steps, "total_s": seconds, "mean_us": µs per step or None}``."""
+        return {"count": self.steps, "total_s": round(self.ns / 1e9, 6),
+                "mean_us": round(self.ns / self.steps / 1e3, 2) if self.steps else None}
 
 
 def cost_dict(snapshots: Cost, checks: Cost) -> dict:
@@ -100,6 +125,7 @@ class Sequencer:
         self.pending_events: list[dict] = []
         self.peak_rss = 0
         self.cost = Cost()
+        self.busy_ns = 0  # nanoseconds inside take(), emit included: what a driver's StepCost leaves out
         self._fp: Any = None
 
     # -- bookkeeping the driver feeds ------------------------------------------
@@ -153,22 +179,26 @@ class Sequencer:
     def take(self, step: int, phase: str, trigger: str) -> Any:
         """Build snapshot ``step``/``phase``/``trigger`` and hand it to ``emit`` — the one
         place a snapshot is made."""
-        if self.flush is not None:
-            self.flush()
-        t = time.perf_counter()
-        body = self.probe.snapshot_body()
-        events, self.pending_events = self.pending_events, []
-        n = step - self.last_snap_step
-        snap = assemble(backend=self.probe.name, run=self.run_id, step=step, phase=phase, trigger=trigger,
-                        body=body, events=events, loss=None if trigger == "start" else self.last_loss,
-                        val_loss=self.val_loss, elapsed_s=t - self.t0,
-                        step_time_s=(t - self.last_snap_t) / n if n > 0 else None,
-                        versions=self.probe.versions(), threads=self.probe.threads())
-        self._fp = self.probe.fingerprint()
-        seconds = time.perf_counter() - t
-        self.cost.add(seconds)
-        self.val_loss = None
-        self.last_snap_t, self.last_snap_step = t, step
-        self.snapshots += 1
-        self.peak_rss = max(self.peak_rss, (snap.get("memory") or {}).get("rss_bytes") or 0)
-        return self.emit(snap, seconds)
+        t_in = time.perf_counter_ns()
+        try:
+            if self.flush is not None:
+                self.flush()
+            t = time.perf_counter()
+            body = self.probe.snapshot_body()
+            events, self.pending_events = self.pending_events, []
+            n = step - self.last_snap_step
+            snap = assemble(backend=self.probe.name, run=self.run_id, step=step, phase=phase, trigger=trigger,
+                            body=body, events=events, loss=None if trigger == "start" else self.last_loss,
+                            val_loss=self.val_loss, elapsed_s=t - self.t0,
+                            step_time_s=(t - self.last_snap_t) / n if n > 0 else None,
+                            versions=self.probe.versions(), threads=self.probe.threads())
+            self._fp = self.probe.fingerprint()
+            seconds = time.perf_counter() - t
+            self.cost.add(seconds)
+            self.val_loss = None
+            self.last_snap_t, self.last_snap_step = t, step
+            self.snapshots += 1
+            self.peak_rss = max(self.peak_rss, (snap.get("memory") or {}).get("rss_bytes") or 0)
+            return self.emit(snap, seconds)
+        finally:
+            self.busy_ns += time.perf_counter_ns() - t_in

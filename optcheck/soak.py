@@ -280,6 +280,7 @@ def _supervise(cfg: SoakConfig, out: Path, rundir: RunDir, corpus: dict, sig: Si
     for k in ("val_loss_first", "val_loss_last", "val_step_first", "val_step_last"):
         setattr(sm, k, done.get(k))
     sm.fill_timing(time.time() - t0, st.snapshot_cost, checker.cost)
+    sm.cost["steps"], sm.cost["train_cpu_s"] = done.get("step_cost"), done.get("train_cpu_s")  # the worker's
     sm.peak_rss_bytes, sm.versions, sm.threads = st.peak_rss, st.hello.get("versions", {}), st.hello.get("threads")
     sm.interrupted_by, sm.signals, sm.garbled_lines = sig.name, sig.count, st.garbled
     sm.record_error = str(record_error) if record_error else None
@@ -305,8 +306,7 @@ def _handle(msg: dict, st: _State, rundir: RunDir, checker: Checker, bar: Progre
     worker (``--stop-on-finding``: the first new finding of a snapshot that asks a verdict)."""
     kind = msg["type"]
     if kind == "metrics":
-        for s, loss, dt in zip(msg["steps"], msg["losses"], msg["step_times_s"]):
-            rundir.metric(s, loss, dt)
+        rundir.metrics(msg["steps"], msg["losses"], msg["step_times_s"])  # the worker's batch: one write(2)
         if msg["steps"]:
             if st.loss_first is None:
                 st.loss_first = msg["losses"][0]

@@ -41,7 +41,7 @@ from optcheck.config import SoakConfig
 from optcheck.data import BatchSchedule, Corpus, load_corpus, val_batches
 from optcheck.errors import InputError
 from optcheck.protocol import Stream
-from optcheck.session import Sequencer
+from optcheck.session import Sequencer, StepCost
 
 METRICS_BATCH = 200
 METRICS_FLUSH_S = 1.0
@@ -159,6 +159,8 @@ class Loop:
         self.metrics: dict[str, list] = {"steps": [], "losses": [], "step_times_s": []}
         self.last_flush_t = time.perf_counter()
         self.step = 0
+        self.step_cost = StepCost()  # the loop's own work per step (summary cost.steps)
+        self.cpu_s: float | None = None  # process CPU seconds of the training loop, snapshots included
 
     def _emit(self, snap: dict, seconds: float) -> str | None:
         """Send a snapshot; with ``--stop-on-finding``, a pre-step check snapshot waits for the
@@ -198,6 +200,8 @@ class Loop:
                          pid=os.getpid(), corpus=corpus.describe(), config=dict(steps=cfg.steps, every=cfg.every))
         seq.start(0)
         seq.restart_clock()  # elapsed_s counts training, not set-up
+        cpu0, now = time.process_time(), time.perf_counter_ns
+        cost = self.step_cost
         injections = {}
         for inj in cfg.inject:
             injections.setdefault(inj.step, []).append(inj.name)
@@ -207,26 +211,30 @@ class Loop:
                 self.event("inject", step, name=name, **be.inject(name, step))
             for kind in self.due_lifecycle(step):
                 self.event("lifecycle", step, name=kind, **be.lifecycle(kind, step))
+            t0, busy = now(), seq.busy_ns
             _, stop = seq.pre_step(step)
             if stop:
                 self.stream.send("stopped", step=step, reason=stop)
                 return 0
+            t1 = now()
             x, y = sched.batch(corpus.train, step)
-            ts = time.perf_counter()
+            ts = now()
             try:
                 loss = be.train_step(step, x, y)
             except StepStopped as e:
                 seq.stopped(step, e.event)
                 self.stream.send("stopped", step=step, reason=str(e), **self.hazard_stats())
                 return 0
-            dt = time.perf_counter() - ts
+            te = now()
             seq.loss(loss)
             self.metrics["steps"].append(step)
             self.metrics["losses"].append(loss)
-            self.metrics["step_times_s"].append(round(dt, 6))
+            self.metrics["step_times_s"].append(round((te - ts) / 1e9, 6))
             if val is not None and (step % cfg.val_every == 0 or step == cfg.steps):
                 # the last step too, so that "held-out first -> last" spans the whole run
+                tv = now()
                 seq.val_loss = self.val_last = be.val_loss(val)
+                te += now() - tv  # the held-out pass is training work, not optcheck's
                 self.val_steps.append(step)
                 if self.val_first is None:
                     self.val_first = self.val_last
@@ -234,11 +242,17 @@ class Loop:
             if not taken and (len(self.metrics["steps"]) >= METRICS_BATCH
                               or time.perf_counter() - self.last_flush_t >= METRICS_FLUSH_S):
                 self.flush_metrics()
+            # own work: the pre-step check, and the bookkeeping after the step (metrics sends included;
+            # snapshots, their sends and the held-out pass left out)
+            cost.ns += (t1 - t0) + (now() - te) - (seq.busy_ns - busy)
+            cost.steps += 1
+        self.cpu_s = time.process_time() - cpu0
         self.flush_metrics()
         self.stream.send("done", step=cfg.steps, loss_first=seq.loss_first, loss_last=seq.last_loss,
                          val_loss_first=self.val_first, val_loss_last=self.val_last,
                          val_step_first=self.val_steps[0] if self.val_steps else None,
-                         val_step_last=self.val_steps[-1] if self.val_steps else None, **self.hazard_stats())
+                         val_step_last=self.val_steps[-1] if self.val_steps else None,
+                         step_cost=self.step_cost.to_dict(), train_cpu_s=round(self.cpu_s, 3), **self.hazard_stats())
         return 0
 
     def hazard_stats(self) -> dict:

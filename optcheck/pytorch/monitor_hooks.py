@@ -98,6 +98,9 @@ def backward_loss(roots: list[torch.Tensor], grads=None) -> torch.Tensor | None:
     its device (no sync): the root itself for one; Σ gᵢ·lᵢ for several, over the
     one-element roots, gᵢ their one-element ``grad_tensors`` entry (else 1). None
     when no root has one element (a non-scalar ``backward(gradient)``)."""
+    if grads is None and len(roots) == 1:  # loss.backward(): the common case, two C calls
+        r = roots[0]
+        return r.detach() if r.numel() == 1 else None
     gs = list(grads) if isinstance(grads, (list, tuple)) else [grads] * len(roots)
     terms = [r.detach() if not (isinstance(g, torch.Tensor) and g.numel() == 1)
              else r.detach().reshape(()) * g.detach().reshape(())

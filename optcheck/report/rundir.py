@@ -4,7 +4,8 @@ Layout of ``--out DIR``::
 
     snapshots.jsonl   one schema-1 snapshot a line (``optcheck/schemas/snapshot-1.json``)
     findings.jsonl    one finding a line (``optcheck/schemas/finding-1.json``)
-    metrics.jsonl     {"step", "loss", "step_time_s"} a line, every step
+    metrics.jsonl     {"step", "loss", "step_time_s"} a line, every step, written in
+                      batches (``docs/run-directory.md``: when records reach the disk)
     events.jsonl      lifecycle events, injections, worker crash records
     summary.json      ``optcheck.summary/1``: written with status "running" at
                       the start and replaced atomically at the end
@@ -25,9 +26,11 @@ Guarantees:
   must be a regular file), so a ``metrics.jsonl -> victim`` link planted in the
   directory is refused, never written through; ``force`` removes the link, not
   its target.
-* **no torn line**: each record is one ``write(2)``; when it fails (``ENOSPC``
-  disk full, ``EFBIG`` over ``RLIMIT_FSIZE``, ``EIO``) the partial bytes are
-  cut off again and :class:`RecordError` names the file and the error.
+* **no torn line**: each record, or batch of metrics lines, is one
+  ``write(2)``; when it fails (``ENOSPC`` disk full, ``EFBIG`` over
+  ``RLIMIT_FSIZE``, ``EIO``) the partial bytes are cut off again and
+  :class:`RecordError` names the file and the error. (Only a process killed
+  in the middle of a ``write(2)`` can leave a torn last line; readers skip it.)
 * **a summary even on a full disk**: 64 KiB are set aside in
   ``.optcheck-reserve`` when the directory is opened and given back to write
   the last ``summary.json`` if the disk is full by then.
@@ -285,16 +288,22 @@ class RunDir:
         return p
 
     def _write(self, name: str, obj: dict) -> None:
-        """Append one record line. After a failure the directory is marked
-        ``failed`` and later records are dropped (the caller reports the first)."""
-        if self.failed is not None:
+        """Append one record line (:meth:`_write_lines`)."""
+        self._write_lines(name, [obj])
+
+    def _write_lines(self, name: str, objs: list[dict]) -> None:
+        """Append record lines with one ``write(2)`` (``_write_all`` repeats it only
+        after a short write). After a failure the partial bytes are cut off again, the
+        directory is marked ``failed`` and later records are dropped (the caller
+        reports the first)."""
+        if self.failed is not None or not objs:
             return
         fd = self._fds[name]
-        data = (dumps(obj) + "\n").encode("utf-8")
+        data = "".join([dumps(o) + "\n" for o in objs]).encode("utf-8")
         try:
             _write_all(fd, data)
         except OSError as e:
-            try:  # cut the partial line off: the file ends with a whole record
+            try:  # cut the partial lines off: the file ends with a whole record
                 os.ftruncate(fd, self._sizes[name])
             except OSError:
                 pass
@@ -309,7 +318,15 @@ class RunDir:
         self._write("findings.jsonl", finding)
 
     def metric(self, step: int, loss: float | None, step_time_s: float | None) -> None:
-        self._write("metrics.jsonl", {"step": step, "loss": loss, "step_time_s": step_time_s})
+        self.metrics([step], [loss], [step_time_s])
+
+    def metrics(self, steps: list[int], losses: list, step_times_s: list | None = None) -> None:
+        """Append one ``metrics.jsonl`` line per step, all with one ``write(2)``: a batch
+        reaches the file whole or (a full disk) not at all. ``step_times_s`` None: no
+        step times (a Monitor's)."""
+        times = step_times_s if step_times_s is not None else [None] * len(steps)
+        self._write_lines("metrics.jsonl", [{"step": s, "loss": v, "step_time_s": t}
+                                            for s, v, t in zip(steps, losses, times)])
 
     def event(self, event: dict) -> None:
         self._write("events.jsonl", event)

@@ -31,6 +31,9 @@ def check_cost(s: dict) -> None:
     assert snaps["count"] == checks["count"] == s["snapshots"] > 0
     assert 0 < snaps["median_s"] <= snaps["total_s"] and 0 < checks["median_s"] <= checks["total_s"]
     assert snaps["total_s"] + checks["total_s"] < s["elapsed_s"] * 2  # measured, not made up
+    steps = s["cost"]["steps"]  # the hooks' own time per step (optcheck.session.StepCost), measured
+    assert steps["count"] == s["last_step"] and 0 < steps["total_s"] < s["elapsed_s"]
+    assert steps["mean_us"] == pytest.approx(steps["total_s"] / steps["count"] * 1e6, rel=0.01, abs=0.02)
 
 
 def test_a_real_soak_summary_validates_and_says_what_optcheck_cost(tmp_path):
@@ -46,6 +49,8 @@ def test_a_real_soak_summary_validates_and_says_what_optcheck_cost(tmp_path):
     (line,) = [ln for ln in stdout.splitlines() if ln.startswith("optcheck cost:")]
     assert f"{s['cost']['snapshots']['count']} snapshots {s['cost']['snapshots']['total_s']:.3f} s" in line
     assert f"{s['cost']['checks']['count']} rule checks" in line
+    assert f"{s['cost']['steps']['mean_us']:.0f} µs a step over 60 steps" in line
+    assert 0 < s["cost"]["train_cpu_s"] < s["elapsed_s"] * 4  # the worker's training loop, on <= 4 threads
 
 
 def test_a_real_monitor_summary_validates_against_the_same_schema(tmp_path):
@@ -73,6 +78,7 @@ def test_a_real_monitor_summary_validates_against_the_same_schema(tmp_path):
     assert s == {**mon.summary(), "schema": "optcheck.summary/1", "finished": s["finished"],
                  "elapsed_s": s["elapsed_s"], "steps_per_s": s["steps_per_s"]}
     check_cost(s)
+    assert s["cost"]["train_cpu_s"] is None  # a soak's only: the worker's process is its training loop
 
 
 def test_the_schema_requires_every_field_of_a_version_2_summary():
