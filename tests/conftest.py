@@ -15,6 +15,7 @@ folder (``$OPTCHECK_TESTLOOP_CACHE``, ``tests/dotnet/build.py``).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -34,6 +35,10 @@ _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if _WORKER and "OPTCHECK_TESTLOOP_CACHE" not in os.environ:
     # the .NET test loop is built per source hash; each worker compiles into its own folder
     os.environ["OPTCHECK_TESTLOOP_CACHE"] = os.path.join(tempfile.gettempdir(), "optcheck-testloop", _WORKER)
+if _WORKER and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # an xdist worker starts with SIGINT ignored, and the processes it starts would inherit that: a
+    # worker is the plain pytest process again (Ctrl-C raises KeyboardInterrupt, children get SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _cores() -> int:
