@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up optcheck in the active Python environment (a venv, or the user's Python).
 #   bash scripts/setup.sh          optcheck + PyTorch backend + pythonnet
-#   bash scripts/setup.sh --test   also the test tools, the Lightning/transformers integrations (extra
+#   bash scripts/setup.sh --test   also the test tools (extra `test`: pytest, pytest-xdist, hypothesis, ...),
+#                                  the Lightning/transformers integrations (extra
 #                                  `integrations`) and a .NET runtime (Mono, mcs) for the bridge tests
 # torch is pinned to 2.13.0 first: a CPU build is on this machine kind's disk, while a
 # bare `pip install torch` would pull GBs of CUDA packages.

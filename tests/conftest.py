@@ -1,15 +1,79 @@
-"""Shared test set-up: paths, a small soak configuration, and CLI helpers."""
+"""Shared test set-up: paths, a small soak configuration, CLI helpers, and how a run is
+spread over pytest-xdist workers.
+
+Parallel runs (``addopts = "-n auto --dist loadgroup"`` in pyproject.toml): a run of the
+whole tree (``python3 -m pytest``, or any folder) gets one xdist worker per core, at most
+:data:`MAX_WORKERS`; a run that names test files or node ids (``python3 -m pytest
+tests/unit/test_x.py -k y``) runs in this process, since starting workers that import torch
+costs more than a few tests take. ``OPTCHECK_TEST_WORKERS=N`` (or ``-n N``) overrides both.
+Each test file is one xdist group (its module-scoped fixtures, e.g. the soaks of
+:func:`run_clis`, run once, on one worker); the ``torchrun`` modules share one group, so two
+2-rank jobs never run at the same time. Each worker builds the .NET test loop in its own
+folder (``$OPTCHECK_TESTLOOP_CACHE``, ``tests/dotnet/build.py``).
+"""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+#: Workers of a full run: one per core, at most this many (each soak's worker keeps a core busy).
+MAX_WORKERS = 4
+#: Test files run on the same xdist worker, one after the other (each starts 2-rank torchrun jobs).
+SERIAL_GROUPS = {"torchrun": ("tests/distributed/test_distributed_monitor.py",
+                              "tests/distributed/test_distributed_soak.py")}
+
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER and "OPTCHECK_TESTLOOP_CACHE" not in os.environ:
+    # the .NET test loop is built per source hash; each worker compiles into its own folder
+    os.environ["OPTCHECK_TESTLOOP_CACHE"] = os.path.join(tempfile.gettempdir(), "optcheck-testloop", _WORKER)
+if _WORKER and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # an xdist worker starts with SIGINT ignored, and the processes it starts would inherit that: a
+    # worker is the plain pytest process again (Ctrl-C raises KeyboardInterrupt, children get SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: 0 (this process) for named files or node ids, else one worker per core."""
+    env = os.environ.get("OPTCHECK_TEST_WORKERS")
+    if env:
+        return int(env)
+    named = [a.split("::", 1)[0] for a in config.args]
+    if config.args_source == pytest.Config.ArgsSource.ARGS and named and \
+            all("::" in a or Path(n).is_file() for a, n in zip(config.args, named)):
+        return 0
+    n = min(_cores(), MAX_WORKERS)
+    return n if n >= 2 else 0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """One xdist group per test file (``--dist loadgroup``), the torchrun files in one."""
+    if not hasattr(config, "workerinput"):  # not an xdist worker
+        return
+    group_of = {f: g for g, files in SERIAL_GROUPS.items() for f in files}
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            try:
+                path = Path(str(item.path)).resolve().relative_to(ROOT).as_posix()
+            except ValueError:  # a test file outside the checkout
+                path = str(item.path)
+            item.add_marker(pytest.mark.xdist_group(group_of.get(path, path)))
 
 # A model small enough for a few hundred steps in seconds on one thread.
 SMALL = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--block-size", "32", "--batch-size", "8",
