@@ -66,7 +66,7 @@ from optcheck.pytorch.train import NullHazards
 from optcheck.pytorch.unwrap import unwrap_model, unwrap_optimizer
 from optcheck.report.rundir import RunDir
 from optcheck.rules import RuleConfig
-from optcheck.session import Sequencer, StepCost
+from optcheck.session import Sequencer, StepCost, timed_hook
 from optcheck.session_summary import Checker, Summary, run_status, utc_now
 from optcheck.suppress import resolve
 from optcheck.userframe import user_stacklevel
@@ -76,7 +76,6 @@ log = logging.getLogger("optcheck")
 ON_FINDING = ("warn", "raise", "log", "ignore")
 NO_STEP_BACKWARDS = 32  # backward() calls without optimizer.step() before OC206 (or 2x every)
 NO_STEP_AT_CLOSE = 8  # at close, fewer are enough when the optimizer never stepped at all
-_now = time.perf_counter_ns
 
 
 class Monitor:
@@ -325,36 +324,30 @@ class Monitor:
             ctx, self._ctx = self._ctx, None
             ctx.__exit__(None, None, None)
 
+    @timed_hook()
     def _before_backward(self, roots: list[torch.Tensor], grads=None) -> None:
         """Before a backward pass from ``roots`` (one tensor, or the tensors of
         ``torch.autograd.backward([l1, l2], grad_tensors)``): the hazard checks on each;
         the step's loss is Σ gᵢ·lᵢ over the one-element roots (gᵢ their one-element
         ``grad_tensors``, else 1), kept on the device until the next snapshot."""
-        t0, busy = _now(), self.seq.busy_ns
-        try:
-            for t in roots:
-                self.hazards.check_loss(t, self.step_count + 1)
-            if self._dist is not None and self._dist.before_backward(self.step_count):  # optcheck.distributed hook
-                self.seq.take(self.step_count + 1, "pre-step", "check")
-            loss = backward_loss(roots, grads)
-            if loss is not None:
-                self._loss = loss
-        finally:
-            self.step_cost.ns += _now() - t0 - (self.seq.busy_ns - busy)
+        for t in roots:
+            self.hazards.check_loss(t, self.step_count + 1)
+        if self._dist is not None and self._dist.before_backward(self.step_count):  # optcheck.distributed hook
+            self.seq.take(self.step_count + 1, "pre-step", "check")
+        loss = backward_loss(roots, grads)
+        if loss is not None:
+            self._loss = loss
 
+    @timed_hook()
     def _after_backward(self) -> None:
-        t0, busy = _now(), self.seq.busy_ns
-        try:
-            self.hazards.after_backward(self.step_count + 1)
-            self._backwards += 1
-            if self._dist is not None and (ev := self._dist.after_backward(self.step_count + 1)) is not None:  # optcheck.distributed hook
-                for e in ev:
-                    self.seq.event(e)
-                self.seq.take(self.step_count + 1, "pre-step", "hazard")
-            if self._backwards == max(NO_STEP_BACKWARDS, 2 * self.every):
-                self._no_step_event()
-        finally:
-            self.step_cost.ns += _now() - t0 - (self.seq.busy_ns - busy)
+        self.hazards.after_backward(self.step_count + 1)
+        self._backwards += 1
+        if self._dist is not None and (ev := self._dist.after_backward(self.step_count + 1)) is not None:  # optcheck.distributed hook
+            for e in ev:
+                self.seq.event(e)
+            self.seq.take(self.step_count + 1, "pre-step", "hazard")
+        if self._backwards == max(NO_STEP_BACKWARDS, 2 * self.every):
+            self._no_step_event()
 
     def _no_step_event(self) -> None:
         """Many backward passes and no optimizer step: record it once and snapshot."""
@@ -388,32 +381,27 @@ class Monitor:
         if self._stopped is not None and not self.closed and torch._C._current_graph_task_id() == -1:
             self.close()
 
+    @timed_hook()
     def _pre_step(self, optimizer, args, kwargs) -> None:
-        t0, busy = _now(), self.seq.busy_ns
-        try:
-            self.seq.pre_step(self.step_count + 1)
-        finally:
-            self.step_cost.ns += _now() - t0 - (self.seq.busy_ns - busy)
+        self.seq.pre_step(self.step_count + 1)
 
     def _post_step(self, optimizer, args, kwargs) -> None:
-        t0, busy = _now(), self.seq.busy_ns
+        self._step_done()
+        self.on_step_end(self.step_count)
+
+    @timed_hook(step_end=True)
+    def _step_done(self) -> None:
         self._backwards = 0
         self.step_count += 1
         step = self.step_count
+        self._exit_step()
+        if self._loss is not None:
+            self._losses.append((step, self._loss))
+            self._loss = None
         try:
-            self._exit_step()
-            if self._loss is not None:
-                self._losses.append((step, self._loss))
-                self._loss = None
-            try:
-                self.seq.post_step(step, hazard=self.hazards.has_events() or self.grad_clear.has_events())
-            finally:  # a FindingError caught by the user: the next step is still watched
-                self._enter_step()
-        finally:
-            cost = self.step_cost
-            cost.ns += _now() - t0 - (self.seq.busy_ns - busy)
-            cost.steps += 1
-        self.on_step_end(step)
+            self.seq.post_step(step, hazard=self.hazards.has_events() or self.grad_clear.has_events())
+        finally:  # a FindingError caught by the user: the next step is still watched
+            self._enter_step()
 
     def _flush_losses(self) -> None:
         if not self._losses:
