@@ -18,12 +18,11 @@ only optcheck line is marked ``# optcheck``. ``bug`` plants a stalled update:
 from __future__ import annotations
 
 import contextlib
-import os
-import tempfile
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from process_group import one_process_group
 
 # name -> (constructor keyword arguments, implementation flags torch.optim accepts for it)
 OPTIMIZERS = {
@@ -184,19 +183,6 @@ def train_muon(monitor=None, steps=120, seed=0):
     model = nn.Sequential(nn.Linear(16, 32, bias=False), nn.Tanh(), nn.Linear(32, 4, bias=False))
     opt = torch.optim.Muon(model.parameters(), lr=0.02)
     return _fit(model, opt, x, y, monitor, steps)
-
-
-@contextlib.contextmanager
-def one_process_group():
-    """A gloo process group of one rank, torn down afterwards."""
-    import torch.distributed as dist
-
-    with tempfile.TemporaryDirectory() as d:
-        dist.init_process_group("gloo", init_method=f"file://{os.path.join(d, 'store')}", rank=0, world_size=1)
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
 
 
 def train_zero(monitor=None, steps=120, seed=0):

@@ -6,9 +6,6 @@ real optimizers, real HazardProbes; the reads are counted by a TorchDispatchMode
 from __future__ import annotations
 
 import collections
-import contextlib
-import os
-import tempfile
 
 import pytest
 import torch
@@ -20,6 +17,7 @@ from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.hazards import HazardProbes
 from optcheck.pytorch.monitor_hooks import TorchProbe
 from optcheck.pytorch.train import NullHazards
+from process_group import one_process_group
 
 torch.set_num_threads(1)
 
@@ -202,23 +200,10 @@ def test_tied_weight_read_once_and_named_once():
     assert nonfinite(snapshot(model, opt)[1]) == {"param": ["wte.weight"]}
 
 
-@contextlib.contextmanager
-def one_rank():
-    """A real gloo process group of one rank (FSDP2 runs on it on the CPU)."""
-    import torch.distributed as dist
-
-    with tempfile.TemporaryDirectory() as d:
-        dist.init_process_group("gloo", init_method=f"file://{os.path.join(d, 'store')}", rank=0, world_size=1)
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
-
-
 def test_fsdp2_dtensor_parameters_and_state_use_the_local_shard():
     from torch.distributed.fsdp import fully_shard
 
-    with one_rank():
+    with one_process_group():
         model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
         fully_shard(model)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
