@@ -18,9 +18,11 @@ facade would otherwise abort the process (SIGABRT) inside ``pythonnet.load``.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -155,7 +157,11 @@ def load(kind: str = "coreclr", dotnet_root: str | os.PathLike | None = None,
     rt = select(kind, dotnet_root)
     try:
         if kind == "coreclr":
-            cdir = Path(config_dir) if config_dir else Path(tempfile.mkdtemp(prefix="optcheck-rc-"))
+            if config_dir:
+                cdir = Path(config_dir)
+            else:  # hostfxr reads it while loading; removed when the process exits (not left in /tmp)
+                cdir = Path(tempfile.mkdtemp(prefix="optcheck-rc-"))
+                atexit.register(shutil.rmtree, cdir, True)
             cfg = write_runtimeconfig(rt, cdir)
             pythonnet.load("coreclr", runtime_config=str(cfg), dotnet_root=rt.root)
         else:

@@ -4,6 +4,7 @@ one-line errors); the TorchSharp worker's import path stays torch-free."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -139,3 +140,17 @@ def test_native_library_hint_names_the_library():
     msg = "Unable to load shared library 'LibTorchSharp' or one of its dependencies."
     hint = runtime.native_library_hint(msg)
     assert "LibTorchSharp" in hint and "LD_LIBRARY_PATH" in hint and "\n" not in hint
+
+
+def test_coreclr_runtimeconfig_folder_is_removed_when_the_process_exits(tmp_path):
+    """``load("coreclr")`` writes its runtimeconfig to a temporary folder for hostfxr; a
+    process that loaded CoreCLR and exited leaves no ``optcheck-rc-*`` folder behind."""
+    if discovery.dotnetcore2_root() is None:
+        pytest.skip("dotnetcore2 not installed")
+    code = ("import glob, os, tempfile; from optcheck.torchsharp_bridge import runtime; runtime.load('coreclr'); "
+            "print(len(glob.glob(os.path.join(tempfile.gettempdir(), 'optcheck-rc-*'))))")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-500:]
+    assert out.stdout.split()[-1] == "1"  # there while the runtime runs
+    assert list(tmp_path.glob("optcheck-rc-*")) == []  # gone after the exit
