@@ -241,8 +241,7 @@ class Monitor:
         self.seq.snapshots = int(state.get("snapshots", self.snapshots))
         self.every = int(state.get("every", self.every))
         self.seq.loss_first = state.get("loss_first", self.seq.loss_first)
-        if hasattr(self.hazards, "arm"):
-            self.hazards.arm("resume")
+        self.hazards.arm("resume")
         if self._ctx is not None:
             self._exit_step()
             self._enter_step()
@@ -286,7 +285,7 @@ class Monitor:
                      out=str(self.rundir.path) if self.rundir else None, started=self._started,
                      finished=utc_now() if self.closed else None, config={"every": self.every},
                      not_checked=list(getattr(self.hazards, "not_checked", [])),
-                     hazards=self.hazards.stats() if hasattr(self.hazards, "stats") else None)
+                     hazards=self.hazards.stats())
         sm.fill_findings(self.checker)
         sm.fill_timing(time.perf_counter() - seq.t0, seq.cost, self.checker.cost)
         sm.cost["steps"], sm.cost["train_cpu_s"] = self.step_cost.to_dict(), None  # (CPU: a soak worker's only)

@@ -131,9 +131,7 @@ def _watched(key: str):
         try:
             out = _ORIG[key](tensors, *args, **kwargs)
         except RuntimeError as e:  # PyTorch's version check on an unarmed step: StepStopped (OC301) from it
-            failed = getattr(mon.hazards, "backward_failed", None)
-            if failed is not None:
-                failed(e, mon.step_count + 1)
+            mon.hazards.backward_failed(e, mon.step_count + 1)
             raise
         finally:
             _IN_BACKWARD.pop()

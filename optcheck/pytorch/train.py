@@ -28,7 +28,14 @@ CENSUS_EVERY = 10  # tensor census on every 10th snapshot (~1-2 ms after the fir
 
 
 class NullHazards:
-    """Hazard probes switched off: every hook does nothing (``--no-hazards``)."""
+    """Hazard probes switched off: every hook does nothing (``--no-hazards``).
+
+    It has the whole interface of :class:`optcheck.pytorch.hazards.HazardProbes`, so
+    callers never ask which one they hold; ``can_replay`` is False (no step runs
+    unarmed, so none is re-run armed)."""
+
+    can_replay = False
+    wants_norms = False  # drain() reads no tensor: the snapshot body need not read the optimizer state
 
     def step_context(self, step: int):
         return contextlib.nullcontext()
@@ -42,10 +49,20 @@ class NullHazards:
     def has_events(self) -> bool:
         return False
 
-    wants_norms = False  # drain() reads no tensor: the snapshot body need not read the optimizer state
-
     def drain(self, norms: dict | None = None) -> list[dict]:
         return []
+
+    def arm(self, reason: str) -> None:
+        pass
+
+    def backward_failed(self, exc: BaseException, step: int) -> None:
+        pass
+
+    def check_grads_now(self, step: int) -> None:
+        pass
+
+    def stats(self) -> None:
+        return None
 
     def remove(self) -> None:
         pass
@@ -123,7 +140,7 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["lr"] = lr_at(self.cfg, step)
         hz = self.hazards
-        replayable = self.zero_grad and hasattr(hz, "replay")
+        replayable = self.zero_grad and hz.can_replay
         rng = torch.get_rng_state() if replayable else None
         if self.zero_grad:
             self.optimizer.zero_grad(set_to_none=True)
@@ -137,15 +154,14 @@ class Trainer:
             replay, first = True, e
         except RuntimeError as e:  # unarmed: PyTorch's version check (the armed run names the write)
             if not (replayable and not hz.armed and pytorch_inplace_error(e)):
-                if hasattr(hz, "backward_failed"):
-                    hz.backward_failed(e, step)
+                hz.backward_failed(e, step)
                 raise
             replay, first = True, e
         if replay:
             loss = self._replay(step, xb, yb, rng, first)
         if self.cfg.grad_clip:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-            if not math.isfinite(norm) and hasattr(hz, "check_grads_now"):
+            if not math.isfinite(norm):
                 hz.check_grads_now(step)  # a NaN/Inf gradient makes the total norm non-finite: name them
         self.optimizer.step()
         return float(loss.detach())
@@ -287,8 +303,7 @@ class TorchBackend:
 
     def hazard_stats(self) -> dict | None:
         """The hazard probes' arming (``HazardProbes.stats``), None with ``--no-hazards``."""
-        stats = getattr(self.trainer.hazards, "stats", None)
-        return stats() if stats is not None else None
+        return self.trainer.hazards.stats()
 
     def snapshot_body(self) -> dict:
         census = self.snapshots % CENSUS_EVERY == 0

@@ -249,11 +249,7 @@ class ArmingPolicy:
     def check_grads_now(self, step: int) -> None:
         """The gradients' NaN/Inf check (OC501) now, whatever ``grad_check_every`` says (the soak
         calls it when ``clip_grad_norm_``'s total norm is not finite)."""
-        every, self.grad_check_every = self.grad_check_every, 1
-        try:
-            self._check_grads_finite(self._trainable(), step)
-        finally:
-            self.grad_check_every = every
+        self._check_grads_finite(self._trainable(), step, force=True)
 
     # -- OC301 found by PyTorch's own check ----------------------------------------------------
     def backward_failed(self, exc: BaseException, step: int) -> None:

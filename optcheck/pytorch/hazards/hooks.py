@@ -53,6 +53,8 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         ValueError: ``mode`` is not one of :data:`MODES`.
     """
 
+    can_replay = True  # a step run unarmed can be re-run armed (the soak's Trainer.train_step)
+
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, allow_inplace: bool = False,
                  grad_check_every: int = 1, compiled: bool = False, mode: str = "auto"):
         if mode not in MODES:

@@ -23,8 +23,10 @@ class NonfiniteProbe:
                           "detail": {"what": "loss", "value": float(loss.detach().float().reshape(-1)[0])}},
                          key=("nonfinite", "loss"))
 
-    def _check_grads_finite(self, trainable: list[tuple[str, torch.Tensor]], step: int) -> None:
-        if self.grad_check_every and step % self.grad_check_every == 0:
+    def _check_grads_finite(self, trainable: list[tuple[str, torch.Tensor]], step: int, force: bool = False) -> None:
+        """NaN/Inf in the gradients of ``trainable`` at ``step``: every ``grad_check_every``
+        steps, or now when ``force``."""
+        if force or (self.grad_check_every and step % self.grad_check_every == 0):
             grads = [_dense(p.grad) for _, p in trainable if p.grad is not None]
             if grads and not bool(torch.stack(torch._foreach_norm(grads)).isfinite().all()):
                 bad = [n for n, p in trainable
