@@ -15,7 +15,9 @@ Top-level fields (``*`` = required)::
                  the first step)
     phase*       "post-step" (after optimizer.step() of ``step``) or "pre-step"
                  (before optimizer.step() of ``step``, after anything injected or
-                 done to the model at that step)
+                 done to the model at that step), or "in-step" (TorchSharp: read
+                 inside the trainer's step, at its own optimizer call, before that
+                 call ran: a fault planted in the user's step)
     trigger*     why it was taken: "cadence" (every ``--every`` steps), "check" (the
                  per-step identity check saw the model and optimizer disagree),
                  "hazard" (a hazard probe recorded an event), "lifecycle"
@@ -118,7 +120,7 @@ from typing import Any, Iterator
 
 SCHEMA = "optcheck.snapshot/1"
 BACKENDS = ("pytorch", "torchsharp")
-PHASES = ("pre-step", "post-step")
+PHASES = ("pre-step", "in-step", "post-step")
 
 SCHEMA_DIR = Path(__file__).with_name("schemas")
 #: Published JSON Schemas (draft 2020-12) of the record files, by kind.

@@ -225,7 +225,13 @@ class Loop:
                 seq.stopped(step, e.event)
                 self.stream.send("stopped", step=step, reason=str(e), **self.hazard_stats())
                 return 0
+            except BaseException:
+                self.in_step_snapshot(step)  # what the in-step check saw before the step's exception
+                raise
             te = now()
+            if (stop := self.in_step_snapshot(step)) is not None:
+                self.stream.send("stopped", step=step, reason=stop)
+                return 0
             seq.loss(loss)
             self.metrics["steps"].append(step)
             self.metrics["losses"].append(loss)
@@ -254,6 +260,20 @@ class Loop:
                          val_step_last=self.val_steps[-1] if self.val_steps else None,
                          step_cost=self.step_cost.to_dict(), train_cpu_s=round(self.cpu_s, 3), **self.hazard_stats())
         return 0
+
+    def in_step_snapshot(self, step: int) -> str | None:
+        """When the backend's in-step check found something inside step ``step`` (TorchSharp: the
+        guarded optimizer's ``zero_grad()``/``step()``), send the body it read then as snapshot
+        ``phase="in-step"``; returns the supervisor's reason to stop (``--stop-on-finding``), else None.
+        Never raises: the step's own exception, if any, is what the run reports next."""
+        pending = getattr(self.backend, "in_step", None)
+        try:
+            if pending is None or not pending():
+                return None
+            return self.seq.take(step, "in-step", "check")
+        except Exception as e:  # noqa: BLE001
+            print(f"optcheck: the in-step snapshot of step {step} could not be sent: {e}", file=sys.stderr)
+            return None
 
     def hazard_stats(self) -> dict:
         """``{"hazards": ...}`` for the done/stopped message: the hazard probes' arming

@@ -13,6 +13,7 @@ namespace OptCheck.Probe
     {
         readonly ITrainer trainer;
         ProbeCore probe;
+        PreStepGuard guard;   // the trainer's in-step guard (IGuardedTrainer), recording
         internal long[] xbuf = new long[0], ybuf = new long[0];
 
         public Driver(ITrainer trainer)
@@ -50,7 +51,13 @@ namespace OptCheck.Probe
         {
             trainer.Setup(configJson);
             probe = new ProbeCore(trainer.Target);
+            var guarded = trainer as IGuardedTrainer;
+            guard = guarded == null ? null : guarded.Guard;
+            if (guard != null) guard.Recording = true;
         }
+
+        /// <summary>True when the trainer's optimizer calls run the in-step check (IGuardedTrainer).</summary>
+        public bool InStepChecked { get { return guard != null; } }
 
         ProbeCore P
         {
@@ -81,17 +88,71 @@ namespace OptCheck.Probe
         }
 
         /// <summary>Step on the bound buffers' first batch*time elements, then write Fingerprint() (the
-        /// pre-step check of the next step, unless something changes the model in between) to the sink.
-        /// Whatever the trainer throws propagates (KeyNotFoundException from AdamW.step, ...).</summary>
+        /// pre-step check of the next step, unless something changes the model in between) to the sink's
+        /// first int64, and 1 to its second when the in-step check found something during the step
+        /// (TakeInStep has it), else 0. Whatever the trainer throws propagates (KeyNotFoundException from
+        /// AdamW.step, ...); TakeInStep then still has what the in-step check found before it.</summary>
         /// <exception cref="InvalidOperationException">Bind was not called, or batch*time exceeds its capacity.</exception>
         public double StepBound(long step, int batch, int time)
         {
             if (boundX == IntPtr.Zero || checked(batch * time) > boundCapacity)
                 throw new InvalidOperationException("Driver.StepBound: bind buffers of at least batch*time elements first (Driver.Bind)");
             Load(boundX, boundY, batch, time);
+            if (guard != null) guard.Step = step;
             double loss = trainer.Step(step, xbuf, ybuf, batch, time);
-            if (fpSink != IntPtr.Zero) Marshal.WriteInt64(fpSink, P.Fingerprint());
+            if (fpSink != IntPtr.Zero) {
+                Marshal.WriteInt64(fpSink, P.Fingerprint());
+                Marshal.WriteInt64(fpSink, 8, guard != null && guard.Pending != null ? 1 : 0);
+            }
             return loss;
+        }
+
+        /// <summary>What the in-step check found inside the last step, before the optimizer call it guards, as one
+        /// JSON object {"step", "call", "body"} (body: the snapshot body read at that moment, ProbeCore.Read);
+        /// "" when it found nothing. Cleared by the call.</summary>
+        public string TakeInStep()
+        {
+            InStepReport r = guard == null ? null : guard.Take();
+            if (r == null) return "";
+            var w = new JsonWriter();
+            w.BeginObject().Name("step").Long(r.Step).Name("call").String(r.Call).Name("body").Raw(r.Body).EndObject();
+            return w.ToString();
+        }
+
+        /// <summary>After an exception escaped the trainer's Step: the pre-step check and the disposed-member check
+        /// once more on the live objects, one line per finding; the model parameter whose handle is the key in
+        /// <paramref name="exceptionMessage"/> ("The given key 'N' was not present in the dictionary", TorchSharp's
+        /// KeyNotFoundException); "nothing to name: ..." when everything agrees. Never throws.</summary>
+        public string CrashDiagnosis(string exceptionMessage)
+        {
+            var lines = new System.Collections.Generic.List<string>();
+            try {
+                string key = KeyIn(exceptionMessage);
+                if (key != null) {
+                    long h;
+                    string name = long.TryParse(key, System.Globalization.NumberStyles.Integer, System.Globalization.CultureInfo.InvariantCulture, out h)
+                        ? P.ParameterNameOf(h) : null;
+                    lines.Add(name != null
+                        ? "the key " + key + " is the handle of model parameter " + name + ", which has no optimizer state"
+                        : "the key " + key + " is the handle of no current model parameter");
+                }
+                foreach (PreStepProblem p in P.PreStepProblems()) lines.Add(p.Code + " " + p.Line);
+                if (lines.Count == 0)
+                    lines.Add("nothing to name: the model's parameters, the optimizer's members and its state keys agree, and no member is disposed");
+            } catch (Exception e) {
+                lines.Add("the live model and optimizer could not be checked: " + e.GetType().FullName + ": " + e.Message);
+            }
+            return string.Join("\n", lines.ToArray());
+        }
+
+        static string KeyIn(string message)
+        {
+            if (message == null) return null;
+            const string marker = "The given key '";
+            int i = message.IndexOf(marker, StringComparison.Ordinal);
+            if (i < 0) return null;
+            int start = i + marker.Length, end = message.IndexOf('\'', start);
+            return end > start ? message.Substring(start, end - start) : null;
         }
 
         /// <summary>The probe core (benchmarks, Bench.cs).</summary>

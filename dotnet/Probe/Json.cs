@@ -38,6 +38,8 @@ namespace OptCheck.Probe
         public JsonWriter Name(string name) { Sep(); Quote(name); sb.Append(':'); needComma = false; return this; }
 
         public JsonWriter Null() { Sep(); sb.Append("null"); return this; }
+        /// <summary>An already written JSON value, as it is.</summary>
+        public JsonWriter Raw(string json) { Sep(); sb.Append(json); needComma = true; return this; }
         public JsonWriter Bool(bool v) { Sep(); sb.Append(v ? "true" : "false"); return this; }
         public JsonWriter Long(long v) { Sep(); sb.Append(v.ToString(CultureInfo.InvariantCulture)); return this; }
 

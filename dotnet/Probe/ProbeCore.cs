@@ -18,8 +18,19 @@ namespace OptCheck.Probe
     public sealed class PreStepProblem
     {
         public string Code, Line, PredictedException, PredictedKey;
+        /// <summary>The parameters' names (a disposed member: its name at the last clean check, else "group G member I").</summary>
         public readonly List<string> Names = new List<string>();
+        /// <summary>Their handles (Tensor.Handle; 0 for a disposed member).</summary>
         public readonly List<long> Refs = new List<long>();
+        /// <summary>The handles (the same list as Refs).</summary>
+        public List<long> Handles { get { return Refs; } }
+    }
+
+    /// <summary>Optional, next to IProbeTarget: lines the snapshot's notes carry about what the target could
+    /// not read (e.g. "optimizer state not readable: ... native optimizer").</summary>
+    public interface IProbeNotes
+    {
+        IList<string> Notes { get; }
     }
 
     public sealed class ProbeCore
@@ -30,17 +41,32 @@ namespace OptCheck.Probe
         public bool CollectBeforeMemory = true;
 
         readonly IProbeTarget target;
-        readonly StateReader state;
+        StateReader stateReader;
+        object stateOwner;
         readonly List<long> keyBuf = new List<long>();
+        // member names by (group, position) at the last check that found nothing: a materialised list keeps
+        // its order, so a member disposed since is named by the name it had there
+        List<List<string>> lastCleanMembers;
 
         public ProbeCore(IProbeTarget target)
         {
             if (target == null) throw new ArgumentNullException("target");
             this.target = target;
-            state = new StateReader(target.StateOwner, target.StateFieldName);
         }
 
-        public StateReader State { get { return state; } }
+        /// <summary>The reader of the current optimizer's state: made again when IProbeTarget.StateOwner
+        /// returns another object (an optimizer rebuilt on resume), so the live state is always read.</summary>
+        public StateReader State
+        {
+            get {
+                object owner = target.StateOwner;
+                if (stateReader == null || !ReferenceEquals(owner, stateOwner)) {
+                    stateReader = new StateReader(owner, target.StateFieldName);
+                    stateOwner = owner;
+                }
+                return stateReader;
+            }
+        }
 
         // -- fingerprint and pre-step check ------------------------------------------------
 
@@ -65,11 +91,12 @@ namespace OptCheck.Probe
             IList<IParamGroupView> gs = target.ParamGroups();
             for (int g = 0; g < gs.Count; g++) {
                 IList<IParameterView> ms = gs[g].Members();
+                if (ms == null) { h = Mix(h, -7); continue; }   // members not readable (a native optimizer)
                 h = Mix(h, -1 - ms.Count);
                 for (int i = 0; i < ms.Count; i++) { h = Mix(h, ms[i].Handle); h = Mix(h, ms[i].DataPtr); }
             }
             keyBuf.Clear();
-            if (state.Keys(keyBuf)) {
+            if (State.Keys(keyBuf)) {
                 h = Mix(h, -1000003 - keyBuf.Count);
                 for (int i = 0; i < keyBuf.Count; i++) h = Mix(h, keyBuf[i]);
             }
@@ -107,19 +134,32 @@ namespace OptCheck.Probe
             var memberData = new HashSet<long>();
             var noState = new PreStepProblem { Code = "OC108", PredictedException = "System.Collections.Generic.KeyNotFoundException" };
             var stale = new PreStepProblem { Code = "OC101" };
+            var gone = new PreStepProblem { Code = "OC109", PredictedException = "System.InvalidOperationException" };
             keyBuf.Clear();
-            bool haveKeys = state.Keys(keyBuf);
+            bool haveKeys = State.Keys(keyBuf);
             var keys = new HashSet<long>(keyBuf);
-            int disposed = 0;
-            foreach (IParamGroupView g in target.ParamGroups()) {
-                foreach (IParameterView m in g.Members()) {
+            bool allMembersRead = true;
+            var names = new List<List<string>>();
+            IList<IParamGroupView> gs = target.ParamGroups();
+            for (int g = 0; g < gs.Count; g++) {
+                IList<IParameterView> ms = gs[g].Members();
+                var gnames = new List<string>();
+                names.Add(gnames);
+                if (ms == null) { allMembersRead = false; continue; }  // not readable: nothing is judged from them
+                for (int i = 0; i < ms.Count; i++) {
+                    IParameterView m = ms[i];
                     if (m.Handle == 0) {  // a disposed tensor (TorchSharp 0.107.0: IsInvalid): its own state, below
-                        disposed++;
+                        string was = lastCleanMembers != null && g < lastCleanMembers.Count && i < lastCleanMembers[g].Count
+                            ? lastCleanMembers[g][i] : null;
+                        gone.Names.Add(was ?? "group " + g + " member " + i);
+                        gone.Refs.Add(0);
+                        gnames.Add(null);
                         continue;
                     }
                     memberHandles.Add(m.Handle);
                     if (m.DataPtr != 0) memberData.Add(m.DataPtr);
                     string name = NameOf(m, modelByHandle, modelByData);
+                    gnames.Add(name);
                     if (haveKeys && !keys.Contains(m.Handle)) { noState.Names.Add(name); noState.Refs.Add(m.Handle); }
                     if (!modelByHandle.ContainsKey(m.Handle) && !(m.DataPtr != 0 && modelByData.ContainsKey(m.DataPtr))) {
                         stale.Names.Add(name); stale.Refs.Add(m.Handle);
@@ -127,19 +167,22 @@ namespace OptCheck.Probe
                 }
             }
             var untracked = new PreStepProblem { Code = "OC102" };
-            foreach (IParameterView p in ps) {
-                if (p.RequiresGrad && !memberHandles.Contains(p.Handle) && !(p.DataPtr != 0 && memberData.Contains(p.DataPtr))) {
-                    untracked.Names.Add(p.Name); untracked.Refs.Add(p.Handle);
+            if (allMembersRead) {
+                foreach (IParameterView p in ps) {
+                    if (p.Handle != 0 && p.RequiresGrad && !memberHandles.Contains(p.Handle) && !(p.DataPtr != 0 && memberData.Contains(p.DataPtr))) {
+                        untracked.Names.Add(p.Name); untracked.Refs.Add(p.Handle);
+                    }
                 }
             }
             var orphans = new PreStepProblem { Code = "OC103" };
-            if (haveKeys) foreach (long k in keyBuf) if (!memberHandles.Contains(k)) { orphans.Refs.Add(k); orphans.Names.Add(k.ToString()); }
+            if (haveKeys && allMembersRead) foreach (long k in keyBuf) if (!memberHandles.Contains(k)) { orphans.Refs.Add(k); orphans.Names.Add(k.ToString()); }
             var r = new List<PreStepProblem>();
-            if (disposed > 0)
-                r.Add(new PreStepProblem {
-                    Code = "OC109", PredictedException = "System.InvalidOperationException",
-                    Line = disposed + " optimizer member(s) are disposed tensors (empty handle), the next zero_grad() or step() " +
-                           "throws InvalidOperationException (Tensor invalid -- empty handle)" });
+            int disposed = gone.Refs.Count;
+            if (disposed > 0) {
+                gone.Line = disposed + " optimizer member(s) are disposed tensors (empty handle), the next zero_grad() or step() " +
+                            "throws InvalidOperationException (Tensor invalid -- empty handle): " + string.Join(", ", gone.Names.ToArray());
+                r.Add(gone);
+            }
             // the state the disposed members still own is not orphaned (an approximation without history:
             // the OC103 rule, which has the previous snapshot, still names a real orphan beside them)
             if (orphans.Refs.Count <= disposed) { orphans.Refs.Clear(); orphans.Names.Clear(); }
@@ -161,7 +204,15 @@ namespace OptCheck.Probe
                 orphans.Line = orphans.Refs.Count + " optimizer-state key(s) of no member: " + string.Join(", ", orphans.Names.ToArray());
                 r.Add(orphans);
             }
+            if (r.Count == 0) lastCleanMembers = names;
             return r;
+        }
+
+        /// <summary>The name of the model parameter with this handle (a KeyNotFoundException's key), or null.</summary>
+        public string ParameterNameOf(long handle)
+        {
+            foreach (IParameterView p in target.ModelParameters()) if (p.Handle == handle) return p.Name;
+            return null;
         }
 
         static string WithHandles(PreStepProblem p)
@@ -189,7 +240,16 @@ namespace OptCheck.Probe
         /// Costs one GradNorm per parameter with a grad and one ReadValues per parameter.</summary>
         public string Read()
         {
+            return Read(null);
+        }
+
+        /// <summary>Read() with <paramref name="note"/> (when not null) first in the snapshot's notes.</summary>
+        public string Read(string note)
+        {
             var notes = new List<string>();
+            if (note != null) notes.Add(note);
+            var targetNotes = target as IProbeNotes;
+            if (targetNotes != null && targetNotes.Notes != null) notes.AddRange(targetNotes.Notes);
             var w = new JsonWriter();
             w.BeginObject();
             IList<IParameterView> ps = target.ModelParameters();
@@ -227,8 +287,13 @@ namespace OptCheck.Probe
             for (int g = 0; g < gs.Count; g++) {
                 w.BeginObject().Name("index").Long(g).Name("options");
                 Options(w, gs[g].OptionNames ?? new string[0], gs[g].OptionValues ?? new double[0]);
+                IList<IParameterView> members = gs[g].Members();
+                if (members == null) {  // not readable (a native optimizer): no member is judged from it
+                    w.Name("members").BeginArray().EndArray().Name("members_readable").Bool(false).EndObject();
+                    continue;
+                }
                 w.Name("members").BeginArray();
-                foreach (IParameterView m in gs[g].Members()) {
+                foreach (IParameterView m in members) {
                     string name = m.Name;
                     if (name == null && !byHandle.TryGetValue(m.Handle, out name) && !(m.DataPtr != 0 && byData.TryGetValue(m.DataPtr, out name)))
                         name = null;
@@ -319,6 +384,7 @@ namespace OptCheck.Probe
         {
             var keys = new List<object>(); var values = new List<object>();
             bool ok;
+            StateReader state = State;
             string why = state.Problem;
             try { ok = state.Entries(keys, values); }
             catch (Exception e) { ok = false; why = "optimizer state not readable: " + e.GetType().FullName + ": " + e.Message; }

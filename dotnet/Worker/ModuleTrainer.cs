@@ -3,12 +3,17 @@
 // same target GptTrainer uses: the named-parameter walk, the param groups of any built-in optimizer
 // and its OptimizerHelper._state. Then
 //     optcheck soak --backend torchsharp --dotnet-assembly Their.dll --dotnet-trainer Their.Trainer
-// For C# code that does not run under optcheck, TorchSharpGuard.For(model, optimizer) gives the
-// worker's pre-step check as a PreStepGuard to call before optimizer.step().
+// The Optimizer property hands Step a GuardedOptimizer over the user's optimizer: its zero_grad() and
+// step() run the pre-step check first (virtual on TorchSharp's torch.optim.Optimizer from 0.99 to
+// 0.107), so a parameter replaced, moved, registered late or disposed inside Step is named at that
+// step, before TorchSharp throws (docs/torchsharp.md, "Checked inside the step").
+// For C# code that does not run under optcheck, TorchSharpGuard.Wrap(model, optimizer) gives the same
+// check as an optimizer that throws PreStepCheckException; TorchSharpGuard.For(...).Check() by hand.
 using System;
 using System.Collections.Generic;
 using OptCheck.Probe;
 using TorchSharp;
+using TorchSharp.Modules;
 using static TorchSharp.torch;
 
 namespace OptCheck.Worker
@@ -19,20 +24,39 @@ namespace OptCheck.Worker
     /// module-to-after-optimizer), Lifecycle (default none). The type needs a public parameterless
     /// constructor; its assembly must also compile in dotnet/Probe/*.cs and dotnet/Worker/TorchSharpProbe.cs
     /// and ModuleTrainer.cs (examples/torchsharp-own-model/*.csproj shows how).</summary>
-    public abstract class ModuleTrainer : ITrainer
+    public abstract class ModuleTrainer : ITrainer, IGuardedTrainer
     {
         readonly TorchSharpTarget target;
-        PreStepGuard guard;
+        readonly PreStepGuard guard;
+        optim.Optimizer optimizer;
+        GuardedOptimizer guarded;
 
         protected ModuleTrainer()
         {
-            target = new TorchSharpTarget(() => Model, () => Optimizer);
+            target = new TorchSharpTarget(() => Model, () => optimizer);
+            guard = new PreStepGuard(target);
         }
 
         /// <summary>The model the probe reads (set in Setup; set again if you rebuild it).</summary>
         public nn.Module Model { get; protected set; }
-        /// <summary>The optimizer the probe reads (set in Setup; set again if you rebuild it).</summary>
-        public optim.Optimizer Optimizer { get; protected set; }
+
+        /// <summary>Set: the optimizer the probe reads (in Setup; again if you rebuild it). Get: that optimizer
+        /// wrapped in a GuardedOptimizer, whose zero_grad() and step() run the pre-step check first: call them
+        /// through this property in Step, and a parameter replaced, moved, registered late or disposed earlier in
+        /// the step is named before TorchSharp throws. Under optcheck the check records and never throws; outside
+        /// it throws PreStepCheckException. The optimizer itself (e.g. for save_state_dict): UnguardedOptimizer.</summary>
+        public optim.Optimizer Optimizer {
+            get { return guarded; }
+            protected set {
+                optimizer = ReferenceEquals(value, null) ? null : GuardedOptimizer.Unwrap(value);
+                guarded = ReferenceEquals(optimizer, null) ? null : new GuardedOptimizer(optimizer, guard.Before);
+            }
+        }
+
+        /// <summary>The optimizer Setup assigned, not wrapped.</summary>
+        public optim.Optimizer UnguardedOptimizer { get { return optimizer; } }
+
+        PreStepGuard IGuardedTrainer.Guard { get { return guard; } }
 
         /// <summary>Parses the configuration JSON (TrainerOptions.FromJson), calls Setup(TrainerOptions),
         /// checks that Model and Optimizer are set.</summary>
@@ -84,15 +108,79 @@ namespace OptCheck.Worker
         /// Optimizer.step(); throws PreStepCheckException naming the parameters.</summary>
         protected void CheckBeforeStep()
         {
-            if (guard == null) guard = new PreStepGuard(target);
             guard.Check();
         }
     }
 
-    /// <summary>The pre-step guard over a TorchSharp (Module, Optimizer) pair, for loops run without optcheck:
-    /// <code>var guard = TorchSharpGuard.For(model, optimizer); ... guard.Check(); optimizer.step();</code></summary>
+    /// <summary>An optimizer that runs a check before each zero_grad() and step() of the optimizer it wraps, and
+    /// forwards everything else (parameters(), ParamGroups, add_param_group) to it. It owns no native handle;
+    /// disposing it disposes the wrapped optimizer.</summary>
+    public sealed class GuardedOptimizer : optim.Optimizer
+    {
+        readonly optim.Optimizer inner;
+        readonly Action<string> before;
+
+        /// <param name="inner">the optimizer to run</param>
+        /// <param name="before">called with "zero_grad()" or "step()" before that call (PreStepGuard.Before)</param>
+        public GuardedOptimizer(optim.Optimizer inner, Action<string> before) : base(IntPtr.Zero)
+        {
+            if (ReferenceEquals(inner, null)) throw new ArgumentNullException("inner");
+            if (before == null) throw new ArgumentNullException("before");
+            this.inner = inner;
+            this.before = before;
+        }
+
+        /// <summary>The wrapped optimizer.</summary>
+        public optim.Optimizer Inner { get { return inner; } }
+
+        /// <summary>The optimizer under any number of GuardedOptimizer wrappers.</summary>
+        public static optim.Optimizer Unwrap(optim.Optimizer o)
+        {
+            var g = o as GuardedOptimizer;
+            while (g != null) { o = g.inner; g = o as GuardedOptimizer; }
+            return o;
+        }
+
+        public override void zero_grad()
+        {
+            before("zero_grad()");
+            inner.zero_grad();
+        }
+
+        public override Tensor step(Func<Tensor> closure = null)
+        {
+            before("step()");
+            return inner.step(closure);
+        }
+
+        public override IEnumerable<Parameter> parameters() { return inner.parameters(); }
+
+        public override void add_param_group(ParamGroup param_group) { inner.add_param_group(param_group); }
+
+        public override IEnumerable<optim.ILearningRateController> ParamGroups { get { return inner.ParamGroups; } }
+
+        protected override void Dispose(bool disposing)
+        {
+            if (disposing) inner.Dispose();
+        }
+    }
+
+    /// <summary>The pre-step guard over a TorchSharp (Module, Optimizer) pair, for loops run without optcheck.
+    /// One line: <code>optimizer = TorchSharpGuard.Wrap(model, optimizer);</code> and every zero_grad() and step()
+    /// is checked first (PreStepCheckException naming the parameters, before TorchSharp's KeyNotFoundException
+    /// or "Tensor invalid -- empty handle"); or by hand: <code>var guard = TorchSharpGuard.For(model, optimizer);
+    /// ... guard.Check(); optimizer.step();</code></summary>
     public static class TorchSharpGuard
     {
+        /// <summary>The optimizer wrapped so that its zero_grad() and step() run the pre-step check first and
+        /// throw PreStepCheckException when the optimizer no longer matches the model.</summary>
+        public static optim.Optimizer Wrap(nn.Module model, optim.Optimizer optimizer)
+        {
+            optim.Optimizer inner = GuardedOptimizer.Unwrap(optimizer);
+            var guard = new PreStepGuard(new TorchSharpTarget(model, inner));
+            return new GuardedOptimizer(inner, guard.Before);
+        }
+
         /// <summary>A guard over this model and optimizer (fixed: make a new one if you rebuild either).</summary>
         public static PreStepGuard For(nn.Module model, optim.Optimizer optimizer)
         {

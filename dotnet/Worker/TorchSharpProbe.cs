@@ -12,9 +12,15 @@
 // - The grad is read through whatever this TorchSharp has: a method grad() up to 0.102.5, a
 //   property grad from 0.102.6 (Tensor.cs), bound once by reflection, so one source builds for both.
 // - Optimizer state: `protected OrderedDict<IntPtr, OptimizerState> _state` on
-//   TorchSharp.Modules.OptimizerHelper (Optimizers/Optimizer.cs, unchanged 0.99.6..0.107), read
-//   by reflection and handed to the probe through StateHolder, which the trainer rebinds when it
-//   rebuilds the optimizer (resume), so the probe always reads the live optimizer.
+//   TorchSharp.Modules.OptimizerHelper (Optimizers/Optimizer.cs, unchanged 0.99.6..0.107): the
+//   probe reads it by reflection from the live optimizer (StateOwner, re-read on every call, so a
+//   rebuilt optimizer is followed).
+// - A native optimizer (libtorch's, behind Optimizer's handle: LBFGS) is read for its groups' options
+//   only. Its ParamGroup.Parameters is Optimizer.parameters(), which wraps every native tensor the
+//   optimizer holds in a new Parameter on each enumeration; those wrappers free native memory when
+//   they are finalized, and a run under the probe died of "double free or corruption" (run on
+//   0.107.0, docs/torchsharp.md). The probe never enumerates them: members and state are reported
+//   as not readable, and nothing is judged from them.
 using System;
 using System.Collections.Generic;
 using System.Reflection;
@@ -172,10 +178,15 @@ namespace OptCheck.Worker
     {
         readonly ParamGroup group;
         readonly OptionReader options;
+        readonly bool readMembers;
 
-        public TsGroupView(ParamGroup group)
+        /// <param name="group">the group</param>
+        /// <param name="readMembers">false for a native optimizer's group: Members() returns null (not readable)
+        /// and never enumerates group.Parameters</param>
+        public TsGroupView(ParamGroup group, bool readMembers)
         {
             this.group = group;
+            this.readMembers = readMembers;
             options = OptionReader.For(group.Options == null ? null : group.Options.GetType());
         }
 
@@ -186,9 +197,11 @@ namespace OptCheck.Worker
         /// momentum, dampening, ...): NaN for an option left null, 1/0 for a bool.</summary>
         public double[] OptionValues { get { return options.Values(group); } }
 
-        /// <summary>group.Parameters enumerated afresh: a lazy enumerable re-walks the model, as step() does.</summary>
+        /// <summary>group.Parameters enumerated afresh: a lazy enumerable re-walks the model, as step() does;
+        /// null (not readable) for a native optimizer's group.</summary>
         public IList<IParameterView> Members()
         {
+            if (!readMembers) return null;
             var list = new List<IParameterView>();
             foreach (Parameter p in group.Parameters) list.Add(new TsParameterView(null, p));
             return list;
@@ -254,12 +267,6 @@ namespace OptCheck.Worker
         }
     }
 
-    /// <summary>Holds the live optimizer's _state dictionary for the probe's StateReader (field "state").</summary>
-    public sealed class StateHolder
-    {
-        public object state;
-    }
-
     /// <summary>The training thread's DisposeScope bookkeeping: TorchSharp's public static
     /// DisposeScopeManager.Statistics (a [ThreadStatic] ThreadDisposeScopeStatistics, in
     /// src/TorchSharp/DisposeScopeManager.cs), CreatedOutsideScopeCount and DisposedOutsideScopeCount.
@@ -306,19 +313,21 @@ namespace OptCheck.Worker
     /// reflection, OptionReader) and its per-parameter state (OptimizerHelper._state, where all twelve
     /// built-in optimizers keep it, docs/torchsharp.md). GptTrainer and ModuleTrainer (a user's own
     /// model) both use it; PreStepGuard checks it before a step.</summary>
-    public sealed class TorchSharpTarget : IProbeTarget, IDisposeScopeStatistics
+    public sealed class TorchSharpTarget : IProbeTarget, IDisposeScopeStatistics, IProbeNotes
     {
         /// <summary>OptimizerHelper._state, or null when this TorchSharp has no such field.</summary>
         public static readonly FieldInfo StateField =
             typeof(OptimizerHelper).GetField("_state", BindingFlags.Instance | BindingFlags.NonPublic | BindingFlags.Public);
 
+        /// <summary>Optimizer.handle (internal HType, a SafeHandle): set for libtorch's native optimizers only.</summary>
+        static readonly FieldInfo NativeHandleField =
+            typeof(optim.Optimizer).GetField("handle", BindingFlags.Instance | BindingFlags.NonPublic | BindingFlags.Public);
+
         readonly Func<nn.Module> model;
         readonly Func<optim.Optimizer> optimizer;
-        readonly StateHolder holder = new StateHolder();
-        object boundTo;
 
         /// <param name="model">returns the model now (read on every probe call)</param>
-        /// <param name="optimizer">returns the optimizer now (read on every probe call)</param>
+        /// <param name="optimizer">returns the optimizer now (read on every probe call; a GuardedOptimizer is read through)</param>
         public TorchSharpTarget(Func<nn.Module> model, Func<optim.Optimizer> optimizer)
         {
             if (model == null) throw new ArgumentNullException("model");
@@ -342,23 +351,22 @@ namespace OptCheck.Worker
             get {
                 optim.Optimizer o = optimizer();
                 if (o == null) throw new InvalidOperationException("the probe target has no optimizer (it returned null)");
-                return o;
+                return GuardedOptimizer.Unwrap(o);
             }
         }
 
-        /// <summary>Point the state holder at the current optimizer's _state (when the optimizer changed).
-        /// ProbeCore calls ModelParameters() first in every read, so the state it reads next is the live one.</summary>
-        void Rebind()
+        /// <summary>True for libtorch's native optimizers (LBFGS): a live native handle on Optimizer, or, where
+        /// the field cannot be found, any optimizer that is not an OptimizerHelper.</summary>
+        public static bool IsNative(optim.Optimizer o)
         {
-            optim.Optimizer o = optimizer();
-            if (ReferenceEquals(o, boundTo)) return;
-            boundTo = o;
-            holder.state = StateField == null || !(o is OptimizerHelper) ? null : StateField.GetValue(o);
+            if (o is OptimizerHelper) return false;
+            if (NativeHandleField == null) return true;
+            var h = NativeHandleField.GetValue(o) as SafeHandle;
+            return h != null && !h.IsInvalid;
         }
 
         public IList<IParameterView> ModelParameters()
         {
-            Rebind();
             var list = new List<IParameterView>();
             foreach (var np in Model.named_parameters()) list.Add(new TsParameterView(np.name, np.parameter));
             return list;
@@ -366,18 +374,40 @@ namespace OptCheck.Worker
 
         public IList<IParamGroupView> ParamGroups()
         {
+            optim.Optimizer o = Optimizer;
+            bool members = !IsNative(o);
             var list = new List<IParamGroupView>();
-            foreach (var g in Optimizer.ParamGroups) {
+            foreach (var g in o.ParamGroups) {
                 ParamGroup pg = g as ParamGroup;
-                if (pg != null) list.Add(new TsGroupView(pg));
+                if (pg != null) list.Add(new TsGroupView(pg, members));
             }
             return list;
         }
 
-        // With the field found, the probe reads holder.state; without it, it looks for "_state" on the
-        // optimizer itself and its snapshot says why the state cannot be read.
-        public object StateOwner { get { Rebind(); return StateField != null ? (object)holder : Optimizer; } }
-        public string StateFieldName { get { return StateField != null ? "state" : "_state"; } }
+        /// <summary>The live optimizer when it keeps its state in OptimizerHelper._state; null otherwise (a native
+        /// optimizer: its state lives in libtorch, not readable, Notes says so).</summary>
+        public object StateOwner {
+            get {
+                optim.Optimizer o = optimizer();
+                o = o == null ? null : GuardedOptimizer.Unwrap(o);
+                return o is OptimizerHelper ? o : null;
+            }
+        }
+        public string StateFieldName { get { return "_state"; } }
+
+        /// <summary>What cannot be read from this optimizer, for the snapshot's notes.</summary>
+        public IList<string> Notes {
+            get {
+                optim.Optimizer o = optimizer();
+                o = o == null ? null : GuardedOptimizer.Unwrap(o);
+                if (o == null || !IsNative(o)) return null;
+                return new[] {
+                    "optimizer state not readable: " + o.GetType().FullName + " is libtorch's native optimizer (not an " +
+                    "OptimizerHelper); its state lives in libtorch, and its members are not enumerated (each enumeration " +
+                    "wraps the optimizer's own native tensors in new Parameters that free them when finalized); nothing is " +
+                    "judged from what was not read" };
+            }
+        }
 
         /// <summary>Any optimizer's state entry: its public long "step" field and every public Tensor field
         /// (AdamW: exp_avg, exp_avg_sq, max_exp_avg_sq; SGD: momentum_buffer; ...), null or disposed ones skipped.</summary>

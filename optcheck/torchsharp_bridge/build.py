@@ -74,6 +74,14 @@ def sources_dir() -> Path:
 _DOTNET_DIR = sources_dir()
 
 
+def sources_arg() -> str:
+    """:func:`sources_dir` as ``python -m optcheck.torchsharp_bridge.build --sources`` prints it, for
+    ``dotnet build -p:OptCheckSources=VALUE``: with a trailing ``/``. The .NET SDK 10.0.401 CLI misreads
+    ``-p:Name=VALUE`` when VALUE ends in ``/dotnet`` (MSB1009 "Project file does not exist", the checkout's
+    folder is named ``dotnet``); the same folder with a trailing ``/`` is taken (docs/torchsharp.md)."""
+    return str(sources_dir()).rstrip("/") + "/"
+
+
 @dataclass(frozen=True)
 class Spec:
     """A parsed ``--torchsharp`` value.
@@ -367,7 +375,7 @@ if __name__ == "__main__":  # pragma: no cover - `python -m optcheck.torchsharp_
     from optcheck.exitcodes import USAGE
 
     if "--sources" in sys.argv[1:]:  # the folder a user's csproj compiles optcheck's C# from (OptCheckSources)
-        print(sources_dir())
+        print(sources_arg())
         sys.exit(0)
     args = [a for a in sys.argv[1:] if a != "--rebuild"]
     try:

@@ -21,10 +21,20 @@ the snapshot body as one JSON string, pre-step check included, ``docs/dotnet.md`
 - every key reaches the trainer's ``Setup`` JSON under ``extra`` (``extra.KEY`` in
   ``TrainerOptions``, dotnet/Probe/TrainerOptions.cs).
 
+**In-step check.** A trainer whose optimizer calls run the pre-step guard
+(``ModuleTrainer``: its ``Optimizer`` is a ``GuardedOptimizer``; ``IGuardedTrainer``)
+records what the check found inside the step, before the ``zero_grad()`` / ``step()``
+it guards, with the snapshot body read at that moment. :meth:`TorchSharpBackend.in_step`
+hands it to the loop, which sends it as a snapshot ``phase="in-step"`` at that step,
+before the crash report of whatever TorchSharp then throws.
+
 A .NET exception out of a step (``KeyNotFoundException`` from ``AdamW.step``)
 is reported with its .NET type full name, message and .NET stack trace
-(:meth:`TorchSharpBackend.exception_info`); ``Environment.FailFast`` kills the
-process with SIGABRT and the supervisor reports that.
+(:meth:`TorchSharpBackend.exception_info`), and with what the pre-step and
+disposed-member checks find on the live objects right after it (``diagnosis``:
+the parameter behind the key, disposed members; "nothing to name" when all
+agrees); ``Environment.FailFast`` kills the process with SIGABRT and the
+supervisor reports that.
 """
 
 from __future__ import annotations
@@ -91,9 +101,11 @@ class TorchSharpBackend:
         self._threads = 1
         self._known: dict[int, str] = {}
         self._IntPtr = None
-        # Driver.Bind buffers: inputs, targets (int64, capacity elements) and the fingerprint sink
+        # Driver.Bind buffers: inputs, targets (int64, capacity elements) and the sink: the fingerprint after
+        # the step, and 1 when the in-step check found something during it
         self._xb = self._yb = None
-        self._fp = np.zeros(1, dtype=np.int64)
+        self._fp = np.zeros(2, dtype=np.int64)
+        self._in_step: dict | None = None  # {"step", "call", "body"} from Driver.TakeInStep, until in_step() takes it
         self._cap = 0
         self._fp_valid = False  # _fp holds the fingerprint after the last step and nothing has run since
 
@@ -215,9 +227,28 @@ class TorchSharpBackend:
         self._xb[:n] = np.ravel(x)  # into the bound buffers: no IntPtr objects, no array marshalling per step
         self._yb[:n] = np.ravel(y)
         self._fp_valid = False
-        loss = float(self.driver.StepBound(step, b, t))
+        try:
+            loss = float(self.driver.StepBound(step, b, t))
+        except BaseException:
+            self._take_in_step()
+            raise
         self._fp_valid = True
+        if self._fp[1]:
+            self._take_in_step()
         return loss
+
+    def _take_in_step(self) -> None:
+        try:
+            text = str(self.driver.TakeInStep())
+        except Exception:  # noqa: BLE001 - a report that cannot be read is no report
+            return
+        if text:
+            self._in_step = json.loads(text)
+
+    def in_step(self) -> bool:
+        """True when the in-step check found something during the last step: the next
+        :meth:`snapshot_body` is the body it read then (before the optimizer call it guards)."""
+        return self._in_step is not None
 
     def val_loss(self, batches: list) -> float | None:
         """Mean held-out loss; None when the trainer has no held-out evaluation (EvalLoss returns NaN,
@@ -236,6 +267,12 @@ class TorchSharpBackend:
 
     def snapshot_body(self) -> dict:
         self._fp_valid = False
+        if self._in_step is not None:
+            report, self._in_step = self._in_step, None
+            body = body_from_json(json.dumps(report["body"]))
+            name_members(body, self._known)
+            body["events"] = []
+            return body
         body = body_from_json(str(self.driver.Probe()))
         name_members(body, self._known)
         body["events"] = []
@@ -251,8 +288,25 @@ class TorchSharpBackend:
             stack += f"\n --- inner {inner.GetType().FullName}: {inner.Message}\n{inner.StackTrace or ''}"
             inner = inner.InnerException
         first = next((ln.strip() for ln in stack.splitlines() if ln.strip()), "")
-        return {"exc_type": tname, "message": dotnet_message(exc), "stack": stack,
-                "where": first.removeprefix("at ").strip() or None, "dotnet": True}
+        message = dotnet_message(exc)
+        diagnosis = self.crash_diagnosis(message)
+        if diagnosis:
+            message = f"{message} [optcheck, on the live objects after it: {'; '.join(diagnosis)}]"
+        return {"exc_type": tname, "message": message, "stack": stack,
+                "where": first.removeprefix("at ").strip() or None, "dotnet": True, "diagnosis": diagnosis}
+
+    def crash_diagnosis(self, message: str) -> list[str]:
+        """``Driver.CrashDiagnosis``: the pre-step and disposed-member checks run once more on the live
+        model and optimizer after an exception escaped the step, one line per finding (the parameter whose
+        handle is a KeyNotFoundException's key, disposed members), or one line saying there is nothing to
+        name; [] when there is no driver."""
+        if self.driver is None:
+            return []
+        try:
+            text = str(self.driver.CrashDiagnosis(message))
+        except Exception as e:  # noqa: BLE001 - never let the diagnosis hide the crash
+            return [f"the live model and optimizer could not be checked: {e}"]
+        return [ln for ln in text.splitlines() if ln.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -268,8 +268,13 @@ namespace OptCheckTest
                 _state[p.Handle] = new State { exp_avg = new Storage(p.Data.Length), exp_avg_sq = new Storage(p.Data.Length), shape = p.Shape };
         }
 
+        /// <summary>Run before ZeroGrad() and Step() with "zero_grad()" / "step()": the stand-in of
+        /// OptCheck.Worker.GuardedOptimizer (PreStepGuard.Before).</summary>
+        public Action<string> Before;
+
         public void ZeroGrad()
         {
+            if (Before != null) Before("zero_grad()");
             foreach (var g in Groups)
                 foreach (var p in g.Parameters) {
                     if (p.Disposed) throw new InvalidOperationException("Tensor invalid -- empty handle.");
@@ -279,6 +284,7 @@ namespace OptCheckTest
 
         public void Step()
         {
+            if (Before != null) Before("step()");
             foreach (var g in Groups) {
                 foreach (var p in g.Parameters) {
                     if (p.Disposed) throw new InvalidOperationException("Tensor invalid -- empty handle.");
@@ -384,14 +390,21 @@ namespace OptCheckTest
     public class TestTrainer : ITrainer
     {
         public TinyLM Model;
-        public HandleAdamW Optimizer;
+        HandleAdamW optimizer;
+        /// <summary>The optimizer; a trainer with an in-step guard (InStepTrainer) hooks it into every one it gets.</summary>
+        public HandleAdamW Optimizer {
+            get { return optimizer; }
+            set { optimizer = value; if (value != null && InStepGuard != null) value.Before = InStepGuard.Before; }
+        }
+        /// <summary>The guard the optimizer's zero_grad()/step() run (InStepTrainer), or null.</summary>
+        protected PreStepGuard InStepGuard;
         TrainerOptions opts;
         double[][] checkpoint;
         readonly Target target;
 
         public TestTrainer() { target = new Target(this); }
 
-        protected virtual bool Eager { get { return false; } }
+        protected virtual bool Eager { get { return opts != null && opts.String("extra.bug", "") == "eager-to-float64"; } }
         protected virtual bool Tied { get { return false; } }
         /// <summary>Backward every step but never optimizer.step() (NoStepTrainer).</summary>
         protected virtual bool SkipsOptimizerStep { get { return false; } }
@@ -429,6 +442,7 @@ namespace OptCheckTest
         public double Step(long step, long[] inputs, long[] targets, int batch, int time)
         {
             if (D("extra.failfast_at", -1) == step) Environment.FailFast("optcheck test loop: FailFast at step " + step);
+            if (D("extra.bug_at", -1) == step && BugBeforeZeroGrad) PlantBug();
             foreach (var p in Model.Parameters()) {
                 if (p.Storage.Grad == null) p.Storage.Grad = new double[p.Data.Length];
             }
@@ -443,6 +457,7 @@ namespace OptCheckTest
             if (nanGrad) Model.LmHeadBias.Grad[0] = double.NaN;
             double clip = D("grad_clip", 1.0);
             if (clip > 0 && !nanGrad) Clip(clip);
+            if (D("extra.bug_at", -1) == step && !BugBeforeZeroGrad) PlantBug();
             if (!SkipsOptimizerStep && !nanGrad) Optimizer.Step();
             if (keepLosses) {  // `losses.Add(loss)`: the loss and the activation it holds, never released
                 var kept = new Storage(batch * time * Model.D);
@@ -451,6 +466,34 @@ namespace OptCheckTest
             }
             if (!noDisposeScope) foreach (Temp t in temps) t.Dispose();
             return loss;
+        }
+
+        /// <summary>The user's own bug, planted inside Step ("extra.bug", at step "extra.bug_at"): to-float64
+        /// (model.to(Float64)), param-replaced (lm_head.weight = new Parameter), register-late (register_parameter),
+        /// eager-to-float64 (the optimizer was built over parameters().ToList(); model.to(Float64) disposes the old
+        /// tensors), dispose (lm_head.bias.Dispose()). eager-to-float64 and dispose go before zero_grad(), the
+        /// others between backward and optimizer.step().</summary>
+        void PlantBug()
+        {
+            switch (opts.String("extra.bug", "")) {
+                case "to-float64": Inject("module-to-after-optimizer"); break;
+                case "param-replaced": Inject("param-replaced"); break;
+                case "register-late": Inject("param-registered-late"); break;
+                case "eager-to-float64": {
+                    var held = new List<Param>();
+                    foreach (var g in Optimizer.Groups) held.AddRange(g.Parameters);
+                    Inject("module-to-after-optimizer");
+                    var now = new HashSet<Param>(Model.Parameters());
+                    foreach (var p in held) if (!now.Contains(p)) p.Disposed = true;
+                    break;
+                }
+                case "dispose": Model.LmHeadBias.Disposed = true; break;
+                default: throw new ArgumentException("the test loop has no in-step bug '" + opts.String("extra.bug", "") + "'");
+            }
+        }
+
+        bool BugBeforeZeroGrad {
+            get { string b = opts.String("extra.bug", ""); return b == "eager-to-float64" || b == "dispose"; }
         }
 
         /// <summary>Temporaries a step makes (a TorchSharp GPT step makes ~180; fewer keep the test fast).</summary>
@@ -628,4 +671,13 @@ namespace OptCheckTest
 
     /// <summary>The lazy trainer under its default name.</summary>
     public sealed class LazyTrainer : TestTrainer { }
+
+    /// <summary>A user's own trainer as ModuleTrainer makes it: its optimizer's zero_grad() and step() run the
+    /// in-step guard (the stand-in of GuardedOptimizer). Plant a bug inside Step with "extra.bug" / "extra.bug_at".
+    /// Under optcheck's Driver the guard records; run by hand (GuardCheck) it throws PreStepCheckException.</summary>
+    public sealed class InStepTrainer : TestTrainer, IGuardedTrainer
+    {
+        public InStepTrainer() { InStepGuard = new PreStepGuard(Target); }
+        public PreStepGuard Guard { get { return InStepGuard; } }
+    }
 }

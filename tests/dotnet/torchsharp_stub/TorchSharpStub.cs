@@ -238,7 +238,11 @@ namespace TorchSharp
         {
             public abstract partial class Optimizer : IDisposable
             {
+                protected Optimizer(IntPtr handle) { }                                  // the body sets the native handle when not zero
                 public void Dispose() { }
+                protected virtual void Dispose(bool disposing) { }
+                public virtual IEnumerable<TorchSharp.Modules.Parameter> parameters() { throw null; }
+                public virtual void add_param_group(TorchSharp.Modules.ParamGroup param_group) { }
                 public virtual void zero_grad() { }
                 public virtual Tensor step(Func<Tensor> closure = null) { throw null; }
                 public virtual IEnumerable<ILearningRateController> ParamGroups { get { throw null; } }
@@ -360,6 +364,7 @@ namespace TorchSharp.Modules
 
     public abstract class OptimizerHelper : optim.Optimizer
     {
+        protected OptimizerHelper() : base(IntPtr.Zero) { }
         public void save_state_dict(string location) { }
         public void load_state_dict(string location) { }
         protected Utils.OrderedDict<IntPtr, OptimizerState> _state = new Utils.OrderedDict<IntPtr, OptimizerState>();
