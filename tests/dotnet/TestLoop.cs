@@ -472,7 +472,8 @@ namespace OptCheckTest
         /// (model.to(Float64)), param-replaced (lm_head.weight = new Parameter), register-late (register_parameter),
         /// eager-to-float64 (the optimizer was built over parameters().ToList(); model.to(Float64) disposes the old
         /// tensors), dispose (lm_head.bias.Dispose()). eager-to-float64 and dispose go before zero_grad(), the
-        /// others between backward and optimizer.step().</summary>
+        /// others between backward and optimizer.step(); throw: an exception of the user's own, nothing wrong with
+        /// the model or the optimizer.</summary>
         void PlantBug()
         {
             switch (opts.String("extra.bug", "")) {
@@ -488,6 +489,7 @@ namespace OptCheckTest
                     break;
                 }
                 case "dispose": Model.LmHeadBias.Disposed = true; break;
+                case "throw": throw new InvalidOperationException("the user's own Step failed (no model or optimizer fault)");
                 default: throw new ArgumentException("the test loop has no in-step bug '" + opts.String("extra.bug", "") + "'");
             }
         }
