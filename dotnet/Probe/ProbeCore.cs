@@ -390,7 +390,9 @@ namespace OptCheck.Probe
             catch (Exception e) { ok = false; why = "optimizer state not readable: " + e.GetType().FullName + ": " + e.Message; }
             w.Name("state");
             if (!ok) {
-                notes.Add(why ?? "optimizer state not readable: the state field is not enumerable");
+                // one line saying why: the target's own (IProbeNotes) when it gave one
+                if (!notes.Exists(n => n.StartsWith("optimizer state not readable", StringComparison.Ordinal)) || state.Readable)
+                    notes.Add(why ?? "optimizer state not readable: the state field is not enumerable");
                 w.Null();
                 return -1;
             }

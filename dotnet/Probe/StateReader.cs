@@ -28,7 +28,7 @@ namespace OptCheck.Probe
         public StateReader(object owner, string fieldName)
         {
             this.owner = owner;
-            if (owner == null) { Problem = "the trainer exposes no optimizer state (IProbeTarget.StateOwner is null)"; return; }
+            if (owner == null) { Problem = "optimizer state not readable: the trainer exposes none (IProbeTarget.StateOwner is null)"; return; }
             if (string.IsNullOrEmpty(fieldName)) fieldName = "_state";
             for (Type t = owner.GetType(); t != null && field == null; t = t.BaseType)
                 field = t.GetField(fieldName, Fields | BindingFlags.DeclaredOnly);

@@ -5,6 +5,9 @@
 // (TorchSharp's weight_decay default is 0, PyTorch's 0.01: docs/torchsharp.md), the lifecycle events
 // eval / checkpoint / resume and the TorchSharp faults of optcheck/scenarios.py.
 //
+// It is a ModuleTrainer, the class a user's own trainer derives from: the built-in soak runs the user
+// path, the GuardedOptimizer included (its zero_grad() and step() run the in-step check).
+//
 // The param groups are lazy LINQ over model.named_parameters(), as `optim.AdamW(model.parameters())`
 // is in TorchSharp user code: step() and zero_grad() re-walk the model's current parameters, so a
 // parameter replaced after the optimizer exists is looked up in _state and throws
@@ -23,7 +26,7 @@ using static TorchSharp.torch;
 
 namespace OptCheck.Worker
 {
-    public sealed class GptTrainer : ITrainer
+    public sealed class GptTrainer : ModuleTrainer
     {
         /// <summary>The full type name the Python worker is given (SoakConfig.extra["dotnet_trainer"]).</summary>
         public const string TypeName = "OptCheck.Worker.GptTrainer";
@@ -48,26 +51,30 @@ namespace OptCheck.Worker
         readonly List<Tensor> keptLosses = new List<Tensor>();
         bool keepLosses, noDisposeScope;
 
-        public GPT Model { get; private set; }
-        public AdamW Optimizer { get; private set; }
-        readonly TorchSharpTarget target;
+        GPT gpt;
+        AdamW adamw;
 
-        public GptTrainer()
+        /// <summary>The GPT (ModuleTrainer.Model is the same object).</summary>
+        public GPT Gpt { get { return gpt; } }
+        /// <summary>Its AdamW, unwrapped (ModuleTrainer.Optimizer is the guarded one Step calls).</summary>
+        public AdamW AdamWOptimizer { get { return adamw; } }
+
+        void Use(GPT model, AdamW optimizer)
         {
-            target = new TorchSharpTarget(() => Model, () => Optimizer);
+            gpt = model;
+            adamw = optimizer;
+            Model = model;
+            Optimizer = optimizer;
         }
 
-        public IProbeTarget Target { get { return target; } }
-        public string[] Scenarios { get { return (string[])Faults.Clone(); } }
-        public int Threads { get { return torch.get_num_threads(); } }
+        public override string[] Scenarios { get { return (string[])Faults.Clone(); } }
         /// <summary>Where the initial weights came from ("--same-init DIR" or TorchSharp's own seeded init).</summary>
         public string InitSource { get { return initSource; } }
 
         // -- setup ---------------------------------------------------------------------------
 
-        public void Setup(string configJson)
+        protected override void Setup(TrainerOptions o)
         {
-            var o = TrainerOptions.FromJson(configJson);
             seed = o.Long("seed", seed);
             steps = o.Long("steps", steps);
             warmupSteps = o.Long("warmup_steps", warmupSteps);
@@ -104,9 +111,9 @@ namespace OptCheck.Worker
 
             torch.set_num_threads(threads);
             torch.manual_seed(seed);
-            Model = new GPT(config);
-            if (sameInit != null) LoadInit(Model, sameInit);
-            Optimizer = BuildOptimizer(Model);
+            var model = new GPT(config);
+            if (sameInit != null) LoadInit(model, sameInit);
+            Use(model, BuildOptimizer(model));
         }
 
         /// <summary>AdamW over lazy decay (dim >= 2) / no-decay (dim < 2) groups of the model's
@@ -166,7 +173,7 @@ namespace OptCheck.Worker
             lastB = batch; lastT = time; lastIsHeldOut = heldOut;
         }
 
-        public double Step(long step, long[] inputs, long[] targets, int batch, int time)
+        public override double Step(long step, long[] inputs, long[] targets, int batch, int time)
         {
             if (!lastIsHeldOut || lastX.Length == 0) Remember(inputs, targets, batch, time, false);
             double lrNow = LrAt(step);
@@ -180,18 +187,18 @@ namespace OptCheck.Worker
         double StepBody(long[] inputs, long[] targets, int batch, int time)
         {
             Optimizer.zero_grad();
-            Device device = Model.TiedWeight().device;  // batches go where the model is (CPU or CUDA)
+            Device device = gpt.TiedWeight().device;  // batches go where the model is (CPU or CUDA)
             Tensor x = torch.tensor(inputs, device: device).view(batch, time);
             Tensor y = torch.tensor(targets, device: device).view(batch, time);
-            Tensor loss = GPT.Loss(Model.call(x), y);
+            Tensor loss = GPT.Loss(gpt.call(x), y);
             loss.backward();
-            if (gradClip > 0) torch.nn.utils.clip_grad_norm_(Model.parameters(), gradClip);
+            if (gradClip > 0) torch.nn.utils.clip_grad_norm_(gpt.parameters(), gradClip);
             Optimizer.step();
             if (keepLosses) keptLosses.Add(loss.MoveToOuterDisposeScope());  // `losses.Add(loss)`: survives the scope
             return loss.to(ScalarType.Float64).item<double>();
         }
 
-        public double EvalLoss(long[] inputs, long[] targets, int batch, int time)
+        public override double EvalLoss(long[] inputs, long[] targets, int batch, int time)
         {
             Remember(inputs, targets, batch, time, true);
             return Forward(inputs, targets, batch, time);
@@ -200,46 +207,46 @@ namespace OptCheck.Worker
         /// <summary>Eval mode, no_grad forward, training mode restored; the loss.</summary>
         double Forward(long[] inputs, long[] targets, int batch, int time)
         {
-            bool wasTraining = Model.training;
-            Model.eval();
+            bool wasTraining = gpt.training;
+            gpt.eval();
             try {
                 using (torch.no_grad())
                 using (DisposeScope scope = torch.NewDisposeScope()) {
-                    Device device = Model.TiedWeight().device;
+                    Device device = gpt.TiedWeight().device;
                     Tensor x = torch.tensor(inputs, device: device).view(batch, time);
                     Tensor y = torch.tensor(targets, device: device).view(batch, time);
-                    return GPT.Loss(Model.call(x), y).to(ScalarType.Float64).item<double>();
+                    return GPT.Loss(gpt.call(x), y).to(ScalarType.Float64).item<double>();
                 }
             } finally {
-                Model.train(wasTraining);
+                gpt.train(wasTraining);
             }
         }
 
         // -- faults (optcheck/scenarios.py) --------------------------------------------------
 
-        public string Inject(string name)
+        public override string Inject(string name)
         {
             switch (name) {
             case "module-to-after-optimizer":
-                Model.to(ScalarType.Float64);
+                gpt.to(ScalarType.Float64);
                 return "model.to(ScalarType.Float64)";
             case "param-replaced": {
-                Linear fc = Model.h[0].mlp.c_fc;
+                Linear fc = gpt.h[0].mlp.c_fc;
                 Parameter old = fc.get_parameter("weight");
                 fc.weight = new Parameter(old.detach().clone(), true);
                 return "model.h[0].mlp.c_fc.weight = new Parameter(weight.detach().clone())";
             }
             case "param-registered-late":
-                Model.ln_f.AddGain();
+                gpt.ln_f.AddGain();
                 return "model.ln_f.register_parameter(\"gain\", new Parameter(torch.ones(n_embd)))";
             case "eager-param-list":
                 // what `optim.AdamW(model.parameters().ToList())` would hold: the groups' members
                 // materialised now, then the dtype change that rebuilds the plain Parameter fields.
-                foreach (var g in Optimizer.ParamGroups) {
+                foreach (var g in adamw.ParamGroups) {
                     ParamGroup pg = (ParamGroup)g;
                     pg.Parameters = pg.Parameters.ToList();
                 }
-                Model.to(ScalarType.Float64);
+                gpt.to(ScalarType.Float64);
                 return "optimizer groups from model.parameters().ToList(); model.to(ScalarType.Float64)";
             case "state-leak":
                 keepLosses = true;
@@ -258,7 +265,7 @@ namespace OptCheck.Worker
         string ModelPath { get { return Path.Combine(workDir, "checkpoint.model.bin"); } }
         string OptimizerPath { get { return Path.Combine(workDir, "checkpoint.optimizer.bin"); } }
 
-        public string Lifecycle(string kind)
+        public override string Lifecycle(string kind)
         {
             switch (kind) {
             case "eval": {
@@ -266,19 +273,19 @@ namespace OptCheck.Worker
                 if (lastX.Length > 0)
                     loss = "loss " + Forward(lastX, lastY, lastB, lastT).ToString("R", CultureInfo.InvariantCulture) +
                            (lastIsHeldOut ? " on the last held-out batch" : " on the last training batch");
-                Parameter p = Model.parameters().First();
+                Parameter p = gpt.parameters().First();
                 Device device = p.device;
                 ScalarType dtype = p.dtype;
                 string where = TensorFacts.Device(p) + ", " + DTypes.Normalize(dtype.ToString());
-                Model.to(device, dtype);  // the no-op round trip evaluation code does (docs/torchsharp.md: not a no-op on 0.99.6)
+                gpt.to(device, dtype);  // the no-op round trip evaluation code does (docs/torchsharp.md: not a no-op on 0.99.6)
                 return "model.eval(); no_grad forward (" + loss + "); model.train(); model.to(" + where + ")";
             }
             case "checkpoint":
                 Directory.CreateDirectory(workDir);
-                Model.save(ModelPath);
-                Optimizer.save_state_dict(OptimizerPath);
-                Model.load(ModelPath);
-                Optimizer.load_state_dict(OptimizerPath);
+                gpt.save(ModelPath);
+                adamw.save_state_dict(OptimizerPath);
+                gpt.load(ModelPath);
+                adamw.load_state_dict(OptimizerPath);
                 return "model.save + optimizer.save_state_dict to " + workDir + "; model.load + optimizer.load_state_dict back";
             case "resume": {
                 string also = "";
@@ -286,14 +293,13 @@ namespace OptCheck.Worker
                     Lifecycle("checkpoint");  // resume before any checkpoint: checkpoint now, as a job would have
                     also = " (checkpointed first: there was none)";
                 }
-                GPT oldModel = Model;
-                AdamW oldOptimizer = Optimizer;
+                GPT oldModel = gpt;
+                AdamW oldOptimizer = adamw;
                 var model = new GPT(config);
                 model.load(ModelPath);
                 AdamW optimizer = BuildOptimizer(model);
                 optimizer.load_state_dict(OptimizerPath);
-                Model = model;
-                Optimizer = optimizer;
+                Use(model, optimizer);
                 oldOptimizer.Dispose();
                 oldModel.Dispose();
                 return "new GPT + AdamW, model.load + optimizer.load_state_dict from the last checkpoint" + also;
@@ -311,7 +317,7 @@ namespace OptCheck.Worker
             return TensorFacts.TorchSharpVersion();
         }
 
-        public string[] Versions {
+        public override string[] Versions {
             get {
                 return new string[] {
                     "torchsharp=" + TorchSharpVersion(),

@@ -340,18 +340,20 @@ namespace OptCheckTest
     sealed class GroupView : IParamGroupView
     {
         readonly Group g;
-        public GroupView(Group g) { this.g = g; }
+        readonly bool native;
+        public GroupView(Group g, bool native) { this.g = g; this.native = native; }
         public string[] OptionNames { get { return new[] { "lr", "beta1", "beta2", "eps", "weight_decay" }; } }
         public double[] OptionValues { get { return new[] { g.Lr, g.Beta1, g.Beta2, g.Eps, g.WeightDecay }; } }
         public IList<IParameterView> Members()
         {
+            if (native) return null;   // as TorchSharpTarget reports a native optimizer's (LBFGS) groups
             var l = new List<IParameterView>();
             foreach (var p in g.Parameters) l.Add(new ParamView(null, p));
             return l;
         }
     }
 
-    sealed class Target : IProbeTarget, IDisposeScopeStatistics
+    sealed class Target : IProbeTarget, IDisposeScopeStatistics, IProbeNotes
     {
         readonly TestTrainer t;
         public Target(TestTrainer t) { this.t = t; }
@@ -364,10 +366,16 @@ namespace OptCheckTest
         public IList<IParamGroupView> ParamGroups()
         {
             var l = new List<IParamGroupView>();
-            foreach (var g in t.Optimizer.Groups) l.Add(new GroupView(g));
+            foreach (var g in t.Optimizer.Groups) l.Add(new GroupView(g, t.NativeOptimizer));
             return l;
         }
-        public object StateOwner { get { return t.Optimizer; } }
+        public object StateOwner { get { return t.NativeOptimizer ? null : t.Optimizer; } }
+        public IList<string> Notes {
+            get {
+                return t.NativeOptimizer
+                    ? new[] { "optimizer state not readable: the stand-in's native optimizer (as libtorch's LBFGS)" } : null;
+            }
+        }
         public string StateFieldName { get { return "_state"; } }
         public StateView DescribeState(object key, object value)
         {
@@ -406,6 +414,8 @@ namespace OptCheckTest
 
         protected virtual bool Eager { get { return opts != null && opts.String("extra.bug", "") == "eager-to-float64"; } }
         protected virtual bool Tied { get { return false; } }
+        /// <summary>The optimizer read as TorchSharpTarget reads libtorch's native ones (NativeOptimizerTrainer).</summary>
+        public virtual bool NativeOptimizer { get { return false; } }
         /// <summary>Backward every step but never optimizer.step() (NoStepTrainer).</summary>
         protected virtual bool SkipsOptimizerStep { get { return false; } }
 
@@ -669,6 +679,12 @@ namespace OptCheckTest
     public sealed class NoStepTrainer : TestTrainer
     {
         protected override bool SkipsOptimizerStep { get { return true; } }
+    }
+
+    /// <summary>The optimizer as optcheck sees libtorch's native LBFGS: members and state not readable.</summary>
+    public sealed class NativeOptimizerTrainer : TestTrainer
+    {
+        public override bool NativeOptimizer { get { return true; } }
     }
 
     /// <summary>The lazy trainer under its default name.</summary>

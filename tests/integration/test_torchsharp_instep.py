@@ -162,3 +162,20 @@ def test_the_wrapped_guard_throws_the_named_problems_before_the_optimizer_would(
 def test_the_wrapped_guard_is_silent_on_the_clean_loop(wrapped_exe):
     rc, out = run_wrapped(wrapped_exe, "80")
     assert rc == 0 and out["clean"] == ["80"] and "guard_step" not in out
+
+
+# -- an optimizer whose members and state cannot be read (libtorch's native LBFGS) --------------
+
+def test_an_optimizer_it_cannot_read_gives_no_finding_and_says_so(dll, tmp_path):  # noqa: F811
+    """The stand-in's optimizer read as TorchSharpTarget reads a native one (members and state not
+    readable): no OC108 "no state", no OC102 "in no group" from what was not read; the snapshots say
+    why. That the TorchSharp adapter never enumerates a native optimizer's tensors is checked against
+    TorchSharp's own assembly in tests/unit/test_torchsharp_instep_sources.py."""
+    need("coreclr")
+    res = soak(config(dll, "coreclr", "OptCheckTest.NativeOptimizerTrainer", steps=200), tmp_path / "run")
+    s = res.summary
+    assert res.exit_code == 0 and s["status"] == "clean" and s["findings"] == 0, [f.message for f in res.findings]
+    snaps = read_snapshots(res.out / "snapshots.jsonl")
+    assert all(x["state"] is None and x["prestep_findings"] == [] for x in snaps)
+    assert all(g["members"] == [] and g["members_readable"] is False for x in snaps for g in x["groups"])
+    assert all(x["notes"][0].startswith("optimizer state not readable") for x in snaps)

@@ -149,9 +149,12 @@ def test_fault_list_and_state_lookup(check_exe):
     out = dict(ln.split(" ", 1) for ln in res.stdout.splitlines())
     faults = out["scenarios"].split(",")
     assert sorted(faults) == sorted(n for n, s in scenarios.CATALOGUE.items() if "torchsharp" in s.backends)
-    # the field is found where TorchSharp declares it, and the probe reads it through the holder
+    # the field is found where TorchSharp declares it; the probe reads it from the live optimizer itself
+    # (none before Setup), no holder in between
     assert out["state_field"] == "TorchSharp.Modules.OptimizerHelper._state"
-    assert out["state_owner"] == "OptCheck.Worker.StateHolder state"
+    assert out["state_owner"] == "none _state"
+    # the built-in GPT takes the user path: a ModuleTrainer, its optimizer calls guarded
+    assert out["base"] == "OptCheck.Worker.ModuleTrainer guarded True"
     # read through Keys + indexer, in insertion order (TorchSharp's OrderedDict cannot be enumerated untyped)
     assert out["state_read"] == "True 42,41 7,8"
 

@@ -146,6 +146,7 @@ namespace TorchSharp
             public static Tensor operator |(Tensor left, Tensor right) { throw null; }
             public static Tensor operator ^(Tensor left, Tensor right) { throw null; }
             public static Tensor operator ~(Tensor left) { throw null; }
+            public static Tensor operator *(Tensor left, Tensor right) { throw null; }      // Tensor/Tensor.Operators.cs (tests/dotnet/instep)
             // and the explicit conversions to scalars (so the compiler says CS0266 "an explicit conversion exists")
             public static explicit operator float(Tensor value) { throw null; }
             public static explicit operator double(Tensor value) { throw null; }

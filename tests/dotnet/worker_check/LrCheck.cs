@@ -10,6 +10,15 @@ using OptCheck.Worker;
 using TorchSharp.Modules;
 using TorchSharp.Utils;
 
+/// <summary>An object holding an OptimizerHelper._state-shaped dictionary in a non-public field, as the optimizer does.</summary>
+public sealed class StateBox
+{
+    #pragma warning disable 414
+    readonly object _state;
+    #pragma warning restore 414
+    public StateBox(object state) { _state = state; }
+}
+
 public static class LrCheck
 {
     public static int Main(string[] args)
@@ -21,14 +30,14 @@ public static class LrCheck
         }
         Console.WriteLine("scenarios " + string.Join(",", t.Scenarios));
         Console.WriteLine("state_field " + (TorchSharpTarget.StateField == null ? "none" : TorchSharpTarget.StateField.DeclaringType.FullName + "." + TorchSharpTarget.StateField.Name));
-        Console.WriteLine("state_owner " + t.Target.StateOwner.GetType().FullName + " " + t.Target.StateFieldName);
+        Console.WriteLine("state_owner " + (t.Target.StateOwner == null ? "none" : t.Target.StateOwner.GetType().FullName) + " " + t.Target.StateFieldName);
+        Console.WriteLine("base " + t.GetType().BaseType.FullName + " guarded " + (t is IGuardedTrainer));
         // the probe's read of an OptimizerHelper._state-shaped dictionary (the stub's OrderedDict has
         // TorchSharp's enumerators: the non-generic one throws)
         var dict = new OrderedDict<IntPtr, OptimizerState>();
         dict[new IntPtr(42)] = new AdamW.State { step = 7 };
         dict[new IntPtr(41)] = new AdamW.State { step = 8 };
-        var holder = new StateHolder { state = dict };
-        var reader = new StateReader(holder, "state");
+        var reader = new StateReader(new StateBox(dict), "_state");
         var keys = new List<object>(); var values = new List<object>(); var handles = new List<long>();
         bool ok = reader.Entries(keys, values) && reader.Keys(handles);
         var steps = new List<string>();
