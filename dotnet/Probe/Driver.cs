@@ -23,10 +23,22 @@ namespace OptCheck.Probe
         }
 
         /// <summary>Construct the ITrainer named <paramref name="typeName"/> (a full type name, looked up in
-        /// this assembly, then in every loaded assembly) and wrap it.</summary>
-        /// <exception cref="ArgumentException">no such type, or it does not implement ITrainer.</exception>
+        /// this assembly, then in every loaded assembly) and wrap it; null or "": the one trainer type this
+        /// assembly holds (TrainerTypes).</summary>
+        /// <exception cref="ArgumentException">no such type, or it does not implement ITrainer; no name and not
+        /// exactly one trainer type in this assembly (the message lists them).</exception>
         public static Driver ForType(string typeName)
         {
+            if (string.IsNullOrEmpty(typeName)) {
+                string[] found = TrainerTypes();
+                if (found.Length != 1)
+                    throw new ArgumentException(typeof(Driver).Assembly.GetName().Name + " holds " +
+                                                (found.Length == 0 ? "no trainer type (a public class implementing OptCheck.Probe.ITrainer " +
+                                                                     "with a public parameterless constructor, e.g. one derived from ModuleTrainer)"
+                                                                   : found.Length + " trainer types: " + string.Join(", ", found) +
+                                                                     "; name one with --dotnet-trainer"));
+                typeName = found[0];
+            }
             Type t = typeof(Driver).Assembly.GetType(typeName);
             if (t == null) {
                 foreach (Assembly a in AppDomain.CurrentDomain.GetAssemblies()) {
@@ -40,6 +52,23 @@ namespace OptCheck.Probe
             if (!typeof(ITrainer).IsAssignableFrom(t))
                 throw new ArgumentException("type '" + typeName + "' does not implement OptCheck.Probe.ITrainer");
             return new Driver((ITrainer)Activator.CreateInstance(t));
+        }
+
+        /// <summary>The full names of this assembly's trainer types: public, concrete, implementing ITrainer, with a
+        /// public parameterless constructor; sorted.</summary>
+        public static string[] TrainerTypes()
+        {
+            var r = new System.Collections.Generic.List<string>();
+            Type[] types;
+            try { types = typeof(Driver).Assembly.GetTypes(); }
+            catch (ReflectionTypeLoadException e) { types = e.Types; }
+            foreach (Type t in types) {
+                if (t == null || !t.IsPublic || t.IsAbstract || t.IsInterface || !typeof(ITrainer).IsAssignableFrom(t)) continue;
+                if (t.GetConstructor(Type.EmptyTypes) == null) continue;
+                r.Add(t.FullName);
+            }
+            r.Sort(StringComparer.Ordinal);
+            return r.ToArray();
         }
 
         public ITrainer Trainer { get { return trainer; } }

@@ -160,7 +160,10 @@ def register(group: click.Group) -> None:
                        "default $OPTCHECK_TORCHSHARP or 0.107.0), or a local build's folder.")
     @click.option("--dotnet-assembly", type=click.Path(), default=None,
                   help="TorchSharp backend: a prebuilt worker assembly (.dll) to load instead.")
-    @click.option("--dotnet-trainer", type=str, default=None, help="TorchSharp backend: trainer type name in it.")
+    @click.option("--dotnet-trainer", type=str, default=None,
+                  help="TorchSharp backend: trainer type name in it (default: its one trainer type).")
+    @click.option("--trainer-option", "trainer_options", multiple=True, metavar="KEY=VALUE",
+                  help="TorchSharp backend: a setting of your own trainer, read in Setup as extra.KEY (repeatable).")
     @click.option("--dotnet-root", type=click.Path(), default=None,
                   help="TorchSharp backend: a .NET installation folder to take CoreCLR from (default: found).")
     @click.option("--force", is_flag=True, help="Replace a run already in --out (default: refuse).")
@@ -185,7 +188,7 @@ def register(group: click.Group) -> None:
     def soak(steps, every, seed, seeds, python, data, vocab_size, out, injects, fail_on, backend, same_init, threads, stop_on_finding,
              no_hazards, hazard_mode, allow_inplace, val_every, eval_every, checkpoint_every, resume_at, memory_budget, lr,
              optimizer, n_layer, n_embd, n_head, block_size, batch_size, dotnet_runtime, torchsharp,
-             dotnet_assembly, dotnet_trainer, dotnet_root, force, step_timeout, ignores, junit, plot, summary_md, baseline, speed_tolerance, memory_tolerance, quiet, nproc):
+             dotnet_assembly, dotnet_trainer, trainer_options, dotnet_root, force, step_timeout, ignores, junit, plot, summary_md, baseline, speed_tolerance, memory_tolerance, quiet, nproc):
         """Soak-test a GPT training run and flag inconsistencies at the step they happen.
 
         Runs the training in a worker process, takes a snapshot every --every steps
@@ -210,7 +213,9 @@ def register(group: click.Group) -> None:
             raise InputError(f"{option} writes one run's report, and {many}: run each with its own {option}, "
                              f"or use --summary-md (it covers every run)")
 
-        extra = {"optimizer": optimizer, "dotnet_runtime": dotnet_runtime}
+        from optcheck.torchsharp_bridge.options import parse_trainer_options
+
+        extra = {**parse_trainer_options(trainer_options), "optimizer": optimizer, "dotnet_runtime": dotnet_runtime}
         for key, value in (("python", python), ("torchsharp", torchsharp), ("dotnet_assembly", dotnet_assembly),
                            ("dotnet_trainer", dotnet_trainer), ("dotnet_root", dotnet_root)):
             if value:

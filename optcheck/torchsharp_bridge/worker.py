@@ -17,7 +17,8 @@ the snapshot body as one JSON string, pre-step check included, ``docs/dotnet.md`
 - ``dotnet_runtime``: "coreclr" (default; newest installed, rolled forward) or "mono"
 - ``dotnet_root``: look for CoreCLR only in this dotnet root
 - ``dotnet_assembly``: path of the worker assembly (required)
-- ``dotnet_trainer``: full type name of the ``ITrainer`` (default :data:`DEFAULT_TRAINER`)
+- ``dotnet_trainer``: full type name of the ``ITrainer`` (default: the one trainer type the
+  assembly holds, ``Driver.TrainerTypes``; the built-in worker's is :data:`DEFAULT_TRAINER`)
 - every key reaches the trainer's ``Setup`` JSON under ``extra`` (``extra.KEY`` in
   ``TrainerOptions``, dotnet/Probe/TrainerOptions.cs).
 
@@ -138,9 +139,15 @@ class TorchSharpBackend:
         except ImportError:
             raise InputError(f"--dotnet-assembly {asm_path}: it does not contain OptCheck.Probe.Driver "
                              f"(include dotnet/Probe/*.cs in the worker project)") from None
-        trainer = extra.get("dotnet_trainer") or DEFAULT_TRAINER
+        trainer = extra.get("dotnet_trainer") or ""
         try:
             self.driver = Driver.ForType(trainer)
+        except Exception as e:  # noqa: BLE001 - .NET exceptions become one line
+            if dotnet_type_name(e) == "System.ArgumentException" and not trainer:  # not exactly one trainer type
+                raise InputError(f"--dotnet-assembly {asm_path}: {dotnet_message(e).strip()}") from None
+            raise self._setup_error(e, asm_path, trainer) from None
+        trainer = trainer or str(self.driver.Trainer.GetType().FullName)
+        try:
             self.driver.Setup(setup_config(cfg, corpus))
         except Exception as e:  # noqa: BLE001 - .NET exceptions become one line
             raise self._setup_error(e, asm_path, trainer) from None
