@@ -24,15 +24,21 @@ class Progress:
 
     def __init__(self, total: int, enabled: bool, label: str):
         self.bar = None
-        if enabled:
-            from tqdm import tqdm
+        self._args = (total, label) if enabled else None  # the bar is drawn at the first step, not before:
+        self.step = 0                                      # a start-up error line comes alone
 
-            tty = sys.stderr.isatty()
-            self.bar = tqdm(total=total, unit="step", desc=label, file=sys.stderr, dynamic_ncols=True,
-                            mininterval=0.5 if tty else 15.0, leave=True)
-        self.step = 0
+    def _open(self) -> None:
+        from tqdm import tqdm
+
+        total, label = self._args
+        self._args = None
+        tty = sys.stderr.isatty()
+        self.bar = tqdm(total=total, unit="step", desc=label, file=sys.stderr, dynamic_ncols=True,
+                        mininterval=0.5 if tty else 15.0, leave=True)
 
     def update(self, step: int, loss: float | None, findings: int) -> None:
+        if self._args is not None and step > self.step:
+            self._open()
         if self.bar is None or step <= self.step:
             return
         self.bar.update(step - self.step)
@@ -45,6 +51,8 @@ class Progress:
     def write(self, line: str) -> None:
         if self.bar is not None:
             self.bar.write(line, file=sys.stderr)
+        elif self._args is not None:  # enabled, before the first step
+            print(line, file=sys.stderr)
 
     def close(self) -> None:
         if self.bar is not None:

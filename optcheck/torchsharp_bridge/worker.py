@@ -44,6 +44,7 @@ import argparse
 import json
 import math
 import platform
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,19 @@ def dotnet_type_name(exc: BaseException) -> str | None:
 def dotnet_message(exc: BaseException) -> str:
     msg = getattr(exc, "Message", None)
     return str(msg) if msg is not None else str(exc)
+
+
+_FRAMEWORK_RE = re.compile(rb"(\.NET(?:CoreApp|Framework|Standard),Version=v[0-9.]+)")
+
+
+def target_framework(path: Path) -> str | None:
+    """The ``TargetFrameworkAttribute`` an assembly was built for (``.NETCoreApp,Version=v8.0``), read from
+    its bytes without loading it; None when the file has none (``mcs`` writes none) or cannot be read."""
+    try:
+        m = _FRAMEWORK_RE.search(path.read_bytes())
+    except OSError:
+        return None
+    return m.group(1).decode("ascii") if m else None
 
 
 def setup_config(cfg: SoakConfig, corpus: Corpus) -> str:
@@ -124,6 +138,12 @@ class TorchSharpBackend:
         if not Path(asm_path).expanduser().is_file():
             raise InputError(f"--dotnet-assembly {asm_path}: no such file; build the worker assembly first "
                              f"(see dotnet/README.md)")
+        framework = target_framework(Path(asm_path).expanduser())
+        if kind == "mono" and framework and framework.startswith(".NETCoreApp"):
+            raise InputError(f"--dotnet-runtime mono: {asm_path} is built for {framework} (the TorchSharp worker and "
+                             f"projects like examples/torchsharp-own-model target net8.0), which Mono cannot load "
+                             f"(TypeLoadException for System.AppDomain in System.Runtime 8.0); use --dotnet-runtime "
+                             f"coreclr, the default")
         # TorchSharp's type initializer hides the loader's reason behind a TypeInitializationException:
         # load its native library first, and say what is missing (docs/torchsharp.md, "The native library")
         _lib, problem = native.check_folder(Path(asm_path).expanduser().resolve().parent)

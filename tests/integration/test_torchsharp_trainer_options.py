@@ -101,3 +101,35 @@ def test_without_dotnet_trainer_an_assembly_of_several_trainers_names_them(dll, 
     msg = str(e.value)
     assert msg.startswith(f"--dotnet-assembly {dll}: TestLoop holds ") and "trainer types: " in msg
     assert "OptCheckTest.LazyTrainer" in msg and "name one with --dotnet-trainer" in msg and "\n" not in msg
+
+
+# -- start-up errors ---------------------------------------------------------------------------
+
+def test_mono_with_a_net8_assembly_is_refused_in_one_line(tmp_path):
+    """The TorchSharp worker (and a user's project like examples/torchsharp-own-model) targets net8.0, which
+    Mono 6.8 cannot load; the refusal says so before any runtime is loaded."""
+    need("mono")
+    if shutil.which("mcs") is None:
+        pytest.skip("mcs not installed (Debian mono-mcs)")
+    src = tmp_path / "Net8.cs"
+    src.write_text('[assembly: System.Runtime.Versioning.TargetFramework(".NETCoreApp,Version=v8.0")]\n'
+                   "namespace Net8 { public sealed class Nothing { } }\n")
+    asm = tmp_path / "Net8.dll"
+    res = subprocess.run(["mcs", "-target:library", "-nologo", f"-out:{asm}", str(src)], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = cli("--backend", "torchsharp", "--dotnet-runtime", "mono", "--dotnet-assembly", str(asm), "--steps", "5",
+              "--out", str(tmp_path / "run"))
+    assert res.returncode == 2
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.strip()]   # one line: no progress bar before it either
+    assert line.startswith(f"optcheck: error: --dotnet-runtime mono: {asm} is built for .NETCoreApp,Version=v8.0")
+    assert "use --dotnet-runtime coreclr" in line
+
+
+def test_a_start_up_error_is_one_line_with_no_progress_bar(dll, tmp_path):  # noqa: F811
+    need("coreclr")
+    res = cli("--backend", "torchsharp", "--dotnet-assembly", str(dll), "--dotnet-trainer", "OptCheckTest.NativeTrainer",
+              "--steps", "5", "--out", str(tmp_path / "run"))
+    assert res.returncode == 2
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("optcheck: error: the .NET worker could not load native library"), lines
