@@ -5,9 +5,14 @@
 // Setup (model + optimizer) and Step; optcheck's probe reads the model's named parameters, the
 // AdamW param groups and AdamW's per-parameter state through ModuleTrainer.Model / .Optimizer.
 //
-// StandaloneLoop is the same training without optcheck or Python: it calls the pre-step guard
-// before every optimizer.step(), which throws PreStepCheckException naming the parameters where
-// TorchSharp would throw KeyNotFoundException with a bare handle.
+// Step calls the optimizer through ModuleTrainer.Optimizer, a GuardedOptimizer: its zero_grad() and
+// step() run optcheck's pre-step check first, so a parameter replaced, moved, registered late or
+// disposed earlier in the same Step is named at that step, before TorchSharp throws.
+//
+// StandaloneLoop is the same training without optcheck or Python: its optimizer is wrapped once
+// (TorchSharpGuard.Wrap), and every zero_grad()/step() throws PreStepCheckException naming the
+// parameters where TorchSharp would throw KeyNotFoundException with a bare handle, or
+// "Tensor invalid -- empty handle".
 //
 // C# 7 (Mono's mcs compiles it); every Tensor null check is ReferenceEquals (Tensor's == is
 // element-wise from TorchSharp 0.10x).
@@ -28,11 +33,13 @@ namespace OwnModel
         public Linear hidden;
         public Linear head;
 
-        public BigramMlp(long vocab, long width) : base("BigramMlp")
+        public BigramMlp(long vocab, long width) : this(vocab, width, 4 * width) { }
+
+        public BigramMlp(long vocab, long width, long hiddenWidth) : base("BigramMlp")
         {
             emb = nn.Embedding(vocab, width);
-            hidden = nn.Linear(width, 4 * width, true);
-            head = nn.Linear(4 * width, vocab, true);
+            hidden = nn.Linear(width, hiddenWidth, true);
+            head = nn.Linear(hiddenWidth, vocab, true);
             RegisterComponents();
         }
 
@@ -60,7 +67,9 @@ namespace OwnModel
             torch.manual_seed(o.Long("seed", 1337));
             torch.set_num_threads((int)o.Long("threads", 1));
             long vocab = o.Long("extra.corpus_vocab_size", o.Long("vocab_size", 256));
-            model = new BigramMlp(vocab, o.Long("n_embd", 64));
+            long width = o.Long("n_embd", 64);
+            // a setting of this trainer's own: optcheck soak --trainer-option n_hidden=256
+            model = new BigramMlp(vocab, width, o.Long("extra.n_hidden", 4 * width));
             Model = model;
             // model.parameters() is lazy: AdamW re-walks the model at every step() (TorchSharp's usual pattern)
             Optimizer = torch.optim.AdamW(model.parameters(), o.Double("lr", 1e-3), 0.9, 0.95, 1e-8, o.Double("weight_decay", 0.1));
@@ -69,7 +78,7 @@ namespace OwnModel
         public override double Step(long step, long[] inputs, long[] targets, int batch, int time)
         {
             using (DisposeScope scope = torch.NewDisposeScope()) {
-                Optimizer.zero_grad();
+                Optimizer.zero_grad();   // through ModuleTrainer.Optimizer: checked first
                 Device device = model.emb.weight.device;
                 Tensor x = torch.tensor(inputs, device: device).view(batch, time);
                 Tensor y = torch.tensor(targets, device: device).view(batch, time);
@@ -92,7 +101,7 @@ namespace OwnModel
         }
     }
 
-    /// <summary>The same training with no optcheck and no Python: the guard before every step.</summary>
+    /// <summary>The same training with no optcheck and no Python: the optimizer wrapped once, every call checked.</summary>
     public static class StandaloneLoop
     {
         /// <summary>Train <paramref name="steps"/> steps on a repeating byte pattern; returns the last loss.</summary>
@@ -102,8 +111,8 @@ namespace OwnModel
             const int B = 4, T = 16, V = 128;
             torch.manual_seed(1);
             var model = new BigramMlp(V, 32);
-            var optimizer = torch.optim.AdamW(model.parameters(), 3e-3);
-            PreStepGuard guard = TorchSharpGuard.For(model, optimizer);
+            // one line: every zero_grad() and step() of this optimizer runs the pre-step check first
+            optim.Optimizer optimizer = TorchSharpGuard.Wrap(model, torch.optim.AdamW(model.parameters(), 3e-3));
             var x = new long[B * T];
             var y = new long[B * T];
             double last = double.NaN;
@@ -113,8 +122,8 @@ namespace OwnModel
                     optimizer.zero_grad();
                     Tensor loss = model.Loss(torch.tensor(x).view(B, T), torch.tensor(y).view(B, T));
                     loss.backward();
-                    guard.Check();      // throws PreStepCheckException naming the parameters, instead of
-                    optimizer.step();   // KeyNotFoundException for a handle here
+                    optimizer.step();   // PreStepCheckException naming the parameters, instead of
+                                        // KeyNotFoundException for a bare handle
                     last = loss.to(ScalarType.Float64).item<double>();
                 }
             }
