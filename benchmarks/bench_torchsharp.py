@@ -150,11 +150,39 @@ def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
     return {k: statistics.median(v) * 1e6 for k, v in res.items()}
 
 
-def in_process(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> tuple[float, float]:
-    """The worker's whole loop (optcheck.worker_loop: batches, pre-step check, step, metrics, snapshots
-    every --every, messages serialised to /dev/null) against Bench.PlainLoop over the same batches, both in
-    this one process and timed in its CPU time, alternating; returns the medians (plain s, worker s).
-    No supervisor, no second process: what is left is the worker's own cost."""
+class _NullStream:
+    """A worker stream that sends nothing (the ladder's loop without messages)."""
+
+    def send(self, type: str, **payload) -> None:  # noqa: A002 - Stream's signature
+        pass
+
+    def verdict(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+#: The ladder's stages, each the previous one plus one component of the worker's per-step cost.
+STAGES = ("plain", "call", "fingerprint", "batch", "loop", "messages", "snapshots")
+COMPONENTS = {
+    "call": "pythonnet call of the step + copying the batch into the bound buffers",
+    "fingerprint": "the pre-step fingerprint StepBound computes after the step",
+    "batch": "batch generation (BatchSchedule) in Python",
+    "loop": "the worker loop around the step (pre-step compare, metrics lists, clocks, start/final snapshot)",
+    "messages": "messages (metrics batches, start/final snapshot JSON) written to the pipe (/dev/null here)",
+    "snapshots": "cadence snapshots (probe, JSON, conversion) every --every steps",
+}
+
+
+def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> dict:
+    """The in-process difference, worker loop against plain loop, taken apart: the same ``steps`` steps over
+    the same batches in this one process, each stage the previous one plus one component (:data:`STAGES`),
+    CPU time of the process (``time.process_time``), stages alternating in order and reverse order, median
+    of ``rounds``. Returns ``{stage: seconds}`` plus ``"gc_s"`` (Python's own collections during the full
+    stage, measured with gc.callbacks; .NET's GC runs inside the step and is in every stage alike). The
+    components are differences of consecutive medians, so they add up to median(snapshots) - median(plain)."""
+    import gc
     import os
 
     from optcheck.data import BatchSchedule, load_corpus
@@ -173,23 +201,97 @@ def in_process(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) 
     from System import IntPtr
 
     config_json = setup_config(cfg, corpus)
-    plain, worker = [], []
-    for i in range(rounds):
-        for kind in (("plain", "worker") if i % 2 == 0 else ("worker", "plain")):
-            if kind == "plain":
-                t = time.process_time()
-                Bench.PlainLoop(trainer, config_json, IntPtr(batches.ctypes.data), steps, cfg.batch_size,
-                                cfg.block_size)
-                plain.append(time.process_time() - t)
+    clock = time.process_time
+    b, t = cfg.batch_size, cfg.block_size
+    n = b * t
+    gc_ns = [0]
+    gc_t0 = [0]
+
+    def gc_cb(phase, _info):
+        if phase == "start":
+            gc_t0[0] = time.perf_counter_ns()
+        else:
+            gc_ns[0] += time.perf_counter_ns() - gc_t0[0]
+
+    def python_steps(stage: str) -> float:
+        be = TorchSharpBackend()
+        be.setup(cfg, corpus)
+        d = be.driver
+        xb, yb, fp = np.empty(n, np.int64), np.empty(n, np.int64), np.zeros(2, np.int64)
+        d.Bind(IntPtr(xb.ctypes.data), IntPtr(yb.ctypes.data), n,
+               IntPtr(fp.ctypes.data) if stage != "call" else IntPtr.Zero)
+        t0 = clock()
+        for step in range(1, steps + 1):
+            if stage == "batch":
+                x, y = sched.batch(corpus.train, step)
             else:
-                be = TorchSharpBackend()
-                be.setup(cfg, corpus)
-                stream = Stream(os.open(os.devnull, os.O_WRONLY))
-                t = time.process_time()
-                Loop(be, cfg, stream).run(corpus)
-                worker.append(time.process_time() - t)
-                stream.close()
-    return statistics.median(plain), statistics.median(worker)
+                x, y = batches[step - 1, 0], batches[step - 1, 1]
+            xb[:] = np.ravel(x)
+            yb[:] = np.ravel(y)
+            d.StepBound(step, b, t)
+        return clock() - t0
+
+    def loop(stage: str) -> float:
+        c = soak_config(args, dll, trainer)
+        c.steps, c.every = steps, (steps if stage in ("loop", "messages") else args.every)
+        be = TorchSharpBackend()
+        be.setup(c, corpus)
+        stream = _NullStream() if stage == "loop" else Stream(os.open(os.devnull, os.O_WRONLY))
+        if stage == "snapshots":
+            gc.callbacks.append(gc_cb)
+        t0 = clock()
+        try:
+            Loop(be, c, stream).run(corpus)
+        finally:
+            if stage == "snapshots":
+                gc.callbacks.remove(gc_cb)
+        secs = clock() - t0
+        stream.close()
+        return secs
+
+    times: dict[str, list[float]] = {s: [] for s in STAGES}
+    gc_s = []
+    for i in range(rounds):
+        for stage in (STAGES if i % 2 == 0 else tuple(reversed(STAGES))):
+            if stage == "plain":
+                t0 = clock()
+                Bench.PlainLoop(trainer, config_json, IntPtr(batches.ctypes.data), steps, b, t)
+                times[stage].append(clock() - t0)
+            elif stage in ("call", "fingerprint", "batch"):
+                times[stage].append(python_steps(stage))
+            else:
+                gc_ns[0] = 0
+                times[stage].append(loop(stage))
+                if stage == "snapshots":
+                    gc_s.append(gc_ns[0] / 1e9)
+    out = {s: statistics.median(v) for s, v in times.items()}
+    out["gc_s"] = statistics.median(gc_s)
+    return out
+
+
+def in_process(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> tuple[float, float]:
+    """The worker's whole loop (optcheck.worker_loop: batches, pre-step check, step, metrics, snapshots
+    every --every, messages serialised to /dev/null) against Bench.PlainLoop over the same batches, both in
+    this one process and timed in its CPU time: the ladder's first and last stages. Returns the medians
+    (plain s, worker s). No supervisor, no second process: what is left is the worker's own cost."""
+    lad = ladder(args, dll, trainer, steps, rounds)
+    return lad["plain"], lad["snapshots"]
+
+
+def print_ladder(lad: dict, steps: int, every: int) -> None:
+    """The breakdown per step, each component and their sum against the measured difference."""
+    us = {s: 1e6 * lad[s] / steps for s in STAGES}
+    diff = us["snapshots"] - us["plain"]
+    print(f"  one process, CPU time, {steps} steps, median of 3, stages alternating: plain {us['plain'] / 1e3:.3f} ms/step, "
+          f"the worker's loop with every probe (snapshot every {every}) {us['snapshots'] / 1e3:.3f} ms/step, ratio "
+          f"{lad['snapshots'] / lad['plain']:.3f}; difference {diff:.1f} us/step, by component:", flush=True)
+    total = 0.0
+    for prev, stage in zip(STAGES, STAGES[1:]):
+        c = us[stage] - us[prev]
+        total += c
+        print(f"    {stage:<12} {c:8.1f} us/step  {COMPONENTS[stage]}")
+    print(f"    {'sum':<12} {total:8.1f} us/step  (measured difference {diff:.1f}; of the full stage, Python's own GC "
+          f"{1e6 * lad['gc_s'] / steps:.1f} us/step)")
 
 
 def main() -> None:
@@ -209,6 +311,9 @@ def main() -> None:
     ap.add_argument("--torchsharp", help="build the real worker for this TorchSharp version (needs the .NET SDK)")
     ap.add_argument("--dotnet-assembly", help="a built worker assembly (with --dotnet-trainer)")
     ap.add_argument("--dotnet-trainer", default=None)
+    ap.add_argument("--ladder-steps", type=int, default=500, help="steps of each in-process stage")
+    ap.add_argument("--in-process-only", action="store_true",
+                    help="only the in-process breakdown (no subprocess pairs)")
     ap.add_argument("--plain-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--dll", help=argparse.SUPPRESS)
     ap.add_argument("--trainer", help=argparse.SUPPRESS)
@@ -238,6 +343,9 @@ def main() -> None:
     print(f"bench_torchsharp: {what}; {args.steps} steps (n_embd {args.n_embd}, batch {args.batch_size} x "
           f"{args.block_size}), snapshot every {args.every}, {args.pairs} interleaved pairs, {args.runtime}, wall time "
           f"of the training loop", flush=True)
+    if args.in_process_only:
+        print_ladder(ladder(args, dll, trainer, steps=args.ladder_steps), args.ladder_steps, args.every)
+        return
     plain_s, soak_s = [], []
     with tempfile.TemporaryDirectory(prefix="bench_torchsharp.") as tmp:
         for i in range(args.pairs):
@@ -258,9 +366,7 @@ def main() -> None:
           f"median step plain {1e3 * statistics.median(plain_s) / args.steps:.2f} ms, soak "
           f"{1e3 * statistics.median(soak_s) / args.steps:.2f} ms")
     b = breakdown(args, dll, trainer)  # loads .NET into this process
-    ip_plain, ip_worker = in_process(args, dll, trainer)
-    print(f"  one process, CPU time, 500 steps x 3 alternating: plain {1e3 * ip_plain / 500:.2f} ms/step, the worker's "
-          f"loop with every probe {1e3 * ip_worker / 500:.2f} ms/step, ratio {ip_worker / ip_plain:.3f}", flush=True)
+    print_ladder(ladder(args, dll, trainer, steps=args.ladder_steps), args.ladder_steps, args.every)
     snap_per_step = b["snapshot"] / args.every
     print(f"  where the soak's time goes, per step (CPU time of one process, median of 3): step inside .NET {b['net_step']:.1f} us; "
           f"the worker's step from Python (StepBound + batch copy + the pre-step fingerprint it returns) "

@@ -70,6 +70,7 @@ def test_replaced_parameter_is_named_with_the_key_the_step_would_throw(guard_exe
     m = re.fullmatch(r"1 optimizer member\(s\) have no state, the next step\(\) throws KeyNotFoundException for key "
                      r"(\d+): lm_head\.weight \(handle (\d+)\)", problem)
     assert m and m.group(1) == m.group(2), problem
+    assert out["guard_code"][0] == "OC108"  # PreStepCheckException.Problems: structured, in the lines' order
     # without the guard, the step throws KeyNotFoundException for exactly that key
     thrown = re.search(r"KeyNotFoundException: The given key '(\d+)'", out["step_threw"][0])
     assert thrown and thrown.group(1) == m.group(1)

@@ -33,7 +33,8 @@ public static class GuardCheck
             } catch (PreStepCheckException e) {
                 Console.WriteLine("guard_step " + step);
                 Console.WriteLine("guard_type " + e.GetType().FullName);
-                foreach (string p in e.Problems) Console.WriteLine("guard_problem " + p);
+                foreach (string p in e.Lines) Console.WriteLine("guard_problem " + p);
+                foreach (PreStepProblem p in e.Problems) Console.WriteLine("guard_code " + p.Code);
                 // what the step itself would have thrown without the guard
                 try {
                     trainer.Step(step, x, y, B, T);
