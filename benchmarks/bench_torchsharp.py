@@ -197,6 +197,7 @@ def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> d
     batches = np.empty((steps, 2, cfg.batch_size, cfg.block_size), dtype=np.int64)
     for step in range(1, steps + 1):
         batches[step - 1, 0], batches[step - 1, 1] = sched.batch(corpus.train, step)
+    TorchSharpBackend().setup(cfg, corpus)  # loads .NET and the assembly into this process
     from OptCheck.Probe import Bench
     from System import IntPtr
 
@@ -282,7 +283,7 @@ def print_ladder(lad: dict, steps: int, every: int) -> None:
     """The breakdown per step, each component and their sum against the measured difference."""
     us = {s: 1e6 * lad[s] / steps for s in STAGES}
     diff = us["snapshots"] - us["plain"]
-    print(f"  one process, CPU time, {steps} steps, median of 3, stages alternating: plain {us['plain'] / 1e3:.3f} ms/step, "
+    print(f"  one process, CPU time, {steps} steps, median of the rounds, stages alternating: plain {us['plain'] / 1e3:.3f} ms/step, "
           f"the worker's loop with every probe (snapshot every {every}) {us['snapshots'] / 1e3:.3f} ms/step, ratio "
           f"{lad['snapshots'] / lad['plain']:.3f}; difference {diff:.1f} us/step, by component:", flush=True)
     total = 0.0
@@ -312,6 +313,7 @@ def main() -> None:
     ap.add_argument("--dotnet-assembly", help="a built worker assembly (with --dotnet-trainer)")
     ap.add_argument("--dotnet-trainer", default=None)
     ap.add_argument("--ladder-steps", type=int, default=500, help="steps of each in-process stage")
+    ap.add_argument("--ladder-rounds", type=int, default=3, help="rounds of the in-process stages (median)")
     ap.add_argument("--in-process-only", action="store_true",
                     help="only the in-process breakdown (no subprocess pairs)")
     ap.add_argument("--plain-child", action="store_true", help=argparse.SUPPRESS)
@@ -344,7 +346,8 @@ def main() -> None:
           f"{args.block_size}), snapshot every {args.every}, {args.pairs} interleaved pairs, {args.runtime}, wall time "
           f"of the training loop", flush=True)
     if args.in_process_only:
-        print_ladder(ladder(args, dll, trainer, steps=args.ladder_steps), args.ladder_steps, args.every)
+        print_ladder(ladder(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds), args.ladder_steps,
+                     args.every)
         return
     plain_s, soak_s = [], []
     with tempfile.TemporaryDirectory(prefix="bench_torchsharp.") as tmp:
@@ -366,7 +369,8 @@ def main() -> None:
           f"median step plain {1e3 * statistics.median(plain_s) / args.steps:.2f} ms, soak "
           f"{1e3 * statistics.median(soak_s) / args.steps:.2f} ms")
     b = breakdown(args, dll, trainer)  # loads .NET into this process
-    print_ladder(ladder(args, dll, trainer, steps=args.ladder_steps), args.ladder_steps, args.every)
+    print_ladder(ladder(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds), args.ladder_steps,
+                     args.every)
     snap_per_step = b["snapshot"] / args.every
     print(f"  where the soak's time goes, per step (CPU time of one process, median of 3): step inside .NET {b['net_step']:.1f} us; "
           f"the worker's step from Python (StepBound + batch copy + the pre-step fingerprint it returns) "

@@ -127,10 +127,13 @@ namespace OptCheck.Probe
             if (boundX == IntPtr.Zero || checked(batch * time) > boundCapacity)
                 throw new InvalidOperationException("Driver.StepBound: bind buffers of at least batch*time elements first (Driver.Bind)");
             Load(boundX, boundY, batch, time);
-            if (guard != null) guard.Step = step;
+            if (guard != null) { guard.Step = step; guard.HaveStepFingerprint = false; }
             double loss = trainer.Step(step, xbuf, ybuf, batch, time);
             if (fpSink != IntPtr.Zero) {
-                Marshal.WriteInt64(fpSink, P.Fingerprint());
+                // a guarded trainer's optimizer.step() computed it already (a change after that call, still inside
+                // Step, is then seen by the next step's guarded zero_grad(), before anything can throw)
+                bool reuse = guard != null && guard.HaveStepFingerprint;
+                Marshal.WriteInt64(fpSink, reuse ? guard.StepFingerprint : P.Fingerprint());
                 Marshal.WriteInt64(fpSink, 8, guard != null && guard.Pending != null ? 1 : 0);
             }
             return loss;

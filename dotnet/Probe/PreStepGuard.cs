@@ -88,6 +88,11 @@ namespace OptCheck.Probe
         internal InStepReport Pending;
         /// <summary>Why the last check could not run (recording mode swallows it), or null.</summary>
         internal string LastError;
+        /// <summary>The fingerprint the check computed at the step's optimizer.step() call (recording; the Driver
+        /// clears it before each step and, when set, hands it on as the next pre-step fingerprint instead of
+        /// computing another: the in-step check is the fingerprint the worker computes anyway).</summary>
+        internal long StepFingerprint;
+        internal bool HaveStepFingerprint;
 
         /// <summary>Throw PreStepCheckException when the optimizer's members, its state keys and the model's
         /// parameters disagree (by handle and by data pointer), or a member is disposed; return silently when
@@ -129,6 +134,7 @@ namespace OptCheck.Probe
         void CheckOrRecord(string call)
         {
             long fp = core.Fingerprint();
+            if (call == "step()") { StepFingerprint = fp; HaveStepFingerprint = true; }
             if (haveClean && fp == cleanFingerprint) return;
             if (haveReported && fp == reportedFingerprint) return;   // this state was reported already
             FullChecks++;

@@ -114,3 +114,51 @@ def mcs_against_ref(refs: list[Path], out: Path, sources: list[Path], *extra: st
     cmd = ["mcs", "-target:library", "-nologo", f"-out:{out}", *(f"-r:{r}" for r in refs),
            f"-r:{MONO_FACADE}", "-r:System.Numerics.dll", "-nowarn:1685", *extra, *map(str, sources)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+# -- C# harnesses over the stand-in ----------------------------------------------------------
+
+def build_harness(source: Path, out_dir: Path) -> Path:
+    """Compile the harness ``source`` (a C# program using TestLoop.dll) into ``out_dir`` beside a copy of
+    TestLoop.dll; returns the ``.exe``.
+
+    Raises:
+        BuildUnavailable: no ``mcs``.
+        RuntimeError: the compiler failed (its output in the message).
+    """
+    dll = build_testloop()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(dll, out_dir / "TestLoop.dll")
+    exe = out_dir / (source.stem + ".exe")
+    res = subprocess.run(["mcs", "-nologo", f"-out:{exe}", f"-r:{out_dir / 'TestLoop.dll'}", str(source)],
+                         capture_output=True, text=True, timeout=120)
+    if res.returncode != 0:
+        raise RuntimeError(f"mcs failed ({res.returncode}):\n{res.stdout}{res.stderr}")
+    return exe
+
+
+def harness_or_skip(source: Path, out_dir: Path) -> Path:
+    """:func:`build_harness` for a pytest fixture: skips the test, saying why, without mono or mcs."""
+    import pytest
+
+    if shutil.which("mono") is None or shutil.which("mcs") is None:
+        pytest.skip("mono/mcs not installed (Debian mono-runtime, mono-mcs)")
+    try:
+        return build_harness(source, out_dir)
+    except BuildUnavailable as e:
+        pytest.skip(str(e))
+
+
+def run_harness(exe: Path, *args: str, codes: tuple[int, ...] = (0, 3)) -> tuple[int, dict[str, list[str]]]:
+    """Run a harness on Mono: (exit code, its "key value" lines as key -> [values]).
+
+    Raises:
+        AssertionError: it exited with a code not in ``codes`` (its output in the message).
+    """
+    res = subprocess.run(["mono", str(exe), *args], capture_output=True, text=True, timeout=120)
+    assert res.returncode in codes, res.stdout + res.stderr
+    out: dict[str, list[str]] = {}
+    for ln in res.stdout.splitlines():
+        k, _, v = ln.partition(" ")
+        out.setdefault(k, []).append(v)
+    return res.returncode, out

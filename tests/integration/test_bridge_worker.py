@@ -273,7 +273,7 @@ from optcheck.torchsharp_bridge.worker import TorchSharpBackend
 from optcheck.config import SoakConfig
 cfg = SoakConfig(backend="torchsharp", n_embd=16, n_head=2, batch_size=4, block_size=16,
                  extra={"dotnet_runtime": "coreclr", "dotnet_assembly": sys.argv[1],
-                        "dotnet_trainer": "OptCheckTest.LazyTrainer"})
+                        "dotnet_trainer": sys.argv[2]})
 corpus = load_corpus(None)
 be = TorchSharpBackend()
 be.setup(cfg, corpus)
@@ -288,12 +288,15 @@ print(json.dumps(out))
 """
 
 
-def test_the_fingerprint_a_step_returns_is_the_pre_step_check_of_the_next(dll):
+@pytest.mark.parametrize("trainer", ["OptCheckTest.LazyTrainer", "OptCheckTest.InStepTrainer"])
+def test_the_fingerprint_a_step_returns_is_the_pre_step_check_of_the_next(dll, trainer):
     """StepBound writes ProbeCore.Fingerprint after the step, so the per-step pre-step check needs
-    no second .NET call; anything run in between (here an injected fault) makes the backend ask again."""
+    no second .NET call; anything run in between (here an injected fault) makes the backend ask again.
+    A guarded trainer (InStepTrainer: its optimizer's step() runs the in-step check) hands on the
+    fingerprint that check computed: the same value, no second computation."""
     need("coreclr")
-    res = subprocess.run([sys.executable, "-c", _FINGERPRINT_SCRIPT, str(dll)], capture_output=True, text=True,
-                         timeout=300, cwd=ROOT)
+    res = subprocess.run([sys.executable, "-c", _FINGERPRINT_SCRIPT, str(dll), trainer], capture_output=True,
+                         text=True, timeout=300, cwd=ROOT)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["cached"] == out["fresh"] == out["before"]  # a clean step keeps every identity

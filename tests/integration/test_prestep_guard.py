@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "dotnet"))
-from build import BuildUnavailable, build_testloop  # noqa: E402
+from build import harness_or_skip, run_harness  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("mono") is None or shutil.which("mcs") is None,
                                 reason="mono/mcs not installed (Debian mono-runtime, mono-mcs)")
@@ -30,28 +29,10 @@ pytestmark = pytest.mark.skipif(shutil.which("mono") is None or shutil.which("mc
 
 @pytest.fixture(scope="module")
 def guard_exe(tmp_path_factory) -> Path:
-    try:
-        dll = build_testloop()
-    except BuildUnavailable as e:
-        pytest.skip(str(e))
-    d = tmp_path_factory.mktemp("guard")
-    shutil.copy2(dll, d / "TestLoop.dll")
-    exe = d / "GuardCheck.exe"
-    res = subprocess.run(["mcs", "-nologo", f"-out:{exe}", f"-r:{d / 'TestLoop.dll'}",
-                          str(REPO / "tests" / "dotnet" / "guard_check" / "GuardCheck.cs")],
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return exe
+    return harness_or_skip(REPO / "tests" / "dotnet" / "guard_check" / "GuardCheck.cs", tmp_path_factory.mktemp("guard"))
 
 
-def run(exe: Path, *args: str) -> tuple[int, dict[str, list[str]]]:
-    res = subprocess.run(["mono", str(exe), *args], capture_output=True, text=True, timeout=120)
-    out: dict[str, list[str]] = {}
-    for ln in res.stdout.splitlines():
-        k, _, v = ln.partition(" ")
-        out.setdefault(k, []).append(v)
-    assert res.returncode in (0, 3), res.stdout + res.stderr
-    return res.returncode, out
+run = run_harness
 
 
 def test_clean_loop_passes_the_guard_and_checks_in_full_once(guard_exe):

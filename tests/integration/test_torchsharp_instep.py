@@ -18,8 +18,6 @@ own reference assembly in tests/unit/test_torchsharp_instep_sources.py.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,7 +28,7 @@ from optcheck.snapshot import read_snapshots
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 sys.path.insert(0, str(ROOT / "tests" / "dotnet"))
-from build import BuildUnavailable, build_testloop  # noqa: E402
+from build import harness_or_skip, run_harness  # noqa: E402
 from test_bridge_worker import config, dll, need, soak  # noqa: E402,F401  (dll: the module fixture)
 
 KNF = "System.Collections.Generic.KeyNotFoundException"
@@ -117,30 +115,10 @@ def test_an_injected_fault_between_steps_is_still_the_pre_step_checks(dll, tmp_p
 
 @pytest.fixture(scope="module")
 def wrapped_exe(tmp_path_factory) -> Path:
-    if shutil.which("mono") is None or shutil.which("mcs") is None:
-        pytest.skip("mono/mcs not installed (Debian mono-runtime, mono-mcs)")
-    try:
-        built = build_testloop()
-    except BuildUnavailable as e:
-        pytest.skip(str(e))
-    d = tmp_path_factory.mktemp("wrapped")
-    shutil.copy2(built, d / "TestLoop.dll")
-    exe = d / "WrappedGuardCheck.exe"
-    res = subprocess.run(["mcs", "-nologo", f"-out:{exe}", f"-r:{d / 'TestLoop.dll'}",
-                          str(ROOT / "tests" / "dotnet" / "guard_check" / "WrappedGuardCheck.cs")],
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return exe
+    return harness_or_skip(ROOT / "tests" / "dotnet" / "guard_check" / "WrappedGuardCheck.cs", tmp_path_factory.mktemp("w"))
 
 
-def run_wrapped(exe: Path, *args: str) -> tuple[int, dict[str, list[str]]]:
-    res = subprocess.run(["mono", str(exe), *args], capture_output=True, text=True, timeout=120)
-    out: dict[str, list[str]] = {}
-    for ln in res.stdout.splitlines():
-        k, _, v = ln.partition(" ")
-        out.setdefault(k, []).append(v)
-    assert res.returncode in (0, 3), res.stdout + res.stderr
-    return res.returncode, out
+run_wrapped = run_harness
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))
