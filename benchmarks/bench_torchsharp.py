@@ -10,9 +10,12 @@ For each of ``--pairs`` rounds (order alternating) it runs, each in its own proc
   every probe on (pre-step check every step, a snapshot every ``--every`` steps). Time: training
   time, the ``elapsed_s`` of the last snapshot (set-up and the runtime's start are left out of both).
 
-It prints both times per round, the median ratio soak/plain, and a breakdown of the soak's extra
-cost per step measured in the same process as the bridge (pythonnet call of a step, the pre-step
-fingerprint, one snapshot). By default the trainer is the TorchSharp STAND-IN
+It prints both times per round, the median ratio soak/plain, a breakdown of the soak's extra cost
+per step measured in the same process as the bridge (pythonnet call of a step, the pre-step
+fingerprint, one snapshot), and the in-process ladder: plain loop and the worker's loop in one
+process, CPU time, with the stages in between (pythonnet call, fingerprint, batch generation, the
+loop around the step, messages, snapshots), so that the components add up to the measured
+difference (``--in-process-only`` runs just the ladder). By default the trainer is the TorchSharp STAND-IN
 (tests/dotnet/TestLoop.cs compiled with mcs: a ~2 ms step with no libtorch), because TorchSharp
 cannot be installed here; the output says so. On a machine with TorchSharp:
 ``--torchsharp 0.107.0`` (builds the worker with the .NET SDK) or ``--dotnet-assembly DLL
@@ -103,6 +106,7 @@ def common_flags(args) -> list[str]:
 def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
     """Per-step costs in this process, CPU microseconds of this process (``time.process_time``, less
     disturbed by other processes than wall time; median of 3): the trainer's step inside .NET,
+    Driver.StepBound looped inside .NET (the step + its fingerprint, no pythonnet call),
     the same step from Python as the worker makes it (StepBound + buffer copy + cached fingerprint),
     a fresh fingerprint from Python, a fingerprint inside .NET, and one snapshot (probe + conversion)."""
     from optcheck.data import BatchSchedule, load_corpus
@@ -119,12 +123,18 @@ def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
     x, y = sched.batch(corpus.train, 1)
     xc, yc = np.ascontiguousarray(x), np.ascontiguousarray(y)
     d, step = be.driver, 1
-    res: dict[str, list[float]] = {k: [] for k in ("net_step", "py_step", "py_fp", "net_fp", "snapshot", "batch")}
+    res: dict[str, list[float]] = {k: [] for k in ("net_step", "net_bound", "py_step", "py_fp", "net_fp", "snapshot",
+                                                   "batch")}
     clock = time.process_time
     for _ in range(3):
         t = clock()
         Bench.TimeSteps(d, step, IntPtr(xc.ctypes.data), IntPtr(yc.ctypes.data), xc.shape[0], xc.shape[1], n)
         res["net_step"].append((clock() - t) / n)
+        step += n
+        be.train_step(step, x, y)  # binds the buffers (and holds this batch)
+        t = clock()
+        Bench.TimeStepBound(d, step, xc.shape[0], xc.shape[1], n)
+        res["net_bound"].append((clock() - t) / n)
         step += n
         t = clock()
         for i in range(n):
@@ -373,6 +383,7 @@ def main() -> None:
                      args.every)
     snap_per_step = b["snapshot"] / args.every
     print(f"  where the soak's time goes, per step (CPU time of one process, median of 3): step inside .NET {b['net_step']:.1f} us; "
+          f"Driver.StepBound looped inside .NET {b['net_bound']:.1f} us; "
           f"the worker's step from Python (StepBound + batch copy + the pre-step fingerprint it returns) "
           f"{b['py_step']:.1f} us (+{b['py_step'] - b['net_step']:.1f}); a separate fingerprint call would cost "
           f"{b['py_fp']:.1f} us ({b['net_fp']:.1f} of it inside .NET); batch generation {b['batch']:.1f} us; "

@@ -44,6 +44,15 @@ namespace OptCheck.Probe
             return sw.Elapsed.TotalSeconds;
         }
 
+        /// <summary><paramref name="n"/> calls of Driver.StepBound (steps first..first+n-1, on the bound buffers) by a loop
+        /// inside .NET: what the worker's step costs without the pythonnet call around it; wall seconds.</summary>
+        public static double TimeStepBound(Driver d, long first, int batch, int time, int n)
+        {
+            var sw = Stopwatch.StartNew();
+            for (int i = 0; i < n; i++) d.StepBound(first + i, batch, time);
+            return sw.Elapsed.TotalSeconds;
+        }
+
         /// <summary><paramref name="n"/> pre-step fingerprints (ProbeCore.Fingerprint) inside .NET; wall seconds.</summary>
         public static double TimeFingerprints(Driver d, int n)
         {

@@ -15,7 +15,7 @@ using System.Text;
 namespace OptCheck.Probe
 {
     /// <summary>Writes one JSON document into a StringBuilder; commas are placed by the writer.</summary>
-    public sealed class JsonWriter
+    internal sealed class JsonWriter
     {
         readonly StringBuilder sb;
         bool needComma;
@@ -105,7 +105,7 @@ namespace OptCheck.Probe
     /// <summary>Reads one JSON document into plain values: Dictionary&lt;string, object&gt; (member order
     /// kept in Keys), List&lt;object&gt;, string, bool, null and numbers as JsonNumber (the literal text,
     /// so a value reaches a trainer exactly as Python wrote it).</summary>
-    public static class JsonReader
+    internal static class JsonReader
     {
         /// <exception cref="FormatException">not one JSON document (the message says where).</exception>
         public static object Parse(string text)
@@ -219,7 +219,7 @@ namespace OptCheck.Probe
     }
 
     /// <summary>A JSON number as written (e.g. "0.001", "1337", "NaN").</summary>
-    public sealed class JsonNumber
+    internal sealed class JsonNumber
     {
         public readonly string Text;
         public JsonNumber(string text) { Text = text; }

@@ -53,7 +53,7 @@ namespace OptCheck.Probe
     }
 
     /// <summary>What the guard found inside a step while recording (under optcheck's worker).</summary>
-    public sealed class InStepReport
+    internal sealed class InStepReport
     {
         /// <summary>The step (Driver.StepBound's) and the optimizer call about to run ("step()", "zero_grad()").</summary>
         public long Step;

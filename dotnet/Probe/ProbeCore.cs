@@ -33,7 +33,7 @@ namespace OptCheck.Probe
         IList<string> Notes { get; }
     }
 
-    public sealed class ProbeCore
+    internal sealed class ProbeCore
     {
         /// <summary>Run a full garbage collection (and pending finalizers) before the
         /// memory fields of a snapshot, so that live-tensor counts and the managed heap

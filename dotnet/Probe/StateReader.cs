@@ -13,7 +13,7 @@ using System.Reflection;
 
 namespace OptCheck.Probe
 {
-    public sealed class StateReader
+    internal sealed class StateReader
     {
         const BindingFlags Fields = BindingFlags.Instance | BindingFlags.NonPublic | BindingFlags.Public;
 
@@ -180,7 +180,7 @@ namespace OptCheck.Probe
     }
 
     /// <summary>Element type names in PyTorch's spelling.</summary>
-    public static class DTypes
+    internal static class DTypes
     {
         /// <summary>"Float32" / "ScalarType.Float32" / "float" -> "float32"; unknown names lower-cased.</summary>
         public static string Normalize(string name)

@@ -33,7 +33,7 @@ using static TorchSharp.torch;
 namespace OptCheck.Worker
 {
     /// <summary>Reads of tensor facts TorchSharp does not expose the same way in every version.</summary>
-    public static class TensorFacts
+    internal static class TensorFacts
     {
         [DllImport("LibTorchSharp", EntryPoint = "THSTensor_data")]
         static extern IntPtr THSTensor_data(IntPtr handle);
@@ -102,7 +102,7 @@ namespace OptCheck.Worker
 
     /// <summary>One Parameter as the probe sees it. Facts are read when asked (the pre-step
     /// fingerprint asks only Handle and DataPtr).</summary>
-    public sealed class TsParameterView : IParameterView, IParameterValues
+    internal sealed class TsParameterView : IParameterView, IParameterValues
     {
         readonly Parameter p;
         readonly string name;
@@ -174,7 +174,7 @@ namespace OptCheck.Worker
     }
 
     /// <summary>One param group of any TorchSharp optimizer: its options and the tensors step() will walk.</summary>
-    public sealed class TsGroupView : IParamGroupView
+    internal sealed class TsGroupView : IParamGroupView
     {
         readonly ParamGroup group;
         readonly OptionReader options;
@@ -211,7 +211,7 @@ namespace OptCheck.Worker
     /// <summary>The options of one OptimizerOptions subclass, found once by reflection: its public
     /// instance fields and properties of type double?, double, float?, bool?, bool, int?, long? (every
     /// built-in optimizer's Options holds only such fields, src/TorchSharp/Optimizers/*.cs).</summary>
-    public sealed class OptionReader
+    internal sealed class OptionReader
     {
         static readonly Dictionary<Type, OptionReader> cache = new Dictionary<Type, OptionReader>();
         readonly List<Func<object, double>> getters = new List<Func<object, double>>();
@@ -272,7 +272,7 @@ namespace OptCheck.Worker
     /// src/TorchSharp/DisposeScopeManager.cs), CreatedOutsideScopeCount and DisposedOutsideScopeCount.
     /// Bound by reflection once, so one source builds on every TorchSharp (0.107.0 has them; the
     /// 0.99 stub declares no DisposeScopeManager); -1 where this TorchSharp has no such members.</summary>
-    public static class ScopeStatistics
+    internal static class ScopeStatistics
     {
         static readonly PropertyInfo Stats = Bind("TorchSharp.DisposeScopeManager", "Statistics", true);
         static readonly PropertyInfo Created = Member("CreatedOutsideScopeCount");
