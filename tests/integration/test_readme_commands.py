@@ -14,8 +14,8 @@ How a command is made to run here, in a temporary folder holding links to ``exam
 in the temporary folder), with this checkout's optcheck (``PYTHONPATH``) and one thread:
 
 - ``--steps N`` above :data:`MAX_STEPS` becomes ``MAX_STEPS``, and a ``NAME@STEP``
-  injection moves in proportion (``--steps 3000 --inject param-rebind@1000`` → 300 and
-  ``@100``);
+  injection moves in proportion (``--steps 3000 --inject param-rebind@1000`` → 200 and
+  ``@66``);
 - :data:`PLACEHOLDERS` replaces the README's stand-ins with what exists here;
 - the setup commands (``bash scripts/setup.sh [--test]``) are checked, not rerun (they
   install with pip): the line parses (``bash -n``) and ``scripts/setup.sh`` exists and
@@ -38,7 +38,7 @@ import pytest
 from conftest import ROOT
 
 README = ROOT / "README.md"
-MAX_STEPS = 300
+MAX_STEPS = 200
 #: README stand-in -> what this test runs instead, and why
 PLACEHOLDERS = {
     # `optcheck upgrade --candidate-python`: another venv's interpreter; here this one (same torch:
@@ -61,13 +61,14 @@ class Command:
         return self.line
 
 
-def blocks() -> list[tuple[str, str]]:
-    return [(m.group(1), m.group(2)) for m in FENCE.finditer(README.read_text(encoding="utf-8"))]
+def blocks(text: str | None = None) -> list[tuple[str, str]]:
+    text = README.read_text(encoding="utf-8") if text is None else text
+    return [(m.group(1), m.group(2)) for m in FENCE.finditer(text)]
 
 
-def readme_commands() -> list[Command]:
+def readme_commands(text: str | None = None) -> list[Command]:
     out: list[Command] = []
-    found = blocks()
+    found = blocks(text)
     for i, (lang, body) in enumerate(found):
         if lang != "bash":
             continue
@@ -93,6 +94,22 @@ def test_every_readme_command_line_is_one_this_test_runs():
     monitor = next(body for lang, body in blocks() if lang == "python" and "optcheck.Monitor(" in body)
     assert monitor == (ROOT / "examples" / "monitor" / "train.py").read_text(encoding="utf-8").split('"""', 2)[2] \
         .lstrip("\n"), "README's Monitor example and examples/monitor/train.py differ"
+
+
+def test_how_a_readme_line_is_read_and_scaled():
+    text = ("```bash\noptcheck soak --steps 3000 --inject param-rebind@1000 --out r   # exit 1\n"
+            "# a comment line\noptcheck doctor\n```\n\n```text\nstep 1000 (pre-step) OC101 x: y ...\n```\n"
+            "```python\npython not_a_command.py\n```\n"
+            "```bash\noptcheck soak --backend torchsharp   # exit 0, or 2 where there is no .NET SDK\n```\n")
+    got = readme_commands(text)
+    assert [(c.line, c.exits) for c in got] == [
+        ("optcheck soak --steps 3000 --inject param-rebind@1000 --out r", (1,)), ("optcheck doctor", (0,)),
+        ("optcheck soak --backend torchsharp", (0, 2))]
+    assert got[0].output == [] and got[1].output == ["step 1000 (pre-step) OC101 x: y ..."]  # the block's last line
+    assert scaled(shlex.split(got[0].line)[1:]) == ["soak", "--steps", str(MAX_STEPS), "--inject",
+                                                    f"param-rebind@{1000 * MAX_STEPS // 3000}", "--out", "r"]
+    assert scaled(["upgrade", "--candidate-python", "/venvs/torch-new/bin/python"])[-1] == sys.executable
+    assert _norm("changed identity since step 900, the") == "changed identity since step N, the"
 
 
 def scaled(argv: list[str]) -> list[str]:
