@@ -31,7 +31,6 @@ import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
