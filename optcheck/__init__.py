@@ -8,12 +8,18 @@ PyTorch side on first use.
 __version__ = "0.1.0"
 
 
-def __getattr__(name):
-    if name == "Monitor":
-        from optcheck.monitor import Monitor
+#: What a Monitor user catches or filters, importable from here: ``optcheck.FindingError``
+#: (``on_finding="raise"``), ``optcheck.StepStopped`` (a hazard stopped the step),
+#: ``optcheck.OptcheckWarning`` (``on_finding="warn"``). Loaded with the Monitor, on first use.
+_MONITOR_NAMES = ("Monitor", "FindingError", "StepStopped", "OptcheckWarning")
 
-        return Monitor
+
+def __getattr__(name):
+    if name in _MONITOR_NAMES:
+        from optcheck import monitor
+
+        return getattr(monitor, name)
     raise AttributeError(f"module 'optcheck' has no attribute {name!r}")
 
 
-__all__ = ["Monitor", "__version__"]
+__all__ = [*_MONITOR_NAMES, "__version__"]

@@ -143,7 +143,8 @@ class Monitor:
         compiled = type(model).__name__ == "OptimizedModule"
         model = model._orig_mod if compiled else model  # (names without "_orig_mod.")
         self.model, self.optimizer, self.on_finding_policy = model, optimizer, on_finding
-        self.rundir = RunDir(out, append=append) if out is not None else None
+        self.rundir = (RunDir(out, append=append, reuse_hint="choose another out=, remove the folder, or pass "
+                              "append=True to add to its records (a resumed run)") if out is not None else None)
         self.run_id = run_id or (self.rundir.path.name if self.rundir else "monitor")
         self.engine = RuleEngine(rule_config, ignore=resolve(ignore, ignore_config))
         self.checker = Checker(self.engine, self.rundir, report=self._report, checked=self.on_snapshot)

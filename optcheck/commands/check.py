@@ -82,6 +82,8 @@ def register(group: click.Group) -> None:
                 click.echo(dumps(f.to_dict()))
             else:
                 click.echo(f"step {f.step} ({f.phase}) {f.code} {f.symbol} [{f.severity}]: {f.message}")
+                if f.next_failure:
+                    click.echo(f"  next: {f.next_failure}")
         if not as_json:
             click.echo(f"{n} snapshots, {len(findings)} finding(s)")
         if junit:

@@ -58,14 +58,29 @@ def torch_version() -> str:
     return f"{line}; too old: {problem}" if problem else line
 
 
+def clr_loader_missing() -> str:
+    """Why ``clr_loader`` (pythonnet's loader, through which the runtimes are found)
+    cannot be imported, or "" when it can. Without it no runtime can be found *or*
+    loaded, which is not the same as no runtime being installed."""
+    from optcheck.torchsharp_bridge import discovery
+
+    try:
+        import clr_loader  # noqa: F401
+    except ImportError as e:
+        return f"clr_loader (pythonnet's loader) is not importable ({e}); {discovery.PYTHONNET_HINT}"
+    return ""
+
+
 def report() -> list[tuple[str, list[str]]]:
     """Sections of the doctor's report as ``(title, lines)``."""
     from optcheck.torchsharp_bridge import discovery, runtime
 
     sections = [("python", [f"{platform.python_version()} ({sys.executable})",
                             f"cpus: {os.cpu_count()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"])]
+    no_loader = clr_loader_missing()
     core = discovery.coreclr_runtimes()
-    lines = [f"{r.version}  [{r.root}] ({r.source})" for r in core] or ["none found"]
+    lines = [f"{r.version}  [{r.root}] ({r.source})" for r in core] or [
+        f"not checked: {no_loader}" if no_loader else "none found"]
     best = discovery.newest(core)
     if best is not None:
         lines.append(f"default: {best.version}, rolled forward (LatestMajor); invariant globalization: "
@@ -73,7 +88,10 @@ def report() -> list[tuple[str, list[str]]]:
     sections.append(("CoreCLR runtimes (Microsoft.NETCore.App)", lines))
     sections.append((".NET SDKs", discovery.dotnet_sdks() or ["none (the TorchSharp GPT worker cannot be built here)"]))
     mono = discovery.mono_runtime()
-    if mono is None:
+    if mono is None and no_loader:  # libmono is looked up through clr_loader: not known to be missing
+        installed = discovery.mono_version()
+        mono_lines = [(f"{installed} installed (`mono --version`); " if installed else "") + f"not checked: {no_loader}"]
+    elif mono is None:
         mono_lines = [f"not found: {discovery.MONO_HINT}"]
     else:
         facade = discovery.mono_facade()

@@ -191,6 +191,9 @@ class RunDir:
         path: the run directory (created with its parents if missing).
         append: add to the records already there (a resumed job).
         force: replace the records of a run already there.
+        reuse_hint: what the "already holds a run" error tells the caller to do
+            (default: the CLI's "pass --force to replace it, or choose another
+            --out"; ``optcheck.Monitor`` names its own arguments, it has no --force).
 
     Raises:
         InputError: the directory cannot be created or written, is locked by
@@ -199,7 +202,8 @@ class RunDir:
         RecordError: not even the reserve fits (the disk is full already).
     """
 
-    def __init__(self, path: str | os.PathLike, append: bool = False, *, force: bool = False):
+    def __init__(self, path: str | os.PathLike, append: bool = False, *, force: bool = False,
+                 reuse_hint: str = ""):
         self.path = Path(path)
         self.failed: RecordError | None = None
         self._created = not self.path.exists()
@@ -222,8 +226,8 @@ class RunDir:
                                      f"one (remove it, or pass --force to replace it)")
                 held = existing_run(self.path)
                 if held and not force:
-                    raise InputError(f"--out {path}: already holds a run ({held}); pass --force to replace it, "
-                                     f"or choose another --out")
+                    raise InputError(f"--out {path}: already holds a run ({held}); "
+                                     + (reuse_hint or "pass --force to replace it, or choose another --out"))
                 if force:
                     for name in (*RECORD_FILES, "worker.log", "config.json", "summary.json.tmp"):
                         if os.path.lexists(self.path / name):

@@ -3,7 +3,7 @@
 ``render_summary(summary, findings)`` reads an ``optcheck.summary/1`` dict (what
 ``summary.json`` holds) and the run's finding dicts, and returns lines of at most
 ``WIDTH`` characters: status, steps, loss, speed, memory, the findings by code
-(first step, subjects, first message), the crash if any, and the lead time —
+(first step, subjects, first message, what fails next), the crash if any, and the lead time —
 "flagged at step X, then <exception> at step Y". ``render_compare(result)`` is
 ``optcheck compare``'s table of an ``optcheck.compare.CompareResult``.
 """
@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 
 from optcheck.findings import lead_time
 from optcheck.units import format_bytes
@@ -44,20 +45,24 @@ def versions_text(v: dict | None) -> str:
 
 def _by_code(summary: dict, findings: list[dict]) -> list[dict]:
     """One row per code, in order of first appearance: code, symbol, severity, count,
-    first step, subjects (union, in order), first message."""
+    first step, subjects (union, in order), first message, and what fails next (the
+    first finding's ``next_failure``, the rule's prediction; "" when none says)."""
     rows: dict[str, dict] = {}
     for f in sorted(findings, key=lambda f: (f.get("step") or 0)):
         code = str(f.get("code", "?"))
         r = rows.setdefault(code, {"code": code, "symbol": f.get("symbol", ""), "severity": f.get("severity", ""),
-                                   "count": 0, "step": f.get("step"), "subjects": [], "message": f.get("message", "")})
+                                   "count": 0, "step": f.get("step"), "subjects": [], "message": f.get("message", ""),
+                                   "next": ""})
         r["count"] += 1
+        if not r["next"] and f.get("next_failure"):
+            r["next"] = str(f["next_failure"])
         for s in f.get("subjects") or ():
             if s not in r["subjects"]:
                 r["subjects"].append(s)
     for code, n in (summary.get("findings_by_code") or {}).items():
         if code not in rows:
             rows[code] = {"code": code, "symbol": "", "severity": "", "count": n, "step": None, "subjects": [],
-                          "message": ""}
+                          "message": "", "next": ""}
     return list(rows.values())
 
 
@@ -142,6 +147,11 @@ def render_summary(summary: dict, findings: list[dict] | None = None) -> str:
             lines.append(prefix + _cut(", ".join(map(str, r["subjects"])) or "-", max(10, WIDTH - len(prefix))))
             if r["message"]:
                 lines.append("         " + _cut(r["message"], WIDTH - 9))
+            if r["next"]:  # the prediction, wrapped (at most 3 lines): it is the point of the finding
+                wrapped = textwrap.wrap(" ".join(r["next"].split()), WIDTH - 15) or [""]
+                if len(wrapped) > 3:
+                    wrapped = [*wrapped[:2], _cut(" ".join(wrapped[2:]), WIDTH - 15)]
+                lines += [("         next: " if i == 0 else " " * 15) + w for i, w in enumerate(wrapped)]
 
     crash = s.get("crash")
     if crash:

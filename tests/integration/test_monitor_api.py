@@ -407,3 +407,19 @@ def test_soak_cli_ignore(tmp_path):
     assert rc == 0 and found == [] and s["status"] == "clean" and s["suppressed"] == {"OC101": 1}
     rc, s, found = soak("other-param", "OC101:ln_f.*")
     assert rc == 1 and [f["code"] for f in found] == ["OC101"] and s["suppressed"] == {}
+
+
+def test_reusing_an_out_folder_names_the_monitors_own_arguments(tmp_path):
+    """The Monitor has no --force: its refusal of a used ``out=`` says what a Monitor user can do."""
+    model = tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with optcheck.Monitor(model, opt, every=5, out=tmp_path / "run"):
+        train(model, opt, 5)
+    with pytest.raises(Exception) as err:
+        optcheck.Monitor(model, opt, every=5, out=tmp_path / "run")
+    msg = str(err.value)
+    assert "already holds a run (status clean, last step 5)" in msg
+    assert "--force" not in msg and "out=" in msg and "append=True" in msg
+    with optcheck.Monitor(model, opt, every=5, out=tmp_path / "run", append=True):  # what it says works
+        train(model, opt, 5)
+    assert summary(tmp_path / "run")["status"] == "clean"

@@ -35,3 +35,25 @@ def test_doctor_reports_and_exits_0(tmp_path):
     for r in discovery.coreclr_runtimes():
         assert r.version in out
     assert (runtime.pythonnet_version() or "not installed") in out
+
+
+def test_doctor_without_clr_loader_says_so_instead_of_mono_not_found(tmp_path):
+    """pythonnet's loader (clr_loader) missing is not the same as no runtime installed: the
+    doctor names the missing package and, where `mono` is on PATH, the Mono it found."""
+    shadow = tmp_path / "clr_loader"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('No module named clr_loader (hidden by the test)')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]), OPTCHECK_CACHE=str(tmp_path))
+    res = subprocess.run([sys.executable, "-m", "optcheck", "doctor"], cwd=ROOT, capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    mono = out.split("Mono:\n", 1)[1].splitlines()[0].strip()
+    core = out.split("CoreCLR runtimes (Microsoft.NETCore.App):\n", 1)[1].splitlines()[0].strip()
+    for line in (mono, core):
+        assert "not checked: clr_loader (pythonnet's loader) is not importable" in line and "pip install" in line
+        assert "not found" not in line and "none found" not in line
+    from optcheck.torchsharp_bridge import discovery
+
+    if discovery.mono_version():
+        assert mono.startswith(f"{discovery.mono_version()} installed (`mono --version`)")

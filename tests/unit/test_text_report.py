@@ -129,3 +129,18 @@ def test_held_out_of_a_summary_without_steps():
 def test_a_non_finite_peak_rss_prints_instead_of_crashing():
     text = render_summary({**BASE, "peak_rss_bytes": float("inf")}, [])
     assert "  peak RSS     inf B" in text.splitlines()
+
+
+def test_what_fails_next_is_printed_under_its_code_wrapped_within_width():
+    nxt = ("PyTorch: the optimizer keeps stepping the old tensors and the new ones never learn; TorchSharp: "
+           "KeyNotFoundException at the next optimizer.step() naming the parameter's handle")
+    findings = [{**f("OC101", "stale-param", 1000, ["wte.weight"]), "next_failure": nxt},
+                {**f("OC101", "stale-param", 1100, ["wpe.weight"]), "next_failure": "something else"},
+                f("OC102", "untracked-param", 1000, ["wte.weight"])]
+    lines = render_summary({**BASE, "status": "findings", "exit_code": 1}, findings).splitlines()
+    i = next(k for k, ln in enumerate(lines) if ln.startswith("         next: "))
+    assert lines[i - 2].startswith("  OC101")            # under its code's row and message
+    told = " ".join(ln.strip() for ln in lines[i:i + 3]).removeprefix("next: ")
+    assert told.startswith(" ".join(nxt.split())[:150]) and "something else" not in "\n".join(lines)
+    assert sum(ln.startswith("         next: ") for ln in lines) == 1   # OC102 says nothing: no line
+    assert all(len(ln) <= WIDTH for ln in lines)
