@@ -268,7 +268,7 @@ def build_upgrade_junit(result, sides) -> ET.ElementTree:
         tc = ET.SubElement(suite, "testcase", name=f"baseline {c.name}", classname="optcheck.upgrade.baseline",
                            time="0.000")
         if c.status == "regression":
-            ET.SubElement(tc, "failure", message=_text(c.brief or c.text), type=f"{c.name} regression").text = \
+            ET.SubElement(tc, "failure", message=_text(f"{c.name}: {c.text}"), type=f"regression {c.name}").text = \
                 _text(c.line())
             failures += 1
         elif c.status == "not compared":
