@@ -20,10 +20,11 @@ on a **regression**, one check each:
 * ``speed``: the worker's **CPU time per training step** (``cost.train_cpu_s`` of
   ``summary.json`` / steps: ``time.process_time()`` around the training loop, snapshots
   included) is higher than the baseline's (the median of its seeds) by more than
-  ``speed_tolerance`` (default 15 %). CPU time is what the run itself spent, so a busy
-  neighbour on a shared runner, which stretches wall-clock steps/s by 30 % and more, moves it
-  by a few percent (``benchmarks/bench_speed_noise.py``: 20 clean reruns against one
-  baseline with another soak beside them). Runs without ``train_cpu_s`` (a Monitor, an older
+  ``speed_tolerance`` (default 25 %). CPU time is what the run itself spent: a busy
+  neighbour on a shared runner stretches the wall-clock step time up to 2.3x, the CPU time
+  per step by at most 1.18x (``benchmarks/bench_speed_noise.py``: 20 clean reruns against
+  one baseline with another soak beside them, 2 CPUs at load 10-15). Runs without
+  ``train_cpu_s`` (a Monitor, an older
   optcheck) fall back to 1 / the median wall-clock step time of ``metrics.jsonl``, and the
   check says so.
 * ``peak RSS``: higher than the baseline's (the largest of its seeds) by more than
@@ -63,7 +64,10 @@ from optcheck.series import moving_mean
 from optcheck.units import format_bytes
 from optcheck.verdict import judge, judge_seed_band, same_batches, seed_band
 
-SPEED_TOLERANCE = 0.15
+#: Rise of the worker's CPU time per step allowed. Measured (benchmarks/bench_speed_noise.py, 2 CPUs at
+#: load 10-15, another soak beside): 20 clean 300-step reruns ranged 0.90x-1.18x of the baseline's CPU time
+#: per step (their wall-clock median step time 0.83x-2.32x), so 25 % leaves a margin over the noise.
+SPEED_TOLERANCE = 0.25
 MEMORY_TOLERANCE = 0.15
 #: Seed standard deviations of the band of a several-seed baseline.
 K_SEEDS = 5.0
@@ -378,7 +382,7 @@ def compare_with_baseline(run: str | os.PathLike, baseline: Baseline | str | os.
     return res
 
 
-def prepare(path, config_json: str, *, seeds=None, backends=(), speed="15%", memory="15%", fail_on="warning"):
+def prepare(path, config_json: str, *, seeds=None, backends=(), speed="25%", memory="15%", fail_on="warning"):
     """Before ``optcheck soak --baseline`` runs: (the :class:`Baseline`, :class:`Tolerances`),
     or None without ``path``. ``config_json``: ``SoakConfig.to_json()`` of the soak.
 

@@ -49,7 +49,7 @@ def register(group: click.Group) -> None:
     @click.option("--ignore", "ignores", multiple=True, metavar="CODE[:PATTERN]",
                   help="Accept a finding on both sides (as `optcheck soak --ignore`; repeatable; added to "
                        "[tool.optcheck] ignore of the nearest pyproject.toml).")
-    @click.option("--speed-tolerance", default="15%", show_default=True,
+    @click.option("--speed-tolerance", default="25%", show_default=True,
                   help="Rise of the candidate's worker CPU time per step allowed (as soak --baseline).")
     @click.option("--memory-tolerance", default="15%", show_default=True,
                   help="Rise of the candidate's peak RSS allowed (as soak --baseline).")
