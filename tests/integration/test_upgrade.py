@@ -5,6 +5,7 @@ split its matrix products over two threads, so --threads 2 would be bit-identica
 
 from __future__ import annotations
 
+import os
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -142,6 +143,38 @@ def test_memory_and_speed_regressions_are_named_in_the_verdict(tmp_path):
     cases = {c.get("name"): c for c in ET.parse(xml).getroot().iter("testcase")}
     assert cases["baseline peak RSS"].find("failure") is not None and cases["verdict"].find("failure") is None
     assert cases["baseline findings"].find("failure") is None
+
+
+CANDIDATE = os.environ.get("OPTCHECK_CANDIDATE_PYTHON", "")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (CANDIDATE and os.access(CANDIDATE, os.X_OK)),
+                    reason="set OPTCHECK_CANDIDATE_PYTHON to a venv's python with another torch (e.g. a venv with "
+                           "torch 2.14.1, docs/verdict.md) to run the README's upgrade command against it")
+def test_the_readme_upgrade_command_on_another_torch(tmp_path):
+    """The README's `optcheck upgrade --candidate-python ... --scenarios --junit upgrade.xml`,
+    steps scaled down, against a real other torch: a verdict (with every regression named on
+    its line), the scenario matrix of every one-process scenario, and the JUnit file."""
+    from optcheck.upgrade import Side, shared_scenarios
+
+    xml = tmp_path / "upgrade.xml"
+    rc, stdout, stderr = run_cli(["upgrade", "-q", "--candidate-python", CANDIDATE, "--scenarios", "--junit", str(xml),
+                                  "--steps", "60", "--every", "20", "--scenario-steps", "8", "--out", str(tmp_path / "u")])
+    assert rc in (exitcodes.CLEAN, exitcodes.FINDINGS), stdout + stderr
+    lines = stdout.splitlines()
+    names = shared_scenarios([Side("baseline"), Side("candidate")])
+    assert lines[0].endswith(", ".join(names))
+    assert lines[1].split(":")[0] in ("IDENTICAL", "WITHIN NUMERICAL NOISE (same seed and batches, float-rounding "
+                                                   "size)") or lines[1].startswith(("WITHIN THE SEED BAND", "DIVERGED"))
+    regressions = [x.split("  ")[-1] for x in lines if x.startswith("  REGRESSION   ")]
+    for r in regressions:  # each one named in the verdict line
+        assert r.split(":")[0].split(" step")[0] in lines[1], (r, lines[1])
+    assert f" of {len(names)} scenarios changed behaviour (marked *)" in stdout
+    assert lines[-1].startswith("PASS (exit 0)" if rc == 0 else "FAIL (exit 1)")
+    xmlschema.XMLSchema(XSD).validate(str(xml))
+    cases = {c.get("name") for c in ET.parse(xml).getroot().iter("testcase")}
+    assert {"verdict", "baseline peak RSS", "baseline speed"} <= cases and len(cases) >= 1 + 5 + len(names)
 
 
 def test_the_scenario_plan_leaves_out_the_nproc_only_ones():
