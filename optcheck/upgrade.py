@@ -347,6 +347,15 @@ def render_matrix(rows: list[ScenarioRow], baseline: str = "baseline", candidate
     return "\n".join(lines)
 
 
+def _crash_text(summary: dict) -> str:
+    """`` at step 0: ModuleNotFoundError: No module named 'torch'`` of a crashed run, else ""."""
+    c = summary.get("crash")
+    if not c:
+        return ""
+    msg = " ".join(str(c.get("message") or "").split())[:200]
+    return f" at step {c.get('step')}: {c.get('exc_type') or c.get('signal') or 'crash'}" + (f": {msg}" if msg else "")
+
+
 def render(result: UpgradeResult, sides: list[Side]) -> str:
     """The verdict first — the trajectory's headline, then every regression of the candidate
     against the baseline (``optcheck.baseline``: findings, loss band, speed, peak RSS) on the
@@ -357,7 +366,8 @@ def render(result: UpgradeResult, sides: list[Side]) -> str:
         head, *rest = result.compare.verdict.lines()
         lines += [head + (f"; REGRESSION: {regress}" if regress else ""), *rest]
     else:
-        why = [f"{s.name}: {r.summary['status']}" for s, r in zip(sides, (result.baseline, result.candidate)) if r]
+        why = [f"{s.name}: {r.summary['status']}" + _crash_text(r.summary)
+               for s, r in zip(sides, (result.baseline, result.candidate)) if r]
         lines.append("NO VERDICT: a side did not finish (" + "; ".join(why) + ")")
     lines += ["  " + s.text() for s in sides]
     if result.against is not None:

@@ -114,7 +114,7 @@ def register(group: click.Group) -> None:
     @click.option("--every", type=INT, default=100, show_default=True, help="A snapshot every N steps.")
     @click.option("--seed", type=INT, default=1337, show_default=True, help="Seeds init and batches.")
     @click.option("--seeds", type=str, default=None, metavar="N,N,...",
-                  help="Run once per seed into --out/seed-N (a seed band for `optcheck compare --band`).")
+                  help="Run once per seed into --out/seed-N (a seed band: `optcheck compare BASE_DIR NEW_DIR` on two such folders).")
     @click.option("--python", "python", type=click.Path(dir_okay=False), default=None,
                   help="PyTorch backend: the interpreter to run the worker with (another venv's bin/python: "
                        "its torch, this optcheck).")
