@@ -90,8 +90,8 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             neighbour.kill()
     cpu_r, wall_r = [x[2] for x in rows], [x[3] for x in rows]
-    print(f"\nbaseline: {args.steps} steps, train CPU {b_cpu * 1e3:.2f} ms/step, wall median step {b_wall * 1e3:.2f} ms; "
-          f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"\nbaseline: {args.steps} steps, train CPU {b_cpu * 1e3:.2f} ms/step, wall median step "
+          f"{b_wall * 1e3:.2f} ms; load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"CPU time per step / baseline's: min {min(cpu_r):.3f}x median {statistics.median(cpu_r):.3f}x "
           f"max {max(cpu_r):.3f}x (the check fails above {1 + SPEED_TOLERANCE:.2f}x)")
     print(f"wall median step time / baseline's: min {min(wall_r):.3f}x median {statistics.median(wall_r):.3f}x "

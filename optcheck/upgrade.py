@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,10 +219,13 @@ def probe_python(path: str, option: str, timeout: float = 120.0) -> dict:
     try:
         r = subprocess.run([path, "-c", _PROBE], capture_output=True, text=True, timeout=timeout, env=env,
                            stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise InputError(f"{option} {path}: not a working Python interpreter ({e})") from None
+    try:
         info = json.loads(r.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
-        tail = " ".join((locals().get("r").stderr if "r" in locals() else str(e)).split())[-200:]
-        raise InputError(f"{option} {path}: not a working Python interpreter ({tail or e})") from None
+    except (ValueError, IndexError):
+        tail = " ".join(r.stderr.split())[-200:] or f"exit {r.returncode}, no answer"
+        raise InputError(f"{option} {path}: not a working Python interpreter ({tail})") from None
     msg = torch_version.problem(info.get("torch"), bool(info.get("torch_importable")))
     if msg:
         raise InputError(f"{option} {path}: " + msg.replace("--backend pytorch needs", "the PyTorch worker needs")
