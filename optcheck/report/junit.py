@@ -7,7 +7,7 @@ one ``<failure>`` per finding otherwise. A crashed worker adds a ``run`` test ca
 with an ``<error>``. With a baseline (``optcheck soak --baseline``) the file agrees
 with the job's exit code: a finding the baseline has too goes to ``<system-out>``
 ("in the baseline"), only new ones fail, and each check of the comparison (findings,
-loss, held-out loss, steps/s, peak RSS, trajectory) is a ``baseline <check>`` test
+loss, held-out loss, speed, peak RSS, trajectory) is a ``baseline <check>`` test
 case, failing on a regression and ``<skipped>`` when not compared. The layout
 follows the widely used JUnit 4 schema (Ant's ``XMLJUnitResultFormatter`` output as
 Jenkins reads it); ``tests/fixtures/junit.xsd`` is the schema the tests validate against.
