@@ -28,6 +28,7 @@ from optcheck.report.reader import RunReader
 from optcheck.rules.parity import RunDivergence
 from optcheck.series import moving_mean
 from optcheck.snapshot import clean_json
+from optcheck.policy import AUTO, MIGRATION, choose
 from optcheck.verdict import Verdict, judge, same_batches
 
 #: Defaults: two clean soaks of the built-in GPT with different seeds stay well
@@ -136,8 +137,12 @@ class CompareResult:
         verdict: identical / within numerical noise / diverged (``optcheck.verdict.judge``).
         incomplete: why a run cannot pass ("B: crashed at step 200 of 5,000",
             "B: shorter than A: 200 of 5,000 steps"), empty when both are complete.
+        mismatch: migration only: optimizer options that differ where both sides have them.
+        policy: ``rerun`` or ``migration`` (``optcheck.policy``), as the verdict says.
+        fail_on_new: findings only in B fail (``--fail-on-new``; always under ``migration``).
         exit_code: ``optcheck.exitcodes.FINDINGS`` when there is a finding, a run
-            is incomplete (or, with ``fail_on_new``, a finding only in B), else ``CLEAN``.
+            is incomplete, an option mismatch (or, with ``fail_on_new``, a finding only
+            in B), else ``CLEAN``.
     """
 
     a: RunInfo
@@ -154,6 +159,9 @@ class CompareResult:
     exit_code: int
     incomplete: list[str] = field(default_factory=list)
     verdict: Verdict | None = None
+    mismatch: list[str] = field(default_factory=list)
+    policy: str = "rerun"
+    fail_on_new: bool = False
 
     @property
     def diverged(self) -> bool:
@@ -274,7 +282,7 @@ def _ratio(b: float | None, a: float | None) -> float | None:
 
 def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, *, loss_rtol: float = DEFAULT_RTOL,
                  loss_atol: float = DEFAULT_ATOL, window: int = DEFAULT_WINDOW,
-                 fail_on_new: bool = False) -> CompareResult:
+                 fail_on_new: bool = False, policy: str = AUTO) -> CompareResult:
     """Compare run directories ``run_a`` (the reference) and ``run_b``.
 
     Args:
@@ -283,6 +291,9 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, *, loss_rto
             and absolute, in loss units: nats per token for the built-in GPT).
         window: trailing-mean window in steps.
         fail_on_new: also return the findings exit code when B has findings A has not.
+        policy: ``auto``, ``rerun`` or ``migration`` (``optcheck.policy.choose``): a migration
+            (another backend or native library) is judged on the smoothed losses, as runs
+            of different seeds are, with options compared where both sides have them.
 
     Two runs whose ``summary.json`` configs record the same seed, batch shape and corpus
     are judged step by step against the numerical-noise tolerance
@@ -295,7 +306,8 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, *, loss_rto
 
     Raises:
         InputError: a path is not a run directory, a file in it is unreadable, the
-            runs share no step, or a tolerance is negative.
+            runs share no step, a tolerance is negative, an unknown policy, or the runs
+            trained for different ``--steps`` (:func:`check_same_schedule`).
     """
     for name, v in (("--tolerance", loss_rtol), ("--atol", loss_atol)):
         if not math.isfinite(v) or v < 0:
@@ -303,25 +315,62 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, *, loss_rto
     pa, pb = Path(run_a), Path(run_b)
     la, lb = ("A: " + pa.name, "B: " + pb.name) if pa.name != pb.name else ("A: " + str(pa), "B: " + str(pb))
     ra, rb = RunReader(pa, purpose="compare"), RunReader(pb, purpose="compare")
+    check_same_schedule(ra.summary, rb.summary, f"{run_a} / {run_b}")
+    try:
+        chosen, why = choose(ra.summary, rb.summary, policy)
+    except ValueError as e:
+        raise InputError(f"--policy: {e}") from None
     a, loss_a, find_a = read_run(ra, la)
     b, loss_b, find_b = read_run(rb, lb)
     loss = compare_losses(loss_a, loss_b, rtol=loss_rtol, atol=loss_atol, window=window)
     verdict = judge(loss_a, loss_b, same_seed=same_batches(ra.summary, rb.summary), snaps_a=ra.snapshots,
-                    snaps_b=rb.snapshots, summary_a=ra.summary, summary_b=rb.summary, smoothed=loss)
+                    snaps_b=rb.snapshots, summary_a=ra.summary, summary_b=rb.summary, smoothed=loss,
+                    policy=chosen, policy_why=why, band=band_text(loss_atol, loss_rtol, loss.window))
     a.defects, b.defects = list(ra.defects), list(rb.defects)  # the snapshots' skipped lines too
     only_a, only_b = finding_difference(find_a, find_b), finding_difference(find_b, find_a)
     findings = []
     if verdict.diverged:
         findings.append(_divergence(verdict, loss, a, b, pa, pb, loss_rtol, loss_atol))
+    mismatch = []
+    if chosen == MIGRATION:  # a migration is judged as an upgrade is: new findings and mapped options count
+        fail_on_new = True
+        if verdict.where is not None and verdict.where.options:
+            mismatch.append(f"options differ where both sides have them, at snapshot step {verdict.where.step:,}: "
+                            + "; ".join(verdict.where.options))
     incomplete = [f"{name}: {why}" for name, why in (("A", a.incomplete()), ("B", b.incomplete())) if why]
     for short, long_, name in ((a, b, "A"), (b, a, "B")):
         if short.last_step < long_.last_step:
             incomplete.append(f"{name}: shorter than the other run: {short.last_step:,} of {long_.last_step:,} steps")
-    code = FINDINGS if findings or incomplete or (fail_on_new and only_b) else CLEAN
+    code = FINDINGS if findings or incomplete or mismatch or (fail_on_new and only_b) else CLEAN
     return CompareResult(a=a, b=b, rtol=loss_rtol, atol=loss_atol, window=window, loss=loss, only_in_a=only_a,
                          only_in_b=only_b, step_time_ratio=_ratio(b.step_time_s, a.step_time_s),
                          peak_memory_ratio=_ratio(b.peak_rss_bytes, a.peak_rss_bytes), findings=findings,
-                         exit_code=code, incomplete=incomplete, verdict=verdict)
+                         exit_code=code, incomplete=incomplete, verdict=verdict, mismatch=mismatch,
+                         policy=chosen, fail_on_new=fail_on_new)
+
+
+def band_text(atol: float, rtol: float, window: int) -> str:
+    """The smoothed tolerance in words: ``0.03 + 5% of A's 50-step trailing mean``."""
+    return f"{atol:g} + {rtol:.0%} of A's {window}-step trailing mean"
+
+
+def check_same_schedule(summary_a: dict, summary_b: dict, what: str) -> None:
+    """Refuse two runs whose configs train for different ``--steps``: the learning-rate
+    schedule (warm-up, then cosine decay to ``--min-lr`` over ``--steps``) follows it, so
+    they part right after the warm-up (step 141 of 2,000 against 1,000 steps) whatever
+    else is equal. Runs without a recorded config (a Monitor's) are not checked.
+
+    Raises:
+        InputError: one line naming both values and what to do instead.
+    """
+    sa, sb = (summary_a.get("config") or {}).get("steps"), (summary_b.get("config") or {}).get("steps")
+    if isinstance(sa, int) and isinstance(sb, int) and sa != sb and not {summary_a.get("source"), summary_b.get(
+            "source")} & {"monitor"}:
+        warm = (summary_a.get("config") or {}).get("warmup_steps")
+        after = f" after the {warm}-step warm-up" if isinstance(warm, int) else ""
+        raise InputError(f"{what}: the runs trained for different --steps ({sa:,} vs {sb:,}); the learning-rate "
+                         f"schedule follows --steps, so they part{after} whatever else is equal: compare runs "
+                         f"of the same --steps (a shorter one of them still compares on its steps)")
 
 
 def _divergence(v: Verdict, loss: LossComparison, a: RunInfo, b: RunInfo, pa: Path, pb: Path, rtol: float,
@@ -329,7 +378,7 @@ def _divergence(v: Verdict, loss: LossComparison, a: RunInfo, b: RunInfo, pa: Pa
     """The OC601 finding of a ``diverged`` verdict, at its first step."""
     rule = RunDivergence()
     pseudo = {"step": v.first_step, "phase": "post-step", "backend": b.backend, "run": pb.name}
-    if v.basis == "tolerance":
+    if v.basis in ("tolerance", MIGRATION):
         msg = rule.message.format(step=f"{loss.first_beyond_step:,}", window=loss.window, a=loss.mean_a,
                                   b=loss.mean_b, tol=loss.tolerance)
         if math.isfinite(loss.max_rel_diff):

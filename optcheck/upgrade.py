@@ -8,14 +8,25 @@ version or build (``--torchsharp``). Both sides get the same
 numerical noise, or diverged. Two backends (PyTorch against TorchSharp) start
 from the same initial weights (``--same-init``, ``optcheck.soak.export_same_init``).
 
-With ``scenarios`` every ``--inject`` scenario both sides support also runs on
-both (short runs), and :func:`render_matrix` puts their outcomes side by side:
-the findings, the crash (type and step) or "no crash", and the lead time.
+With ``scenarios`` every ``--inject`` scenario both sides support in one process
+(never the ``--nproc``-only ones) also runs on both (short runs), and
+:func:`render_matrix` puts their outcomes side by side: the findings, the crash
+(type and step) or "no crash", and the lead time. Everything that will run is
+checked before anything runs (:func:`plan`): the scenarios, each side's options, and
+each ``--python`` interpreter's torch (:func:`probe_python`).
+
+The candidate is judged against the baseline side by the one regression policy of
+``optcheck.baseline`` (new findings, loss band, speed, peak RSS), the same as
+``soak --baseline`` applies to a night, plus the trajectory verdict (identical /
+within numerical noise / within the seed band / diverged, ``optcheck.verdict``) under
+the policy ``optcheck.policy`` picks (a migration across backends or native libraries).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,7 +129,8 @@ class ScenarioRow:
 
 @dataclass
 class UpgradeResult:
-    """What :func:`run_upgrade` returns: the two runs' results, the comparison, the matrix."""
+    """What :func:`run_upgrade` returns: the two runs' results, the comparison, the matrix, and
+    the candidate judged against the baseline by ``optcheck.baseline``'s policy."""
 
     baseline: object
     candidate: object
@@ -126,6 +138,12 @@ class UpgradeResult:
     rows: list[ScenarioRow]
     exit_code: int
     time_s: float = 0.0
+    against: object | None = None  # optcheck.baseline.BaselineResult: the candidate against the baseline side
+
+    @property
+    def regressions(self) -> list:
+        """The regression checks (``optcheck.baseline.Check``) of the candidate against the baseline."""
+        return list(self.against.regressions) if self.against is not None else []
 
 
 def outcome(summary: dict) -> tuple[str, str, str]:
@@ -140,9 +158,82 @@ def outcome(summary: dict) -> tuple[str, str, str]:
     return codes, crash_text, lead_text
 
 
-def shared_scenarios(sides: list[Side]) -> list[str]:
-    """Catalogue scenarios every side's backend implements, in catalogue order."""
-    return [n for n, s in catalogue.CATALOGUE.items() if all(side.backend in s.backends for side in sides)]
+def shared_scenarios(sides: list[Side], nproc: int = 1) -> list[str]:
+    """Catalogue scenarios every side's backend implements with ``nproc`` processes, in
+    catalogue order: the ``--nproc``-only ones (``optcheck.distributed.cli.DIST_SCENARIOS``)
+    only when ``nproc`` > 1, and then only they."""
+    from optcheck.distributed.cli import DIST_SCENARIOS
+
+    return [n for n, s in catalogue.CATALOGUE.items() if all(side.backend in s.backends for side in sides)
+            and (n in DIST_SCENARIOS) == (nproc > 1)]
+
+
+def plan_scenarios(sides: list[Side], names: list[str] | None) -> list[str]:
+    """The scenarios an upgrade will run, checked before anything runs: ``names`` (each
+    known, on both sides' backends, and not ``--nproc``-only: an upgrade runs one process),
+    or with None every scenario :func:`shared_scenarios` gives.
+
+    Raises:
+        InputError: one line naming the first scenario that cannot run and why.
+    """
+    from optcheck.distributed.cli import DIST_SCENARIOS
+
+    if names is None:
+        return shared_scenarios(sides)
+    for n in names:
+        for side in sides:
+            catalogue.get(n, side.backend)
+        if n in DIST_SCENARIOS:
+            raise InputError(f"--scenario {n}: an --nproc-only scenario (optcheck soak --nproc 2 --inject {n}@STEP); "
+                             f"upgrade runs one process: leave it out")
+    return list(dict.fromkeys(names))
+
+
+_PROBE = """
+import importlib.metadata as m, importlib.util as u, json, sys
+try:
+    torch = m.version("torch")
+except Exception:
+    torch = None
+need = ("numpy", "psutil", "packaging", "jsonschema")
+print(json.dumps({"torch": torch, "torch_importable": u.find_spec("torch") is not None,
+                  "missing": [n for n in need if u.find_spec(n) is None],
+                  "python": "%d.%d.%d" % sys.version_info[:3]}))
+"""
+
+
+def probe_python(path: str, option: str, timeout: float = 120.0) -> dict:
+    """Ask interpreter ``path`` (without importing torch: package metadata only) which torch
+    it has and whether optcheck's own dependencies are there, as the worker would see them
+    (this optcheck first on PYTHONPATH). Returns the answer (``torch``, ``python``).
+
+    Raises:
+        InputError: it does not start, has no torch or one older than torch 2.1, or lacks
+            one of optcheck's dependencies: one line naming the interpreter and the fix.
+    """
+    from optcheck import torch_version
+
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    try:
+        r = subprocess.run([path, "-c", _PROBE], capture_output=True, text=True, timeout=timeout, env=env,
+                           stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise InputError(f"{option} {path}: not a working Python interpreter ({e})") from None
+    try:
+        info = json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = " ".join(r.stderr.split())[-200:] or f"exit {r.returncode}, no answer"
+        raise InputError(f"{option} {path}: not a working Python interpreter ({tail})") from None
+    msg = torch_version.problem(info.get("torch"), bool(info.get("torch_importable")))
+    if msg:
+        raise InputError(f"{option} {path}: " + msg.replace("--backend pytorch needs", "the PyTorch worker needs")
+                         + f" (into that interpreter: {path} -m pip install ...)")
+    if info.get("missing"):
+        raise InputError(f"{option} {path}: optcheck's dependencies are missing there: {', '.join(info['missing'])} "
+                         f"({path} -m pip install {' '.join(info['missing'])})")
+    return info
 
 
 def _same_init(cfg: SoakConfig, sides: list[Side], out: Path) -> None:
@@ -170,17 +261,22 @@ def _run_pair(cfg: SoakConfig, sides: list[Side], out: Path, sig, **kwargs) -> l
 
 def run_upgrade(cfg: SoakConfig, baseline: Side, candidate: Side, out, *, scenarios: list[str] | None = None,
                 scenario_steps: int = 40, progress: bool = False, force: bool = False, signals=None,
-                **kwargs) -> UpgradeResult:
+                tolerances=None, policy: str = "auto", echo=None, **kwargs) -> UpgradeResult:
     """Run ``cfg`` on both sides into ``out/baseline`` and ``out/candidate``, compare them
     (``optcheck.compare.compare_runs``: the verdict of ``optcheck.verdict.judge``), and with
-    ``scenarios`` run each named scenario at step ``scenario_steps // 2`` of a
+    ``scenarios`` (names, or ``"all"``: :func:`shared_scenarios`) run each scenario at step ``scenario_steps // 2`` of a
     ``scenario_steps``-step soak on both sides into ``out/scenarios/NAME/``.
     ``kwargs`` (``fail_on``, ``rule_config``, ``ignore``...) go to every
     ``optcheck.soak.run_soak`` of both sides, the scenario runs included.
+    The candidate is then judged against the baseline's run by
+    ``optcheck.baseline.compare_with_baseline`` (``tolerances``: an
+    ``optcheck.baseline.Tolerances``) with the trajectory ``policy``; ``echo`` (a
+    callable) is told the plan before anything runs.
 
     Raises:
-        InputError: bad option on either side (checked for both before anything runs),
-            a scenario a side's backend lacks.
+        InputError: bad option on either side, a scenario that cannot run (unknown, not on
+            a side's backend, ``--nproc``-only), a ``--python`` without a usable torch:
+            all checked before anything runs.
     """
     from optcheck.compare import compare_runs
     from optcheck.soak import default_out_dir, validate
@@ -189,22 +285,33 @@ def run_upgrade(cfg: SoakConfig, baseline: Side, candidate: Side, out, *, scenar
     t0 = time.time()
     out = Path(out) if out is not None else default_out_dir()
     sides = [baseline, candidate]
+    from optcheck.policy import POLICIES
+
+    if policy not in POLICIES:
+        raise InputError(f"--policy {policy}: one of {', '.join(POLICIES)}")
+    for side in sides:
+        if side.python:
+            probe_python(side.python, f"--{side.name}-python")
     for side in sides:
         validate(side.config(cfg))
-    names = scenarios or []
-    for n in names:
-        for side in sides:
-            catalogue.get(n, side.backend)
+    names = plan_scenarios(sides, None if scenarios == "all" else list(scenarios or []))
     if names and scenario_steps < 2:
         raise InputError(f"--scenario-steps {scenario_steps}: must be at least 2")
+    if echo is not None:
+        echo(f"optcheck upgrade: {cfg.steps:,}-step soak on each side"
+             + (f", then {len(names)} scenario(s) of {scenario_steps} steps on each side: {', '.join(names)}"
+                if names else ""))
     kwargs.update(progress=progress, force=force)
     rows: list[ScenarioRow] = []
     with signals or Signals() as sig:
         _same_init(cfg, sides, out)
         results = _run_pair(cfg, sides, out, sig, **kwargs)
-        res = None
+        res = against = None
         if len(results) == 2 and all(r.summary["status"] in ("clean", "findings") for r in results):
-            res = compare_runs(results[0].out, results[1].out)
+            from optcheck.baseline import compare_with_baseline
+
+            res = compare_runs(results[0].out, results[1].out, policy=policy)
+            against = compare_with_baseline(results[1].out, results[0].out, tolerances, policy=policy)
         for n in names:
             sc = SoakConfig.from_json(cfg.to_json())
             step = max(1, scenario_steps // 2)
@@ -224,10 +331,10 @@ def run_upgrade(cfg: SoakConfig, baseline: Side, candidate: Side, out, *, scenar
         code = worst(codes)
     else:
         code = res.exit_code if res is not None else exitcodes.FINDINGS
-        if any(r.changed for r in rows):
+        if any(r.changed for r in rows) or (against is not None and against.regressions):
             code = max(code, exitcodes.FINDINGS)
     return UpgradeResult(results[0] if results else None, results[1] if len(results) > 1 else None, res, rows,
-                         code, time.time() - t0)
+                         code, time.time() - t0, against)
 
 
 def render_matrix(rows: list[ScenarioRow], baseline: str = "baseline", candidate: str = "candidate") -> str:
@@ -242,20 +349,56 @@ def render_matrix(rows: list[ScenarioRow], baseline: str = "baseline", candidate
     return "\n".join(lines)
 
 
+def _crash_text(summary: dict) -> str:
+    """`` at step 0: ModuleNotFoundError: No module named 'torch'`` of a crashed run, else ""."""
+    c = summary.get("crash")
+    if not c:
+        return ""
+    msg = " ".join(str(c.get("message") or "").split())[:200]
+    return f" at step {c.get('step')}: {c.get('exc_type') or c.get('signal') or 'crash'}" + (f": {msg}" if msg else "")
+
+
 def render(result: UpgradeResult, sides: list[Side]) -> str:
-    """The verdict first, then the comparison table and the scenario matrix."""
+    """The verdict first — the trajectory's headline, then every regression of the candidate
+    against the baseline (``optcheck.baseline``: findings, loss band, speed, peak RSS) on the
+    same line — then the checks, the comparison table, the scenario matrix and PASS / FAIL."""
     lines = []
+    regress = "; ".join(c.brief or c.name for c in result.regressions)
     if result.compare is not None and result.compare.verdict is not None:
-        lines += result.compare.verdict.lines()
+        head, *rest = result.compare.verdict.lines()
+        lines += [head + (f"; REGRESSION: {regress}" if regress else ""), *rest]
     else:
-        why = [f"{s.name}: {r.summary['status']}" for s, r in zip(sides, (result.baseline, result.candidate)) if r]
+        why = [f"{s.name}: {r.summary['status']}" + _crash_text(r.summary)
+               for s, r in zip(sides, (result.baseline, result.candidate)) if r]
         lines.append("NO VERDICT: a side did not finish (" + "; ".join(why) + ")")
     lines += ["  " + s.text() for s in sides]
+    if result.against is not None:
+        lines += ["", "Candidate against the baseline (optcheck.baseline's regression policy, as soak --baseline):",
+                  *(c.line() for c in result.against.checks if c.name != "trajectory")]
     if result.compare is not None:  # its table, without the verdict printed above
         text = result.compare.render().split("\n")
-        lines += ["", text[0], *text[1 + len(result.compare.verdict.lines()):]]
+        body = text[1 + len(result.compare.verdict.lines()):]
+        while body and (body[-1].startswith(("PASS", "FAIL")) or not body[-1].strip()):
+            body.pop()
+        lines += ["", text[0], *body]
     if result.rows:
         lines += ["", "Scenario matrix (baseline beside candidate):", render_matrix(result.rows)]
+    lines.append("")
+    why = []
+    if result.compare is not None and result.compare.diverged:
+        why.append("the trajectory diverged (OC601)")
+    if result.compare is not None:
+        why += result.compare.incomplete + result.compare.mismatch
+    why += [c.brief or c.name for c in result.regressions]
+    changed = sum(r.changed for r in result.rows)
+    if changed:
+        why.append(f"{changed} scenario(s) changed behaviour")
+    if result.exit_code == exitcodes.CLEAN:
+        lines.append(f"PASS (exit 0): {result.compare.verdict.headline().split(':')[0] if result.compare else 'ok'}"
+                     + (f", no regression, {len(result.rows)} scenario(s) unchanged" if result.rows
+                        else ", no regression"))
+    else:
+        lines.append(f"FAIL (exit {result.exit_code}): " + ("; ".join(why) or "a side did not finish"))
     return "\n".join(lines)
 
 
@@ -294,6 +437,12 @@ def compare_seed_sets(dir_a: str | os.PathLike, dir_b: str | os.PathLike, *,
     if len(runs_a) < 2 or not runs_b:
         raise InputError(f"{dir_a} / {dir_b}: a seed band needs at least two seed-N runs in the first and one in "
                          f"the second (optcheck soak --seeds 1,2,3 --out DIR), found {len(runs_a)} and {len(runs_b)}")
+    from optcheck.compare import check_same_schedule
+    from optcheck.report.reader import read_summary
+
+    first = read_summary(runs_a[0])
+    for d in runs_a[1:] + runs_b:
+        check_same_schedule(first, read_summary(d), f"{runs_a[0]} / {d}")
     infos, losses = [], []
     for d in runs_a + runs_b:
         info, loss, _ = read_run(d, d.parent.name + "/" + d.name)

@@ -1,4 +1,5 @@
-"""The verdict on two runs that should train alike: identical, within numerical noise, or diverged.
+"""The verdict on two runs that should train alike: identical, within numerical noise, within the
+seed band, or diverged.
 
 One function decides it for ``optcheck compare``, ``optcheck upgrade`` and any
 later baseline check, so they can never disagree: :func:`judge`. Torch-free.
@@ -9,8 +10,13 @@ later baseline check, so they can never disagree: :func:`judge`. Torch-free.
 * **within numerical noise**: the two runs used the same seed and batches (their
   ``summary.json`` configs say so) and no step's loss differs by more than float
   rounding explains: ``|loss_A - loss_B| <= noise_tolerance(step) x max(|loss_A|, 1e-3)``.
+* **within the seed band**: runs of different seeds (one run a side, against the caller's
+  smoothed tolerance, or seed sets, :func:`judge_seed_band`), or a **migration**
+  (``optcheck.policy``: another backend or native library, where float rounding differs
+  and grows chaotically): the trailing-mean losses stay within the band that seed noise
+  spans. A weaker claim than numerical noise, and worded apart.
 * **diverged**: a step's loss differs beyond that (the first such step and the
-  size are reported), or, for runs of different seeds, beyond the seed band.
+  size are reported), or, for runs of different seeds or a migration, beyond the seed band.
 
 The same-seed tolerance comes from measurements on the built-in GPT (2 layers,
 64 wide, AdamW, torch 2.13 CPU), recorded in ``docs/verdict.md``: ``--threads 2``
@@ -31,9 +37,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from optcheck.policy import MIGRATION, RERUN, option_differences
 from optcheck.series import moving_mean
 
-IDENTICAL, WITHIN_NOISE, DIVERGED = "identical", "within-noise", "diverged"
+IDENTICAL, WITHIN_NOISE, WITHIN_SEED_BAND, DIVERGED = "identical", "within-noise", "within-seed-band", "diverged"
 #: Relative per-step loss tolerance of a same-seed comparison at step 0.
 NOISE_RTOL = 1e-5
 #: The tolerance grows by NOISE_RTOL every this many steps (rounding differences accumulate).
@@ -71,12 +78,15 @@ class Localisation:
     b: float | None = None
     rel_diff: float | None = None
     options: list[str] = field(default_factory=list)
+    not_compared: list[str] = field(default_factory=list)
 
     def text(self) -> str:
         parts = []
         if self.param is not None:
             parts.append(f"{self.param} {self.quantity} {self.a:.6g} vs {self.b:.6g} (relative {self.rel_diff:.2g})")
         parts += self.options
+        if not parts:
+            return f"snapshot step {self.step:,}: the options both sides have agree"
         return f"first differs at snapshot step {self.step:,}: " + "; ".join(parts)
 
 
@@ -85,10 +95,11 @@ class Verdict:
     """The answer for two runs; :meth:`headline` is the line printed first.
 
     Attributes:
-        kind: ``identical``, ``within-noise`` or ``diverged``.
+        kind: ``identical``, ``within-noise``, ``within-seed-band`` or ``diverged``.
         basis: ``same-seed`` (per-step tolerance of :func:`noise_tolerance`),
-            ``seed-band`` (:func:`judge_seed_band`) or ``tolerance`` (a smoothed
-            tolerance given by the caller, for single runs of different seeds).
+            ``seed-band`` (:func:`judge_seed_band`), ``tolerance`` (a smoothed
+            tolerance given by the caller, for single runs of different seeds) or
+            ``migration`` (the smoothed tolerance, for another backend or native library).
         steps: common steps compared.
         max_abs_diff, max_rel_diff, max_step: the largest loss difference, relative to A's loss, and its step.
         first_step: first step beyond tolerance (diverged only); when only the parameters
@@ -99,6 +110,11 @@ class Verdict:
         fingerprints: parameter fingerprints compared (0 when none were recorded).
         where: the first snapshot that differs (same-seed runs), or None.
         differences: what differs between the runs' configs and versions.
+        policy, policy_why: ``rerun`` or ``migration`` (``optcheck.policy``) and why it was chosen.
+        smoothing: the trailing-mean window the sizes are of (None: per-step sizes).
+        rounding_until: migration: the first step whose loss differs beyond float rounding
+            (reported, not failed); None when none does.
+        band: the smoothed tolerance's text ("0.03 + 5% of A's 50-step trailing mean").
     """
 
     kind: str
@@ -115,6 +131,11 @@ class Verdict:
     fingerprints: int = 0
     where: Localisation | None = None
     differences: list[str] = field(default_factory=list)
+    policy: str = RERUN
+    policy_why: str = ""
+    smoothing: int | None = None
+    rounding_until: int | None = None
+    band: str = ""
 
     @property
     def diverged(self) -> bool:
@@ -124,25 +145,38 @@ class Verdict:
         return asdict(self)
 
     def headline(self) -> str:
-        """``IDENTICAL: ...``, ``WITHIN NUMERICAL NOISE: ...`` or ``DIVERGED from step N: ...``, with the size."""
-        size = (f"largest loss difference {self.max_abs_diff:.2g} (relative {self.max_rel_diff:.2g}) "
+        """``IDENTICAL: ...``, ``WITHIN NUMERICAL NOISE (...): ...``, ``WITHIN THE SEED BAND (...): ...``
+        or ``DIVERGED from step N: ...``, with the size."""
+        what_diff = f"{self.smoothing}-step trailing-mean loss difference" if self.smoothing else "loss difference"
+        size = (f"largest {what_diff} {self.max_abs_diff:.2g} (relative {self.max_rel_diff:.2g}) "
                 f"at step {self.max_step:,}" if self.max_step is not None and math.isfinite(self.max_abs_diff)
                 else "a non-finite loss in one run only")
         if self.kind == IDENTICAL:
             fp = f" and {self.fingerprints:,} parameter fingerprints" if self.fingerprints else ""
             return f"IDENTICAL: {self.steps:,} steps, bit-for-bit equal losses{fp}"
+        since = f", first differing at step {self.first_differs:,}" if self.first_differs is not None else ""
         if self.kind == WITHIN_NOISE:
-            what = {"same-seed": "same seed and batches, float-rounding size",
-                    "seed-band": "inside the baseline seeds' band",
-                    "tolerance": "different seeds, inside the given tolerance"}[self.basis]
-            since = f", first differing at step {self.first_differs:,}" if self.first_differs is not None else ""
-            return f"WITHIN NUMERICAL NOISE ({what}): {size}{since}"
-        first = (f"loss {self.loss_a:.6g} (A) vs {self.loss_b:.6g} (B), beyond tolerance {self.tolerance:.2g}"
+            return f"WITHIN NUMERICAL NOISE (same seed and batches, float-rounding size): {size}{since}"
+        if self.kind == WITHIN_SEED_BAND:
+            what = {"seed-band": "inside the baseline seeds' band",
+                    "tolerance": f"different seeds, inside {self.band or 'the given tolerance'}",
+                    "migration": f"migration, {self.policy_why}: inside {self.band or 'the seed tolerance'}"
+                    }.get(self.basis, self.basis)
+            if self.basis == "migration":
+                since = (f"; float-rounding agreement until step {self.rounding_until:,}"
+                         if self.rounding_until is not None else "; float-rounding agreement throughout")
+            return f"WITHIN THE SEED BAND ({what}): {size}{since}"
+        loss = f"{self.smoothing}-step trailing-mean loss" if self.smoothing else "loss"
+        first = (f"{loss} {self.loss_a:.6g} (A) vs {self.loss_b:.6g} (B), beyond tolerance {self.tolerance:.2g}"
                  if self.loss_a is not None and self.loss_b is not None and self.tolerance is not None
                  else "the parameters differ beyond noise, the losses within it")
         if self.loss_a is not None and self.loss_b is not None \
                 and math.isfinite(self.loss_a) != math.isfinite(self.loss_b):
             first += f" (one run's loss is not finite from step {self.first_step:,})"
+        if self.basis == "migration":
+            first += f" (migration, {self.policy_why}: {self.band or 'the seed tolerance'})"
+        elif self.basis == "seed-band":
+            first += " (outside the baseline seeds' band)"
         return f"DIVERGED from step {self.first_step:,}: {first}; {size}"
 
     def lines(self) -> list[str]:
@@ -150,8 +184,18 @@ class Verdict:
         out = [self.headline()]
         if self.where is not None:
             out.append("  " + self.where.text())
+            if self.where.not_compared:
+                out.append("  options not compared (one side only): " + ", ".join(self.where.not_compared))
         if self.differences:
             out.append("  runs differ in: " + "; ".join(self.differences))
+        if self.policy == RERUN and self.policy_why:
+            out.append(f"  policy: rerun ({self.policy_why}): " + ("same seed and batches, judged step by step on "
+                       "float rounding" if self.basis == "same-seed" else f"different seeds, judged on "
+                       f"{self.band or 'the smoothed losses'}"))
+        if self.policy == MIGRATION:
+            out.append(f"  policy: migration ({self.policy_why}): judged on {self.band or 'the smoothed losses'}, "
+                       f"the seed band, not on float rounding; options compared where both sides have them "
+                       f"(optcheck.policy.OPTION_NAMES)")
         return out
 
 
@@ -211,14 +255,15 @@ def _num(x) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
-def _option_diffs(sa: dict, sb: dict) -> list[str]:
-    out = []
+def _option_diffs(sa: dict, sb: dict, policy: str = RERUN) -> tuple[list[str], list[str]]:
+    """(options that differ, as "lr 0.001 vs 0.002 on group 0"; options one side only has,
+    not compared under the migration policy: ``optcheck.policy.option_differences``)."""
+    out, lone = [], []
     for ga, gb in zip(sa.get("groups") or [], sb.get("groups") or []):
-        oa, ob = ga.get("options") or {}, gb.get("options") or {}
-        for k in sorted(set(oa) | set(ob)):
-            if oa.get(k) != ob.get(k):
-                out.append(f"{k} {oa.get(k, '-')} vs {ob.get(k, '-')} on group {ga.get('index', '?')}")
-    return out
+        diffs, only = option_differences(ga.get("options") or {}, gb.get("options") or {}, policy)
+        out += [f"{k} {x} vs {y} on group {ga.get('index', '?')}" for k, x, y in diffs]
+        lone += [o for o in only if o not in lone]
+    return out, lone
 
 
 def fingerprints(snaps_a: list[dict], snaps_b: list[dict]) -> tuple[int, bool]:
@@ -236,16 +281,23 @@ def fingerprints(snaps_a: list[dict], snaps_b: list[dict]) -> tuple[int, bool]:
     return n, equal
 
 
-def localise(snaps_a: list[dict], snaps_b: list[dict]) -> Localisation | None:
+def localise(snaps_a: list[dict], snaps_b: list[dict], policy: str = RERUN) -> Localisation | None:
     """The first snapshot (by step) both runs took where an optimizer option differs or a
     parameter's ``value_norm`` / ``grad_norm`` differs by more than
     ``QUANTITY_FACTOR[q] x noise_tolerance(step)`` relative; the parameter named is the one
-    whose difference is largest against its tolerance. None when nothing differs beyond noise."""
+    whose difference is largest against its tolerance. None when nothing differs beyond noise.
+    With the ``migration`` policy only options are compared (the parameters of two backends
+    part by float rounding by design), under ``optcheck.policy.OPTION_NAMES``, and the
+    options one side only has are listed as not compared."""
     ia, ib = _index(snaps_a), _index(snaps_b)
     for key in sorted(set(ia) & set(ib), key=lambda k: (k[0] or 0, str(k[1]))):
         sa, sb = ia[key], ib[key]
         step = int(key[0] or 0)
-        options = _option_diffs(sa, sb)
+        options, lone = _option_diffs(sa, sb, policy)
+        if policy == MIGRATION:
+            if options or lone:
+                return Localisation(step=step, options=options, not_compared=lone)
+            continue
         best, best_ratio = None, 1.0
         pb = {p.get("name"): p for p in sb.get("params") or []}
         for p in sa.get("params") or []:
@@ -276,7 +328,8 @@ def localise(snaps_a: list[dict], snaps_b: list[dict]) -> Localisation | None:
 
 def judge(loss_a: dict[int, float], loss_b: dict[int, float], *, same_seed: bool,
           snaps_a: list[dict] = (), snaps_b: list[dict] = (), summary_a: dict | None = None,
-          summary_b: dict | None = None, smoothed=None) -> Verdict:
+          summary_b: dict | None = None, smoothed=None, policy: str = RERUN, policy_why: str = "",
+          band: str = "") -> Verdict:
     """The verdict on runs A (reference) and B, from their losses ``{step: loss}`` (common steps only).
 
     Args:
@@ -284,15 +337,21 @@ def judge(loss_a: dict[int, float], loss_b: dict[int, float], *, same_seed: bool
             (:func:`same_batches`); then the per-step :func:`noise_tolerance` applies.
         snaps_a, snaps_b: their snapshots (dicts), for fingerprints and :func:`localise`.
         summary_a, summary_b: their ``summary.json``, for :func:`config_differences`.
-        smoothed: for runs of different seeds, an ``optcheck.compare.LossComparison``
-            of the smoothed trajectories (the caller's tolerance); None for same-seed runs.
+        smoothed: an ``optcheck.compare.LossComparison`` of the smoothed trajectories (the
+            caller's seed tolerance): the verdict of runs of different seeds and of a migration.
+        policy: ``rerun``, or ``migration`` (``optcheck.policy``: another backend or native
+            library; judged on ``smoothed`` even with the same seed, options compared where
+            both sides have them). ``policy_why`` says why it was chosen.
+        band: the smoothed tolerance in words, for the headline.
 
     Raises:
-        ValueError: the runs have no step in common.
+        ValueError: the runs have no step in common, or a migration without ``smoothed``.
     """
     common = sorted(set(loss_a) & set(loss_b))
     if not common:
         raise ValueError("no common step")
+    if policy == MIGRATION and smoothed is None:
+        raise ValueError("a migration is judged on the smoothed losses: pass smoothed")
     steps = np.array(common)
     a = np.array([loss_a[s] for s in common], float)
     b = np.array([loss_b[s] for s in common], float)
@@ -306,14 +365,16 @@ def judge(loss_a: dict[int, float], loss_b: dict[int, float], *, same_seed: bool
     rel = diff / scale
     i = int(np.argmax(rel))
     differs = np.nonzero(diff > 0)[0]
-    v = Verdict(kind=WITHIN_NOISE, basis="same-seed" if same_seed else "tolerance", steps=len(common),
+    basis = MIGRATION if policy == MIGRATION else "same-seed" if same_seed else "tolerance"
+    v = Verdict(kind=WITHIN_NOISE, basis=basis, steps=len(common),
                 max_abs_diff=float(diff[i]), max_rel_diff=float(rel[i]), max_step=int(steps[i]),
                 fingerprints=n_fp, differences=differences,
-                first_differs=int(steps[differs[0]]) if len(differs) else None)
+                first_differs=int(steps[differs[0]]) if len(differs) else None,
+                policy=policy, policy_why=policy_why, band=band)
     if same.all() and fp_equal:
         v.kind = IDENTICAL
         return v
-    if same_seed:
+    if same_seed and policy != MIGRATION:
         tol = noise_tolerance(steps) * scale
         beyond = np.nonzero(diff > tol)[0]
         if len(beyond):
@@ -325,9 +386,19 @@ def judge(loss_a: dict[int, float], loss_b: dict[int, float], *, same_seed: bool
             split = v.first_differs is not None and v.first_differs <= v.where.step
             v.kind, v.first_step = DIVERGED, v.first_differs if split else v.where.step
         return v
-    if smoothed is not None and smoothed.diverged:
-        v.kind, v.first_step = DIVERGED, smoothed.first_beyond_step
-        v.loss_a, v.loss_b, v.tolerance = smoothed.mean_a, smoothed.mean_b, smoothed.tolerance
+    # different seeds, or a migration: the statistical verdict on the trailing means
+    v.kind = WITHIN_SEED_BAND
+    if policy == MIGRATION:
+        beyond = np.nonzero(diff > noise_tolerance(steps) * scale)[0]
+        v.rounding_until = int(steps[beyond[0]]) if len(beyond) else None
+        v.where = localise(list(snaps_a), list(snaps_b), MIGRATION)
+    if smoothed is not None:
+        v.smoothing = smoothed.window
+        v.max_abs_diff, v.max_step = smoothed.max_abs_diff, smoothed.max_abs_step
+        v.max_rel_diff = smoothed.max_rel_diff
+        if smoothed.diverged:
+            v.kind, v.first_step = DIVERGED, smoothed.first_beyond_step
+            v.loss_a, v.loss_b, v.tolerance = smoothed.mean_a, smoothed.mean_b, smoothed.tolerance
     return v
 
 
@@ -374,7 +445,7 @@ def judge_seed_band(baseline: list[dict[int, float]], candidate: list[dict[int, 
     common = sorted(set.intersection(*(set(r) for r in baseline + candidate)))
     steps, centre, half, w = seed_band(baseline, common, window=window, k=k)
     means = lambda r: moving_mean([r[s] for s in common], w)[0]  # noqa: E731
-    v = Verdict(kind=WITHIN_NOISE, basis="seed-band", steps=len(common))
+    v = Verdict(kind=WITHIN_SEED_BAND, basis="seed-band", steps=len(common), smoothing=w)
     first = None
     for r in candidate:
         m = means(r)

@@ -20,15 +20,22 @@ def register(group: click.Group) -> None:
     @click.option("--window", type=int, default=DEFAULT_WINDOW, show_default=True,
                   help="Trailing-mean window over the common steps.")
     @click.option("--fail-on-new", is_flag=True, help="Exit 1 also when run B has findings run A has not.")
+    @click.option("--policy", type=click.Choice(["auto", "rerun", "migration"]), default="auto", show_default=True,
+                  help="rerun: same seed judged step by step on float rounding; migration (another backend or "
+                       "native library): trailing means within the seed tolerance, options compared where both "
+                       "sides have them, findings only in B fail; auto picks from the runs' versions.")
     @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
-    def compare(run_a, run_b, rtol, atol, window, fail_on_new, as_json):
+    def compare(run_a, run_b, rtol, atol, window, fail_on_new, policy, as_json):
         """Compare two run directories: loss trajectories aligned by step (OC601 when
         they diverge beyond tolerance), findings present in one run only, step-time
         and peak-memory ratios (B/A), library versions.
 
         RUN_A is the reference (e.g. the last good version), RUN_B the candidate.
         The verdict comes first: IDENTICAL, WITHIN NUMERICAL NOISE (same seed: float-rounding
-        size) or DIVERGED. Folders of `optcheck soak --seeds 1,2,3` (seed-N runs inside)
+        size), WITHIN THE SEED BAND (different seeds, seed sets, or a migration: another backend
+        or torch/libtorch, judged on trailing means) or DIVERGED, each with its size, and the
+        policy used. Runs of different --steps are refused (the learning-rate schedule follows
+        --steps). Folders of `optcheck soak --seeds 1,2,3` (seed-N runs inside)
         are compared as seed bands: the candidate's seeds against the baseline's.
         Exit codes: 0 the trajectories agree, 1 OC601 (or, with --fail-on-new, findings
         only in B), 2 bad input.
@@ -41,6 +48,7 @@ def register(group: click.Group) -> None:
             verdict, code, text = compare_seed_sets(run_a, run_b, window=window)
             click.echo(json.dumps(verdict.to_dict(), indent=2) if as_json else text)
             return code
-        res = compare_runs(run_a, run_b, loss_rtol=rtol, loss_atol=atol, window=window, fail_on_new=fail_on_new)
+        res = compare_runs(run_a, run_b, loss_rtol=rtol, loss_atol=atol, window=window, fail_on_new=fail_on_new,
+                           policy=policy)
         click.echo(res.to_json() if as_json else res.render())
         return res.exit_code

@@ -49,27 +49,43 @@ def register(group: click.Group) -> None:
     @click.option("--ignore", "ignores", multiple=True, metavar="CODE[:PATTERN]",
                   help="Accept a finding on both sides (as `optcheck soak --ignore`; repeatable; added to "
                        "[tool.optcheck] ignore of the nearest pyproject.toml).")
+    @click.option("--speed-tolerance", default="25%", show_default=True,
+                  help="Rise of the candidate's worker CPU time per step allowed (as soak --baseline).")
+    @click.option("--memory-tolerance", default="15%", show_default=True,
+                  help="Rise of the candidate's peak RSS allowed (as soak --baseline).")
+    @click.option("--policy", type=click.Choice(["auto", "rerun", "migration"]), default="auto", show_default=True,
+                  help="How the trajectories are judged (as optcheck compare --policy): auto takes a migration "
+                       "when the backend or its torch/libtorch differs.")
     @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
     def upgrade(baseline_python, candidate_python, baseline_torchsharp, candidate_torchsharp, baseline_backend,
                 candidate_backend, steps, every, seed, lr, threads, data, n_layer, n_embd, batch_size,
-                with_scenarios, only, scenario_steps, out, force, junit, fail_on, memory_budget, ignores, quiet):
+                with_scenarios, only, scenario_steps, out, force, junit, fail_on, memory_budget, ignores,
+                speed_tolerance, memory_tolerance, policy, quiet):
         """Run the same soak (seed, data, batches, config) on a baseline and a candidate
-        and print the verdict first: IDENTICAL, WITHIN NUMERICAL NOISE (with the measured
-        size) or DIVERGED (from which step, by how much, where: parameter, option, versions).
+        and print the verdict first: IDENTICAL, WITHIN NUMERICAL NOISE (same seed, with the
+        measured size), WITHIN THE SEED BAND (a migration: another backend or torch/libtorch)
+        or DIVERGED (from which step, by how much, where: parameter, option, versions), with
+        every regression of the candidate on the same line: new findings, loss above its band,
+        worker CPU time per step (--speed-tolerance), peak RSS (--memory-tolerance), as
+        `soak --baseline` judges a night. Everything is checked before anything runs: the
+        scenarios (listed first; never the --nproc-only ones), each side's options, and the
+        torch of each --*-python.
 
         \b
         optcheck upgrade --candidate-python /venv-torch-new/bin/python --steps 2000
         optcheck upgrade --baseline-torchsharp 0.99.6 --candidate-torchsharp 0.107.0
         optcheck upgrade --candidate-backend torchsharp          # PyTorch against TorchSharp
 
-        Exit codes: 0 identical or within noise (and, with --scenarios, no scenario changed),
-        1 diverged or a scenario changed behaviour, 2 bad input, 3 a side crashed, 130 interrupted.
+        Exit codes: 0 identical, within noise or within the seed band, no regression (and, with
+        --scenarios, no scenario changed); 1 diverged, a regression or a scenario changed
+        behaviour; 2 bad input (nothing run); 3 a side crashed; 130 interrupted.
         """
         from optcheck.commands._paths import check_output_file
         from optcheck.commands.soak import ignore_entries, rule_config_for
         from optcheck.config import SoakConfig
         from optcheck.errors import InputError
-        from optcheck.upgrade import Side, check_python, render, run_upgrade, shared_scenarios
+        from optcheck.baseline import Tolerances, parse_fraction
+        from optcheck.upgrade import Side, check_python, render, run_upgrade
 
         sides = []
         for name, python, ts, backend in (("baseline", baseline_python, baseline_torchsharp, baseline_backend),
@@ -90,9 +106,12 @@ def register(group: click.Group) -> None:
                          n_embd=n_embd, batch_size=batch_size, val_every=0,
                          extra={"optimizer": "adamw", "dotnet_runtime": "coreclr"})
         cfg.validate()
-        names = (list(only) or shared_scenarios(sides)) if with_scenarios else []
+        tol = Tolerances(speed=parse_fraction(speed_tolerance, "--speed-tolerance"),
+                         memory=parse_fraction(memory_tolerance, "--memory-tolerance"), fail_on=fail_on)
+        names = (list(only) or "all") if with_scenarios else None
         result = run_upgrade(cfg, sides[0], sides[1], out, scenarios=names, scenario_steps=scenario_steps,
-                             progress=not quiet, force=force, **shaping)
+                             progress=not quiet, force=force, tolerances=tol, policy=policy, echo=click.echo,
+                             **shaping)
         click.echo(render(result, sides))
         if junit:
             from optcheck.report.junit import write_upgrade_junit

@@ -7,7 +7,7 @@ one ``<failure>`` per finding otherwise. A crashed worker adds a ``run`` test ca
 with an ``<error>``. With a baseline (``optcheck soak --baseline``) the file agrees
 with the job's exit code: a finding the baseline has too goes to ``<system-out>``
 ("in the baseline"), only new ones fail, and each check of the comparison (findings,
-loss, held-out loss, steps/s, peak RSS, trajectory) is a ``baseline <check>`` test
+loss, held-out loss, speed, peak RSS, trajectory) is a ``baseline <check>`` test
 case, failing on a regression and ``<skipped>`` when not compared. The layout
 follows the widely used JUnit 4 schema (Ant's ``XMLJUnitResultFormatter`` output as
 Jenkins reads it); ``tests/fixtures/junit.xsd`` is the schema the tests validate against.
@@ -230,7 +230,9 @@ def write_junit(findings: Iterable[dict], path: str | os.PathLike, *, suite_name
 
 def build_upgrade_junit(result, sides) -> ET.ElementTree:
     """``optcheck upgrade --junit``: one ``<testcase>`` for the verdict (failing when diverged,
-    ``time`` the two soaks' seconds) and one per scenario-matrix row (failing when the row
+    ``time`` the two soaks' seconds), one ``baseline <check>`` per check of the candidate against
+    the baseline (``optcheck.baseline``: failing on a regression, skipped when not compared),
+    and one per scenario-matrix row (failing when the row
     changed, ``time`` its two runs' seconds). The suite's properties: each side's versions,
     backend and interpreter, the seed, and each scenario's injected fault.
 
@@ -260,6 +262,19 @@ def build_upgrade_junit(result, sides) -> ET.ElementTree:
         failures += 1
     else:
         ET.SubElement(tc, "system-out").text = _text("\n".join(cmp.verdict.lines()))
+    against = getattr(result, "against", None)  # the candidate by optcheck.baseline's regression policy
+    checks = [c for c in (against.checks if against is not None else []) if c.name != "trajectory"]
+    for c in checks:
+        tc = ET.SubElement(suite, "testcase", name=f"baseline {c.name}", classname="optcheck.upgrade.baseline",
+                           time="0.000")
+        if c.status == "regression":
+            ET.SubElement(tc, "failure", message=_text(f"{c.name}: {c.text}"), type=f"regression {c.name}").text = \
+                _text(c.line())
+            failures += 1
+        elif c.status == "not compared":
+            ET.SubElement(tc, "skipped", message=_text(c.text))
+        else:
+            ET.SubElement(tc, "system-out").text = _text(c.line())
     for row in result.rows:
         tc = ET.SubElement(suite, "testcase", name=f"scenario {row.scenario}@{row.step}",
                            classname="optcheck.upgrade.scenarios", time=f"{row.time_s:.3f}")
@@ -270,12 +285,12 @@ def build_upgrade_junit(result, sides) -> ET.ElementTree:
             failures += 1
         else:
             ET.SubElement(tc, "system-out").text = _text(text)
-    n = 1 + len(result.rows)
+    n = 1 + len(checks) + len(result.rows)
     suite.set("name", "optcheck upgrade")
     suite.set("tests", str(n))
     suite.set("failures", str(failures))
     suite.set("errors", "0")
-    suite.set("skipped", "0")
+    suite.set("skipped", str(sum(c.status == "not compared" for c in checks)))
     suite.set("time", f"{result.time_s:.3f}")
     suite.set("timestamp", _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None, microsecond=0).isoformat())
     suite.set("hostname", _text(socket.gethostname()) or "localhost")

@@ -80,12 +80,18 @@ def render_markdown(summary: dict, findings: list[dict] | None = None, plot: str
     s = summary
     findings = sorted(findings or [], key=lambda f: (f.get("step") or 0))
     status = str(s.get("status") or "?")
-    head = f"## {_ICON.get(status, '')} optcheck {s.get('command', 'soak')}: {status.upper()}".replace("  ", " ")
-    if isinstance(s.get("exit_code"), int):
-        head += f" (exit {s['exit_code']})"
-    if baseline is not None and baseline.compared:
-        head += f" — job exit {baseline.exit_code}: " + ("regression" if baseline.regressions else "no regression") \
-            + " against the baseline"
+    run_code = f" (exit {s['exit_code']})" if isinstance(s.get("exit_code"), int) else ""
+    if baseline is not None and baseline.compared and status in ("clean", "findings"):
+        # the job's verdict leads: a run that is clean but regressed is not a green headline
+        if baseline.regressions:
+            head = (f"## ❌ optcheck {s.get('command', 'soak')}: REGRESSION against the baseline (job exit "
+                    f"{baseline.exit_code}) — {_cell(baseline.regression_text(), 300)}; run {status.upper()}{run_code}")
+        else:
+            head = (f"## ✅ optcheck {s.get('command', 'soak')}: NO REGRESSION against the baseline (job exit "
+                    f"{baseline.exit_code}) — run {status.upper()}{run_code}")
+    else:
+        head = f"## {_ICON.get(status, '')} optcheck {s.get('command', 'soak')}: {status.upper()}".replace("  ", " ")
+        head += run_code
     lines = [head, ""]
     nf = s.get("findings") if isinstance(s.get("findings"), int) else len(findings)
     by_code = s.get("findings_by_code") or {}

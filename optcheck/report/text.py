@@ -238,10 +238,14 @@ def render_compare(res) -> str:
     if res.incomplete:
         lines.append(f"FAIL (exit {res.exit_code}): cannot pass an incomplete run: {'; '.join(res.incomplete)}; "
                      f"{L.common_steps:,} common steps compared")
+    for m in getattr(res, "mismatch", None) or ():
+        lines.append(f"FAIL (exit {res.exit_code}): {m}")
     if res.findings:
         lines.append(f"FAIL (exit {res.exit_code}): OC601 run-divergence: {res.findings[0].message}")
-    elif res.exit_code and not res.incomplete:
-        lines.append(f"FAIL (exit {res.exit_code}): findings only in B")
+    elif res.exit_code and not res.incomplete and res.only_in_b and getattr(res, "fail_on_new", True):
+        lines.append(f"FAIL (exit {res.exit_code}): findings only in B"
+                     + (" (a migration fails on them, as an upgrade does)" if getattr(res, "policy", "") == "migration"
+                        else ""))
     elif not res.exit_code:
         lines.append(f"PASS (exit {res.exit_code})")
     return "\n".join(lines)

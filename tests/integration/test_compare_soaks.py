@@ -28,6 +28,25 @@ def test_two_seeds_pass_with_the_defaults(soaks):
     assert res.loss.common_steps == 300 and res.loss.max_rel_diff < 0.05
     assert 0.5 < res.step_time_ratio < 2 and 0.8 < res.peak_memory_ratio < 1.25
     assert res.a.versions["torch"] == res.b.versions["torch"]
+    # another seed is within the seed band, not within numerical noise: the words say which claim
+    v = res.verdict
+    assert v.kind == "within-seed-band" and v.basis == "tolerance" and v.smoothing == 50
+    assert res.render().splitlines()[1].startswith(
+        "WITHIN THE SEED BAND (different seeds, inside 0.03 + 5% of A's 50-step trailing mean): largest 50-step "
+        f"trailing-mean loss difference {v.max_abs_diff:.2g}")
+    assert "  policy: rerun (same backend and native library (pytorch " in res.render()
+
+
+def test_runs_of_different_steps_are_refused_up_front(soaks, tmp_path):
+    """The learning-rate schedule follows --steps: the two would part after the warm-up
+    whatever else is equal, so compare says so instead of a divergence at step ~141."""
+    rc, stdout, _ = run_cli(["soak", "-q", "--steps", "150", "--every", "50", "--seed", "1",
+                             "--out", str(tmp_path / "short"), *SMALL])
+    assert rc == exitcodes.CLEAN, stdout
+    rc, stdout, stderr = run_cli(["compare", str(soaks["seed1"]), str(tmp_path / "short")])
+    assert rc == exitcodes.USAGE and stdout == "" and "Traceback" not in stderr
+    assert "the runs trained for different --steps (300 vs 150); the learning-rate schedule follows --steps, " \
+           "so they part after the 100-step warm-up" in stderr
 
 
 def test_ten_times_the_learning_rate_fails_through_the_cli(soaks):

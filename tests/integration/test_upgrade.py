@@ -5,6 +5,7 @@ split its matrix products over two threads, so --threads 2 would be bit-identica
 
 from __future__ import annotations
 
+import os
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -79,19 +80,114 @@ def test_one_perturbed_parameter_is_named_with_its_step(soaks):
     assert "h.0.mlp.c_fc.weight value_norm" in res.findings[0].message
 
 
+def _wrapper(path: Path, body: str = "") -> Path:
+    """An interpreter given by path, as a venv's ``bin/python`` is: a script that runs this
+    interpreter. (A symlink to ``sys.executable`` would start the base interpreter without
+    this venv: a venv is found from the path it is started by, ``pyvenv.cfg`` beside it.)"""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\n{body}exec {sys.executable} \"$@\"\n")
+    path.chmod(0o755)
+    return path
+
+
 def test_upgrade_with_another_interpreter(tmp_path):
     """The candidate runs under an interpreter given by path (here this one, through a
-    symlink as in a venv): same torch, so identical; its versions are recorded."""
-    py = tmp_path / "bin" / "python"
-    py.parent.mkdir()
-    py.symlink_to(sys.executable)
+    wrapper script): same torch, so identical; its versions are recorded."""
+    py = _wrapper(tmp_path / "bin" / "python")
     rc, stdout, stderr = run_cli(["upgrade", "-q", "--candidate-python", str(py), "--steps", "20", "--every", "10",
                                   "--seed", "7", "--out", str(tmp_path / "u")])
     assert rc == exitcodes.CLEAN, stdout + stderr
     lines = stdout.splitlines()
-    assert lines[0].startswith("IDENTICAL: 20 steps, bit-for-bit equal losses and ")
-    assert f"candidate: pytorch ({py})" in stdout
+    assert lines[0] == "optcheck upgrade: 20-step soak on each side"
+    assert lines[1].startswith("IDENTICAL: 20 steps, bit-for-bit equal losses and ")
+    assert f"candidate: pytorch ({py})" in stdout and lines[-1] == "PASS (exit 0): IDENTICAL, no regression"
     assert (tmp_path / "u" / "candidate" / "summary.json").exists()
+
+
+def test_a_candidate_without_torch_is_refused_before_anything_runs(tmp_path):
+    """A fresh venv (no torch, no numpy): one line, exit 2, no soak started, no --out folder."""
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    py = tmp_path / "venv" / "bin" / "python"
+    rc, stdout, stderr = run_cli(["upgrade", "-q", "--candidate-python", str(py), "--steps", "20",
+                                  "--out", str(tmp_path / "u")])
+    assert rc == exitcodes.USAGE and stdout == "", stdout + stderr
+    assert f"--candidate-python {py}: the PyTorch worker needs torch 2.1 or newer; torch is not installed" in stderr
+    assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr
+    assert not (tmp_path / "u").exists()
+
+
+def test_memory_and_speed_regressions_are_named_in_the_verdict(tmp_path):
+    """The candidate interpreter carries 600 MiB of ballast and a profile hook on every Python
+    call (a sitecustomize.py on its PYTHONPATH): it trains bit-for-bit the same, but its peak
+    RSS and its CPU time per step are worse. The verdict line names both regressions with
+    their sizes and limits (as soak --baseline would), the exit code is 1, the JUnit fails."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n_BALLAST = b'x' * (600 << 20)\n"
+        "def _hook(frame, event, arg):\n    for _ in range(20):\n        pass\n"
+        "sys.setprofile(_hook)\n")
+    py = _wrapper(tmp_path / "bin" / "python", f'PYTHONPATH="$PYTHONPATH:{site}"; export PYTHONPATH\n')
+    xml = tmp_path / "upgrade.xml"
+    rc, stdout, stderr = run_cli(["upgrade", "-q", "--candidate-python", str(py), "--steps", "20", "--every", "10",
+                                  "--n-layer", "1", "--n-embd", "32", "--out", str(tmp_path / "u"),
+                                  "--junit", str(xml)])
+    assert rc == exitcodes.FINDINGS, stdout + stderr
+    head = stdout.splitlines()[1]
+    assert head.startswith("IDENTICAL: 20 steps") and "; REGRESSION: " in head, stdout
+    assert "peak RSS " in head and "x the baseline's (limit 1.15x)" in head
+    assert "speed: train CPU per step " in head, stdout
+    assert stdout.splitlines()[-1].startswith("FAIL (exit 1): ") and "peak RSS" in stdout.splitlines()[-1]
+    cases = {c.get("name"): c for c in ET.parse(xml).getroot().iter("testcase")}
+    assert cases["baseline peak RSS"].find("failure") is not None and cases["verdict"].find("failure") is None
+    assert cases["baseline findings"].find("failure") is None
+
+
+CANDIDATE = os.environ.get("OPTCHECK_CANDIDATE_PYTHON", "")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (CANDIDATE and os.access(CANDIDATE, os.X_OK)),
+                    reason="set OPTCHECK_CANDIDATE_PYTHON to a venv's python with another torch (e.g. a venv with "
+                           "torch 2.14.1, docs/verdict.md) to run the README's upgrade command against it")
+def test_the_readme_upgrade_command_on_another_torch(tmp_path):
+    """The README's `optcheck upgrade --candidate-python ... --scenarios --junit upgrade.xml`,
+    steps scaled down, against a real other torch: a verdict (with every regression named on
+    its line), the scenario matrix of every one-process scenario, and the JUnit file."""
+    from optcheck.upgrade import Side, shared_scenarios
+
+    xml = tmp_path / "upgrade.xml"
+    rc, stdout, stderr = run_cli(["upgrade", "-q", "--candidate-python", CANDIDATE, "--scenarios", "--junit", str(xml),
+                                  "--steps", "60", "--every", "20", "--scenario-steps", "8", "--out", str(tmp_path / "u")])
+    assert rc in (exitcodes.CLEAN, exitcodes.FINDINGS), stdout + stderr
+    lines = stdout.splitlines()
+    names = shared_scenarios([Side("baseline"), Side("candidate")])
+    assert lines[0].endswith(", ".join(names))
+    assert lines[1].split(":")[0] in ("IDENTICAL", "WITHIN NUMERICAL NOISE (same seed and batches, float-rounding "
+                                                   "size)") or lines[1].startswith(("WITHIN THE SEED BAND", "DIVERGED"))
+    regressions = [x.split("  ")[-1] for x in lines if x.startswith("  REGRESSION   ")]
+    for r in regressions:  # each one named in the verdict line
+        assert r.split(":")[0].split(" step")[0] in lines[1], (r, lines[1])
+    assert f" of {len(names)} scenarios changed behaviour (marked *)" in stdout
+    assert lines[-1].startswith("PASS (exit 0)" if rc == 0 else "FAIL (exit 1)")
+    xmlschema.XMLSchema(XSD).validate(str(xml))
+    cases = {c.get("name") for c in ET.parse(xml).getroot().iter("testcase")}
+    assert {"verdict", "baseline peak RSS", "baseline speed"} <= cases and len(cases) >= 1 + 5 + len(names)
+
+
+def test_the_scenario_plan_leaves_out_the_nproc_only_ones():
+    from optcheck.distributed.cli import DIST_SCENARIOS
+    from optcheck.upgrade import Side, plan_scenarios, shared_scenarios
+
+    sides = [Side("baseline"), Side("candidate")]
+    every = plan_scenarios(sides, None)
+    assert every == shared_scenarios(sides) and len(every) >= 10
+    assert not set(every) & set(DIST_SCENARIOS) and "module-to-after-optimizer" in every
+    assert set(shared_scenarios(sides, nproc=2)) == set(DIST_SCENARIOS)
+    ts = [Side("baseline"), Side("candidate", "torchsharp")]
+    assert all(n in every for n in plan_scenarios(ts, None)) and len(plan_scenarios(ts, None)) < len(every)
 
 
 def test_upgrade_scenario_matrix_and_junit(tmp_path):
@@ -100,18 +196,21 @@ def test_upgrade_scenario_matrix_and_junit(tmp_path):
                                   "--scenarios", "--scenario", "module-to-after-optimizer", "--scenario",
                                   "perturb-param", "--scenario-steps", "8", "--junit", str(xml)])
     assert rc == exitcodes.CLEAN, stdout + stderr
+    assert stdout.splitlines()[0] == ("optcheck upgrade: 10-step soak on each side, then 2 scenario(s) of 8 steps on "
+                                      "each side: module-to-after-optimizer, perturb-param")
     table = stdout[stdout.index("Scenario matrix"):].splitlines()
     assert table[1].split()[:2] == ["scenario", "baseline"]
     row = next(line for line in table if "module-to-after-optimizer@4" in line)
     assert not row.startswith("*") and row.count("OC107") == 4 and row.count("RuntimeError at step 4") == 2
     row = next(line for line in table if "perturb-param@4" in line)
     assert row.split().count("none") == 2 and row.count("no crash") == 2
-    assert table[-1] == "0 of 2 scenarios changed behaviour (marked *)"
+    assert table[-3] == "0 of 2 scenarios changed behaviour (marked *)" and table[-1].startswith("PASS (exit 0)")
     xmlschema.XMLSchema(XSD).validate(str(xml))
     suite = ET.parse(xml).getroot().find("testsuite")
     cases = {c.get("name"): c for c in suite.iter("testcase")}
-    assert set(cases) == {"verdict", "scenario module-to-after-optimizer@4", "scenario perturb-param@4"}
-    assert all(float(c.get("time")) > 0 for c in cases.values()) and suite.get("failures") == "0"
+    checks = {f"baseline {n}" for n in ("findings", "loss", "held-out loss", "speed", "peak RSS")}
+    assert set(cases) == {"verdict", "scenario module-to-after-optimizer@4", "scenario perturb-param@4"} | checks
+    assert all(float(cases[n].get("time")) > 0 for n in set(cases) - checks) and suite.get("failures") == "0"
     props = {p.get("name"): p.get("value") for p in suite.iter("property")}
     assert props["baseline.versions.torch"] == props["candidate.versions.torch"] and props["seed"] == "1337"
     assert props["scenario.perturb-param.inject"] == "perturb-param@4"
@@ -127,7 +226,7 @@ def test_seed_bands(tmp_path):
         assert rc == exitcodes.CLEAN, stdout + stderr
     assert sorted(p.name for p in (tmp_path / "base").iterdir()) == ["seed-1", "seed-2", "seed-3"]
     rc, stdout, _ = run_cli(["compare", "--window", "10", str(tmp_path / "base"), str(tmp_path / "same")])
-    assert rc == exitcodes.CLEAN and stdout.startswith("WITHIN NUMERICAL NOISE (inside the baseline seeds' band)")
+    assert rc == exitcodes.CLEAN and stdout.startswith("WITHIN THE SEED BAND (inside the baseline seeds' band)")
     rc, stdout, _ = run_cli(["compare", "--window", "10", str(tmp_path / "base"), str(tmp_path / "lr10")])
     assert rc == exitcodes.FINDINGS and stdout.startswith("DIVERGED from step "), stdout
     rc, _, stderr = run_cli(["soak", *small, "--out", str(tmp_path / "bad"), "--seeds", "1,x"])
@@ -139,10 +238,14 @@ def test_seed_bands(tmp_path):
     (["--candidate-backend", "torchsharp", "--candidate-python", sys.executable], "only for the pytorch backend"),
     (["--scenario", "param-rebind"], "--scenario needs --scenarios"),
     (["--scenarios", "--scenario", "no-such"], "unknown scenario 'no-such'"),
+    (["--scenarios", "--scenario", "perturb-param", "--scenario", "rank1-param-replaced"],
+     "--scenario rank1-param-replaced: an --nproc-only scenario"),
+    (["--speed-tolerance", "fast"], "--speed-tolerance fast"),
 ])
 def test_upgrade_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     rc, stdout, stderr = run_cli(["upgrade", "-q", "--steps", "10", "--out", str(tmp_path / "u"), *args])
     assert rc == exitcodes.USAGE and message in stderr and "Traceback" not in stderr + stdout
+    assert not (tmp_path / "u").exists()  # nothing ran
 
 
 @pytest.mark.dotnet

@@ -42,3 +42,28 @@ def test_any_partial_summary_renders(summary):
     if not isinstance(summary.get("versions"), (dict, type(None))):
         summary["versions"] = None
     assert render_markdown(summary).endswith("\n")
+
+
+def test_a_clean_night_that_regresses_is_not_a_green_headline():
+    """Night 4 (torch 2.14.1+cu130, clean, exit 0) against night 1: peak RSS 1.89x is a
+    regression, so the job exits 1; the headline leads with that, never "✅ ... CLEAN"."""
+    import json
+    from pathlib import Path
+
+    from optcheck.baseline import Tolerances, compare_with_baseline
+
+    nights = Path(__file__).resolve().parents[1] / "fixtures" / "nights"
+    run = nights / "night-4-torch2.14"
+    res = compare_with_baseline(run, nights / "night-1-torch2.13", Tolerances(speed=1.0))
+    assert res.exit_code == 1 and [c.name for c in res.regressions] == ["peak RSS"]
+    summary = json.loads((run / "summary.json").read_text())
+    head = render_markdown(summary, [], baseline=res).splitlines()[0]
+    assert head.startswith("## ❌ optcheck soak: REGRESSION against the baseline (job exit 1) — peak RSS 1.89x "
+                           "the baseline's (limit 1.15x); run CLEAN (exit 0)"), head
+    assert "✅" not in head
+    ok = compare_with_baseline(nights / "night-2-torch2.13", nights / "night-1-torch2.13", Tolerances(speed=1.0))
+    head = render_markdown(json.loads((nights / "night-2-torch2.13" / "summary.json").read_text()), [],
+                           baseline=ok).splitlines()[0]
+    assert head == "## ✅ optcheck soak: NO REGRESSION against the baseline (job exit 0) — run CLEAN (exit 0)"
+    text = render_markdown(summary, [], baseline=res)
+    assert text.count("steps/s") == 1  # one steps/s figure per run: the speed check is CPU ms/step

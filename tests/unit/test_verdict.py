@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from optcheck.verdict import (DIVERGED, IDENTICAL, WITHIN_NOISE, config_differences, judge, judge_seed_band,
+from optcheck.verdict import (DIVERGED, IDENTICAL, WITHIN_NOISE, WITHIN_SEED_BAND, config_differences, judge, judge_seed_band,
                               localise, noise_tolerance, same_batches)
 
 STEPS = range(1, 301)
@@ -98,7 +98,10 @@ def test_same_batches_needs_recorded_configs():
 def test_seed_band():
     base = [losses(seed) for seed in (1, 2, 3)]
     ok = judge_seed_band(base, [losses(4), losses(5)])
-    assert ok.kind == WITHIN_NOISE and ok.basis == "seed-band" and ok.max_abs_diff > 0
+    assert ok.kind == WITHIN_SEED_BAND and ok.basis == "seed-band" and ok.max_abs_diff > 0
+    # a seed band is a weaker claim than float rounding, and says so
+    assert ok.headline().startswith("WITHIN THE SEED BAND (inside the baseline seeds' band): largest 50-step "
+                                    "trailing-mean loss difference")
     slow = judge_seed_band(base, [losses(4, scale=0.5)])
     assert slow.kind == DIVERGED and 50 <= slow.first_step < 150
     with pytest.raises(ValueError):
