@@ -59,6 +59,7 @@ from optcheck import distributed, exitcodes
 from optcheck.engine import RuleEngine
 from optcheck.findings import SEVERITIES, Finding, severity_rank
 from optcheck.pytorch import monitor_hooks, probe
+from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.monitor_hooks import _ACTIVE, _ORIG  # noqa: F401 - the tests' leak check reads them here
 from optcheck.pytorch.monitor_hooks import FindingError, OptcheckWarning, TorchProbe, backward_loss
@@ -159,13 +160,15 @@ class Monitor:
         self._no_step_reported = False
         self.step_cost = StepCost()  # the hooks' own time per step, snapshots left out (summary cost.steps)
         self.hazards = NullHazards()
+        # the probes' device checks, read with the losses at each snapshot: no host sync on other steps
+        self._ledger = DeviceLedger()
         if hazards:
             from optcheck.pytorch.hazards import HazardProbes
 
             self.hazards = HazardProbes(model, optimizer, allow_inplace=allow_inplace, compiled=compiled,
-                                        mode="always" if hazards == "always" else "auto")
+                                        mode="always" if hazards == "always" else "auto", ledger=self._ledger)
             self.hazards.on_stop = self._on_stop
-        self.grad_clear = GradClearProbe(optimizer)
+        self.grad_clear = GradClearProbe(optimizer, ledger=self._ledger)
         self.seq = Sequencer(TorchProbe(model, optimizer, self.hazards, self.grad_clear), run_id=self.run_id,
                              every=every, emit=self._emit, flush=self._flush_losses)
         self._handles = [optimizer.register_step_pre_hook(self._pre_step),
@@ -403,9 +406,11 @@ class Monitor:
             self._enter_step()
 
     def _flush_losses(self) -> None:
+        """Read the losses kept since the last snapshot and the probes' device checks, in one
+        transfer per device (the snapshot's only sync; docs/gpu.md)."""
+        values = [v[0] for v in self._ledger.read([t for _, t in self._losses])]
         if not self._losses:
             return
-        values = torch.stack([t.float().reshape(()) for _, t in self._losses]).tolist()  # one sync
         steps = [s for s, _ in self._losses]
         self._losses = []
         if self.seq.loss_first is None:
