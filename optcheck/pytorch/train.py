@@ -158,7 +158,9 @@ class Trainer:
         c = self.cfg
         if c.extra.get("optimizer", "adamw") == "sgd":
             return torch.optim.SGD(model.parameters(), lr=c.lr, momentum=0.9)
-        return model.configure_optimizers(c.lr, c.weight_decay, (c.beta1, c.beta2), c.eps)
+        # on CUDA, its fused AdamW kernel (``extra["fused"]`` False: the per-tensor loop of the CPU)
+        fused = self.device.type == "cuda" and bool(c.extra.get("fused", True))
+        return model.configure_optimizers(c.lr, c.weight_decay, (c.beta1, c.beta2), c.eps, fused=fused)
 
     def batch(self, x, y) -> tuple[torch.Tensor, torch.Tensor]:
         """int64 arrays ``x``, ``y`` as tensors on the soak's device (CUDA: copied from pinned
@@ -235,9 +237,16 @@ class Trainer:
         torch.nn.utils.clip_grads_with_norm_(params, self.cfg.grad_clip, total)
         self.hazards.check_grad_norms(step, [self._names.get(id(p), "?") for p in params], norms)
 
+    def _autocast(self):
+        """``extra["autocast"]`` "bf16"/"fp16": the forward under ``torch.autocast`` (the GPU
+        benchmark's GPT-2 small, ``benchmarks/gpu_check.py``); else nothing."""
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.extra.get("autocast"))
+        return torch.autocast(self.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
     def _forward_backward(self, step: int, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         with self.hazards.step_context(step):
-            logits, loss = self.model(xb, yb)
+            with self._autocast():
+                logits, loss = self.model(xb, yb)
             for hook in self.extra_forward:
                 loss = hook(self, logits, loss)
             self.hazards.check_loss(loss, step)
