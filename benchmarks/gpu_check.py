@@ -470,7 +470,7 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
     ap.add_argument("--repeat", type=int, default=7, help="snapshot timings")
     ap.add_argument("--parts", default="env,tests,syncs,overhead")
-    ap.add_argument("--tests-timeout", type=int, default=300)
+    ap.add_argument("--tests-timeout", type=int, default=240)
     args = ap.parse_args(argv)
     if args.sizes == "tiny":
         args.n_layer, args.n_head, args.n_embd, args.vocab = 2, 2, 64, 256

@@ -58,7 +58,7 @@ import torch
 from optcheck import distributed, exitcodes
 from optcheck.engine import RuleEngine
 from optcheck.findings import SEVERITIES, Finding, severity_rank
-from optcheck.pytorch import monitor_hooks, probe
+from optcheck.pytorch import monitor_hooks
 from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.monitor_hooks import _ACTIVE, _ORIG  # noqa: F401 - the tests' leak check reads them here
@@ -283,7 +283,7 @@ class Monitor:
                      status=run_status(running=not self.closed, crashed=self._crash is not None,
                                        stopped=self._stopped is not None, exit_code=code),
                      exit_code=code, last_step=self.step_count, snapshots=seq.snapshots, loss_first=seq.loss_first,
-                     loss_last=seq.last_loss, peak_rss_bytes=seq.peak_rss, versions=probe.versions(),
+                     loss_last=seq.last_loss, peak_rss_bytes=seq.peak_rss, versions=seq.probe.versions(),
                      threads=torch.get_num_threads(), crash=self._crash, stopped=self._stopped,
                      out=str(self.rundir.path) if self.rundir else None, started=self._started,
                      finished=utc_now() if self.closed else None, config={"every": self.every},

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from optcheck.findings import Finding
-from optcheck.rules._events import dated_at_cause, events
+from optcheck.rules._events import events
 from optcheck.rules._fixtures import Invalid, Valid, at, cases, clean, event, steps, with_events, with_lr, with_params
 from optcheck.rules._identity import identity_by_ref
 from optcheck.rules.base import Rule, RuleContext, listing, register
@@ -184,10 +184,9 @@ class _EventRule(Rule):
         count = sum(x.get("count", 1) for x in evs)
         detail = dict(e.get("detail") or {})
         steps = detail.pop("steps", None)
-        return [dated_at_cause(self.finding(snap, self.describe(e.get("step"), count, steps, snap["step"]),
-                                            key=self.event_kind, next_failure=self.next_failure,
-                                            first_step=e.get("step"), count=count, steps_checked=steps, **detail),
-                               e.get("step"))]
+        return [self.finding(snap, self.describe(e.get("step"), count, steps, snap["step"]),
+                             key=self.event_kind, next_failure=self.next_failure, first_step=e.get("step"),
+                             count=count, steps_checked=steps, **detail)]
 
 
 @register
