@@ -47,11 +47,16 @@ def host_values(tensors: list[torch.Tensor]) -> list[list[float]]:
         by_device.setdefault(t.device, []).append(i)
     for device, idx in by_device.items():
         wide = torch.float32 if device.type == "mps" else torch.float64
-        with torch.no_grad():
-            flat = torch.cat([tensors[i].detach().reshape(-1).to(wide) for i in idx]) if idx else None
-            values = flat.tolist() if flat is not None else []  # the one transfer for this device
-        at = 0
+        by_dtype: dict[torch.dtype, list[int]] = {}
         for i in idx:
+            by_dtype.setdefault(tensors[i].dtype, []).append(i)
+        order = [i for group in by_dtype.values() for i in group]
+        with torch.no_grad():  # one cat per dtype, one widening each, one cat, one read
+            parts = [torch.cat([tensors[i].detach().reshape(-1) for i in group]).to(wide)
+                     for group in by_dtype.values()]
+            values = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()  # the one transfer
+        at = 0
+        for i in order:
             n = tensors[i].numel()
             out[i] = values[at:at + n]
             at += n

@@ -232,7 +232,11 @@ class Trainer:
                 self.hazards.check_grads_now(step)
             return
         grads = [p.grad for p in params]
-        norms = torch.stack([n.to(grads[0].device) for n in torch._foreach_norm(grads, 2.0)])
+        norms = torch._foreach_norm(grads, 2.0)
+        try:
+            norms = torch.stack(norms)
+        except RuntimeError:  # parameters on several devices
+            norms = torch.stack([n.to(grads[0].device) for n in norms])
         total = torch.linalg.vector_norm(norms)
         torch.nn.utils.clip_grads_with_norm_(params, self.cfg.grad_clip, total)
         self.hazards.check_grad_norms(step, [self._names.get(id(p), "?") for p in params], norms)

@@ -306,7 +306,7 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
 
     def _before_step(self, optimizer, args, kwargs) -> None:
         """The watched optimizer is about to step: the gradients' NaN/Inf check on the device."""
-        if self._removed or torch.compiler.is_compiling():
+        if self._removed or not self.grad_check_every or torch.compiler.is_compiling():
             return
         self._check_grads_finite(self._trainable(), self._step)
 
