@@ -101,3 +101,14 @@ def test_an_out_of_memory_step_ends_the_run_with_what_was_held_and_what_rose():
     # the steps before it were all sent, with their losses
     steps = [s for t, p in stream.msgs if t == "metrics" for s in p["steps"]]
     assert steps == list(range(1, 45))
+
+
+def test_the_torchsharp_worker_is_handed_the_device():
+    """The TorchSharp trainer's configuration carries ``device`` (``GptTrainer.Setup`` moves the
+    GPT there: dotnet/Worker/Trainer.cs ``OnDevice``; compiled here, not run: docs/torchsharp.md)."""
+    from optcheck.data import load_corpus
+    from optcheck.torchsharp_bridge.worker import setup_config
+
+    doc = json.loads(setup_config(SoakConfig(backend="torchsharp", device="cuda:1"), load_corpus(None)))
+    assert doc["device"] == "cuda:1"
+    assert json.loads(setup_config(SoakConfig(backend="torchsharp"), load_corpus(None)))["device"] == "cpu"
