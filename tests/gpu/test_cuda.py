@@ -23,7 +23,6 @@ import sys
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -33,11 +32,13 @@ if not torch.cuda.is_available():
                 "benchmarks/gpu_check.sh", allow_module_level=True)
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
 import cuda_loop  # noqa: E402
+from test_seeds_pytorch import run as run_seed  # noqa: E402  (the CPU seed tests' loop)
 
 from optcheck.config import SoakConfig  # noqa: E402
 from optcheck.data import load_corpus  # noqa: E402
-from optcheck.pytorch import hazard_scenarios, scenarios  # noqa: E402,F401
+from optcheck.pytorch import hazard_scenarios  # noqa: E402
 from optcheck.pytorch.train import TorchBackend, Trainer  # noqa: E402
 from optcheck.protocol import Stream  # noqa: E402
 from optcheck.session import Sequencer  # noqa: E402
@@ -52,21 +53,6 @@ def trainer(hazards: bool, n_layer: int = 2) -> Trainer:
     cfg = SoakConfig(n_layer=n_layer, n_embd=32, n_head=2, block_size=32, batch_size=4, steps=10,
                      warmup_steps=1, hazards=hazards, device="cuda")
     return Trainer(cfg, vocab_size=256)
-
-
-def run_seed(tr: Trainer, name: str, inject=None, steps: int = INJECT + 1):
-    rng = np.random.default_rng(0)
-    x, y = rng.integers(0, 256, (4, 32)), rng.integers(0, 256, (4, 32))
-    events = {}
-    for step in range(1, steps + 1):
-        if step == INJECT:
-            scenarios.apply(name, tr, step) if inject is None else inject(tr, step)
-        try:
-            tr.train_step(step, x, y)
-        except (StepStopped, RuntimeError) as e:
-            return events, e, step
-        events[step] = tr.hazards.drain()
-    return events, None, steps
 
 
 def test_seed_000_kv_cache_on_cuda():

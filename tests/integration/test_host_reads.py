@@ -25,25 +25,7 @@ from optcheck.pytorch.hostreads import HostReadCounter
 from optcheck.pytorch.train import TorchBackend
 from optcheck.session import Sequencer
 from optcheck.worker_loop import Loop
-
-
-class Recorder:
-    """The worker's stream, kept in memory."""
-
-    def __init__(self):
-        self.msgs: list[tuple[str, dict]] = []
-
-    def send(self, type, **payload):
-        self.msgs.append((type, payload))
-
-    def verdict(self):
-        return {}
-
-    def close(self):
-        pass
-
-    def of(self, kind):
-        return [p for t, p in self.msgs if t == kind]
+from recording_stream import RecordingStream
 
 
 def soak_loop(steps=120, **kw):
@@ -53,7 +35,7 @@ def soak_loop(steps=120, **kw):
     be = TorchBackend()
     corpus = load_corpus(None, None)
     be.setup(cfg, corpus)
-    stream = Recorder()
+    stream = RecordingStream()
     return Loop(be, cfg, stream), corpus, stream
 
 

@@ -21,6 +21,7 @@ from optcheck import exitcodes
 from optcheck.config import SoakConfig
 from optcheck.pytorch.train import TorchBackend
 from optcheck.worker_loop import run as run_worker
+from recording_stream import RecordingStream
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: --device cuda is no error here")
@@ -50,20 +51,6 @@ def test_the_run_names_its_device(tmp_path):
     assert snap["versions"]["device"] == "cpu"
 
 
-class Recorder:
-    def __init__(self):
-        self.msgs = []
-
-    def send(self, type, **payload):
-        self.msgs.append((type, payload))
-
-    def verdict(self):
-        return {}
-
-    def close(self):
-        pass
-
-
 class OutOfMemoryAt(TorchBackend):
     """The soak's backend with the user's bug: a history of every step's logits (memory rises)
     and, at step ``at``, a forward that asks for more memory than the machine has."""
@@ -88,10 +75,10 @@ def test_an_out_of_memory_step_ends_the_run_with_what_was_held_and_what_rose():
     torch.set_num_threads(1)
     cfg = SoakConfig(steps=60, every=10, val_every=0, n_layer=1, n_embd=32, n_head=2, block_size=32, batch_size=16,
                      run_id="oom")
-    stream = Recorder()
+    stream = RecordingStream()
     code = run_worker(OutOfMemoryAt(45), cfg, stream)
     assert code == 1  # a crash of the training code: the supervisor makes it exit 3
-    (crash,) = [p for t, p in stream.msgs if t == "crash"]
+    (crash,) = stream.of("crash")
     assert crash["step"] == 45 and "can't allocate memory" in crash["message"]
     oom = crash["oom"]
     assert oom["device"] == "cpu" and oom["rss_bytes"] > 0
@@ -99,7 +86,7 @@ def test_an_out_of_memory_step_ends_the_run_with_what_was_held_and_what_rose():
     assert oom["rose"] and all(v > 0 for v in oom["rose"].values())
     assert oom["summary"].startswith("out of memory at this step: RSS ") and "steps 0-40" in oom["summary"]
     # the steps before it were all sent, with their losses
-    steps = [s for t, p in stream.msgs if t == "metrics" for s in p["steps"]]
+    steps = [s for p in stream.of("metrics") for s in p["steps"]]
     assert steps == list(range(1, 45))
 
 
