@@ -260,6 +260,8 @@ class Monitor:
         if self._crash is None and self._stopped is None and (self.step_count > self.seq.last_snap_step
                                                                or self._losses):
             self.seq.final(self.step_count)
+        elif self._crash is not None and len(self._ledger):
+            self._checks_before_crash()
         for h in self._handles:
             h.remove()
         self.hazards.remove()
@@ -274,6 +276,19 @@ class Monitor:
             self._dist.close(summary)
         self.on_close(summary)
         return summary
+
+    def _checks_before_crash(self) -> None:
+        """The loop crashed with device checks still unread (docs/gpu.md): read them, and
+        snapshot what they found (a NaN before the exception is the crash's lead time)."""
+        self._may_raise = False
+        try:
+            self._ledger.read()
+            if self.hazards.has_events() or self.grad_clear.has_events():
+                self.seq.take(self.step_count, "post-step", "hazard")
+        except Exception:  # noqa: BLE001 - the crash is what is reported
+            log.warning("optcheck: the checks pending at the crash could not be read", exc_info=True)
+        finally:
+            self._may_raise = True
 
     def summary(self) -> dict:
         """The run so far: ``summary.json``'s fields (``optcheck.session_summary.Summary``)."""

@@ -285,6 +285,16 @@ class Loop:
                          step_cost=self.step_cost.to_dict(), train_cpu_s=round(self.cpu_s, 3), **self.hazard_stats())
         return 0
 
+    def checks_before_crash(self) -> None:
+        """The step's device checks read at the crash (``flush_metrics``) found something —
+        a NaN a few steps before the exception — : send it in a snapshot ahead of the crash,
+        so its finding is the crash's lead time. Nothing when that snapshot cannot be taken."""
+        try:
+            if self.step and self.backend.has_events():
+                self.seq.take(self.step, "pre-step", "hazard")
+        except Exception:  # noqa: BLE001 - the crash itself is what must be reported
+            pass
+
     def hazard_stats(self) -> dict:
         """``{"hazards": ...}`` for the done/stopped message: the hazard probes' arming
         (``summary.json``'s ``hazards``), when the backend has probes that report it."""
@@ -322,6 +332,7 @@ def run(backend: Backend, cfg: SoakConfig, stream: Stream) -> int:
     except BaseException as e:  # noqa: BLE001 - everything out of the training code is reported
         guarded.terminating = True
         loop.flush_metrics()
+        loop.checks_before_crash()
         try:
             info = backend.exception_info(e)
         except Exception:

@@ -118,3 +118,59 @@ def test_a_nan_loss_is_read_later_and_dated_at_its_step():
         engine.feed(s)
     first = min((f for f in engine.findings if f.code == "OC501"), key=lambda f: f.step)
     assert first.step == 37 and "step 37" in first.message
+
+
+def test_a_nan_read_at_a_crash_goes_out_before_it():
+    """A NaN at step 37 and an exception at step 40, before any metrics batch read the NaN:
+    the crash path reads the pending checks and sends their snapshot ahead of the crash."""
+    from optcheck.worker_loop import run as run_worker
+
+    class NanThenCrash(TorchBackend):
+        def setup(self, cfg, corpus):
+            super().setup(cfg, corpus)
+
+            def hook(tr, logits, loss):
+                if self.steps_done + 1 == 37:
+                    return loss * float("nan")
+                if self.steps_done + 1 == 40:
+                    raise ValueError("the user's check: loss is not finite")
+                return loss
+
+            self.trainer.extra_forward.append(hook)
+
+    torch.set_num_threads(1)
+    stream = RecordingStream()
+    cfg = SoakConfig(steps=60, every=50, val_every=0, n_layer=1, n_embd=32, n_head=2, block_size=32, batch_size=4,
+                     run_id="t")
+    import optcheck.worker_loop as wl
+
+    old, wl.METRICS_FLUSH_S = wl.METRICS_FLUSH_S, 1e9  # no time-based metrics batch in between
+    try:
+        assert run_worker(NanThenCrash(), cfg, stream) == 1
+    finally:
+        wl.METRICS_FLUSH_S = old
+    kinds = [t for t, _ in stream.msgs]
+    last_snap = stream.of("snapshot")[-1]["snapshot"]
+    assert kinds.index("crash") > len(kinds) - 3 and last_snap["trigger"] == "hazard"
+    assert {(e["detail"]["what"], e["step"]) for e in last_snap["events"] if e["kind"] == "nonfinite"} >= \
+        {("loss", 37), ("grad", 37)}
+
+
+def test_the_monitor_reads_its_pending_checks_when_the_loop_crashes(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 8), torch.randn(16, 1)
+    with pytest.raises(ValueError):
+        with optcheck.Monitor(model, opt, every=100, out=str(tmp_path / "run"), on_finding="ignore",
+                              ignore_config=False) as mon:
+            for step in range(1, 20):
+                loss = torch.nn.functional.mse_loss(model(x), y) * (float("nan") if step == 5 else 1.0)
+                if step == 8:
+                    raise ValueError("the user's own check")
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    first = min((f for f in mon.findings if f.code == "OC501"), key=lambda f: f.step)
+    assert first.step == 5 and mon.summary()["status"] == "crashed"
+    assert mon.summary()["lead_time"]["flagged_step"] == 5
