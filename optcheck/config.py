@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import os
 from dataclasses import asdict, dataclass, field, fields
 
@@ -71,6 +72,9 @@ class SoakConfig:
             step); docs/hazards.md.
         step_timeout_s: the supervisor kills a worker that reports no step for
             this many seconds (0 = never).
+        device: where the GPT, its optimizer state and the batches live: "cpu",
+            "cuda" or "cuda:N" (docs/gpu.md); the worker refuses a CUDA device it
+            does not have (exit 2).
     """
 
     backend: str = "pytorch"
@@ -105,6 +109,7 @@ class SoakConfig:
     allow_inplace: bool = False
     hazard_mode: str = "auto"
     step_timeout_s: float = 0.0
+    device: str = "cpu"
     run_id: str = ""
     work_dir: str = ""
     extra: dict = field(default_factory=dict)
@@ -145,6 +150,8 @@ class SoakConfig:
         st = self.step_timeout_s
         need(isinstance(st, (int, float)) and math.isfinite(st) and st >= 0, "--step-timeout", st,
              "must be a finite number of seconds >= 0 (0: no timeout)")
+        need(isinstance(self.device, str) and re.fullmatch(r"cpu|cuda(:\d+)?", self.device) is not None,
+             "--device", self.device, "must be cpu, cuda or cuda:N")
         for inj in self.inject:
             if inj.step > self.steps:
                 raise InputError(f"--inject {inj.name}@{inj.step}: step is past --steps {self.steps}")

@@ -58,7 +58,8 @@ import torch
 from optcheck import distributed, exitcodes
 from optcheck.engine import RuleEngine
 from optcheck.findings import SEVERITIES, Finding, severity_rank
-from optcheck.pytorch import monitor_hooks, probe
+from optcheck.pytorch import monitor_hooks
+from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.monitor_hooks import _ACTIVE, _ORIG  # noqa: F401 - the tests' leak check reads them here
 from optcheck.pytorch.monitor_hooks import FindingError, OptcheckWarning, TorchProbe, backward_loss
@@ -160,13 +161,15 @@ class Monitor:
         self._no_step_reported = False
         self.step_cost = StepCost()  # the hooks' own time per step, snapshots left out (summary cost.steps)
         self.hazards = NullHazards()
+        # the probes' device checks, read with the losses at each snapshot: no host sync on other steps
+        self._ledger = DeviceLedger()
         if hazards:
             from optcheck.pytorch.hazards import HazardProbes
 
             self.hazards = HazardProbes(model, optimizer, allow_inplace=allow_inplace, compiled=compiled,
-                                        mode="always" if hazards == "always" else "auto")
+                                        mode="always" if hazards == "always" else "auto", ledger=self._ledger)
             self.hazards.on_stop = self._on_stop
-        self.grad_clear = GradClearProbe(optimizer)
+        self.grad_clear = GradClearProbe(optimizer, ledger=self._ledger)
         self.seq = Sequencer(TorchProbe(model, optimizer, self.hazards, self.grad_clear), run_id=self.run_id,
                              every=every, emit=self._emit, flush=self._flush_losses)
         self._handles = [optimizer.register_step_pre_hook(self._pre_step),
@@ -258,6 +261,8 @@ class Monitor:
         if self._crash is None and self._stopped is None and (self.step_count > self.seq.last_snap_step
                                                                or self._losses):
             self.seq.final(self.step_count)
+        elif self._crash is not None and len(self._ledger):
+            self._checks_before_crash()
         for h in self._handles:
             h.remove()
         self.hazards.remove()
@@ -273,6 +278,19 @@ class Monitor:
         self.on_close(summary)
         return summary
 
+    def _checks_before_crash(self) -> None:
+        """The loop crashed with device checks still unread (docs/gpu.md): read them, and
+        snapshot what they found (a NaN before the exception is the crash's lead time)."""
+        self._may_raise = False
+        try:
+            self._ledger.read()
+            if self.hazards.has_events() or self.grad_clear.has_events():
+                self.seq.take(self.step_count, "post-step", "hazard")
+        except Exception:  # noqa: BLE001 - the crash is what is reported
+            log.warning("optcheck: the checks pending at the crash could not be read", exc_info=True)
+        finally:
+            self._may_raise = True
+
     def summary(self) -> dict:
         """The run so far: ``summary.json``'s fields (``optcheck.session_summary.Summary``)."""
         code = self.exit_code
@@ -281,7 +299,7 @@ class Monitor:
                      status=run_status(running=not self.closed, crashed=self._crash is not None,
                                        stopped=self._stopped is not None, exit_code=code),
                      exit_code=code, last_step=self.step_count, snapshots=seq.snapshots, loss_first=seq.loss_first,
-                     loss_last=seq.last_loss, peak_rss_bytes=seq.peak_rss, versions=probe.versions(),
+                     loss_last=seq.last_loss, peak_rss_bytes=seq.peak_rss, versions=seq.probe.versions(),
                      threads=torch.get_num_threads(), crash=self._crash, stopped=self._stopped,
                      out=str(self.rundir.path) if self.rundir else None, started=self._started,
                      finished=utc_now() if self.closed else None, config={"every": self.every},
@@ -404,9 +422,11 @@ class Monitor:
             self._enter_step()
 
     def _flush_losses(self) -> None:
+        """Read the losses kept since the last snapshot and the probes' device checks, in one
+        transfer per device (the snapshot's only sync; docs/gpu.md)."""
+        values = [v[0] for v in self._ledger.read([t for _, t in self._losses])]
         if not self._losses:
             return
-        values = torch.stack([t.float().reshape(()) for _, t in self._losses]).tolist()  # one sync
         steps = [s for s, _ in self._losses]
         self._losses = []
         if self.seq.loss_first is None:

@@ -22,7 +22,12 @@ before the step runs; a finding in it stops the worker at that step.
 
 Metrics are sent in batches (every :data:`METRICS_BATCH` steps or
 :data:`METRICS_FLUSH_S` seconds, whichever comes first, so the supervisor's
-``--step-timeout`` sees progress). On SIGTERM (the supervisor stopping the run)
+``--step-timeout`` sees progress). A backend may return its losses as device values
+(PyTorch: 0-d tensors on the soak's device); the loop keeps them as they are and reads
+a batch of them in one go when it sends the batch or takes a snapshot
+(``Backend.settle``, with the probes' pending device checks; ``Backend.step_times``
+gives device step times): no step that takes no snapshot waits for the device
+(docs/gpu.md). On SIGTERM (the supervisor stopping the run)
 the worker sends the metrics it still holds before it exits (exit code 143),
 so the run's last step is the last step trained.
 """
@@ -134,7 +139,13 @@ class Backend(Protocol):
         return the loss. May raise :class:`StepStopped`."""
 
     def val_loss(self, batches: list) -> float:
-        """Mean loss over held-out ``(x, y)`` batches, without gradients."""
+        """Mean loss over held-out ``(x, y)`` batches, without gradients (a float, or a
+        device value that :meth:`settle` reads)."""
+
+    # optional: ``settle(values) -> list[float | None]`` reads the device values among the
+    # losses ``train_step`` and ``val_loss`` returned (and the probes' pending checks) in one
+    # transfer; ``step_times() -> list[float] | None`` the device time of the steps since its
+    # last call. A backend without them returns floats (TorchSharp).
 
     def has_events(self) -> bool:
         """True when a hazard probe recorded events since the last snapshot."""
@@ -157,6 +168,7 @@ class Loop:
         self.val_last: float | None = None
         self.val_steps: list[int] = []   # steps at which the held-out loss was evaluated
         self.metrics: dict[str, list] = {"steps": [], "losses": [], "step_times_s": []}
+        self.val_pending: list = []  # held-out losses as the backend returned them (read at the flush)
         self.last_flush_t = time.perf_counter()
         self.step = 0
         self.step_cost = StepCost()  # the loop's own work per step (summary cost.steps)
@@ -169,8 +181,29 @@ class Loop:
         self.stream.send("snapshot", snapshot=snap, cost_s=round(seconds, 6), verdict=ask)
         return self.stream.verdict().get("stop") if ask else None
 
+    def settle(self) -> None:
+        """Read the device values held since the last batch — losses, held-out losses and
+        the probes' checks — in one go (``Backend.settle``); set the run's loss and held-out
+        loss from them."""
+        m, vals = self.metrics, self.val_pending
+        settle = getattr(self.backend, "settle", None)
+        raw = m["losses"] + vals
+        got = settle(raw) if settle is not None else raw
+        self.val_pending = []
+        m["losses"] = got[:len(m["losses"])]
+        for v in got[len(m["losses"]):]:
+            self.seq.val_loss = self.val_last = v
+            if self.val_first is None:
+                self.val_first = v
+        for v in (m["losses"][:1] + m["losses"][-1:]):
+            self.seq.loss(v)
+        times = getattr(self.backend, "step_times", lambda: None)()
+        if times is not None and len(times) == len(m["steps"]):
+            m["step_times_s"] = times
+
     def flush_metrics(self) -> None:
         self.last_flush_t = time.perf_counter()
+        self.settle()
         if self.metrics["steps"]:
             self.stream.send("metrics", **self.metrics)
             self.metrics = {"steps": [], "losses": [], "step_times_s": []}
@@ -232,22 +265,19 @@ class Loop:
             if (stop := self.in_step_snapshot(step)) is not None:
                 self.stream.send("stopped", step=step, reason=stop)
                 return 0
-            seq.loss(loss)
             self.metrics["steps"].append(step)
             self.metrics["losses"].append(loss)
             self.metrics["step_times_s"].append(round((te - ts) / 1e9, 6))
             if val is not None and (step % cfg.val_every == 0 or step == cfg.steps):
                 # the last step too, so that "held-out first -> last" spans the whole run
                 tv = now()
-                seq.val_loss = self.val_last = be.val_loss(val)
+                self.val_pending.append(be.val_loss(val))  # read with the next metrics batch
                 te += now() - tv  # the held-out pass is training work, not optcheck's
                 self.val_steps.append(step)
-                if self.val_first is None:
-                    self.val_first = self.val_last
-            taken, _ = seq.post_step(step, hazard=be.has_events(), last=step == cfg.steps)
-            if not taken and (len(self.metrics["steps"]) >= METRICS_BATCH
-                              or time.perf_counter() - self.last_flush_t >= METRICS_FLUSH_S):
-                self.flush_metrics()
+            if (len(self.metrics["steps"]) >= METRICS_BATCH
+                    or time.perf_counter() - self.last_flush_t >= METRICS_FLUSH_S):
+                self.flush_metrics()  # before the post-step: a device check read now can force its snapshot
+            seq.post_step(step, hazard=be.has_events(), last=step == cfg.steps)
             # own work: the pre-step check, and the bookkeeping after the step (metrics sends included;
             # snapshots, their sends and the held-out pass left out)
             cost.ns += (t1 - t0) + (now() - te) - (seq.busy_ns - busy)
@@ -274,6 +304,16 @@ class Loop:
         except Exception as e:  # noqa: BLE001
             print(f"optcheck: the in-step snapshot of step {step} could not be sent: {e}", file=sys.stderr)
             return None
+
+    def checks_before_crash(self) -> None:
+        """The step's device checks read at the crash (``flush_metrics``) found something —
+        a NaN a few steps before the exception — : send it in a snapshot ahead of the crash,
+        so its finding is the crash's lead time. Nothing when that snapshot cannot be taken."""
+        try:
+            if self.step and self.backend.has_events():
+                self.seq.take(self.step, "pre-step", "hazard")
+        except Exception:  # noqa: BLE001 - the crash itself is what must be reported
+            pass
 
     def hazard_stats(self) -> dict:
         """``{"hazards": ...}`` for the done/stopped message: the hazard probes' arming
@@ -312,6 +352,7 @@ def run(backend: Backend, cfg: SoakConfig, stream: Stream) -> int:
     except BaseException as e:  # noqa: BLE001 - everything out of the training code is reported
         guarded.terminating = True
         loop.flush_metrics()
+        loop.checks_before_crash()
         try:
             info = backend.exception_info(e)
         except Exception:

@@ -38,7 +38,7 @@ namespace OptCheck.Worker
         long seed = 1337, steps = 20000, warmupSteps = 100;
         double lr = 1e-3, minLr = 1e-4, weightDecay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, gradClip = 1.0;
         int threads = 1;
-        string workDir = ".", sameInit;
+        string workDir = ".", sameInit, device = "cpu";  // --device: cpu, cuda or cuda:N (docs/gpu.md)
         GPTConfig config;
 
         long[] lastX = new long[0], lastY = new long[0];
@@ -95,6 +95,8 @@ namespace OptCheck.Worker
                 throw new ArgumentException("optimizer " + opt + ": the TorchSharp GPT trains with AdamW only (--optimizer adamw)");
             string wd;
             if (o.TryGet("work_dir", out wd)) workDir = wd;
+            string dev;
+            if (o.TryGet("device", out dev) && !string.IsNullOrEmpty(dev)) device = dev;
             config = new GPTConfig {
                 BlockSize = o.Long("block_size", 64),
                 // the corpus's vocabulary (the worker passes it as extra.corpus_vocab_size); vocab_size is
@@ -113,7 +115,21 @@ namespace OptCheck.Worker
             torch.manual_seed(seed);
             var model = new GPT(config);
             if (sameInit != null) LoadInit(model, sameInit);
+            model = OnDevice(model);
             Use(model, BuildOptimizer(model));
+        }
+
+        /// <summary>The model moved to --device (initialised on the CPU, as gpt.py's: the same weights
+        /// everywhere); batches follow the model. A device this TorchSharp cannot open (TorchSharp-cpu,
+        /// no CUDA device) is bad input (exit 2).</summary>
+        GPT OnDevice(GPT model)
+        {
+            if (device == "cpu") return model;
+            try {
+                return model.to(device);
+            } catch (Exception e) {
+                throw new ArgumentException("--device " + device + ": TorchSharp cannot use it (" + e.Message + ")");
+            }
         }
 
         /// <summary>AdamW over lazy decay (dim >= 2) / no-decay (dim < 2) groups of the model's
@@ -297,6 +313,7 @@ namespace OptCheck.Worker
                 AdamW oldOptimizer = adamw;
                 var model = new GPT(config);
                 model.load(ModelPath);
+                model = OnDevice(model);
                 AdamW optimizer = BuildOptimizer(model);
                 optimizer.load_state_dict(OptimizerPath);
                 Use(model, optimizer);

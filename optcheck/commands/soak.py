@@ -132,6 +132,9 @@ def register(group: click.Group) -> None:
                   help="pytorch, torchsharp, or both as pytorch,torchsharp (run one after the other, then compared).")
     @click.option("--same-init", is_flag=True,
                   help="With several backends: start TorchSharp from the PyTorch GPT's initial weights.")
+    @click.option("--device", default="cpu", show_default=True, metavar="cpu|cuda|cuda:N",
+                  help="Where the GPT, its optimizer state and the batches live (docs/gpu.md); a CUDA device "
+                       "that is not there: one line, exit 2.")
     @click.option("--threads", type=INT, default=1, show_default=True,
                   help="Intra-op threads (1 is fastest for the small default model on 2 cores).")
     @click.option("--stop-on-finding", is_flag=True, help="Stop the worker at the first finding of its pre-step check.")
@@ -187,7 +190,7 @@ def register(group: click.Group) -> None:
     @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
                   help="Ranks: >= 2 runs the GPT under DDP with torch.distributed.run (gloo), one run "
                        "directory per rank in --out/rank-K (optcheck/distributed/).")
-    def soak(steps, every, seed, seeds, python, data, vocab_size, out, injects, fail_on, backend, same_init, threads, stop_on_finding,
+    def soak(steps, every, seed, seeds, python, data, vocab_size, out, injects, fail_on, backend, same_init, device, threads, stop_on_finding,
              no_hazards, hazard_mode, allow_inplace, val_every, eval_every, checkpoint_every, resume_at, memory_budget, lr,
              optimizer, n_layer, n_embd, n_head, block_size, batch_size, dotnet_runtime, torchsharp,
              dotnet_assembly, dotnet_trainer, trainer_options, dotnet_root, force, step_timeout, ignores, junit, plot, summary_md, baseline, speed_tolerance, memory_tolerance, quiet, nproc):
@@ -227,7 +230,8 @@ def register(group: click.Group) -> None:
             inject=[Injection.parse(i) for i in injects], threads=threads, stop_on_finding=stop_on_finding,
             hazards=not no_hazards, hazard_mode=hazard_mode, allow_inplace=allow_inplace, val_every=val_every, eval_every=eval_every,
             checkpoint_every=checkpoint_every, resume_at=resume_at, lr=lr, n_layer=n_layer, n_embd=n_embd,
-            n_head=n_head, block_size=block_size, batch_size=batch_size, step_timeout_s=step_timeout, extra=extra)
+            n_head=n_head, block_size=block_size, batch_size=batch_size, step_timeout_s=step_timeout, device=device,
+            extra=extra)
         cfg.validate()  # every option before anything is created
         from optcheck.distributed.cli import dispatch  # optcheck.distributed hook: --nproc
 

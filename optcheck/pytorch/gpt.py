@@ -143,7 +143,7 @@ class GPT(nn.Module):
         return logits, loss
 
     def configure_optimizers(self, lr: float, weight_decay: float, betas: tuple[float, float],
-                             eps: float = 1e-8) -> torch.optim.AdamW:
+                             eps: float = 1e-8, fused: bool = False) -> torch.optim.AdamW:
         """AdamW with nanoGPT's groups: weight decay on tensors with ``dim() >= 2``
         (matmul weights, embeddings), none on biases and LayerNorm gains. Groups are
         built from ``named_parameters()`` so they carry ``param_names`` (torch ≥ 2.6)."""
@@ -156,6 +156,8 @@ class GPT(nn.Module):
         else:
             groups = [{"params": [p for _, p in decay], "weight_decay": weight_decay},
                       {"params": [p for _, p in no_decay], "weight_decay": 0.0}]
+        if fused:  # CUDA's fused kernel (the soak on a GPU; docs/gpu.md)
+            return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True)
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, foreach=False)
 
 

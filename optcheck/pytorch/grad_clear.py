@@ -35,8 +35,13 @@ Optimizer step pre/post hooks (torch >= 2.0) look at the record once per step:
   ``torch.autograd.grad`` assigned by hand, which ``AccumulateGrad`` never
   sees) is a fresh gradient, not a stale one.
 
-Gradient accumulation over micro-batches and closures (LBFGS) stay silent. Cost
-per optimizer step: a dict look-up, one ``any()`` over the smallest gradient and
+Gradient accumulation over micro-batches and closures (LBFGS) stay silent. No
+host sync per step (docs/gpu.md): the two ``any()`` checks are made on the device and
+read at the driver's next snapshot or metrics batch (``optcheck.pytorch.deferred``),
+the event dated at the step they were made at; OC207 looks at the smallest and the
+largest parameter that got a gradient (both all zero: cleared), and with
+``zero_grad(set_to_none=True)`` at none (``.grad`` is None: no device value at all).
+Cost per optimizer step: a dict look-up, two or three small ``any()`` kernels and
 a weak reference (a few µs). An event is recorded at its first occurrence
 (``step``); from then on ``count`` is the number of optimizer steps at which it
 happened and ``detail["steps"]`` the number of optimizer steps checked since
@@ -53,6 +58,8 @@ import weakref
 
 import torch
 
+from optcheck.pytorch.deferred import DeviceLedger
+
 
 class GradClearProbe:
     """Records gradient-flow events for ``optimizer``'s parameters (see module docstring).
@@ -61,12 +68,14 @@ class GradClearProbe:
         optimizer: the optimizer whose ``step()`` delimits training steps.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer):
+    def __init__(self, optimizer: torch.optim.Optimizer, ledger: DeviceLedger | None = None):
+        self.ledger = ledger if ledger is not None else DeviceLedger()
         self.events: list[dict] = []  # kinds first seen since the last drain()
         self._by_kind: dict[str, dict] = {}  # every kind seen, with running numbers
         self._fresh: dict[int, torch.Tensor] = {}  # index -> parameter, for each accumulated into since the last step
         self._first = False  # the first gradient after a step is still to come
-        self._stale = False  # that first gradient found .grad holding the previous step's; no clear seen since
+        self._stale = None  # device flag: that first gradient found .grad holding the previous step's,
+        # and every later one of the step too (None: not held, or cleared since)
         self._steps = 0
         self._after: weakref.ref | None = None  # the smallest parameter's .grad right after the last step
         self._handles = []
@@ -76,6 +85,7 @@ class GradClearProbe:
             return
         self._small_i = min(range(len(self._params)), key=lambda i: self._params[i].numel())
         self._small = self._params[self._small_i]
+        self._large_i = max(range(len(self._params)), key=lambda i: self._params[i].numel())
         for i, p in enumerate(self._params):  # C-level: no Python frame per parameter per backward()
             self._handles.append(p.register_post_accumulate_grad_hook(functools.partial(operator.setitem,
                                                                                         self._fresh, i)))
@@ -85,44 +95,57 @@ class GradClearProbe:
 
     def _small_hook(self, grad: torch.Tensor) -> None:
         """The smallest parameter's tensor hook, before its gradient is accumulated (OC204)."""
-        if self._first or self._stale:
+        if self._first or self._stale is not None:
             g = self._small.grad
-            held = g is not None and bool(g.detach().any())
+            held = g.detach().any() if g is not None else None  # on the device: read at the ledger's read
             if self._first:
                 self._first, self._stale = False, held
-            elif not held:  # cleared after a backward() meant for another optimizer
-                self._stale = False
+            elif held is None:  # cleared after a backward() meant for another optimizer
+                self._stale = None
+            else:
+                self._stale = self._stale & held
         return None
 
     def _before_step(self, optimizer, args, kwargs) -> None:
         if not self._fresh:
             return
-        small = self._small if self._small_i in self._fresh else next(iter(self._fresh.values()))
-        if small.grad is not None and bool(small.grad.detach().any()):  # the common case: one look
-            return
         fresh = list(self._fresh.values())
-        if all(p.grad is None or not bool(p.grad.detach().any()) for p in fresh):  # a dead-ReLU bias is 0
-            self._record("grad_cleared_before_step", params=len(fresh))
+        held = [p.grad for p in fresh if p.grad is not None]
+        step = self._steps + 1
+        if not held:  # zero_grad(set_to_none=True) between backward() and step(): no device read
+            self._record("grad_cleared_before_step", step=step, params=len(fresh))
+            return
+        # the smallest and the largest that got one (a dead-ReLU bias alone is 0): both zero = cleared
+        small = self._small.grad if self._small_i in self._fresh and self._small.grad is not None else held[0]
+        big = self._params[self._large_i]
+        large = big.grad if self._large_i in self._fresh and big.grad is not None else held[-1]
+        flag = small.detach().any() if large is small else small.detach().any() | large.detach().any()
+        self.ledger.add(flag, lambda v, step=step, n=len(fresh): v[0] or self._record(
+            "grad_cleared_before_step", step=step, params=n))
 
     def _after_step(self, optimizer, args, kwargs) -> None:
-        if self._stale:
-            self._record("grad_not_cleared", shape=list(self._small.shape))
+        if self._stale is not None:
+            self.ledger.add(self._stale, lambda v, step=self._steps + 1, shape=list(self._small.shape): v[0] and
+                            self._record("grad_not_cleared", step=step, shape=shape))
         g = self._small.grad
         if not self._fresh and self._steps > 0 and g is not None and self._after is not None \
                 and self._after() is g:
             self._record("stale_grad_step")
         self._after = weakref.ref(g) if g is not None else None
         self._fresh.clear()  # cleared in place: the hooks hold this dict
-        self._first, self._stale = True, False
+        self._first, self._stale = True, None
         self._steps += 1
         for ev in self._by_kind.values():  # one more optimizer step checked for every kind seen
             ev["detail"]["steps"] += 1
 
-    def _record(self, kind: str, **detail) -> None:
+    def _record(self, kind: str, step: int | None = None, **detail) -> None:
+        """An occurrence of ``kind`` at ``step`` (default: the step running now); read
+        later (deferred), it counts the steps checked since it as well."""
+        step = self._steps + 1 if step is None else step
         ev = self._by_kind.get(kind)
         if ev is None:
-            ev = self._by_kind[kind] = {"kind": kind, "step": self._steps + 1, "where": None, "count": 1,
-                                        "detail": {**detail, "steps": 0}}
+            ev = self._by_kind[kind] = {"kind": kind, "step": step, "where": None, "count": 1,
+                                        "detail": {**detail, "steps": max(0, self._steps + 1 - step)}}
             self.events.append(ev)
         else:
             ev["count"] += 1
@@ -132,7 +155,9 @@ class GradClearProbe:
         return bool(self.events)
 
     def drain(self) -> list[dict]:
-        """Every event seen so far, as copies with their running ``count`` and ``detail["steps"]``."""
+        """Every event seen so far, as copies with their running ``count`` and ``detail["steps"]``
+        (the device checks still pending are read first)."""
+        self.ledger.read()
         self.events = []
         return [{**ev, "detail": dict(ev["detail"])} for ev in self._by_kind.values()]
 

@@ -56,14 +56,14 @@ def _gpt_forward_with_kv_cache(model):
         for block in model.h:  # a fresh cache per batch (litgpt: set_kv_cache)
             a = block.attn
             shape = (B, a.n_head, T, a.n_embd // a.n_head)
-            a.kv_cache = (torch.zeros(shape), torch.zeros(shape))
-        pos = torch.arange(T, dtype=torch.long)
+            a.kv_cache = (torch.zeros(shape, device=idx.device), torch.zeros(shape, device=idx.device))
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)  # on CUDA: seed 000's torch.cuda.LongTensor
         tok = model.drop(model.wte(idx) + model.wpe(pos))  # (B, T, C)
-        model.input_pos = torch.arange(T - 1)  # prefill
+        model.input_pos = torch.arange(T - 1, device=idx.device)  # prefill
         x1 = tok[:, : T - 1]
         for block in model.h:
             x1 = block(x1)
-        model.input_pos = input_pos = torch.tensor([T - 1])  # decode the last token
+        model.input_pos = input_pos = torch.tensor([T - 1], device=idx.device)  # decode the last token
         x2 = tok[:, T - 1:]
         for block in model.h:
             x2 = block(x2)
@@ -129,7 +129,8 @@ def _checkpointed(block, use_reentrant: bool = True):
 def mask_inplace(trainer, step: int, use_reentrant: bool = True) -> dict:
     model = trainer.model
     T = model.config.block_size
-    model.register_buffer("mask_cache", torch.tril(torch.ones(T, T)).view(1, 1, T, T), persistent=False)
+    dev = model.wte.weight.device
+    model.register_buffer("mask_cache", torch.tril(torch.ones(T, T, device=dev)).view(1, 1, T, T), persistent=False)
     for block in model.h:
         block.attn.forward = _attention_with_shared_mask(block.attn, model)
         block.forward = _checkpointed(block, use_reentrant)

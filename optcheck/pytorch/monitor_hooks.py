@@ -20,6 +20,7 @@ import torch
 
 from optcheck.findings import Finding
 from optcheck.pytorch import census, probe
+from optcheck.pytorch import device as devices
 from optcheck.pytorch.train import CENSUS_EVERY
 
 log = logging.getLogger("optcheck")
@@ -76,7 +77,8 @@ class TorchProbe:
         return body
 
     def versions(self) -> dict:
-        return probe.versions()
+        """Library versions and the model's device (``optcheck.pytorch.device.describe``)."""
+        return {**probe.versions(), **devices.describe(devices.model_device(self.model))}
 
     def threads(self) -> int:
         return torch.get_num_threads()

@@ -4,10 +4,19 @@
 adapts it to ``optcheck.worker_loop.Backend``. The step is the ordinary one:
 ``zero_grad(set_to_none=True)``, forward, ``backward()``, clip, ``step()`` — so a
 post-step snapshot sees this step's gradients.
+
+Device (``--device cpu|cuda|cuda:N``, docs/gpu.md): the GPT, the optimizer state and
+every batch live there. No step reads a device value on the host: the loss stays on the
+device (the worker loop reads a metrics batch of them in one transfer,
+:meth:`TorchBackend.settle`), the gradients' NaN/Inf check takes the per-parameter norms
+the gradient clipping computes anyway and is read with them, batches are copied from
+pinned memory without waiting, and on CUDA the step time is taken with CUDA events,
+read in the same batch.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import os
@@ -18,7 +27,9 @@ import torch
 
 from optcheck.config import SoakConfig
 from optcheck.data import BatchSchedule, Corpus, val_batches
-from optcheck.pytorch import probe
+from optcheck.errors import InputError
+from optcheck.pytorch import device as devices, probe
+from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.pytorch.gpt import GPT, GPTConfig
 from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.hazards.arming import pytorch_inplace_error
@@ -61,6 +72,9 @@ class NullHazards:
     def check_grads_now(self, step: int) -> None:
         pass
 
+    def check_grad_norms(self, step: int, names: list, norms) -> None:
+        pass
+
     def stats(self) -> None:
         return None
 
@@ -68,8 +82,10 @@ class NullHazards:
         pass
 
 
-def make_hazards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: SoakConfig):
-    """The hazard probes of ``optcheck/pytorch/hazards/`` when ``cfg.hazards``, else a NullHazards."""
+def make_hazards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: SoakConfig,
+                 ledger: DeviceLedger | None = None):
+    """The hazard probes of ``optcheck/pytorch/hazards/`` when ``cfg.hazards``, else a NullHazards;
+    their device checks go to ``ledger``."""
     if not cfg.hazards:
         return NullHazards()
     from optcheck.pytorch.hazards import HazardProbes
@@ -78,7 +94,30 @@ def make_hazards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: 
     # instead of a second pass over every gradient
     every = int(cfg.extra.get("grad_check_every", 0 if cfg.grad_clip else 1))
     return HazardProbes(model, optimizer, allow_inplace=cfg.allow_inplace, grad_check_every=every,
-                        mode=cfg.hazard_mode)
+                        mode=cfg.hazard_mode, ledger=ledger)
+
+
+def soak_device(name: str) -> torch.device:
+    """The device of ``--device`` (``cpu``, ``cuda``, ``cuda:N``).
+
+    Raises:
+        InputError: not one of those, or CUDA (or device N) is not there.
+    """
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise InputError(f"--device {name!r}: cpu, cuda or cuda:N") from None
+    if dev.type == "cpu" and dev.index in (None, 0):
+        return torch.device("cpu")
+    if dev.type != "cuda":
+        raise InputError(f"--device {name!r}: cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        why = "this torch was built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+        raise InputError(f"--device {name}: CUDA is not available ({why}; torch {torch.__version__})")
+    n = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= n:
+        raise InputError(f"--device {name}: there are {n} CUDA device(s) (cuda:0..cuda:{n - 1})")
+    return torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
 
 
 def lr_at(cfg: SoakConfig, step: int) -> float:
@@ -105,10 +144,12 @@ class Trainer:
         self.gpt_config = GPTConfig(block_size=cfg.block_size, vocab_size=vocab_size, n_layer=cfg.n_layer,
                                     n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout,
                                     tie_weights=tie_weights)
-        self.model = GPT(self.gpt_config)
+        self.device = soak_device(getattr(cfg, "device", "cpu") or "cpu")
+        self.model = GPT(self.gpt_config).to(self.device)  # initialised on the CPU: the same weights everywhere
         self.optimizer = self.build_optimizer(self.model)
-        self.hazards = make_hazards(self.model, self.optimizer, cfg)
-        self.grad_clear = GradClearProbe(self.optimizer)
+        self.ledger = DeviceLedger()  # the step's device checks, read with the losses (TorchBackend.settle)
+        self.hazards = make_hazards(self.model, self.optimizer, cfg, self.ledger)
+        self.grad_clear = GradClearProbe(self.optimizer, ledger=self.ledger)
         self.zero_grad = True  # the no-zero-grad scenario turns it off
         self.extra_forward = []  # scenario hooks called as f(trainer, logits, loss) -> loss
         self.work_dir = Path(cfg.work_dir or ".")
@@ -117,10 +158,22 @@ class Trainer:
         c = self.cfg
         if c.extra.get("optimizer", "adamw") == "sgd":
             return torch.optim.SGD(model.parameters(), lr=c.lr, momentum=0.9)
-        return model.configure_optimizers(c.lr, c.weight_decay, (c.beta1, c.beta2), c.eps)
+        # on CUDA, its fused AdamW kernel (``extra["fused"]`` False: the per-tensor loop of the CPU)
+        fused = self.device.type == "cuda" and bool(c.extra.get("fused", True))
+        return model.configure_optimizers(c.lr, c.weight_decay, (c.beta1, c.beta2), c.eps, fused=fused)
 
-    def train_step(self, step: int, x, y) -> float:
-        """One step on int64 arrays ``x``, ``y`` of shape (B, T); returns the loss.
+    def batch(self, x, y) -> tuple[torch.Tensor, torch.Tensor]:
+        """int64 arrays ``x``, ``y`` as tensors on the soak's device (CUDA: copied from pinned
+        memory without waiting, so the copy is no host sync)."""
+        xb, yb = torch.from_numpy(x), torch.from_numpy(y)
+        if self.device.type == "cpu":
+            return xb, yb
+        return (xb.pin_memory().to(self.device, non_blocking=True),
+                yb.pin_memory().to(self.device, non_blocking=True))
+
+    def train_step(self, step: int, x, y) -> torch.Tensor:
+        """One step on int64 arrays ``x``, ``y`` of shape (B, T); returns the loss, a
+        0-d tensor on the device (detached; read later, in a batch).
 
         With the hazard probes in mode "auto", a step run unarmed (no module or
         saved-tensor hooks, docs/hazards.md) is re-run armed — same batch, the RNG state
@@ -136,7 +189,7 @@ class Trainer:
             optcheck.worker_loop.StepStopped: a hazard stopped the step.
             RuntimeError: PyTorch's own failure that no probe explains.
         """
-        xb, yb = torch.from_numpy(x), torch.from_numpy(y)
+        xb, yb = self.batch(x, y)
         for g in self.optimizer.param_groups:
             g["lr"] = lr_at(self.cfg, step)
         hz = self.hazards
@@ -160,15 +213,44 @@ class Trainer:
         if replay:
             loss = self._replay(step, xb, yb, rng, first)
         if self.cfg.grad_clip:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-            if not math.isfinite(norm):
-                hz.check_grads_now(step)  # a NaN/Inf gradient makes the total norm non-finite: name them
+            self.clip(step)
         self.optimizer.step()
-        return float(loss.detach())
+        return loss.detach()
+
+    def clip(self, step: int) -> None:
+        """``clip_grad_norm_`` in its two halves (``torch.nn.utils.get_total_norm``'s per-parameter
+        norms, then ``clip_grads_with_norm_``; the same kernels, the same result) so that the
+        gradients' NaN/Inf check reads the per-parameter norms it computed, with the losses,
+        later: no second pass over the gradients and no host sync (torch < 2.6: one
+        ``clip_grad_norm_`` and a read of its total norm)."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            return
+        if not hasattr(torch.nn.utils, "clip_grads_with_norm_"):
+            norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
+            if not math.isfinite(norm):
+                self.hazards.check_grads_now(step)
+            return
+        grads = [p.grad for p in params]
+        norms = torch._foreach_norm(grads, 2.0)
+        try:
+            norms = torch.stack(norms)
+        except RuntimeError:  # parameters on several devices
+            norms = torch.stack([n.to(grads[0].device) for n in norms])
+        total = torch.linalg.vector_norm(norms)
+        torch.nn.utils.clip_grads_with_norm_(params, self.cfg.grad_clip, total)
+        self.hazards.check_grad_norms(step, [self._names.get(id(p), "?") for p in params], norms)
+
+    def _autocast(self):
+        """``extra["autocast"]`` "bf16"/"fp16": the forward under ``torch.autocast`` (the GPU
+        benchmark's GPT-2 small, ``benchmarks/gpu_check.py``); else nothing."""
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.extra.get("autocast"))
+        return torch.autocast(self.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
     def _forward_backward(self, step: int, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         with self.hazards.step_context(step):
-            logits, loss = self.model(xb, yb)
+            with self._autocast():
+                logits, loss = self.model(xb, yb)
             for hook in self.extra_forward:
                 loss = hook(self, logits, loss)
             self.hazards.check_loss(loss, step)
@@ -200,13 +282,20 @@ class Trainer:
         self.hazards.end_step(step)
         return loss
 
+    @property
+    def _names(self) -> dict[int, str]:
+        if getattr(self, "_names_of", (None,))[0] is not self.model:
+            self._names_of = (self.model, {id(p): n for n, p in self.model.named_parameters()})
+        return self._names_of[1]
+
     @torch.no_grad()
-    def val_loss(self, batches: list) -> float:
+    def val_loss(self, batches: list) -> torch.Tensor:
+        """Mean held-out loss over ``batches``: a 0-d tensor on the device (read later)."""
         was_training = self.model.training
         self.model.eval()
-        losses = [float(self.model(torch.from_numpy(x), torch.from_numpy(y))[1]) for x, y in batches]
+        losses = [self.model(*(b if isinstance(b[0], torch.Tensor) else self.batch(*b)))[1] for b in batches]
         self.model.train(was_training)
-        return sum(losses) / len(losses)
+        return torch.stack(losses).mean()
 
     # -- lifecycle events ------------------------------------------------------
     def checkpoint_path(self) -> Path:
@@ -219,7 +308,7 @@ class Trainer:
         restarted job does). Returns what was done."""
         if kind == "eval":
             p = next(self.model.parameters())
-            loss = self.val_loss(val_batches or [])
+            loss = float(self.val_loss(val_batches or []))  # a lifecycle event: its one read
             self.model.to(device=p.device, dtype=p.dtype)
             return {"call": f"model.eval(); no_grad forward; model.to({p.device}, {probe.dtype_name(p.dtype)})",
                     "val_loss": loss}
@@ -237,13 +326,14 @@ class Trainer:
                 self.lifecycle("checkpoint", step)
             ck = torch.load(path, weights_only=True)
             self.hazards.remove()
-            self.model = GPT(self.gpt_config)
+            self.model = GPT(self.gpt_config).to(self.device)
             self.model.load_state_dict(ck["model"])
             self.optimizer = self.build_optimizer(self.model)
             self.optimizer.load_state_dict(ck["optimizer"])
-            self.hazards = make_hazards(self.model, self.optimizer, self.cfg)
+            self.ledger.read()  # what the old probes left pending
+            self.hazards = make_hazards(self.model, self.optimizer, self.cfg, self.ledger)
             self.grad_clear.remove()
-            self.grad_clear = GradClearProbe(self.optimizer)
+            self.grad_clear = GradClearProbe(self.optimizer, ledger=self.ledger)
             return {"call": "new GPT + AdamW, load_state_dict from the last checkpoint", "from_step": ck["step"]}
         raise ValueError(f"unknown lifecycle event {kind!r}")
 
@@ -253,9 +343,16 @@ class TorchBackend:
 
     name = "pytorch"
 
+    #: snapshots whose memory an out-of-memory crash reports (docs/gpu.md)
+    MEMORY_TRAIL = 5
+
     def __init__(self):
         self.trainer: Trainer | None = None
         self.snapshots = 0
+        self.steps_done = 0
+        self._timed: list[tuple] = []  # (start, end) CUDA events of the steps not read yet
+        self._val: tuple = (None, [])  # (the loop's held-out batches, their device copies)
+        self._trail: collections.deque = collections.deque(maxlen=self.MEMORY_TRAIL)
 
     def setup(self, cfg: SoakConfig, corpus: Corpus) -> None:
         from optcheck.pytorch import scenarios
@@ -273,7 +370,8 @@ class TorchBackend:
         self.report_val = bool(cfg.val_every)
 
     def versions(self) -> dict[str, str]:
-        return probe.versions()
+        """Library versions and the device (``optcheck.pytorch.device.describe``)."""
+        return {**probe.versions(), **devices.describe(self.trainer.device if self.trainer else None)}
 
     def threads(self) -> int:
         return torch.get_num_threads()
@@ -292,11 +390,50 @@ class TorchBackend:
     def fingerprint(self):
         return probe.fingerprint(self.trainer.model, self.trainer.optimizer)
 
-    def train_step(self, step: int, x, y) -> float:
-        return self.trainer.train_step(step, x, y)
+    def train_step(self, step: int, x, y) -> torch.Tensor:
+        """The step (``Trainer.train_step``); on CUDA between two CUDA events, read in
+        :meth:`step_times`. The loss is a device tensor: :meth:`settle` reads it."""
+        if self.trainer.device.type != "cuda":
+            loss = self.trainer.train_step(step, x, y)
+        else:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            loss = self.trainer.train_step(step, x, y)
+            end.record()
+            self._timed.append((start, end))
+        self.steps_done = step
+        return loss
 
-    def val_loss(self, batches: list) -> float:
-        return self.trainer.val_loss(batches)
+    def val_loss(self, batches: list) -> torch.Tensor:
+        """Held-out loss, on the device (the batches copied there once)."""
+        if self._val[0] is not batches:
+            self._val = (batches, [self.trainer.batch(x, y) for x, y in batches])
+        return self.trainer.val_loss(self._val[1])
+
+    def settle(self, values: list) -> list:
+        """The loop's raw values (device tensors: losses, held-out losses; floats pass
+        through) as floats, read with the probes' pending device checks in one transfer per
+        device (``optcheck.pytorch.deferred``). A device that cannot be read any more (a
+        CUDA error) gives None for its values: the batch is still written."""
+        tensors = [v for v in values if isinstance(v, torch.Tensor)]
+        try:
+            got = iter(self.trainer.ledger.read(tensors))
+        except Exception:  # noqa: BLE001 - the crash that broke the device is reported by itself
+            return [None if isinstance(v, torch.Tensor) else v for v in values]
+        return [next(got)[0] if isinstance(v, torch.Tensor) else v for v in values]
+
+    def step_times(self) -> list[float] | None:
+        """CUDA: seconds of GPU time of each step since the last call (its two events' elapsed
+        time, read after :meth:`settle`'s transfer, so nothing waits); None on the CPU (the
+        loop's own wall-clock times are the step times there)."""
+        if not self._timed:
+            return None
+        timed, self._timed = self._timed, []
+        try:
+            timed[-1][1].synchronize()  # complete already: settle's read waited for the stream
+            return [round(a.elapsed_time(b) / 1e3, 6) for a, b in timed]
+        except Exception:  # noqa: BLE001
+            return None
 
     def has_events(self) -> bool:
         return self.trainer.hazards.has_events() or self.trainer.grad_clear.has_events()
@@ -311,11 +448,21 @@ class TorchBackend:
         norms = probe.Norms() if self.trainer.hazards.wants_norms else None  # one read of every tensor
         body = probe.snapshot_body(self.trainer.model, self.trainer.optimizer, census=census, norms=norms)
         body["events"] = self.trainer.hazards.drain(norms) + self.trainer.grad_clear.drain()
+        mem = body.get("memory") or {}
+        self._trail.append({"after_step": self.steps_done,
+                            **{k: v for k, v in mem.items() if isinstance(v, int) and not isinstance(v, bool)}})
         return body
 
     def exception_info(self, exc: BaseException) -> dict:
+        """Type, message, stack and line of an exception out of a step; an out-of-memory
+        error also carries ``oom`` (``optcheck.pytorch.device.oom_report``: what the device
+        held and what rose over the last snapshots before it)."""
         tb = traceback.extract_tb(exc.__traceback__)
         where = f"{os.path.basename(tb[-1].filename)}:{tb[-1].lineno}" if tb else None
-        return {"exc_type": type(exc).__qualname__ if type(exc).__module__ == "builtins"
+        info = {"exc_type": type(exc).__qualname__ if type(exc).__module__ == "builtins"
                 else f"{type(exc).__module__}.{type(exc).__qualname__}",
                 "message": str(exc), "stack": "".join(traceback.format_exception(exc)), "where": where}
+        if devices.is_oom(exc):
+            dev = self.trainer.device if self.trainer is not None else torch.device("cpu")
+            info["oom"] = devices.oom_report(exc, dev, list(self._trail))
+        return info

@@ -170,7 +170,9 @@ def plot_run(run_dir: str | os.PathLike, png_path: str | os.PathLike, *, width_p
             ax.legend(loc="best", fontsize=8)
     n_find = len(findings)
     extra = f" ({len(marked)} marked)" if n_find > len(marked) else ""
-    title = (f"{summary.get('run') or run.name} — {summary.get('backend') or '?'}, "
+    device = (summary.get("versions") or {}).get("device")  # "cpu", "cuda:0 NVIDIA H100 ..." (docs/gpu.md)
+    title = (f"{summary.get('run') or run.name} — {summary.get('backend') or '?'}"
+             f"{f' on {device}' if device else ''}, "
              f"{summary.get('status') or 'no summary'}, {n_find} finding(s){extra}")
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()

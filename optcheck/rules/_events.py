@@ -13,3 +13,14 @@ def events(snap: dict, kind: str) -> list[dict]:
 def names(items, limit: int = 8) -> str:
     """``a, b, c`` — or ``a, b, … and N more`` past ``limit`` (``base.listing``)."""
     return listing(items, limit)
+
+
+def dated_at_cause(finding, step):
+    """``finding`` moved to ``step``, the step of the event that caused it, when that is
+    earlier than the snapshot that carried it: a probe's device check is read at the
+    next snapshot or metrics batch, not at its step (docs/gpu.md); ``detail["read_at_step"]``
+    keeps the snapshot's step."""
+    if isinstance(step, int) and not isinstance(step, bool) and step < finding.step:
+        finding.detail["read_at_step"] = finding.step
+        finding.step = step
+    return finding

@@ -11,7 +11,7 @@ import math
 from typing import Iterable
 
 from optcheck.findings import Finding
-from optcheck.rules._events import events, names
+from optcheck.rules._events import dated_at_cause, events, names
 from optcheck.rules._fixtures import Invalid, Valid, cases, clean, edit, event, steps, with_events, with_params
 from optcheck.rules.base import Rule, RuleContext, register
 from optcheck.snapshot import to_float
@@ -77,9 +77,10 @@ class NonFinite(Rule):
         out = []
         for what, (step, params) in found.items():
             extra = f" in {len(params)} parameter(s): {names(params)}" if params else ""
-            out.append(self.finding(
+            f = self.finding(
                 snap, self.message.format(what=what.replace("_", " "), step=step, extra=extra),
                 subjects=params or [what], key=what,
                 next_failure="the next optimizer step writes NaN into the parameters; every later loss is NaN",
-                what=what, first_step=step, params=params))
+                what=what, first_step=step, params=params)
+            out.append(dated_at_cause(f, step))
         return out

@@ -62,7 +62,7 @@ from optcheck.worker_loop import run
 DEFAULT_TRAINER = "OptCheck.Worker.GptTrainer"
 _SCALAR_FIELDS = ("steps", "every", "seed", "batch_size", "block_size", "n_layer", "n_head", "n_embd", "dropout",
                   "lr", "min_lr", "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "threads",
-                  "run_id", "work_dir", "data")
+                  "run_id", "work_dir", "data", "device")
 
 
 def dotnet_type_name(exc: BaseException) -> str | None:

@@ -53,7 +53,10 @@ def test_a_nan_loss_in_the_sequence_is_found_at_its_step():
     mon, _, _ = two_loss_loop("nan", bug_at=5)
     first = mon.findings[0]
     assert (first.code, first.step, first.subjects) == ("OC501", 5, ["loss"])
-    assert {f.step for f in mon.findings} == {5}
+    # the loss and gradient checks are dated at step 5; the NaN parameters they caused are seen
+    # by the closing snapshot's own look at them (docs/gpu.md: read at the next snapshot)
+    assert {f.step for f in mon.findings if f.detail["what"] in ("loss", "grad")} == {5}
+    assert all(f.step > 5 for f in mon.findings if f.detail["what"] == "param")
 
 
 def test_a_cut_loss_in_the_sequence_stops_the_step_with_its_finding():

@@ -101,7 +101,8 @@ def test_a_fused_step_that_a_grad_scaler_always_skips_is_stalled(tmp_path):
     # GradScaler passes found_inf to the fused kernel, which leaves the values and takes back the step count
     _, mon = zoo.train(bug="scaler-always-inf", monitor=_monitor(tmp_path))
     found = [f for f in mon.findings if f.code == "OC205"]
-    # the inf gradients are OC501 at step 1 (a snapshot at once), so two intervals are 1-10 and 10-20
-    assert "OC501" in {f.code for f in mon.findings}
-    assert len(found) == 1 and found[0].step == 2 * EVERY and found[0].detail["since_step"] == 1
+    # the inf gradients are OC501 dated at step 1, read at the step-10 snapshot (no sync per step,
+    # docs/gpu.md); the two intervals without movement are 10-20 and 20-30, as for the loop above
+    assert min(f.step for f in mon.findings if f.code == "OC501") == 1
+    assert len(found) == 1 and found[0].step == 3 * EVERY and found[0].detail["since_step"] == EVERY
     assert len(found[0].subjects) == 6 and mon.exit_code == 1

@@ -47,7 +47,8 @@ class Net(nn.Module):
 
 
 def loop(model, probes, steps=4, *, nograd_loss=False, read_nonleaf=False, nan_at=None):
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    # the optimizer the probes watch: its step pre-hook runs the gradients' NaN/Inf check
+    opt = probes.optimizer
     torch.manual_seed(0)
     x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
     for step in range(1, steps + 1):

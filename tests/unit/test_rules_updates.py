@@ -148,8 +148,9 @@ def test_real_loop_without_optimizer_step(call_step):
 
 
 def test_oc204_on_a_loop_that_never_clears_counts_every_step(tmp_path):
-    """Issue 11 item 8: a loop without zero_grad() at any step; the finding comes at
-    step 2 and every snapshot after it carries the running numbers."""
+    """Issue 11 item 8: a loop without zero_grad() at any step; the finding names step 2
+    (its check is read on the host at the next snapshot, step 10: no sync per step,
+    docs/gpu.md) and every snapshot after it carries the running numbers."""
     import optcheck
     from optcheck.snapshot import read_jsonl
 
@@ -162,7 +163,9 @@ def test_oc204_on_a_loop_that_never_clears_counts_every_step(tmp_path):
             model(torch.randn(4, 8)).pow(2).mean().backward()
             opt.step()
     found = [f for f in mon.findings if f.code == "OC204"]
-    assert [(f.step, f.detail["count"], f.detail["steps_checked"]) for f in found] == [(2, 1, 1)]
+    assert [(f.step, f.detail["first_step"], f.detail["count"], f.detail["steps_checked"]) for f in found] \
+        == [(10, 2, 9, 9)]
+    assert "from step 2" in found[0].message
     last = list(read_jsonl(tmp_path / "run" / "snapshots.jsonl"))[-1]
     ev = next(e for e in last["events"] if e["kind"] == "grad_not_cleared")
     assert last["step"] == 30 and ev["count"] == 29 and ev["detail"]["steps"] == 29

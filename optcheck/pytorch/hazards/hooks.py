@@ -18,6 +18,7 @@ from optcheck.pytorch.hazards.graph_cut import GraphCutProbe
 from optcheck.pytorch.hazards.inplace import InplaceProbe, _is_recompute_pack, _top_hooks
 from optcheck.pytorch.hazards.nonfinite import NonfiniteProbe
 from optcheck.pytorch.hazards.nonleaf import NonleafGradProbe
+from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.worker_loop import StepStopped
 
 #: what the probes cannot see inside a ``torch.compile``d forward (module hooks are traced as no-ops
@@ -45,6 +46,10 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
             wraps): :attr:`not_checked` then lists what the probes cannot see.
         mode: "auto" (arm the module and saved-tensor hooks on the steps the policy picks,
             ``optcheck/pytorch/hazards/arming.py``) or "always" (every step).
+        ledger: where the loss and gradient NaN/Inf checks leave their device flags
+            (``optcheck.pytorch.deferred.DeviceLedger``, shared with the driver, which reads
+            it at its next snapshot or metrics batch); default: one of its own, read at
+            :meth:`drain`.
 
     Raises (from the hooks):
         optcheck.worker_loop.StepStopped: an in-place write to a saved tensor
@@ -56,7 +61,7 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
     can_replay = True  # a step run unarmed can be re-run armed (the soak's Trainer.train_step)
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, allow_inplace: bool = False,
-                 grad_check_every: int = 1, compiled: bool = False, mode: str = "auto"):
+                 grad_check_every: int = 1, compiled: bool = False, mode: str = "auto", ledger=None):
         if mode not in MODES:
             raise ValueError(f"hazard probe mode must be one of {MODES}, got {mode!r}")
         self.model, self.optimizer = model, optimizer
@@ -66,6 +71,7 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         self.compiled = compiled
         self.allow_inplace = allow_inplace
         self.grad_check_every = grad_check_every
+        self.ledger = ledger if ledger is not None else DeviceLedger()
         self._step = 0
         self._active = False
         self._events: dict[tuple, dict] = {}
@@ -86,6 +92,7 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         self._dirty = False
         self._handles.append(torch.nn.modules.module.register_module_module_registration_hook(self._registered))
         self._handles.append(optimizer.register_step_post_hook(self._after_step))
+        self._handles.append(optimizer.register_step_pre_hook(self._before_step))
         self._internal_code: dict[Any, bool] = {}
         self._pack_hook = self._pack  # one bound method: the innermost hook is ours when it is this object
         self._trainable_key: tuple | None = None
@@ -290,12 +297,18 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
 
     def after_backward(self, step: int) -> None:
         """After ``loss.backward()``: confirm partial graph cuts (optimizer
-        parameters at or before a cut got no gradient) and check gradients."""
+        parameters at or before a cut got no gradient). The gradients' NaN/Inf check runs
+        once per step, at the optimizer's step pre-hook (:meth:`_before_step`)."""
         self._in_backward = False
         trainable = self._trainable()
         self._after_backward_grads()
         self._judge_at_backward(trainable)
-        self._check_grads_finite(trainable, step)
+
+    def _before_step(self, optimizer, args, kwargs) -> None:
+        """The watched optimizer is about to step: the gradients' NaN/Inf check on the device."""
+        if self._removed or not self.grad_check_every or torch.compiler.is_compiling():
+            return
+        self._check_grads_finite(self._trainable(), self._step)
 
     def _trainable(self) -> list[tuple[str, torch.Tensor]]:
         """(name, parameter) of the optimizer's parameters that require grad now. The names are
@@ -345,7 +358,9 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
     def drain(self, norms: dict | None = None) -> list[dict]:
         """Events since the last drain (then forgotten), plus non-finite parameters and
         optimizer state found now (checked here, at snapshot time; from ``norms``, the
-        snapshot body's ``optcheck.pytorch.probe.Norms``, when given)."""
+        snapshot body's ``optcheck.pytorch.probe.Norms``, when given). The device checks
+        still pending are read first (a snapshot reads them in its flush already)."""
+        self.ledger.read()
         self._check_state(norms)
         self.arm("snapshot")  # one armed step per snapshot interval: the step after it
         out = list(self._events.values())

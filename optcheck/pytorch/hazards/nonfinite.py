@@ -11,29 +11,61 @@ from optcheck.pytorch.hazards._tensors import MAX_SAMPLES, _dense
 from optcheck.pytorch.probe import l2_norms, state_tensors
 
 
+def _norms64(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """L2 norms accumulated in float64 (``torch._foreach_norm``'s ``dtype``, torch >= 2.4;
+    per tensor before that)."""
+    try:
+        return list(torch._foreach_norm(grads, 2, dtype=torch.float64))
+    except (TypeError, RuntimeError):
+        return [torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads]
+
+
 class NonfiniteProbe:
     """Non-finite values (OC501): the ``nonfinite`` event."""
 
+    # Loss and gradients are checked on the device and read at the driver's next snapshot or
+    # metrics batch (``self.ledger``, optcheck/pytorch/deferred.py): no host sync per step. The
+    # event carries the step the value was made at.
     def _check_loss_finite(self, loss: torch.Tensor, step: int) -> None:
-        # a scalar loss: one read of its value (one op, not isfinite + all + read)
-        finite = math.isfinite(loss.item()) if loss.numel() == 1 and not loss.is_complex() else \
-            bool(torch.isfinite(loss.detach()).all())
-        if not finite:
-            self._record({"kind": "nonfinite", "step": step, "where": None, "count": 1,
-                          "detail": {"what": "loss", "value": float(loss.detach().float().reshape(-1)[0])}},
-                         key=("nonfinite", "loss"))
+        t = loss.detach()
+        if t.is_complex():
+            t = t.abs()
+        # a scalar loss is itself the flag (no kernel); otherwise isfinite().all() and its first value
+        flag = t.reshape(()) if t.numel() == 1 else torch.stack((torch.isfinite(t).all().to(t.dtype),
+                                                                 t.reshape(-1)[0]))
+        self.ledger.add(flag, lambda v, step=step, scalar=t.numel() == 1: self._loss_read(v, step, scalar))
+
+    def _loss_read(self, v: list[float], step: int, scalar: bool) -> None:
+        if (math.isfinite(v[0]) if scalar else v[0] == 1.0):
+            return
+        self._record({"kind": "nonfinite", "step": step, "where": None, "count": 1,
+                      "detail": {"what": "loss", "value": v[0] if scalar else v[1]}}, key=("nonfinite", "loss"))
 
     def _check_grads_finite(self, trainable: list[tuple[str, torch.Tensor]], step: int, force: bool = False) -> None:
         """NaN/Inf in the gradients of ``trainable`` at ``step``: every ``grad_check_every``
-        steps, or now when ``force``."""
+        steps (called at the optimizer's step pre-hook: once per step, over the gradients
+        every backward of it accumulated), or now when ``force``. One
+        ``torch._foreach_norm`` in float64 (a finite float32/16 gradient cannot overflow it,
+        so a non-finite norm is a non-finite element), read later."""
         if force or (self.grad_check_every and step % self.grad_check_every == 0):
-            grads = [_dense(p.grad) for _, p in trainable if p.grad is not None]
-            if grads and not bool(torch.stack(torch._foreach_norm(grads)).isfinite().all()):
-                bad = [n for n, p in trainable
-                       if p.grad is not None and not bool(torch.isfinite(_dense(p.grad)).all())]
-                self._record({"kind": "nonfinite", "step": step, "where": None, "count": 1,
-                              "detail": {"what": "grad", "params": bad[:MAX_SAMPLES], "n_params": len(bad)}},
-                             key=("nonfinite", "grad"))
+            have = [(n, p) for n, p in trainable if p.grad is not None]
+            if have:
+                grads = [_dense(p.grad.detach()) for _, p in have]
+                norms = torch.stack([n.to(grads[0].device) for n in _norms64(grads)])
+                self.check_grad_norms(step, [n for n, _ in have], norms)
+
+    def check_grad_norms(self, step: int, names: list[str], norms: torch.Tensor) -> None:
+        """NaN/Inf in gradients from their norms (a 1-D device tensor, one per name; the
+        soak hands the ones its gradient clipping computed): read at the next snapshot or
+        metrics batch, recorded at ``step``."""
+        self.ledger.add(norms, lambda v, step=step, names=names: self._grads_read(v, step, names))
+
+    def _grads_read(self, v: list[float], step: int, names: list[str]) -> None:
+        bad = [n for n, x in zip(names, v) if not math.isfinite(x)]
+        if bad:
+            self._record({"kind": "nonfinite", "step": step, "where": None, "count": 1,
+                          "detail": {"what": "grad", "params": bad[:MAX_SAMPLES], "n_params": len(bad)}},
+                         key=("nonfinite", "grad"))
 
     #: ``drain(norms)`` takes the snapshot body's norms (``optcheck.pytorch.probe.Norms``)
     wants_norms = True
