@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from optcheck.distributed import merge, table
+from optcheck.distributed.cli import env_timeout_s
 from optcheck.rules._crossrank_table import disagreements
 
 
@@ -249,11 +250,11 @@ def _catch_launcher_sigterm():
 
 
 def _default_timeout_s() -> float:
-    """The default process group's timeout in seconds (``init_process_group(timeout=...)``);
-    gloo's default is 30 minutes (``torch/distributed/constants.py``)."""
-    env = os.environ.get("OPTCHECK_DIST_TIMEOUT")
-    if env:
-        return float(env)
+    """``OPTCHECK_DIST_TIMEOUT`` when set, else the default process group's timeout in seconds
+    (``init_process_group(timeout=...)``); gloo's default is 30 minutes (``torch/distributed/constants.py``)."""
+    env = env_timeout_s()  # InputError (one line) for a value that is not a positive number of seconds
+    if env is not None:
+        return env
     try:
         opts = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu")).options
         return opts._timeout.total_seconds()
