@@ -170,7 +170,8 @@ class RankWatch:
     def close(self, summary: dict) -> None:
         """After this rank's ``summary.json``: rank 0 writes ``out/summary.json`` merged
         from every ``rank-K/summary.json`` at once, and again when the others have
-        finished theirs (waiting up to :data:`MERGE_WAIT_S`, not after a lost rank); a
+        finished theirs (waiting up to :data:`MERGE_WAIT_S`, not after a lost rank nor when
+        the launcher stopped this rank); a
         rank that finishes after rank 0 rewrites it.
         No collective here: a rank that stops early (an exception, ``on_finding="raise"``)
         must not keep the others waiting, nor be kept."""
@@ -179,7 +180,10 @@ class RankWatch:
             return
         if self.rank == 0:
             merge.write_merged(self.out, self.world)  # at once: the launcher may stop this rank any moment now
-            deadline = time.monotonic() + (0 if self.lost else MERGE_WAIT_S)
+            stopped = (summary.get("crash") or {}).get("exc_type") == LauncherStopped.__name__
+            # no wait after a lost rank, nor when the launcher stops every rank: a peer blocked in a
+            # collective with this rank writes its summary only once this one has gone
+            deadline = time.monotonic() + (0 if self.lost or stopped else MERGE_WAIT_S)
             while time.monotonic() < deadline:
                 if merge.all_final(self.out, self.world):
                     merge.write_merged(self.out, self.world)

@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from optcheck.config import SoakConfig
@@ -70,10 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         # every rank done (and every file written) before any leaves: a rank that tears the gloo
         # group down while another is still in its last collective makes that one abort
         dist.barrier()
-        _leave(code)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    except BaseException:  # the Monitor has written this rank's crash; tearing the group down with a
+        traceback.print_exc()  # peer gone or stuck in a collective can block: leave as a finished rank does
+        _leave(1)
+    _leave(code)
 
 
 def _leave(code: int) -> None:
