@@ -50,6 +50,10 @@ def dispatch(cfg: SoakConfig, nproc: int, out, *, fail_on: str, quiet: bool, for
 
     result = run_distributed_soak(cfg, nproc, out, fail_on=fail_on, progress=not quiet, force=force)
     print_summary(result.summary, result.findings)
+    import sys
+
+    for note in result.summary.get("notes") or []:  # lines of the ranks' files the reader skipped
+        print(f"optcheck: note: {note}", file=sys.stderr)
     return result.exit_code
 
 
