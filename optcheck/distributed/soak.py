@@ -104,7 +104,7 @@ class _Claim:
     Monitor's ``rank-K``) is refused too, and nothing is removed before every lock is held."""
 
     def __init__(self, out: Path, force: bool):
-        self.out, self.created = out, not out.exists()
+        self.out = out
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -141,9 +141,9 @@ class _Claim:
             for fd in locks:
                 os.close(fd)
 
-    def release(self, discard: bool = False) -> None:
-        """Drop the lock (its file removed first, as ``RunDir`` does); with ``discard``,
-        remove ``OUT`` if this run created it (nothing was started)."""
+    def release(self) -> None:
+        """Drop the lock, its file removed first while still held (as ``RunDir`` does: a
+        writer starting now takes a new file, never one left behind)."""
         if self.fd is None:
             return
         try:
@@ -152,8 +152,13 @@ class _Claim:
             pass
         os.close(self.fd)
         self.fd = None
-        if discard and self.created:
-            shutil.rmtree(self.out, ignore_errors=True)
+
+    def fresh(self, name: str) -> Path:
+        """``OUT/name`` with nothing there (a symlink planted there is removed, never written through)."""
+        p = self.out / name
+        if os.path.lexists(p):
+            os.unlink(p)
+        return p
 
 
 def run_distributed_soak(cfg: SoakConfig, nproc: int, out: str | os.PathLike | None, *, fail_on: str = "warning",
@@ -179,11 +184,9 @@ def run_distributed_soak(cfg: SoakConfig, nproc: int, out: str | os.PathLike | N
     with Signals(restore=not standalone) as sig:  # before anything is spawned: no signal is lost
         claim = _Claim(out, force)
         try:
-            summary, findings = _supervise(cfg, nproc, out, sig, fail_on, progress, timeout_s)
-        except BaseException:
+            summary, findings = _supervise(cfg, nproc, claim, sig, fail_on, progress, timeout_s)
+        finally:
             claim.release()
-            raise
-        claim.release()
     return SoakResult(summary=summary, findings=[Finding.from_dict(f) for f in findings],
                       exit_code=summary["exit_code"], out=out)
 
@@ -216,11 +219,12 @@ class _Live:
                                f"[{f.get('severity')}]: {f.get('message')}")
 
 
-def _supervise(cfg: SoakConfig, nproc: int, out: Path, sig, fail_on: str, progress: bool,
+def _supervise(cfg: SoakConfig, nproc: int, claim: _Claim, sig, fail_on: str, progress: bool,
                timeout_s: float) -> tuple[dict, list[dict]]:
     from optcheck.session_process import Progress
 
-    cfg_path = out / "config.json"
+    out = claim.out
+    cfg_path = claim.fresh("config.json")
     cfg_path.write_text(cfg.to_json(), encoding="utf-8")
     started = utc_now()
     rd.write_summary(out, {**Summary(run=out.name, backend="pytorch", source="soak", steps_requested=cfg.steps,
@@ -234,7 +238,7 @@ def _supervise(cfg: SoakConfig, nproc: int, out: Path, sig, fail_on: str, progre
     hung = None
     t0 = time.perf_counter()
     beats: dict[int, Beat] = {}
-    with open(out / "launcher.log", "w", encoding="utf-8") as log:
+    with open(claim.fresh("launcher.log"), "w", encoding="utf-8") as log:
         proc = None
         if not sig.count:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,

@@ -27,26 +27,64 @@ START_CAP_S = 300  # an upper bound on the ranks' start-up (imports, DDP, the Mo
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 
 
-def start(tmp_path: Path, out: Path, *args: str) -> subprocess.Popen:
-    """``optcheck soak --nproc 2`` in the background, stdout/stderr to files (read while it runs)."""
-    return subprocess.Popen([sys.executable, "-m", "optcheck", "soak", *SMALL, "--nproc", "2", "--steps", "100000",
-                             "--out", str(out), *args], env=ENV, stdout=open(tmp_path / "stdout", "w"),
-                            stderr=open(tmp_path / "stderr", "w"))
+@pytest.fixture
+def start(tmp_path):
+    """``start(out, *args)``: ``optcheck soak --nproc 2`` in the background, stdout/stderr to files (read
+    while it runs). Whatever a failed test leaves running is stopped: optcheck, its launcher, its ranks."""
+    started: list[tuple[subprocess.Popen, Path]] = []
+
+    def run(out: Path, *args: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-m", "optcheck", "soak", *SMALL, "--nproc", "2", "--steps",
+                                 "100000", "--out", str(out), *args], env=ENV, stdout=open(tmp_path / "stdout", "w"),
+                                stderr=open(tmp_path / "stderr", "w"))
+        started.append((proc, out))
+        return proc
+
+    yield run
+    for proc, out in started:
+        for pid in [proc.pid, *processes(str(out))]:
+            if proc_state(pid) not in (None, "Z", "X"):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+
+
+def processes(*words: str) -> list[int]:
+    """PIDs whose command line holds every word (``/proc/PID/cmdline``), this test's own processes."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if d.name.isdecimal() and all(w in cmd for w in words):
+            found.append(int(d.name))
+    return found
 
 
 def ranks_at(out: Path, step: int, proc: subprocess.Popen) -> list[int]:
-    """Wait until both ranks have finished ``step``; their PIDs (from the heartbeats)."""
+    """Wait until both ranks have finished ``step`` (their heartbeats); the two rank PIDs, in rank order."""
     deadline = time.monotonic() + START_CAP_S
     while time.monotonic() < deadline:
         assert proc.poll() is None, (out.parent / "stderr").read_text()[-2000:]
         try:
-            beats = [(out / f"rank-{r}" / "heartbeat").read_text().split() for r in (0, 1)]
-            if all(int(b[0]) >= step for b in beats):
-                return [int(b[2]) for b in beats]
+            if all(int((out / f"rank-{r}" / "heartbeat").read_text().split()[0]) >= step for r in (0, 1)):
+                ranks = {r: p for p in processes("optcheck.distributed.worker", str(out))
+                         if (r := rank_of(p)) is not None}
+                assert sorted(ranks) == [0, 1], ranks
+                return [ranks[0], ranks[1]]
         except (OSError, ValueError, IndexError):
             pass
         time.sleep(0.2)
     raise AssertionError(f"the ranks did not reach step {step} in {START_CAP_S} s")
+
+
+def rank_of(pid: int) -> int | None:
+    """``RANK`` of a rank's environment (set by torch.distributed.run); None for another process."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return next((int(e[5:]) for e in env if e.startswith(b"RANK=")), None)
 
 
 def gone(pids: list[int], within: float) -> bool:
@@ -59,10 +97,10 @@ def gone(pids: list[int], within: float) -> bool:
     return True
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_ends_the_run_interrupted_130_with_no_rank_left(tmp_path, sig):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_ends_the_run_interrupted_130_with_no_rank_left(tmp_path, start, sig):
     out = tmp_path / "run"
-    proc = start(tmp_path, out, "--every", "5", "--inject", "rank1-lr@3")
+    proc = start(out, "--every", "5", "--inject", "rank1-lr@3")
     if sig == signal.SIGTERM:  # findings are printed as they are written, while the ranks train on
         deadline = time.monotonic() + START_CAP_S
         while "OC702" not in (tmp_path / "stderr").read_text() and time.monotonic() < deadline:
@@ -85,26 +123,22 @@ def test_a_signal_ends_the_run_interrupted_130_with_no_rank_left(tmp_path, sig):
     assert "INTERRUPTED (exit 130)" in (tmp_path / "stdout").read_text()
 
 
-def test_a_killed_optcheck_takes_its_launcher_and_ranks_with_it(tmp_path):
+def test_a_killed_optcheck_takes_its_launcher_and_ranks_with_it(tmp_path, start):
     out = tmp_path / "run"
-    proc = start(tmp_path, out, "--every", "10", "-q")
+    proc = start(out, "--every", "10", "-q")
     pids = ranks_at(out, 1, proc)
     proc.send_signal(signal.SIGKILL)  # nothing of optcheck's runs after this: only the kernel's PR_SET_PDEATHSIG
     proc.wait(timeout=30)
     assert gone(pids, GRACE_S), [(p, proc_state(p)) for p in pids]
 
 
-def test_a_stopped_rank_is_blamed_by_step_timeout_and_every_rank_killed(tmp_path):
+def test_a_stopped_rank_is_blamed_by_step_timeout_and_every_rank_killed(tmp_path, start):
     out = tmp_path / "run"
-    proc = start(tmp_path, out, "--every", "10", "--step-timeout", "5", "-q")
+    proc = start(out, "--every", "10", "--step-timeout", "5", "-q")
     pids = ranks_at(out, 2, proc)
     os.kill(pids[1], signal.SIGSTOP)
-    try:
-        assert proc.wait(timeout=START_CAP_S) == 3, (tmp_path / "stderr").read_text()[-2000:]
-        assert gone(pids, 1.0), [(p, proc_state(p)) for p in pids]
-    finally:
-        if proc_state(pids[1]) not in (None, "Z"):
-            os.kill(pids[1], signal.SIGKILL)
+    assert proc.wait(timeout=START_CAP_S) == 3, (tmp_path / "stderr").read_text()[-2000:]
+    assert gone(pids, 1.0), [(p, proc_state(p)) for p in pids]
     s = read_summary(out)
     assert s["crash"]["rank"] == 1 and s["crash"]["exc_type"] == "Hang", s["crash"]
     assert "rank 1 was stopped (SIGSTOP)" in (tmp_path / "stdout").read_text()
