@@ -351,3 +351,6 @@ def _stop(proc: subprocess.Popen, beats: dict[int, Beat], sig) -> None:
             if lifetime.is_rank(p):
                 lifetime.send(p, signal.SIGKILL)
     proc.wait()
+    deadline = time.monotonic() + GRACE_S  # a rank killed with its launcher (PR_SET_PDEATHSIG) is gone in
+    while any(lifetime.is_rank(p) for p in pids) and time.monotonic() < deadline:  # moments; it must not
+        time.sleep(0.05)  # replace OUT/summary.json after the supervisor's

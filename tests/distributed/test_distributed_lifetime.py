@@ -134,7 +134,7 @@ def test_a_killed_optcheck_takes_its_launcher_and_ranks_with_it(tmp_path, start)
 
 def test_a_stopped_rank_is_blamed_by_step_timeout_and_every_rank_killed(tmp_path, start):
     out = tmp_path / "run"
-    proc = start(out, "--every", "10", "--step-timeout", "5", "-q")
+    proc = start(out, "--every", "10", "--step-timeout", "15", "-q")
     pids = ranks_at(out, 2, proc)
     os.kill(pids[1], signal.SIGSTOP)
     assert proc.wait(timeout=START_CAP_S) == 3, (tmp_path / "stderr").read_text()[-2000:]
