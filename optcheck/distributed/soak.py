@@ -323,9 +323,10 @@ def _hung_rank(beats: dict[int, Beat], world: int) -> dict:
 
 
 def _stop(proc: subprocess.Popen, beats: dict[int, Beat], sig) -> None:
-    """Stop the launcher and every rank: SIGTERM to the launcher (it stops its ranks) and to
-    each rank, SIGCONT to a stopped one; after ``optcheck.watch.GRACE_S`` (or at a second
-    signal) SIGKILL to the launcher's session and to every rank still alive."""
+    """Stop the launcher and every rank: SIGTERM to the launcher (it sends SIGTERM to its ranks;
+    without a launcher, to each rank), SIGCONT to every rank (a stopped one then sees it); after
+    ``optcheck.watch.GRACE_S`` (or at a second signal) SIGKILL to the launcher's session and to
+    every rank still alive."""
     from optcheck.watch import GRACE_S
 
     pids = [b.pid for b in beats.values() if b.pid and lifetime.is_rank(b.pid)]
@@ -333,11 +334,13 @@ def _stop(proc: subprocess.Popen, beats: dict[int, Beat], sig) -> None:
     def alive() -> bool:
         return proc.poll() is None or any(lifetime.is_rank(p) for p in pids)
 
-    if proc.poll() is None:
-        lifetime.send(proc.pid, signal.SIGTERM)
-    for p in pids:
-        lifetime.send(p, signal.SIGTERM)
-        lifetime.send(p, signal.SIGCONT)
+    launcher = proc.poll() is None
+    if launcher:
+        lifetime.send(proc.pid, signal.SIGTERM)  # it sends SIGTERM to each rank (once: a second one would
+    for p in pids:                                # land in the rank's closing writes)
+        if not launcher:
+            lifetime.send(p, signal.SIGTERM)
+        lifetime.send(p, signal.SIGCONT)  # a stopped rank sees its SIGTERM
     first = sig.count
     deadline = time.monotonic() + GRACE_S
     while alive() and time.monotonic() < deadline and not (first and sig.count > first):

@@ -236,7 +236,14 @@ class LauncherStopped(RuntimeError):
     thread so the Monitor records it as this rank's crash and writes its summary."""
 
 
+_stopping = False  # a LauncherStopped was raised: later SIGTERMs must not break the Monitor's closing writes
+
+
 def _on_sigterm(signum, frame) -> None:
+    global _stopping
+    if _stopping:  # the launcher, or optcheck soak --nproc, repeating itself: the summary is being written
+        return
+    _stopping = True
     raise LauncherStopped("SIGTERM from the launcher (torch.distributed.run stops every rank when one fails)")
 
 
@@ -249,6 +256,8 @@ def _catch_launcher_sigterm():
     if ("TORCHELASTIC_RUN_ID" not in os.environ or threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
         return None
+    global _stopping
+    _stopping = False
     signal.signal(signal.SIGTERM, _on_sigterm)
     return signal.SIG_DFL
 

@@ -120,6 +120,9 @@ def test_a_signal_ends_the_run_interrupted_130_with_no_rank_left(tmp_path, start
     assert (s["summary_version"], s["status"], s["exit_code"], s["interrupted_by"]) == (2, "interrupted", 130,
                                                                                          sig.name)
     assert s["last_step"] >= 1 and not (out / ".optcheck.lock").exists()
+    for r in (0, 1):  # each rank got the stop once and recorded it (a second SIGTERM broke its closing writes)
+        own = read_summary(out / f"rank-{r}")
+        assert (own["status"], own["crash"]["exc_type"]) == ("crashed", "LauncherStopped"), own
     assert "INTERRUPTED (exit 130)" in (tmp_path / "stdout").read_text()
 
 
