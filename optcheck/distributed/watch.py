@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from optcheck.distributed import merge, table
+from optcheck.distributed.cli import env_timeout_s
 from optcheck.rules._crossrank_table import disagreements
 
 
@@ -169,7 +170,8 @@ class RankWatch:
     def close(self, summary: dict) -> None:
         """After this rank's ``summary.json``: rank 0 writes ``out/summary.json`` merged
         from every ``rank-K/summary.json`` at once, and again when the others have
-        finished theirs (waiting up to :data:`MERGE_WAIT_S`, not after a lost rank); a
+        finished theirs (waiting up to :data:`MERGE_WAIT_S`, not after a lost rank nor when
+        the launcher stopped this rank); a
         rank that finishes after rank 0 rewrites it.
         No collective here: a rank that stops early (an exception, ``on_finding="raise"``)
         must not keep the others waiting, nor be kept."""
@@ -178,7 +180,10 @@ class RankWatch:
             return
         if self.rank == 0:
             merge.write_merged(self.out, self.world)  # at once: the launcher may stop this rank any moment now
-            deadline = time.monotonic() + (0 if self.lost else MERGE_WAIT_S)
+            stopped = (summary.get("crash") or {}).get("exc_type") == LauncherStopped.__name__
+            # no wait after a lost rank, nor when the launcher stops every rank: a peer blocked in a
+            # collective with this rank writes its summary only once this one has gone
+            deadline = time.monotonic() + (0 if self.lost or stopped else MERGE_WAIT_S)
             while time.monotonic() < deadline:
                 if merge.all_final(self.out, self.world):
                     merge.write_merged(self.out, self.world)
@@ -231,7 +236,14 @@ class LauncherStopped(RuntimeError):
     thread so the Monitor records it as this rank's crash and writes its summary."""
 
 
+_stopping = False  # a LauncherStopped was raised: later SIGTERMs must not break the Monitor's closing writes
+
+
 def _on_sigterm(signum, frame) -> None:
+    global _stopping
+    if _stopping:  # the launcher, or optcheck soak --nproc, repeating itself: the summary is being written
+        return
+    _stopping = True
     raise LauncherStopped("SIGTERM from the launcher (torch.distributed.run stops every rank when one fails)")
 
 
@@ -244,16 +256,18 @@ def _catch_launcher_sigterm():
     if ("TORCHELASTIC_RUN_ID" not in os.environ or threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
         return None
+    global _stopping
+    _stopping = False
     signal.signal(signal.SIGTERM, _on_sigterm)
     return signal.SIG_DFL
 
 
 def _default_timeout_s() -> float:
-    """The default process group's timeout in seconds (``init_process_group(timeout=...)``);
-    gloo's default is 30 minutes (``torch/distributed/constants.py``)."""
-    env = os.environ.get("OPTCHECK_DIST_TIMEOUT")
-    if env:
-        return float(env)
+    """``OPTCHECK_DIST_TIMEOUT`` when set, else the default process group's timeout in seconds
+    (``init_process_group(timeout=...)``); gloo's default is 30 minutes (``torch/distributed/constants.py``)."""
+    env = env_timeout_s()  # InputError (one line) for a value that is not a positive number of seconds
+    if env is not None:
+        return env
     try:
         opts = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu")).options
         return opts._timeout.total_seconds()

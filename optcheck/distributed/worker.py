@@ -8,9 +8,11 @@ Started by ``torch.distributed.run`` (``optcheck/distributed/soak.py``)::
 Every rank builds the same GPT from the same seed (DDP broadcasts rank 0's
 parameters anyway), draws its own batches (seed + rank, as a ``DistributedSampler``
 would split the data), and writes ``DIR/rank-K/`` through its Monitor. After each
-step it writes ``DIR/rank-K/heartbeat`` (``step stage``: stage 1 while in
-forward/backward, 0 once the step is done) so the supervisor can tell a hung
-rank (stage 0, behind) from the ranks blocked waiting for it (stage 1).
+step it writes ``DIR/rank-K/heartbeat`` (``step stage pid``: stage 2 while it
+starts (imports, the Monitor), 1 while in forward/backward, 0 once the step is done) so the supervisor can tell a hung
+rank (stage 0, behind) from the ranks blocked waiting for it (stage 1), and find
+the rank's process (to stop it, or see it stopped). A rank dies with its launcher
+(``optcheck/distributed/lifetime.py``).
 The distributed ``--inject`` scenarios are in :data:`SCENARIOS`.
 """
 
@@ -23,21 +25,28 @@ import os
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from optcheck.config import SoakConfig
 from optcheck.distributed.cli import DIST_SCENARIOS as SCENARIOS
+from optcheck.distributed.lifetime import die_with_parent
+
+
+STARTING = 2  # heartbeat stage before the first step (the supervisor's --step-timeout clock has not started)
 
 
 class _Heartbeat:
-    """``DIR/rank-K/heartbeat``: "STEP STAGE", rewritten in place (one pwrite, no fsync)."""
+    """``DIR/rank-K/heartbeat``: "STEP STAGE PID", rewritten in place (one fixed-width
+    pwrite, no fsync)."""
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.pid = os.getpid()
 
     def beat(self, step: int, stage: int) -> None:
-        os.pwrite(self.fd, f"{step:>12} {stage}\n".encode(), 0)
+        os.pwrite(self.fd, f"{step:>12} {stage} {self.pid:>10}\n".encode(), 0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="train without optcheck (to measure what a scenario does without it): each rank writes "
                          "OUT/rank-K/outcome.json (steps done, last loss, whether the replicas are still equal)")
     a = ap.parse_args(argv)
+    die_with_parent()  # torch.distributed.run starts ranks in sessions of their own: nothing else reaches them
     cfg = SoakConfig.from_json(Path(a.config).read_text())
     import torch
     import torch.distributed as dist
@@ -61,10 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         # every rank done (and every file written) before any leaves: a rank that tears the gloo
         # group down while another is still in its last collective makes that one abort
         dist.barrier()
-        _leave(code)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    except BaseException:  # the Monitor has written this rank's crash; tearing the group down with a
+        traceback.print_exc()  # peer gone or stuck in a collective can block: leave as a finished rank does
+        _leave(1)
+    _leave(code)
 
 
 def _leave(code: int) -> None:
@@ -100,6 +110,7 @@ def _train(cfg: SoakConfig, out: Path, fail_on: str, torch, dist, monitor: bool 
     batches = BatchSchedule(len(corpus.train), cfg.block_size, cfg.batch_size, cfg.seed + 7919 * rank)
     inject = {i.name: i.step for i in cfg.inject}
     beat = _Heartbeat(out / f"rank-{rank}" / "heartbeat")
+    beat.beat(0, STARTING)  # this rank's PID for the supervisor, before the Monitor (collective) is built
     lr_factor = 1.0
     with (optcheck.Monitor(model, opt, every=cfg.every, out=str(out), on_finding="log", fail_on=fail_on,
                            hazards=cfg.hazards) if monitor else contextlib.nullcontext()):

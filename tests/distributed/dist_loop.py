@@ -98,7 +98,9 @@ def main() -> int:
     ap.add_argument("--at", type=int, default=4)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--every", type=int, default=1)
-    ap.add_argument("--timeout", type=float, default=20.0)
+    # the process group's timeout: how long a live rank waits for a slow peer (imports and the Monitor take
+    # seconds a rank on a loaded machine); a dead peer is seen at once (its sockets close), not after this
+    ap.add_argument("--timeout", type=float, default=600.0)
     a = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.timeout))

@@ -4,6 +4,7 @@ each fires on its difference and is silent on agreeing ranks."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 from snapfactory import clean
@@ -115,3 +116,27 @@ def test_merged_summary_counts_a_missing_rank_as_crashed(tmp_path):
     (tmp_path / "rank-0" / "findings.jsonl").write_text('{"code": "OC701", "step": 5, "message": "m"}\n{torn')
     s = merged(tmp_path, 2)
     assert (s["status"], s["exit_code"], s["missing_ranks"], s["findings"]) == ("crashed", 3, [1], 1)
+
+
+def test_merged_summary_reads_rank_files_with_the_record_readers_policy(tmp_path):
+    """A line that is not JSON is skipped and named; a file of the wrong shape is named and left out; the
+    merged summary is a summary_version 2 one that validates like every other."""
+    from optcheck.report.reader import read_summary
+    from optcheck.report.rundir import write_summary
+    from optcheck.session_summary import Summary
+
+    good = {"code": "OC104", "symbol": "ref-churn", "severity": "error", "step": 4, "message": "m", "phase": "pre-step",
+            "subjects": ["w"]}
+    for r, lines in ((0, [json.dumps(good), "{garbage", json.dumps({**good, "step": 6})]),
+                     (1, [json.dumps({**good, "step": "four"})])):
+        d = tmp_path / f"rank-{r}"
+        d.mkdir()
+        write_summary(d, Summary(run=f"rank-{r}", backend="pytorch", source="monitor", status="findings",
+                                 exit_code=1, last_step=8).to_dict())
+        (d / "findings.jsonl").write_text("\n".join(lines) + "\n")
+    s = merged(tmp_path, 2)
+    assert s["findings"] == 2 and s["findings_by_code"] == {"OC104": 2}  # rank 0's two good lines
+    assert any("rank-0/findings.jsonl:2" in n and "skipped" in n for n in s["notes"]), s["notes"]
+    assert any(n.startswith("rank 1:") and "findings.jsonl:1" in n and "left out" in n for n in s["notes"]), s["notes"]
+    write_summary(tmp_path, s)
+    assert read_summary(tmp_path)["summary_version"] == 2

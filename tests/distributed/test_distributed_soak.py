@@ -9,13 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from optcheck.report.reader import read_summary
+from optcheck.scenarios import CATALOGUE
+
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--block-size", "32", "--batch-size", "8",
          "--val-every", "0", "-q"]
 
 
-def soak(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+def soak(*args: str, timeout: float = 300, **env_over: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **env_over)
     return subprocess.run([sys.executable, "-m", "optcheck", "soak", *SMALL, *args], env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -37,6 +40,22 @@ def test_soak_nproc_2_flags_rank_1s_learning_rate_at_the_next_exchange(tmp_path)
         assert {"snapshots.jsonl", "metrics.jsonl", "findings.jsonl", "summary.json"} <= {
             p.name for p in (out / f"rank-{rank}").iterdir()}
     assert "OC702" in proc.stdout and "rank-group-mismatch" in proc.stdout
+    s = read_summary(out)  # checked against optcheck/schemas/summary-1.json, like every summary
+    assert s["summary_version"] == 2 and s["source"] == "soak" and s["inject"] == ["rank1-lr@15"]
+    assert set(CATALOGUE["rank1-lr"].expected("pytorch")) <= set(s["findings_by_code"])
+
+
+def test_rank_1s_replaced_parameter_fires_what_the_catalogue_lists_each_row_filled(tmp_path):
+    out = tmp_path / "run"
+    proc = soak("--nproc", "2", "--steps", "40", "--every", "10", "--inject", "rank1-param-replaced@12", "--out",
+                str(out))
+    assert proc.returncode == 3, proc.stdout + proc.stderr[-2000:]
+    s = read_summary(out)
+    assert set(CATALOGUE["rank1-param-replaced"].expected("pytorch")) <= set(s["findings_by_code"]), s
+    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line.startswith("  OC")}
+    assert set(rows) == set(s["findings_by_code"])
+    assert rows["OC706"][1:3] == ["ddp-unused-param", "error"]  # symbol and severity, not blank
+    assert s["lead_time"]["finding"] == "OC706 ddp-unused-param" and s["crash"]["rank"] == 1
 
 
 def test_a_killed_rank_is_named_with_its_step_and_exit_3(tmp_path):
@@ -54,12 +73,12 @@ def test_a_killed_rank_is_named_with_its_step_and_exit_3(tmp_path):
 
 def test_a_hung_rank_is_named_through_step_timeout_and_exit_3(tmp_path):
     out = tmp_path / "run"
-    proc = soak("--nproc", "2", "--steps", "40", "--every", "10", "--inject", "rank1-hang@12", "--step-timeout", "6",
+    proc = soak("--nproc", "2", "--steps", "40", "--every", "10", "--inject", "rank1-hang@12", "--step-timeout", "15",
                 "--out", str(out))
     assert proc.returncode == 3, proc.stdout + proc.stderr[-2000:]
     s = json.loads((out / "summary.json").read_text())
     assert s["crash"]["rank"] == 1 and s["crash"]["exc_type"] == "Hang" and s["crash"]["step"] == 12
-    assert "rank 1 made no progress for 6 s" in proc.stdout
+    assert "rank 1 made no progress for 15 s" in proc.stdout
     for rank in (0, 1):
         assert lines(out / f"rank-{rank}" / "snapshots.jsonl")
 
@@ -73,6 +92,23 @@ def test_usage_errors_are_one_line_and_exit_2(tmp_path):
         proc = soak(*args, "--out", str(tmp_path / "x"), timeout=120)
         assert proc.returncode == 2 and words in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_nproc_beyond_the_machine_or_a_junk_timeout_is_one_line_exit_2_before_any_rank_starts(tmp_path):
+    import psutil
+
+    from optcheck.distributed.cli import RANK_BYTES_PER_PARAM, usable_cores
+
+    too_many = 2 * usable_cores() + 1
+    layers = psutil.virtual_memory().available // (2 * RANK_BYTES_PER_PARAM * 12 * 1024 ** 2) + 1  # 2 ranks > memory
+    for args, env, words in ((["--nproc", str(too_many)], {}, f"usable core(s), which take at most {too_many - 1}"),
+                             (["--nproc", "2", "--n-embd", "1024", "--n-layer", str(layers)], {},
+                              "is available; give --nproc"),
+                             (["--nproc", "2"], {"OPTCHECK_DIST_TIMEOUT": "soon"}, "OPTCHECK_DIST_TIMEOUT='soon'")):
+        proc = soak(*args, "--out", str(tmp_path / "x"), timeout=120, **env)
+        assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "x").exists()  # nothing was started
 
 
 def test_scenarios_lists_the_distributed_ones():
