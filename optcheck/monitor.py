@@ -61,7 +61,7 @@ from optcheck.findings import SEVERITIES, Finding, severity_rank
 from optcheck.pytorch import monitor_hooks, probe
 from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.monitor_hooks import _ACTIVE, _ORIG  # noqa: F401 - the tests' leak check reads them here
-from optcheck.pytorch.monitor_hooks import FindingError, OptcheckWarning, TorchProbe, backward_loss
+from optcheck.pytorch.monitor_hooks import ClipNorm, FindingError, OptcheckWarning, TorchProbe, backward_loss
 from optcheck.pytorch.train import NullHazards
 from optcheck.pytorch.unwrap import unwrap_model, unwrap_optimizer
 from optcheck.report.rundir import RunDir
@@ -163,9 +163,11 @@ class Monitor:
             from optcheck.pytorch.hazards import HazardProbes
 
             self.hazards = HazardProbes(model, optimizer, allow_inplace=allow_inplace, compiled=compiled,
-                                        mode="always" if hazards == "always" else "auto")
+                                        mode="always" if hazards == "always" else "auto",
+                                        grad_check_every=0)  # gradients: before the step writes them (_pre_step)
             self.hazards.on_stop = self._on_stop
         self.grad_clear = GradClearProbe(optimizer)
+        self.clip_norm = ClipNorm()  # the user's clip_grad_norm_ total (monitor_hooks): the NaN check's shortcut
         self.seq = Sequencer(TorchProbe(model, optimizer, self.hazards, self.grad_clear), run_id=self.run_id,
                              every=every, emit=self._emit, flush=self._flush_losses)
         self._handles = [optimizer.register_step_pre_hook(self._pre_step),
@@ -329,6 +331,7 @@ class Monitor:
         ``torch.autograd.backward([l1, l2], grad_tensors)``): the hazard checks on each;
         the step's loss is Σ gᵢ·lᵢ over the one-element roots (gᵢ their one-element
         ``grad_tensors``, else 1), kept on the device until the next snapshot."""
+        self.clip_norm.clear()
         for t in roots:
             self.hazards.check_loss(t, self.step_count + 1)
         if self._dist is not None and self._dist.before_backward(self.step_count):  # optcheck.distributed hook
@@ -382,6 +385,7 @@ class Monitor:
 
     @timed_hook()
     def _pre_step(self, optimizer, args, kwargs) -> None:
+        self.hazards.check_grads_before_step(self.step_count + 1, kwargs, self.clip_norm)
         self.seq.pre_step(self.step_count + 1)
 
     def _post_step(self, optimizer, args, kwargs) -> None:

@@ -8,6 +8,14 @@ least one Monitor is open, and put back when the last one closes. The newest
 open Monitor is told before and after each backward pass; ``Tensor.backward``
 calls ``torch.autograd.backward`` itself (``torch/_tensor.py``), so the inner
 call passes straight through and each pass is seen once.
+
+``torch.nn.utils.clip_grad_norm_`` is wrapped the same way: the total norm the
+user's clipping computed is handed to the newest Monitor (:class:`ClipNorm`), so
+its NaN/Inf check of the gradients before ``optimizer.step()`` (OC501) reads that
+one number instead of every gradient again (a ``torch._foreach_norm`` over all of
+them: 0.5 ms a step on a 0.8 M-parameter GPT, one thread). A loop that imported
+the function by name before the Monitor was created (``from torch.nn.utils import
+clip_grad_norm_``) calls the original: the Monitor then reads the gradients itself.
 """
 
 from __future__ import annotations
@@ -73,6 +81,10 @@ class TorchProbe:
         norms = probe.Norms() if self.hazards.wants_norms else None  # one read of every tensor
         body = probe.snapshot_body(self.model, self.optimizer, census=census, norms=norms)
         body["events"] = self.hazards.drain(norms) + self.grad_clear.drain()
+        watched, arrived = self.grad_clear.arrival()  # grad_arrived: a gradient reached it during backward
+        for rec in body["params"]:
+            if rec["ref"] in watched:
+                rec["grad_arrived"] = rec["ref"] in arrived
         return body
 
     def versions(self) -> dict:
@@ -142,6 +154,51 @@ def _watched(key: str):
     return backward
 
 
+class ClipNorm:
+    """The last total gradient norm ``clip_grad_norm_`` returned since the last backward
+    pass, with the parameters it covered (see the module docstring).
+
+    :meth:`covers` says whether it stands for the gradients of ``params``: it was
+    taken after their last backward and over all of them (by ``id``)."""
+
+    def __init__(self):
+        self.total: torch.Tensor | None = None
+        self._ids: frozenset = frozenset()
+
+    def record(self, params: list, total) -> None:
+        if isinstance(total, torch.Tensor) and total.numel() == 1:
+            self.total, self._ids = total.detach(), frozenset(map(id, params))
+        else:
+            self.total = None
+
+    def clear(self) -> None:
+        """A backward pass ran: gradients may have changed since."""
+        self.total = None
+
+    def covers(self, params: list) -> bool:
+        return self.total is not None and all(id(p) in self._ids for p in params)
+
+
+def _clip_watched(orig):
+    """A wrapper of ``clip_grad_norm_`` that hands its total norm to the newest open Monitor."""
+
+    def clip_grad_norm_(parameters, *args, **kwargs):
+        mon = _ACTIVE[-1] if _ACTIVE else None
+        if mon is None:
+            return orig(parameters, *args, **kwargs)
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        total = orig(params, *args, **kwargs)
+        try:
+            mon.clip_norm.record(params, total)
+        except Exception:  # never into the user's loop
+            log.debug("optcheck: clip_grad_norm_ not recorded", exc_info=True)
+        return total
+
+    clip_grad_norm_.__wrapped__ = orig
+    clip_grad_norm_.__doc__ = orig.__doc__
+    return clip_grad_norm_
+
+
 def _excepthook(exc_type, exc, tb) -> None:
     """``sys.excepthook`` while a Monitor is open: the exception that ends the process
     is recorded as the crash of every open monitor (as ``with Monitor`` records it),
@@ -163,6 +220,8 @@ def install(mon) -> None:
         _ORIG["tensor"], _ORIG["autograd"] = torch.Tensor.backward, torch.autograd.backward
         torch.Tensor.backward = _watched("tensor")
         torch.autograd.backward = _watched("autograd")
+        _ORIG["clip"] = torch.nn.utils.clip_grad_norm_
+        torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_ = _clip_watched(_ORIG["clip"])
     if not _PREV_EXCEPTHOOK:
         _PREV_EXCEPTHOOK.append(sys.excepthook)
         sys.excepthook = _excepthook
@@ -177,6 +236,7 @@ def remove(mon) -> None:
     census.release()  # the census froze the objects alive at its first run: unfreeze them
     if _ORIG:
         torch.Tensor.backward, torch.autograd.backward = _ORIG.pop("tensor"), _ORIG.pop("autograd")
+        torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_ = _ORIG.pop("clip")
     if _PREV_EXCEPTHOOK:
         prev = _PREV_EXCEPTHOOK.pop()
         if sys.excepthook is _excepthook:  # someone chained after us: leave theirs (ours passes through)

@@ -61,6 +61,9 @@ class NullHazards:
     def check_grads_now(self, step: int) -> None:
         pass
 
+    def check_grads_before_step(self, step: int, kwargs: dict | None = None, clip=None) -> None:
+        pass
+
     def stats(self) -> None:
         return None
 

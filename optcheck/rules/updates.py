@@ -124,7 +124,8 @@ class StalledParam(Rule):
                 continue
             seen_refs.add(p["ref"])
             moved = None
-            if (old is not None and p["requires_grad"] and p["grad"] == "set" and old["ref"] == p["ref"]
+            had_grad = p["grad"] == "set" or p.get("grad_arrived")  # (heavyball sets .grad None in step())
+            if (old is not None and p["requires_grad"] and had_grad and old["ref"] == p["ref"]
                     and p["ref"] not in lr_zero and (p["ref"] in held or p["data_ptr"] in held_ptrs)):
                 moved = _moved(p, old, steps_now.get(p["ref"]), steps_before.get(p["ref"]))
             if moved is False:

@@ -35,6 +35,25 @@ class NonfiniteProbe:
                               "detail": {"what": "grad", "params": bad[:MAX_SAMPLES], "n_params": len(bad)}},
                              key=("nonfinite", "grad"))
 
+    def check_grads_before_step(self, step: int, kwargs: dict | None = None, clip=None) -> None:
+        """OC501's gradient check as ``optimizer.step()`` of ``step`` is about to write them
+        (``optcheck.Monitor``'s step pre-hook; its probes run with ``grad_check_every=0``).
+
+        Checked here rather than after each ``backward()``: a step that does not run writes
+        nothing (``GradScaler.step`` skips ``optimizer.step()`` when it found Inf/NaN; fp16
+        AMP's first steps overflow by design), and micro-batches cost one check, not one
+        each. Not checked when ``kwargs`` carries ``found_inf`` / ``grad_scaler`` (an
+        optimizer that unscales itself: GradScaler hands it the overflow flag and the
+        step skips itself), nor when ``clip`` (``monitor_hooks.ClipNorm``) holds a finite
+        total norm over every trainable parameter taken since the last backward: a
+        finite norm proves every gradient finite."""
+        if kwargs and ("found_inf" in kwargs or "grad_scaler" in kwargs):
+            return
+        trainable = self._trainable()
+        if clip is not None and clip.covers([p for _, p in trainable]) and math.isfinite(float(clip.total)):
+            return
+        self._check_grads_finite(trainable, step, force=True)
+
     #: ``drain(norms)`` takes the snapshot body's norms (``optcheck.pytorch.probe.Norms``)
     wants_norms = True
 
