@@ -61,7 +61,8 @@ from optcheck.findings import SEVERITIES, Finding, severity_rank
 from optcheck.pytorch import monitor_hooks, probe
 from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.monitor_hooks import _ACTIVE, _ORIG  # noqa: F401 - the tests' leak check reads them here
-from optcheck.pytorch.monitor_hooks import ClipNorm, FindingError, OptcheckWarning, TorchProbe, backward_loss
+from optcheck.pytorch.monitor_hooks import (ClipNorm, FindingError, OptcheckWarning, StepFollower, TorchProbe,
+                                            backward_loss)
 from optcheck.pytorch.train import NullHazards
 from optcheck.pytorch.unwrap import unwrap_model, unwrap_optimizer
 from optcheck.report.rundir import RunDir
@@ -157,6 +158,7 @@ class Monitor:
         self._may_raise = True
         self._backwards = 0  # backward() calls since the last optimizer step
         self._no_step_reported = False
+        self._urgent = False  # an event of the Monitor's own wants a snapshot at this step
         self.step_cost = StepCost()  # the hooks' own time per step, snapshots left out (summary cost.steps)
         self.hazards = NullHazards()
         if hazards:
@@ -172,6 +174,11 @@ class Monitor:
                              every=every, emit=self._emit, flush=self._flush_losses)
         self._handles = [optimizer.register_step_pre_hook(self._pre_step),
                          optimizer.register_step_post_hook(self._post_step)]
+        # another optimizer's step() over these parameters is the training step too (SAM's second_step, a swap)
+        self.follow = StepFollower(optimizer, [self.grad_clear._before_step, self._pre_step], [
+            h for h in (getattr(self.hazards, "_after_step", None), self.grad_clear._after_step, self._foreign_step,
+                        self._post_step) if h is not None])
+        self._handles.append(self.follow)
         monitor_hooks.install(self)
         self._ctx = None
         if state is not None:
@@ -348,6 +355,8 @@ class Monitor:
             for e in ev:
                 self.seq.event(e)
             self.seq.take(self.step_count + 1, "pre-step", "hazard")
+        if self.follow.stepping:  # a closure's backward inside step() (LBFGS, SAM): its gradients, now
+            self.hazards.check_grads_now(self.step_count + 1)
         if self._backwards == max(NO_STEP_BACKWARDS, 2 * self.every):
             self._no_step_event()
 
@@ -388,6 +397,20 @@ class Monitor:
         self.hazards.check_grads_before_step(self.step_count + 1, kwargs, self.clip_norm)
         self.seq.pre_step(self.step_count + 1)
 
+    def _foreign_step(self, optimizer, args, kwargs) -> None:
+        """Another optimizer's step() moved the watched parameters (``StepFollower``): an event
+        the first time one that is not the watched optimizer's own inner optimizer does."""
+        f = self.follow.foreign
+        f["steps"] += 1
+        if f["first_step"] is None:
+            f["first_step"] = self.step_count + 1
+            if optimizer.param_groups is not self.optimizer.param_groups:  # (SAM's base optimizer shares them)
+                n = len({id(p) for g in optimizer.param_groups for p in g["params"]})
+                self.seq.event({"kind": "optimizer_switched", "step": self.step_count + 1, "where": None, "count": 1,
+                                "detail": {"watched": type(self.optimizer).__name__, "stepping": f["optimizer"],
+                                           "params": n, "steps_before": self.step_count}})
+                self._urgent = True  # a snapshot at this step
+
     def _post_step(self, optimizer, args, kwargs) -> None:
         self._step_done()
         self.on_step_end(self.step_count)
@@ -402,7 +425,8 @@ class Monitor:
             self._losses.append((step, self._loss))
             self._loss = None
         try:
-            self.seq.post_step(step, hazard=self.hazards.has_events() or self.grad_clear.has_events())
+            urgent, self._urgent = self._urgent, False
+            self.seq.post_step(step, hazard=self.hazards.has_events() or self.grad_clear.has_events() or urgent)
         finally:  # a FindingError caught by the user: the next step is still watched
             self._enter_step()
 

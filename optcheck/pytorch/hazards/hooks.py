@@ -130,6 +130,7 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         (or a watched module was put into a new one)."""
         if id(module) in self._names or (submodule is not None and id(submodule) in self._names):
             self._dirty = True
+            self._arm_now()
         return None
 
     def _reset_step(self) -> None:
@@ -171,6 +172,7 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         self._set_armed(self.armed)
         self._reset_step()
         self._active = self._fresh = self.armed
+        self._in_ctx = True
         try:
             if self.armed:
                 with torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack):
@@ -178,6 +180,8 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
             else:  # no hook: PyTorch's own version check is on (backward_failed reads its error)
                 yield self
         finally:
+            self._in_ctx = False
+            self._disarm_late()
             self._active = self._fresh = False
             self._release()
 
