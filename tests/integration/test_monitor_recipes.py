@@ -210,3 +210,34 @@ def test_a_module_swapped_in_mid_run_names_its_write_site_at_its_first_step(swap
     assert exc is not None and f.step == swap_at
     assert f.detail["written"]["where"] not in (None, "unknown") and "y.mul_(2.0)" in f.message, f.message
     assert f.detail["written"]["module"] == "blocks.0.ff.1"
+
+
+# -- nanoGPT's order: Monitor on the plain model, then torch.compile (Dynamo guards on hooks) --
+def _compiled_after_monitor(monitor, steps=12):
+    from torch._dynamo.utils import counters
+    from test_monitor_hazards_wild import Small
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mon = _monitor(model, opt, every=4) if monitor else None  # after the optimizer, before torch.compile
+    cmodel = torch.compile(model, backend="aot_eager")  # inductor: a C++ build per graph, minutes here
+    x, y = torch.randn(64, 16), torch.randint(0, 4, (64,))
+    for _ in range(steps):
+        loss = F.cross_entropy(cmodel(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    if mon is not None:
+        mon.close()
+    return mon, {k: dict(v) for k, v in counters.items()}
+
+
+def test_monitor_made_before_torch_compile_adds_no_recompile():
+    _, plain = _compiled_after_monitor(False)
+    mon, watched = _compiled_after_monitor(True)
+    assert _codes(mon) == [] and watched.get("graph_break", {}) == {}
+    assert watched["stats"]["unique_graphs"] == plain["stats"]["unique_graphs"] == 1, watched
+    assert watched.get("recompiles", {}) == plain.get("recompiles", {})

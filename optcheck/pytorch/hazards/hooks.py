@@ -186,9 +186,14 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
             self._release()
 
     def _pre(self, module, args):
-        if torch.compiler.is_compiling() or not self._active:
+        if torch.compiler.is_compiling():
             # under torch.compile the hooks are traced: returning at once keeps them out of the graph
-            # (no graph break, no guard on optcheck's state); see docs/hazards.md
+            # (no graph break, no guard on optcheck's state); see docs/hazards.md. The model is compiled
+            # although the Monitor was given the plain module (nanoGPT: Monitor, then torch.compile):
+            # keep the module hooks from now on, as for a compiled model (removing them recompiles)
+            self.compiled = True
+            return None
+        if not self._active:
             return None
         if self._dirty:
             self._scan()
