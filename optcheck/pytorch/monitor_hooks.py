@@ -260,7 +260,8 @@ class StepFollower:
 
     An optimizer's ``step()`` called inside another watched step (SAM's
     ``step(closure)`` calling its base optimizer; Lookahead's inner step) is part of
-    that step. The watched optimizer's own hooks stay what they are; for another
+    that step; an optimizer whose ``step()`` turns out to call the watched one's (a
+    wrapper that is an ``Optimizer`` subclass) is ignored from then on. The watched optimizer's own hooks stay what they are; for another
     optimizer's step, ``pre`` and ``post`` (the watched optimizer's hooks of the
     Monitor and its probes, each ``f(optimizer, args, kwargs)``) are called in their
     place. Cost: one Python call per ``step()`` of any optimizer, and one scan of an
@@ -272,6 +273,7 @@ class StepFollower:
         self._stepping = None  # the optimizer whose step() is under way (outermost)
         self._known: dict[int, tuple] = {}  # id(optimizer) -> (group sizes, steps watched parameters)
         self.foreign: dict | None = None  # the last other optimizer that stepped the watched parameters
+        self._wrappers: set[int] = set()  # ids of optimizers whose step() calls the watched one's
         self._handles = [register_optimizer_step_pre_hook(self._before), register_optimizer_step_post_hook(self._after)]
 
     @property
@@ -290,9 +292,11 @@ class StepFollower:
 
     def _before(self, opt, args, kwargs) -> None:
         if opt is self.optimizer or (opt is self._stepping):  # (the same object again: its last step raised)
+            if self._stepping is not None and self._stepping is not opt:
+                self._wrappers.add(id(self._stepping))  # it calls the watched step(): a wrapper, not a stepper
             self._stepping = opt
             return
-        if self._stepping is not None or not self._moves_watched(opt):
+        if self._stepping is not None or id(opt) in self._wrappers or not self._moves_watched(opt):
             return
         self._stepping = opt
         if self.foreign is None or self.foreign["id"] != id(opt):
