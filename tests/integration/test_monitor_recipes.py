@@ -115,6 +115,34 @@ def test_two_step_sam_replaced_layer_is_found_at_its_step():
     assert "OC206" not in found
 
 
+@pytest.mark.parametrize("swap_at", [None, 21], ids=["clean", "layer-replaced"])
+def test_heavyball_sam_wrapper_closure_steps(swap_at):
+    torch.manual_seed(0)
+    model = Net()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = heavyball.SAMWrapper(model.parameters(), wrapped_optimizer=heavyball.AdamW(model.parameters(), lr=1e-3))
+    x, y = _data()
+    mon = _monitor(model, opt)
+    for step in range(1, 41):
+        if step == swap_at:
+            model.fc2 = nn.Linear(32, 3)
+
+        def closure():
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        opt.zero_grad()
+    mon.close()
+    assert mon.step_count == 40
+    if swap_at is None:
+        assert _codes(mon) == [], mon.findings
+    else:
+        assert {c for c, s in _codes(mon) if s == swap_at} >= {"OC101", "OC102"}, mon.findings
+
+
 # -- fp16 AMP: GradScaler skips the overflowing steps (OC501) -------------------------------
 def _amp_loop(scaler_on, steps=30, init_scale=2.0 ** 24):
     torch.manual_seed(0)
