@@ -46,35 +46,31 @@ def _monitor(model, opt, every=10):
 heavyball = pytest.importorskip("heavyball")
 
 
-@pytest.mark.parametrize("name", ["AdamW", "SOAP", "Muon"])
-def test_heavyball_clean_loop_is_silent(name):
+def _heavyball_loop(name, unused=False, steps=30):
     torch.manual_seed(0)
-    model = Net()
+    model = Net(unused=unused)
     opt = getattr(heavyball, name)(model.parameters(), lr=1e-3)
     x, y = _data()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mon = _monitor(model, opt, every=5)
-        for _ in range(30):
+        for _ in range(steps):
             F.cross_entropy(model(x), y).backward()
             opt.step()
             opt.zero_grad()
         mon.close()
+    return mon, model
+
+
+@pytest.mark.parametrize("name", ["AdamW", "SOAP", "Muon"])
+def test_heavyball_clean_loop_is_silent(name):
+    mon, model = _heavyball_loop(name)
     assert model.fc1.weight.grad is None  # what made OC202 fire: nothing to see after step()
     assert _codes(mon) == [], mon.findings
 
 
 def test_heavyball_parameter_the_forward_never_uses_is_starved():
-    torch.manual_seed(0)
-    model = Net(unused=True)
-    opt = heavyball.AdamW(model.parameters(), lr=1e-3)
-    x, y = _data()
-    mon = _monitor(model, opt, every=5)
-    for _ in range(30):
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
-    mon.close()
+    mon, _ = _heavyball_loop("AdamW", unused=True)
     starved = [f for f in mon.findings if f.code == "OC202"]
     assert starved and starved[0].step == 15 and set(starved[0].subjects) == {"aux.weight", "aux.bias"}, mon.findings
 
