@@ -210,26 +210,13 @@ def test_no_step_after_the_swap_is_still_no_optimizer_step():
 # -- a module registered mid-run writes in place on a saved tensor (OC301, issue item 4) -------
 @pytest.mark.parametrize("swap_at", [8, 30])
 def test_a_module_swapped_in_mid_run_names_its_write_site_at_its_first_step(swap_at):
-    from optcheck.worker_loop import StepStopped
-    from test_monitor_hazards_wild import Gate, Net as GateNet
+    from test_monitor_hazards_wild import Gate, Net as GateNet, run_net
 
-    torch.manual_seed(1)
-    model = GateNet()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(4, 8)
-    mon = optcheck.Monitor(model, opt, every=50, on_finding="ignore")
-    exc = None
-    try:
-        for step in range(1, 41):
-            if step == swap_at:
-                model.blocks[0].ff[1] = Gate()  # ff[1] = MyGate(), between two unarmed steps
-            loss = model(x).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    except StepStopped as e:
-        exc = e
-    mon.close()
+    def swap(model, step):
+        if step == swap_at:
+            model.blocks[0].ff[1] = Gate()  # ff[1] = MyGate(), between two unarmed steps
+
+    mon, exc = run_net(GateNet(), steps=40, at_step=swap, every=50)
     (f,) = [f for f in mon.findings if f.code == "OC301"]
     assert exc is not None and f.step == swap_at
     assert f.detail["written"]["where"] not in (None, "unknown") and "y.mul_(2.0)" in f.message, f.message
