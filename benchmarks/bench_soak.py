@@ -332,6 +332,7 @@ def main() -> None:
     ap.add_argument("--only", choices=["soak", "monitor", "loops"],
                     help="run only the soak pair, the zoo loop's rows, or the small-GPT and tiny-MLP loops")
     ap.add_argument("--loop-steps", type=int, default=1000, help="optimizer steps per run of the two loops")
+    ap.add_argument("--loop", choices=list(LOOPS), action="append", help="run only this loop of the two (repeatable)")
     ap.add_argument("--no-all-probes", action="store_true", help="leave out the rows with the hazard probes on")
     ap.add_argument("--always", action="store_true",
                     help="also run every probe armed on every step (soak --hazards always, Monitor(hazards='always'))")
@@ -366,7 +367,7 @@ def main() -> None:
                 runs[f"Monitor(every={a.every}, hazards='always'){tag}"] = (
                     "ordinary loop", lambda t=tree: ordinary(a.monitor_steps, a.threads, a.every, "always", t))
     if a.only in (None, "loops"):
-        for name in LOOPS:
+        for name in a.loop or LOOPS:
             runs[name] = (name, lambda n=name: loop(n, a.loop_steps, a.threads, a.every, "none"))
             for tree, tag in trees:
                 runs[f"{name}: Monitor(hazards=False){tag}"] = (
