@@ -10,7 +10,13 @@ all alike):
   ``tests/integration/monitor_zoo.py``: AdamW with param groups, 4 micro-batches
   per step, bf16 autocast, gradient clipping), (4) as is, (5) under
   ``optcheck.Monitor(every=..., hazards=False)``, (6) under
-  ``optcheck.Monitor(every=...)`` (every probe).
+  ``optcheck.Monitor(every=...)`` (every probe);
+- two loops written independently of optcheck's own models, each as is, under
+  ``Monitor(every=..., hazards=False)`` and under ``Monitor(every=...)``: a small GPT
+  (4 blocks, 128 wide, SDPA attention, tied head, 0.8 M parameters, batch 8 x 64
+  tokens; AdamW with two param groups, ``clip_grad_norm_``, a cosine LR schedule: the
+  loop of issue 25) and a tiny MLP (8-64-64-4, 4.9 k parameters, batch 32; AdamW,
+  no clipping), where the Monitor's fixed cost per step is largest against the step.
 
 For each round it takes three ratios to that round's loop without optcheck: training
 time per step (snapshots included; the soak worker reports its own elapsed time in
@@ -138,6 +144,110 @@ print(t, times[len(times) // 2], cpu, (own or {}).get("mean_us"),
       f"{hz['armed_steps']}/{hz['steps']}" if hz.get("steps") else None)
 """
 
+# loops written without optcheck's models; argv: steps threads every mode
+_LOOP_HEAD = r"""
+import contextlib, sys, time, torch
+import torch.nn as nn
+import torch.nn.functional as F
+steps, threads, every, mode = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+"""
+_LOOP_TAIL = r"""
+if mode == "none":
+    mon = contextlib.nullcontext()
+else:
+    import optcheck
+    mon = optcheck.Monitor(model, opt, every=every, hazards=mode == "all")
+times = []
+t0, c0 = time.perf_counter(), time.process_time()
+with mon:
+    for step in range(steps):
+        ts = time.perf_counter()
+        train_step()
+        times.append(time.perf_counter() - ts)
+times.sort()
+t, cpu = time.perf_counter() - t0, time.process_time() - c0
+summary = mon.summary() if mode != "none" else {}
+own = (summary.get("cost") or {}).get("steps")
+hz = summary.get("hazards") or {}
+print(t, times[len(times) // 2], cpu, (own or {}).get("mean_us"),
+      f"{hz['armed_steps']}/{hz['steps']}" if hz.get("steps") else None)
+"""
+SMALL_GPT = _LOOP_HEAD + r"""
+V, C, T, L, H, B = 96, 128, 64, 4, 4, 8
+
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, H, c // H).transpose(1, 2) for z in self.qkv(x).split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.attn, self.ln2 = nn.LayerNorm(C), Attn(), nn.LayerNorm(C)
+        self.mlp = nn.Sequential(nn.Linear(C, 4 * C), nn.GELU(), nn.Linear(4 * C, C))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+class SmallGPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(V, C), nn.Embedding(T, C)
+        self.blocks = nn.ModuleList(Block() for _ in range(L))
+        self.ln_f, self.head = nn.LayerNorm(C), nn.Linear(C, V, bias=False)
+        self.head.weight = self.tok.weight
+
+    def forward(self, idx, targets):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        for blk in self.blocks:
+            x = blk(x)
+        return F.cross_entropy(self.head(self.ln_f(x)).view(-1, V), targets.view(-1))
+
+model = SmallGPT()
+decay = [p for p in model.parameters() if p.dim() >= 2]
+no_decay = [p for p in model.parameters() if p.dim() < 2]
+opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                        lr=1e-3, betas=(0.9, 0.95))
+sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
+data = torch.randint(V, (20000,), generator=torch.Generator().manual_seed(1))
+gen = torch.Generator().manual_seed(0)
+
+def train_step():
+    ix = torch.randint(len(data) - T - 1, (B,), generator=gen)
+    x = torch.stack([data[i:i + T] for i in ix])
+    y = torch.stack([data[i + 1:i + T + 1] for i in ix])
+    loss = model(x, y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+""" + _LOOP_TAIL
+TINY_MLP = _LOOP_HEAD + r"""
+model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+gen = torch.Generator().manual_seed(0)
+X = torch.randn(4096, 8, generator=gen)
+Y = (X[:, 0] > 0).long() + 2 * (X[:, 1] > 0).long()
+
+def train_step():
+    ix = torch.randint(len(X), (32,), generator=gen)
+    loss = F.cross_entropy(model(X[ix]), Y[ix])
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+""" + _LOOP_TAIL
+LOOPS = {"small-GPT loop": SMALL_GPT, "tiny-MLP loop": TINY_MLP}
+
 Result = tuple  # (training seconds, median step seconds, CPU seconds or nan, optcheck's own us/step or None,
 #                 "armed/steps" of the hazard probes or None)
 
@@ -165,6 +275,11 @@ def plain(steps: int, threads: int) -> Result:
 def ordinary(steps: int, threads: int, every: int, mode: str, tree: str | None = None) -> Result:
     """The zoo's GPT loop; mode none|nohaz|all|always."""
     return _run(ORDINARY, steps, threads, every, mode, ROOT / "tests" / "integration", tree=tree)
+
+
+def loop(name: str, steps: int, threads: int, every: int, mode: str, tree: str | None = None) -> Result:
+    """One of :data:`LOOPS`; mode none|nohaz|all."""
+    return _run(LOOPS[name], steps, threads, every, mode, tree=tree)
 
 
 def soak(steps: int, every: int, threads: int, extra: list[str], tree: str | None = None) -> Result:
@@ -214,19 +329,22 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=5, help="interleaved rounds (default 5)")
-    ap.add_argument("--only", choices=["soak", "monitor"], help="run one of the two pairs only")
+    ap.add_argument("--only", choices=["soak", "monitor", "loops"],
+                    help="run only the soak pair, the zoo loop's rows, or the small-GPT and tiny-MLP loops")
+    ap.add_argument("--loop-steps", type=int, default=1000, help="optimizer steps per run of the two loops")
+    ap.add_argument("--loop", choices=list(LOOPS), action="append", help="run only this loop of the two (repeatable)")
     ap.add_argument("--no-all-probes", action="store_true", help="leave out the rows with the hazard probes on")
     ap.add_argument("--always", action="store_true",
                     help="also run every probe armed on every step (soak --hazards always, Monitor(hazards='always'))")
     ap.add_argument("--baseline-tree", metavar="DIR", help="also run every optcheck row with optcheck from DIR")
     a = ap.parse_args()
-    if a.repeat < 1 or a.steps < 1 or a.monitor_steps < 1 or a.every < 1:
-        ap.error("--steps, --monitor-steps, --every and --repeat must be >= 1")
+    if a.repeat < 1 or a.steps < 1 or a.monitor_steps < 1 or a.loop_steps < 1 or a.every < 1:
+        ap.error("--steps, --monitor-steps, --loop-steps, --every and --repeat must be >= 1")
     if a.baseline_tree is not None and not (Path(a.baseline_tree) / "optcheck" / "__init__.py").is_file():
         ap.error(f"--baseline-tree {a.baseline_tree}: no optcheck/__init__.py there")
     trees = [(None, "")] + ([(a.baseline_tree, " [baseline]")] if a.baseline_tree else [])
     runs = {}
-    if a.only != "monitor":
+    if a.only in (None, "soak"):
         runs["plain soak loop"] = ("plain soak loop", lambda: plain(a.steps, a.threads))
         for tree, tag in trees:
             runs[f"soak --no-hazards{tag}"] = ("plain soak loop",
@@ -237,7 +355,7 @@ def main() -> None:
             if a.always:
                 runs[f"soak --hazards always{tag}"] = (
                     "plain soak loop", lambda t=tree: soak(a.steps, a.every, a.threads, ["--hazards", "always"], t))
-    if a.only != "soak":
+    if a.only in (None, "monitor"):
         runs["ordinary loop"] = ("ordinary loop", lambda: ordinary(a.monitor_steps, a.threads, a.every, "none"))
         for tree, tag in trees:
             runs[f"Monitor(every={a.every}, hazards=False){tag}"] = (
@@ -248,14 +366,24 @@ def main() -> None:
             if a.always:
                 runs[f"Monitor(every={a.every}, hazards='always'){tag}"] = (
                     "ordinary loop", lambda t=tree: ordinary(a.monitor_steps, a.threads, a.every, "always", t))
+    if a.only in (None, "loops"):
+        for name in a.loop or LOOPS:
+            runs[name] = (name, lambda n=name: loop(n, a.loop_steps, a.threads, a.every, "none"))
+            for tree, tag in trees:
+                runs[f"{name}: Monitor(hazards=False){tag}"] = (
+                    name, lambda n=name, t=tree: loop(n, a.loop_steps, a.threads, a.every, "nohaz", t))
+                if not a.no_all_probes:
+                    runs[f"{name}: Monitor(every={a.every}){tag}"] = (
+                        name, lambda n=name, t=tree: loop(n, a.loop_steps, a.threads, a.every, "all", t))
     load_before = load()
     res: dict[str, list[Result]] = {k: [] for k in runs}
     for r in range(a.repeat):  # interleaved: one of each per round
         for name, (_, fn) in runs.items():
             res[name].append(fn())
         print(f"round {r + 1}/{a.repeat} done", file=sys.stderr, flush=True)
-    what = ([f"soak: {a.steps} steps"] if a.only != "monitor" else []) + \
-        ([f"ordinary loop: {a.monitor_steps} steps (4 micro-batches each)"] if a.only != "soak" else [])
+    what = ([f"soak: {a.steps} steps"] if a.only in (None, "soak") else []) + \
+        ([f"ordinary loop: {a.monitor_steps} steps (4 micro-batches each)"] if a.only in (None, "monitor") else []) + \
+        ([f"small-GPT and tiny-MLP loops: {a.loop_steps} steps"] if a.only in (None, "loops") else [])
     print(f"{'; '.join(what)}; --every {a.every}; {a.threads} thread(s); {a.repeat} interleaved rounds, fresh processes")
     print(f"optcheck: {describe(None)}" + (f"; [baseline]: {describe(a.baseline_tree)}" if a.baseline_tree else ""))
     print(f"load average (1, 5, 15 min): before {load_before}, after {load()}; {os.cpu_count()} CPUs")
@@ -264,7 +392,7 @@ def main() -> None:
     print(f"{'configuration':44} {'ms/step':>8} {'ms/step ratio':>22} {'median step ratio':>22} "
           f"{'CPU ratio':>22} {'own us/step':>11} {'armed':>9}")
     for name, (base, _) in runs.items():
-        steps = a.steps if base == "plain soak loop" else a.monitor_steps
+        steps = {"plain soak loop": a.steps, "ordinary loop": a.monitor_steps}.get(base, a.loop_steps)
         ms = statistics.median(v[0] for v in res[name]) / steps * 1e3
         t_ratio = [v[0] / b[0] for v, b in zip(res[name], res[base])]
         m_ratio = [v[1] / b[1] for v, b in zip(res[name], res[base])]

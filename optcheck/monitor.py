@@ -62,7 +62,8 @@ from optcheck.pytorch import monitor_hooks
 from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.monitor_hooks import _ACTIVE, _ORIG  # noqa: F401 - the tests' leak check reads them here
-from optcheck.pytorch.monitor_hooks import FindingError, OptcheckWarning, TorchProbe, backward_loss
+from optcheck.pytorch.monitor_hooks import (ClipNorm, FindingError, OptcheckWarning, StepFollower, TorchProbe,
+                                            backward_loss)
 from optcheck.pytorch.train import NullHazards
 from optcheck.pytorch.unwrap import unwrap_model, unwrap_optimizer
 from optcheck.report.rundir import RunDir
@@ -159,6 +160,7 @@ class Monitor:
         self._may_raise = True
         self._backwards = 0  # backward() calls since the last optimizer step
         self._no_step_reported = False
+        self._urgent = False  # an event of the Monitor's own wants a snapshot at this step
         self.step_cost = StepCost()  # the hooks' own time per step, snapshots left out (summary cost.steps)
         self.hazards = NullHazards()
         # the probes' device checks, read with the losses at each snapshot: no host sync on other steps
@@ -167,13 +169,20 @@ class Monitor:
             from optcheck.pytorch.hazards import HazardProbes
 
             self.hazards = HazardProbes(model, optimizer, allow_inplace=allow_inplace, compiled=compiled,
-                                        mode="always" if hazards == "always" else "auto", ledger=self._ledger)
+                                        mode="always" if hazards == "always" else "auto", ledger=self._ledger,
+                                        grad_check_every=0)  # gradients: before the step writes them (_pre_step)
             self.hazards.on_stop = self._on_stop
         self.grad_clear = GradClearProbe(optimizer, ledger=self._ledger)
+        self.clip_norm = ClipNorm()  # the user's clip_grad_norm_ total (monitor_hooks): the NaN check's shortcut
         self.seq = Sequencer(TorchProbe(model, optimizer, self.hazards, self.grad_clear), run_id=self.run_id,
                              every=every, emit=self._emit, flush=self._flush_losses)
         self._handles = [optimizer.register_step_pre_hook(self._pre_step),
                          optimizer.register_step_post_hook(self._post_step)]
+        # another optimizer's step() over these parameters is the training step too (SAM's second_step, a swap)
+        self.follow = StepFollower(optimizer, [self.grad_clear._before_step, self._pre_step], [
+            h for h in (getattr(self.hazards, "_after_step", None), self.grad_clear._after_step, self._foreign_step,
+                        self._post_step) if h is not None])
+        self._handles.append(self.follow)
         monitor_hooks.install(self)
         self._ctx = None
         if state is not None:
@@ -348,6 +357,7 @@ class Monitor:
         ``torch.autograd.backward([l1, l2], grad_tensors)``): the hazard checks on each;
         the step's loss is Σ gᵢ·lᵢ over the one-element roots (gᵢ their one-element
         ``grad_tensors``, else 1), kept on the device until the next snapshot."""
+        self.clip_norm.clear()
         for t in roots:
             self.hazards.check_loss(t, self.step_count + 1)
         if self._dist is not None and self._dist.before_backward(self.step_count):  # optcheck.distributed hook
@@ -364,6 +374,8 @@ class Monitor:
             for e in ev:
                 self.seq.event(e)
             self.seq.take(self.step_count + 1, "pre-step", "hazard")
+        if self.follow.stepping:  # a closure's backward inside step() (LBFGS, SAM): its gradients, now
+            self.hazards.check_grads_now(self.step_count + 1)
         if self._backwards == max(NO_STEP_BACKWARDS, 2 * self.every):
             self._no_step_event()
 
@@ -401,7 +413,22 @@ class Monitor:
 
     @timed_hook()
     def _pre_step(self, optimizer, args, kwargs) -> None:
+        self.hazards.check_grads_before_step(self.step_count + 1, kwargs, self.clip_norm)
         self.seq.pre_step(self.step_count + 1)
+
+    def _foreign_step(self, optimizer, args, kwargs) -> None:
+        """Another optimizer's step() moved the watched parameters (``StepFollower``): an event
+        the first time one that is not the watched optimizer's own inner optimizer does."""
+        f = self.follow.foreign
+        f["steps"] += 1
+        if f["first_step"] is None:
+            f["first_step"] = self.step_count + 1
+            if optimizer.param_groups is not self.optimizer.param_groups:  # (SAM's base optimizer shares them)
+                n = len({id(p) for g in optimizer.param_groups for p in g["params"]})
+                self.seq.event({"kind": "optimizer_switched", "step": self.step_count + 1, "where": None, "count": 1,
+                                "detail": {"watched": type(self.optimizer).__name__, "stepping": f["optimizer"],
+                                           "params": n, "steps_before": self.step_count}})
+                self._urgent = True  # a snapshot at this step
 
     def _post_step(self, optimizer, args, kwargs) -> None:
         self._step_done()
@@ -417,7 +444,8 @@ class Monitor:
             self._losses.append((step, self._loss))
             self._loss = None
         try:
-            self.seq.post_step(step, hazard=self.hazards.has_events() or self.grad_clear.has_events())
+            urgent, self._urgent = self._urgent, False
+            self.seq.post_step(step, hazard=self.hazards.has_events() or self.grad_clear.has_events() or urgent)
         finally:  # a FindingError caught by the user: the next step is still watched
             self._enter_step()
 

@@ -78,6 +78,7 @@ class GradClearProbe:
         # and every later one of the step too (None: not held, or cleared since)
         self._steps = 0
         self._after: weakref.ref | None = None  # the smallest parameter's .grad right after the last step
+        self._arrived: list[int] = []  # indices accumulated into between the last two steps (arrived_ids)
         self._handles = []
         self._params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad and p.is_leaf
                         and not hasattr(p, "to_local")]  # FSDP2 DTensor: reduce-scatter writes .grad, no tensor hook runs (docs/distributed.md)
@@ -132,11 +133,20 @@ class GradClearProbe:
                 and self._after() is g:
             self._record("stale_grad_step")
         self._after = weakref.ref(g) if g is not None else None
+        self._arrived = list(self._fresh)
         self._fresh.clear()  # cleared in place: the hooks hold this dict
         self._first, self._stale = True, None
         self._steps += 1
         for ev in self._by_kind.values():  # one more optimizer step checked for every kind seen
             ev["detail"]["steps"] += 1
+
+    def arrival(self) -> tuple[set[int], set[int]]:
+        """``(watched, arrived)``: the ``id`` of every parameter these hooks watch, and of
+        those a gradient was accumulated into (``AccumulateGrad``) between the last two
+        optimizer steps. The snapshot's ``grad_arrived`` (OC202): optimizers that consume
+        ``.grad`` inside ``step()`` and set it to None (heavyball) leave nothing to see
+        after the step, yet their parameters got a gradient."""
+        return set(map(id, self._params)), {id(self._params[i]) for i in self._arrived}
 
     def _record(self, kind: str, step: int | None = None, **detail) -> None:
         """An occurrence of ``kind`` at ``step`` (default: the step running now); read

@@ -75,6 +75,9 @@ class NullHazards:
     def check_grad_norms(self, step: int, names: list, norms) -> None:
         pass
 
+    def check_grads_before_step(self, step: int, kwargs: dict | None = None, clip=None) -> None:
+        pass
+
     def stats(self) -> None:
         return None
 

@@ -45,12 +45,9 @@ def get(code_or_symbol: str) -> type[Rule]:
 
 
 def warm_up() -> None:
-    """Import now what rules import on first use: ``scipy.stats`` (OC401's trend test,
-    ``_memory_trend.py``), 2–11 s on a loaded machine. The soak supervisor runs this in
-    a thread while its worker starts up (``optcheck.soak``), so the first rule check
-    neither waits for it nor counts it in ``summary.json`` ``cost``. ``optcheck.Monitor``
-    does not: inside a training process the import's time and its ~20 MiB of heap
-    matter more, and OC401 may never run."""
+    """Import now what rules import on first use. Nothing is left since OC401's
+    statistics are numpy (``_memory_stats.py``, no ``scipy.stats``); kept because the
+    soak supervisor calls it (``optcheck.soak``)."""
     from optcheck.rules._memory_trend import _stats
 
     _stats()

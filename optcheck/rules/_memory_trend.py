@@ -1,7 +1,7 @@
 """The slow-trend test of OC401 (``optcheck/rules/memory.py``): Kendall's tau and a
 Theil–Sen slope of a memory metric against the step, robust to wandering noise.
 
-Torch-free: numpy, and scipy on first use.
+Torch-free: numpy and the standard library (``_memory_stats.py``: no scipy import).
 """
 
 from __future__ import annotations
@@ -12,15 +12,14 @@ from typing import Iterable
 
 import numpy as np
 
+from optcheck.rules import _memory_stats
 from optcheck.series import subsample
 
 
 def _stats():
-    """``scipy.stats``, imported on first use: it costs ~1 s, and every worker and
-    ``optcheck check`` imports this module whether or not a trend is ever tested."""
-    from scipy import stats
-
-    return stats
+    """The statistics used here (``_memory_stats.py``: ``kendalltau``, ``theilslopes``,
+    ``norm_isf``, ``norm_sf``, as ``scipy.stats`` computes them)."""
+    return _memory_stats
 
 
 MAX_POINTS = 400        # a window is subsampled evenly to at most this many snapshots
@@ -143,8 +142,8 @@ def window_trend(x: np.ndarray, y: np.ndarray, *, min_slope: float, alpha: float
     tau, p = sig
     if rise < CLEAR_SNR * scale:
         r1 = _lag1(resid)
-        z = _stats().norm.isf(p / 2) / math.sqrt((1 + r1) / (1 - r1))
-        p = float(2 * _stats().norm.sf(z))
+        z = _stats().norm_isf(p / 2) / math.sqrt((1 + r1) / (1 - r1))
+        p = float(2 * _stats().norm_sf(z))
         if p >= alpha:
             return None
     floor = max(min_slope / 2, slope / 4)

@@ -2,8 +2,8 @@
 
 OC201 and OC203 read the hazard events the PyTorch probes record
 (``optcheck/pytorch/hazards/``; the TorchSharp bridge may record the same kinds);
-OC202 reads only the ``grad`` field of the snapshot's params, so it works on any
-recorded stream.
+OC202 reads the ``grad`` and ``grad_arrived`` fields of the snapshot's params, so it
+works on any recorded stream.
 """
 
 from __future__ import annotations
@@ -80,7 +80,11 @@ class GradStarved(Rule):
     The parameter is in a param group and requires grad, yet at each of the last K
     post-step snapshots (``RuleConfig.grad_starved_snapshots``) its ``.grad`` was
     empty (or exactly zero): the optimizer skips it (or, with weight decay, only
-    shrinks it). Causes: the graph is cut before it (a ``.detach()``, a cast under
+    shrinks it). Where the snapshot says a gradient *arrived* during the step's
+    backward passes (``grad_arrived``, recorded by ``optcheck.Monitor`` from
+    autograd's post-accumulate-grad hooks), an empty ``.grad`` after the step is
+    no finding: optimizers that consume the gradient inside ``step()`` and set
+    ``.grad`` to None (heavyball) leave nothing for the snapshot to read. Causes: the graph is cut before it (a ``.detach()``, a cast under
     ``no_grad``, OC203), it is not used in the forward any more (a replaced module,
     a branch never taken), or it is a non-leaf tensor (OC105).
 
@@ -101,6 +105,9 @@ class GradStarved(Rule):
                   "no gradient at two snapshots only (K = 3)"),
             Valid(tuple(edit(with_grads(at(clean(), s), ["layer1.weight"]), phase="pre-step") for s in (100, 200, 300)),
                   "pre-step snapshots (gradients not computed yet)"),
+            Valid((clean(100), *(with_params(at(clean(), s), grad="none", grad_norm=None, grad_arrived=True)
+                                 for s in (200, 300, 400))),
+                  "the optimizer consumed .grad in step() (heavyball): the gradients arrived"),
         ]
 
     @cases
@@ -108,6 +115,9 @@ class GradStarved(Rule):
         return [
             Invalid((clean(100), *(with_grads(at(clean(), s), ["layer1.weight"]) for s in (200, 300, 400))),
                     "a parameter the forward no longer uses", step=400, param="layer1.weight"),
+            Invalid((clean(100), *(with_params(with_grads(at(clean(), s), ["layer1.weight"]), grad_arrived=False)
+                                   for s in (200, 300, 400))),
+                    "no gradient arrived (recorded by the Monitor)", step=400, param="layer1.weight"),
         ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
@@ -120,8 +130,8 @@ class GradStarved(Rule):
         trained_refs = {m["ref"] for _, m in members(snap)}
         trained_ptrs = {m.get("data_ptr") for _, m in members(snap) if m.get("data_ptr")}
 
-        def starved(p: dict) -> bool:
-            return p.get("grad") == "none" or p.get("grad_norm") == 0
+        def starved(p: dict) -> bool:  # an exact zero that arrived is still no gradient
+            return (p.get("grad") == "none" and not p.get("grad_arrived")) or p.get("grad_norm") == 0
 
         cand = {p["name"] for p in snap["params"] if p.get("requires_grad") and starved(p)
                 and (p["ref"] in trained_refs or (p.get("data_ptr") and p["data_ptr"] in trained_ptrs))}

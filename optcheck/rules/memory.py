@@ -136,7 +136,6 @@ class MemoryGrowth(Rule):
         if "steps" not in memo or (memo["steps"] and snap["step"] < memo["steps"][-1]):
             # first call (or a new run in the same engine): start from the history
             memo.update(steps=[], values={m: [] for m in METRICS}, tested={}, fired=set())
-            _stats()  # scipy's import adds ~20 MiB to the malloc heap: now, not mid-run as a one-off step
             feed = ctx.history if ctx.history and ctx.history[-1] is snap else [*ctx.history, snap]
         else:
             feed = [snap]

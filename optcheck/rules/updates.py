@@ -124,7 +124,8 @@ class StalledParam(Rule):
                 continue
             seen_refs.add(p["ref"])
             moved = None
-            if (old is not None and p["requires_grad"] and p["grad"] == "set" and old["ref"] == p["ref"]
+            had_grad = p["grad"] == "set" or p.get("grad_arrived")  # (heavyball sets .grad None in step())
+            if (old is not None and p["requires_grad"] and had_grad and old["ref"] == p["ref"]
                     and p["ref"] not in lr_zero and (p["ref"] in held or p["data_ptr"] in held_ptrs)):
                 moved = _moved(p, old, steps_now.get(p["ref"]), steps_before.get(p["ref"]))
             if moved is False:
@@ -318,3 +319,54 @@ class StaleGradStep(_EventRule):
             Invalid((with_events(clean(2), event("stale_grad_step", 2, count=1, steps=1)),),
                     "optimizer.step() twice per iteration", step=2),
         ]
+
+
+@register
+class OptimizerSwitched(Rule):
+    """Another optimizer now steps the watched parameters.
+
+    ``optcheck.Monitor`` watches one optimizer; an optimizer built mid-run over the same
+    parameters (a fine-tuning recipe: AdamW, then SGD) moves them while the watched one
+    stops stepping. Recorded by the Monitor's global step hooks
+    (``torch.optim.optimizer.register_optimizer_step_post_hook``,
+    ``optcheck/pytorch/monitor_hooks.py`` ``StepFollower``): the new optimizer's steps
+    are counted as the training steps (snapshots, the identity check before each step,
+    the gradient-flow checks), so nothing reports "no optimizer step". Snapshots still
+    read the watched optimizer's param groups and state. Not reported for an inner
+    optimizer sharing the watched one's param groups (SAM's ``base_optimizer``).
+
+    Fix: nothing, when the swap is meant; to watch the new optimizer's state too,
+    close the Monitor and open one on it (``Monitor(..., append=True,
+    state=old.state_dict())`` continues the run directory).
+    """
+
+    code, symbol, severity, family = "OC209", "optimizer-switched", "info", "updates"
+    message = ("the watched {watched} stopped stepping after step {before}; {stepping} moves {n} of its "
+               "parameters from step {step}: its steps are followed as the training steps")
+
+    @cases
+    def VALID():
+        return [
+            Valid(steps(clean(10), 20), "the watched optimizer steps"),
+        ]
+
+    @cases
+    def INVALID():
+        return [
+            Invalid((clean(10), with_events(at(clean(10), 11), event(
+                "optimizer_switched", 11, watched="AdamW", stepping="SGD", params=4, steps_before=10))),
+                "AdamW swapped for SGD after step 10", step=11),
+        ]
+
+    def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
+        out = []
+        for e in events(snap, "optimizer_switched"):
+            d = e.get("detail") or {}
+            out.append(self.finding(
+                snap, self.message.format(watched=d.get("watched", "?"), before=d.get("steps_before", "?"),
+                                          stepping=d.get("stepping", "?"), n=d.get("params", "?"),
+                                          step=e.get("step")),
+                key=f"{d.get('stepping')}", first_step=e.get("step"),
+                next_failure="none from the swap; snapshots read the watched optimizer's state, which no "
+                             "longer changes", **{k: d.get(k) for k in ("watched", "stepping", "params")}))
+        return out

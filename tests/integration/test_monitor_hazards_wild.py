@@ -169,7 +169,8 @@ class Net(nn.Module):
         return self.head(self.blocks(x))
 
 
-def run_net(model, steps=3, before=None, **kw):
+def run_net(model, steps=3, before=None, at_step=None, **kw):
+    """``at_step(model, step)`` runs before each step's forward (1-based), inside the loop."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     torch.manual_seed(1)
     x = torch.randn(4, 8)
@@ -178,7 +179,9 @@ def run_net(model, steps=3, before=None, **kw):
         before(model)
     exc = None
     try:
-        for _ in range(steps):
+        for step in range(1, steps + 1):
+            if at_step is not None:
+                at_step(model, step)
             loss = model(x).pow(2).mean()
             opt.zero_grad()
             loss.backward()

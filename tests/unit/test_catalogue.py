@@ -44,6 +44,7 @@ REAL_RUNS = {
     "OC206": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[missing-step]",
     "OC207": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[zero-grad-between]",
     "OC208": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[double-step]",
+    "OC209": "tests/integration/test_monitor_recipes.py::test_optimizer_swapped_mid_run_is_followed_not_reported_as_no_step",
     "OC301": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[inplace-exp]",
     "OC401": "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named[leak]",
     "OC402": "tests/unit/test_memory_rule.py::test_recorded_missing_dispose_scope_is_named_at_600",

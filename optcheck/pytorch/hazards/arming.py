@@ -15,7 +15,8 @@ counter before and after, one C-level ``map`` each).
 Policy ``auto`` arms: the first step (and the step after :meth:`arm`, e.g. a resume),
 the step after each snapshot (:meth:`drain`), a step whose module structure changed
 (a sub-module registered, a container's children, a ``forward`` replaced on an
-instance), the step after a *trigger* (trainable parameters that got a gradient at the
+instance; a sub-module registered while a step runs unarmed, before its forward,
+arms that very step: :meth:`ArmingPolicy._arm_now`), the step after a *trigger* (trainable parameters that got a gradient at the
 previous step got none at this one, as a set not confirmed clean already), and every
 step for good once an armed step saw a non-reentrant checkpoint's recompute or foreign
 saved-tensor hooks, or with ``allow_inplace``. Policy ``always`` arms every step.
@@ -83,6 +84,8 @@ class ArmingPolicy:
         self._trigger: tuple | None = None  # (step, frozenset of ids): a gradless set waiting for an armed step
         self._cut_sets: dict[tuple, tuple] = {}  # event key -> (ids of its parameters, event): confirmed cuts
         self._struct = self._structure()
+        self._in_ctx = False  # inside step_context (a step is running)
+        self._late = None  # saved-tensor hooks pushed by _arm_now, popped at the step's end
 
     # -- the decision --------------------------------------------------------------------
     def arm(self, reason: str) -> None:
@@ -91,6 +94,32 @@ class ArmingPolicy:
         nothing run in it yet: the Monitor's first step, before its step-0 snapshot)."""
         if not self._fresh:
             self._arm_next = self._arm_next or reason
+
+    def _arm_now(self) -> None:
+        """A sub-module was registered while the running step is unarmed and nothing of its
+        forward ran yet (``ff[1] = Gate()`` between two steps): arm this step now, so the
+        step in which the new module first runs names its own write site (OC301 with the
+        line). Only at the outer level: not inside a forward or a backward, and with no
+        saved-tensor hooks of anyone else on the stack (ours are pushed here and popped at
+        the step's end, :meth:`_disarm_late`). The new module is hooked at the first
+        hooked forward (it is not in its parent yet while the registration hook runs)."""
+        if (self.armed or not self._in_ctx or self._removed or self.mode != "auto" or self._stack
+                or self._in_backward or self._late is not None or _top_hooks(False) is not None
+                or torch._C._current_graph_task_id() != -1):
+            return
+        self.armed, self.armed_reason = True, "registration"
+        self._hooks_on = True
+        self._hook_modules()  # the modules there now; the new one at the first forward (_dirty)
+        self._reset_step()
+        self._active = self._fresh = True
+        self._late = torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack)
+        self._late.__enter__()
+
+    def _disarm_late(self) -> None:
+        """At the end of a step armed by :meth:`_arm_now`: pop its saved-tensor hooks."""
+        late, self._late = self._late, None
+        if late is not None:
+            late.__exit__(None, None, None)
 
     def _decide(self) -> str | None:
         """Why the step starting now is armed, or None (unarmed)."""

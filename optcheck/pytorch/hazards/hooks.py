@@ -137,6 +137,7 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         (or a watched module was put into a new one)."""
         if id(module) in self._names or (submodule is not None and id(submodule) in self._names):
             self._dirty = True
+            self._arm_now()
         return None
 
     def _reset_step(self) -> None:
@@ -178,6 +179,7 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         self._set_armed(self.armed)
         self._reset_step()
         self._active = self._fresh = self.armed
+        self._in_ctx = True
         try:
             if self.armed:
                 with torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack):
@@ -185,13 +187,20 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
             else:  # no hook: PyTorch's own version check is on (backward_failed reads its error)
                 yield self
         finally:
+            self._in_ctx = False
+            self._disarm_late()
             self._active = self._fresh = False
             self._release()
 
     def _pre(self, module, args):
-        if torch.compiler.is_compiling() or not self._active:
+        if torch.compiler.is_compiling():
             # under torch.compile the hooks are traced: returning at once keeps them out of the graph
-            # (no graph break, no guard on optcheck's state); see docs/hazards.md
+            # (no graph break, no guard on optcheck's state); see docs/hazards.md. The model is compiled
+            # although the Monitor was given the plain module (nanoGPT: Monitor, then torch.compile):
+            # keep the module hooks from now on, as for a compiled model (removing them recompiles)
+            self.compiled = True
+            return None
+        if not self._active:
             return None
         if self._dirty:
             self._scan()

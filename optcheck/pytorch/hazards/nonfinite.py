@@ -67,6 +67,29 @@ class NonfiniteProbe:
                           "detail": {"what": "grad", "params": bad[:MAX_SAMPLES], "n_params": len(bad)}},
                          key=("nonfinite", "grad"))
 
+    def check_grads_before_step(self, step: int, kwargs: dict | None = None, clip=None) -> None:
+        """OC501's gradient check as ``optimizer.step()`` of ``step`` is about to write them
+        (``optcheck.Monitor``'s step pre-hook; its probes run with ``grad_check_every=0``).
+
+        Checked here rather than after each ``backward()``: a step that does not run writes
+        nothing (``GradScaler.step`` skips ``optimizer.step()`` when it found Inf/NaN; fp16
+        AMP's first steps overflow by design), and micro-batches cost one check, not one
+        each. Not checked when ``kwargs`` carries ``found_inf`` / ``grad_scaler`` (an
+        optimizer that unscales itself: GradScaler hands it the overflow flag and the
+        step skips itself), nor when ``clip`` (``monitor_hooks.ClipNorm``) holds a finite
+        total norm over every trainable parameter taken since the last backward: a
+        finite norm proves every gradient finite."""
+        if kwargs and ("found_inf" in kwargs or "grad_scaler" in kwargs):
+            return
+        trainable = self._trainable()
+        # the shortcut reads the total on the host: only where that is no device sync (a CPU tensor);
+        # on an accelerator the gradients' own norms are queued instead (read at the next snapshot)
+        total = getattr(clip, "total", None)
+        if (clip is not None and isinstance(total, torch.Tensor) and total.device.type == "cpu"
+                and clip.covers([p for _, p in trainable]) and math.isfinite(float(total))):
+            return
+        self._check_grads_finite(trainable, step, force=True)
+
     #: ``drain(norms)`` takes the snapshot body's norms (``optcheck.pytorch.probe.Norms``)
     wants_norms = True
 
