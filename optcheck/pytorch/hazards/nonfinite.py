@@ -63,6 +63,7 @@ class NonfiniteProbe:
     def _grads_read(self, v: list[float], step: int, names: list[str]) -> None:
         bad = [n for n, x in zip(names, v) if not math.isfinite(x)]
         if bad:
+            bad = [n for n in bad if n]  # "": a total over every gradient (clip_grad_norm_'s)
             self._record({"kind": "nonfinite", "step": step, "where": None, "count": 1,
                           "detail": {"what": "grad", "params": bad[:MAX_SAMPLES], "n_params": len(bad)}},
                          key=("nonfinite", "grad"))
@@ -76,17 +77,20 @@ class NonfiniteProbe:
         AMP's first steps overflow by design), and micro-batches cost one check, not one
         each. Not checked when ``kwargs`` carries ``found_inf`` / ``grad_scaler`` (an
         optimizer that unscales itself: GradScaler hands it the overflow flag and the
-        step skips itself), nor when ``clip`` (``monitor_hooks.ClipNorm``) holds a finite
-        total norm over every trainable parameter taken since the last backward: a
-        finite norm proves every gradient finite."""
+        step skips itself). When ``clip`` (``monitor_hooks.ClipNorm``) holds the total norm
+        ``clip_grad_norm_`` took over every trainable parameter since the last backward,
+        that one value is queued instead of the per-tensor norms: a finite total proves
+        every gradient finite (a non-finite one then names no parameter)."""
         if kwargs and ("found_inf" in kwargs or "grad_scaler" in kwargs):
             return
         trainable = self._trainable()
-        # the shortcut reads the total on the host: only where that is no device sync (a CPU tensor);
-        # on an accelerator the gradients' own norms are queued instead (read at the next snapshot)
         total = getattr(clip, "total", None)
-        if (clip is not None and isinstance(total, torch.Tensor) and total.device.type == "cpu"
-                and clip.covers([p for _, p in trainable]) and math.isfinite(float(total))):
+        if clip is not None and isinstance(total, torch.Tensor) and clip.covers([p for _, p in trainable]):
+            # the user's clip_grad_norm_ total over every trainable gradient: queued like the norms
+            # (read at the next snapshot or metrics batch, no host read now); a non-finite total
+            # names no parameter (the per-tensor norms were not kept)
+            self.ledger.add(total.detach().reshape(1).to(torch.float64),
+                            lambda v, step=step: self._grads_read(v, step, [""]))
             return
         self._check_grads_finite(trainable, step, force=True)
 
