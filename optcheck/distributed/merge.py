@@ -84,7 +84,7 @@ def merged(out: Path, world: int) -> dict:
     crashes.sort(key=lambda c: any(w in str(c.get("message", "")) for w in _KNOCK_ON))
     crash = crashes[0] if crashes else None
     return {"run": Path(out).name, "backend": "pytorch", "source": "distributed", "world": world,
-            "status": status, "exit_code": max(codes + ([exitcodes.CRASHED] if missing else [])),
+            "status": status, "exit_code": exitcodes.worst(codes + ([exitcodes.CRASHED] if missing else [])),
             "last_step": min(steps) if steps else 0, "findings": len(findings), "findings_by_code": by_code,
             "first_finding": first, "crash": crash, "missing_ranks": missing, "ranks": per, "out": str(out)}
 

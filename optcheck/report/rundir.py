@@ -361,6 +361,25 @@ class RunDir:
             os.close(self._lock)  # releases the flock
             self._lock = None
 
+    def abandon(self) -> None:
+        """In a forked child: close this process's copies of the files and of the lock
+        without touching the directory (the lock file, the reserve and the flock stay
+        the parent's: flock(2) locks belong to the open file description the parent
+        still holds). Nothing is written afterwards. Idempotent."""
+        for fd in (*self._fds.values(), *([self._lock] if self._lock is not None else [])):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fds, self._lock = {}, None
+        log = getattr(self, "worker_log", None)
+        if log is not None and not log.closed:
+            try:
+                log.close()
+            except OSError:
+                pass
+        self.failed = RecordError(self.path, OSError(errno.EPERM, "a forked child never writes its parent's run"))
+
     def close(self) -> None:
         """Close every file, drop the reserve and release the lock. Idempotent."""
         if getattr(self, "worker_log", None) is not None and not self.worker_log.closed:
