@@ -43,7 +43,7 @@ from optcheck import exitcodes
 from optcheck.engine import RuleEngine
 from optcheck.errors import RecordError
 from optcheck.findings import Finding, severity_rank
-from optcheck.report.rundir import RunDir
+from optcheck.report.rundir import FATAL_LOG, RunDir, open_record_file
 from optcheck.session import Cost
 from optcheck.session_summary import Checker, Summary, run_status, utc_now
 
@@ -66,6 +66,9 @@ class RunRecorder:
             (it is kept in :attr:`record_error`; later writes are dropped).
         running_summary_every: rewrite the ``running`` summary after every this many
             snapshots (1: each), so a process killed without closing leaves its last step.
+        on_fill: ``on_fill(summary)`` before the summary is written: the driver sets
+            what it tracks itself (a Monitor's step count, its snapshot sequencer's numbers).
+        on_failure: ``on_failure(error)`` once, when the first record fails (a Monitor warns).
 
     Raises:
         optcheck.errors.InputError: as ``RunDir`` (busy, holds a run, symlink...).
@@ -75,12 +78,14 @@ class RunRecorder:
     def __init__(self, out: str | os.PathLike | None, summary: Summary, *, engine: RuleEngine,
                  append: bool = False, force: bool = False, report: Callable[[Finding], None] | None = None,
                  checked: Callable[[dict], None] | None = None, on_record_error: str = "raise",
-                 running_summary_every: int = 1):
+                 running_summary_every: int = 1, on_fill: Callable[[Summary], None] | None = None,
+                 on_failure: Callable[[RecordError], None] | None = None):
         if on_record_error not in ("raise", "keep"):
             raise ValueError(f"on_record_error must be 'raise' or 'keep', got {on_record_error!r}")
         self.summary = summary
         self.engine = engine
         self.on_record_error = on_record_error
+        self.on_fill, self.on_failure = on_fill, on_failure
         self.record_error: RecordError | None = None
         self.rundir = RunDir(out, append=append, force=force) if out is not None else None
         if self.rundir is not None:
@@ -94,6 +99,7 @@ class RunRecorder:
         self._t0 = time.time()
         self._nonfinite_step: int | None = None
         self._detached = False
+        self._fatal: tuple[int, bool] | None = None
 
     @property
     def path(self) -> Path | None:
@@ -111,9 +117,16 @@ class RunRecorder:
         try:
             fn(*args)
         except RecordError as e:
-            self.record_error = e
+            self._failed(e)
             if self.on_record_error == "raise":
                 raise
+
+    def _failed(self, e: RecordError) -> None:
+        if self.record_error is not None:
+            return
+        self.record_error = e
+        if self.on_failure is not None:
+            self.on_failure(e)
 
     def write_file(self, name: str, text: str) -> Path | None:
         """Write a whole small file (``config.json``) in the run directory."""
@@ -212,8 +225,10 @@ class RunRecorder:
              stopped: bool = False, running: bool = False, elapsed_s: float | None = None) -> dict:
         """Fill the summary's derived fields (findings, status, exit code, timing) and return it as a dict."""
         sm = self.summary
+        if self.on_fill is not None:
+            self.on_fill(sm)
         code = self.exit_code_now(crashed=crashed, interrupted=interrupted)
-        sm.exit_code = None if running else code
+        sm.exit_code = code  # while running: what it would be now
         sm.status = status or run_status(running=running, interrupted=interrupted,
                                          record_failed=self.record_error is not None, crashed=crashed,
                                          stopped=stopped, exit_code=code)
@@ -236,7 +251,7 @@ class RunRecorder:
         try:
             self.rundir.summary(s)
         except RecordError as e:
-            self.record_error = self.record_error or e
+            self._failed(e)
 
     def finish(self, *, crashed: bool = False, interrupted: bool = False, stopped: bool = False,
                status: str | None = None, elapsed_s: float | None = None) -> dict:
@@ -255,15 +270,50 @@ class RunRecorder:
         except RecordError as e:
             summary["summary_error"] = str(e)
             if self.record_error is None:
-                self.record_error = e
+                self._failed(e)
                 summary["record_error"] = str(e)
                 summary["status"] = "record-failed" if status is None else status
                 summary["exit_code"] = self.exit_code = self.exit_code_now(crashed=crashed, interrupted=interrupted)
         return summary
 
+    # -- a fatal signal's stack -------------------------------------------------
+    def catch_fatal_signals(self) -> None:
+        """Point ``faulthandler`` at ``fatal.log`` in the run directory: a segfault,
+        SIGABRT, SIGBUS or SIGFPE (a fused kernel, a native library) writes every
+        thread's Python stack there before the process dies. Undone by :meth:`close`
+        (``faulthandler`` back on stderr if it was on before)."""
+        import faulthandler
+
+        if self.rundir is None or self._fatal is not None:
+            return
+        try:
+            self._fatal = (open_record_file(self.rundir.path / FATAL_LOG), faulthandler.is_enabled())
+            faulthandler.enable(file=self._fatal[0], all_threads=True)
+        except (OSError, ValueError, RuntimeError):
+            self._fatal = None
+
+    def _release_fatal(self) -> None:
+        import faulthandler
+
+        if self._fatal is None:
+            return
+        fd, was_enabled = self._fatal
+        self._fatal = None
+        try:
+            faulthandler.disable()
+            if was_enabled:
+                faulthandler.enable()
+            empty = os.fstat(fd).st_size == 0
+            os.close(fd)
+            if empty and not self._detached:
+                os.unlink(self.rundir.path / FATAL_LOG)
+        except (OSError, ValueError, RuntimeError):
+            pass
+
     # -- closing ---------------------------------------------------------------
     def close(self) -> None:
         """Close the run directory's files and release its lock. Idempotent."""
+        self._release_fatal()
         if self.rundir is not None and not self._detached:
             self.rundir.close()
 
@@ -279,6 +329,12 @@ class RunRecorder:
         if self.rundir is None or self._detached:
             return
         self._detached = True
+        if self._fatal is not None:
+            try:
+                os.close(self._fatal[0])
+            except OSError:
+                pass
+            self._fatal = None
         self.rundir.abandon()
 
 

@@ -36,6 +36,11 @@ def check_file(path: str | Path, ignore: list | None = None) -> tuple[list, list
     p = run.path / "snapshots.jsonl" if not run.stream_only else p
     if not run.stream_only and not run.has("snapshots.jsonl"):
         raise InputError(f"{path}: no snapshots.jsonl in this run directory (nothing to check)")
+    if run.has("summary.json"):
+        try:
+            run.summary  # noqa: B018 - read for its note: a run that ended without closing is said
+        except InputError:
+            pass
     snaps = run.snapshots
     if not snaps:
         raise InputError(f"{p}: no snapshots in it")

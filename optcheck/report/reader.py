@@ -35,9 +35,13 @@ from functools import cached_property
 from pathlib import Path
 
 from optcheck.errors import InputError
+from optcheck.exitcodes import CRASHED
+from optcheck.report.rundir import writer_gone
 from optcheck.snapshot import SCHEMA_DIR, SchemaError, StreamDefect, read_jsonl, read_records, read_snapshots, \
     to_float, validate_record
 
+#: The status a reader gives a run whose summary says ``running`` and whose writer is gone.
+UNCLOSED = "ended without closing"
 #: The record files; a directory holding none of them is not a run directory.
 RECORD_FILES = ("summary.json", "snapshots.jsonl", "metrics.jsonl", "findings.jsonl")
 _VERSION = re.compile(r"^optcheck\.(\w+)/(\d+)$")
@@ -93,6 +97,7 @@ class RunReader:
         self.path = p.parent if self.stream_only else p
         self._snapshots_path = p if self.stream_only else p / "snapshots.jsonl"
         self.defects: list[str] = []
+        self.unclosed: str | None = None  # set when the summary is read: "ended without closing: ..."
         if self.stream_only:
             return
         if not p.is_dir():
@@ -129,9 +134,31 @@ class RunReader:
             raise InputError(f"{p}: (the record): a summary is a JSON object, not a {type(s).__name__}")
         check_version(s, "summary", str(p))
         try:
-            return validate_record(s, "summary")
+            s = validate_record(s, "summary")
         except SchemaError as e:
             raise InputError(f"{p}: {e}") from None
+        if s.get("status") == "running":
+            gone = writer_gone(self.path)
+            if gone:
+                s = self._unclosed(s, gone)
+        return s
+
+    def _unclosed(self, s: dict, gone: str) -> dict:
+        """A ``running`` summary whose writer is gone: the run ended without closing
+        (SIGKILL, a segfault in a native kernel, power). Read back with status
+        :data:`UNCLOSED`, exit code 3, ``last_step`` the last step recorded anywhere
+        and a ``crash`` saying so (the file itself is left as it is)."""
+        last = max(s.get("last_step") or 0, _last_step(self.path / "metrics.jsonl"),
+                   _last_step(self.path / "snapshots.jsonl"))
+        fatal = self.path / "fatal.log"
+        why = "a fatal signal, its Python stack in fatal.log" if fatal.is_file() and fatal.stat().st_size else \
+            "killed (SIGKILL, out of memory), a fatal signal or a power loss"
+        msg = (f"ended without closing: the summary still says running and its writer is gone ({gone}); "
+               f"{why}; last step recorded {last}")
+        self.unclosed = msg
+        crash = s.get("crash") if isinstance(s.get("crash"), dict) else {}
+        return {**s, "status": UNCLOSED, "exit_code": CRASHED, "last_step": last,
+                "crash": {"step": last, "exc_type": UNCLOSED, **crash, "message": msg}}
 
     @cached_property
     def metrics(self) -> list[dict]:
@@ -220,8 +247,32 @@ class RunReader:
         return {str(k): str(x) for k, x in v.items()}
 
     def notes(self) -> list[str]:
-        """One line per skipped line: ``"<dir>/<file>:<line>: <reason>; skipped, the rest was read"``."""
-        return [f"{self.path / d}; skipped, the rest was read" for d in self.defects]
+        """One line per skipped line: ``"<dir>/<file>:<line>: <reason>; skipped, the rest was read"``,
+        and one for a run that ended without closing (once its summary was read)."""
+        out = [f"{self.path / d}; skipped, the rest was read" for d in self.defects]
+        if self.unclosed:
+            out.append(f"{self.path}: {self.unclosed}")
+        return out
+
+
+def _last_step(path: Path) -> int:
+    """The ``step`` of the last whole record of a JSON Lines file (its last 64 KiB read); 0 if none."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 65536))
+            lines = f.read().splitlines()
+    except OSError:
+        return 0
+    for line in reversed(lines):
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError, RecursionError):
+            continue
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
+    return 0
 
 
 def run_dirs(paths) -> list[Path]:

@@ -10,6 +10,8 @@ Layout of ``--out DIR``::
     summary.json      ``optcheck.summary/1``: written with status "running" at
                       the start and replaced atomically at the end
     worker.log        the worker's stderr
+    fatal.log         a Monitor's process killed by a fatal signal: its Python stacks
+                      (``faulthandler``); removed at close when empty
     .optcheck.lock    the writer's lock (``fcntl.flock``) and its PID, while it writes
 
 Guarantees:
@@ -57,6 +59,7 @@ from optcheck.snapshot import clean_json, dumps
 SUMMARY_SCHEMA = "optcheck.summary/1"
 FILES = ("snapshots.jsonl", "findings.jsonl", "metrics.jsonl", "events.jsonl")
 LOCK_NAME = ".optcheck.lock"
+FATAL_LOG = "fatal.log"
 RESERVE_NAME = ".optcheck-reserve"
 RESERVE_BYTES = 64 * 1024
 #: Files whose presence means the directory already holds a run.
@@ -134,6 +137,39 @@ def _open_regular(path: Path, flags: int, mode: int = 0o644) -> int:
         raise InputError(f"{path}: not a regular file")
     os.set_blocking(fd, True)
     return fd
+
+
+def open_record_file(path: Path) -> int:
+    """Open (create, truncate) a file of the run directory for writing, never through
+    a symlink; returns its file descriptor. Raises InputError or OSError as :func:`_open_regular`."""
+    if os.path.islink(path):
+        os.unlink(path)
+    return _open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+
+
+def writer_gone(path: str | os.PathLike) -> str | None:
+    """Whether the writer of a run whose ``summary.json`` still says ``running`` is gone.
+
+    Returns None while the process named in ``.optcheck.lock`` lives; else a
+    description: ``"PID 4242 is gone"``, or ``"no writer holds it"`` (no lock
+    file, or no PID in it). A writer that closes writes its final summary
+    before it removes the lock file, so a ``running`` summary with no live
+    writer is a run that ended without closing (SIGKILL, a segfault, power).
+    """
+    try:
+        text = Path(path, LOCK_NAME).read_bytes()[:32].decode("ascii", "replace").strip()
+    except OSError:
+        return "no writer holds it"
+    if not text.isdecimal():
+        return "no writer holds it"
+    pid = int(text)
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return f"PID {pid} is gone"
+    except PermissionError:  # alive, another user's
+        return None
+    return None
 
 
 def lock_run_dir(path: Path) -> int:
