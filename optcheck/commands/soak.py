@@ -114,7 +114,7 @@ def register(group: click.Group) -> None:
     @click.option("--every", type=INT, default=100, show_default=True, help="A snapshot every N steps.")
     @click.option("--seed", type=INT, default=1337, show_default=True, help="Seeds init and batches.")
     @click.option("--seeds", type=str, default=None, metavar="N,N,...",
-                  help="Run once per seed into --out/seed-N (a seed band for `optcheck compare --band`).")
+                  help="Run once per seed into --out/seed-N (a seed band: `optcheck compare A B` of two such folders, or `--baseline`).")
     @click.option("--python", "python", type=click.Path(dir_okay=False), default=None,
                   help="PyTorch backend: the interpreter to run the worker with (another venv's bin/python: "
                        "its torch, this optcheck).")
@@ -230,6 +230,11 @@ def register(group: click.Group) -> None:
             return code
 
         from optcheck.baseline import after_soak, prepare
+        from optcheck.commands._paths import same_dir
+
+        if baseline is not None and same_dir(baseline, out if out is not None else "runs"):
+            raise InputError(f"--baseline {baseline}: is the --out of this soak; the run would replace its own "
+                             f"baseline and be judged against itself (give the baseline another folder)")
         prepared = prepare(baseline, cfg.to_json(), seeds=seeds, backends=backends, speed=speed_tolerance,
                            memory=memory_tolerance, fail_on=fail_on)
         for option, target in (("--junit", junit), ("--plot", plot), ("--summary-md", summary_md)):
