@@ -156,6 +156,9 @@ def _inline_refs(node: Any, defs: dict) -> Any:
     return node
 
 
+inline_refs = _inline_refs  # public: the reader applies the summary schema's typed fields to old summaries
+
+
 def field_path(path) -> str:
     """``params[3].ref`` from a jsonschema error path ``deque(["params", 3, "ref"])``."""
     out = ""

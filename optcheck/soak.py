@@ -87,10 +87,13 @@ def validate(cfg: SoakConfig) -> dict:
     python = cfg.extra.get("python")
     if python is not None and not (os.path.isfile(python) and os.access(python, os.X_OK)):
         raise InputError(f"--python {python}: not an executable file (give a venv's bin/python)")
-    if cfg.backend == "pytorch" and python is None:  # another interpreter's torch is checked by its worker
+    if cfg.backend == "pytorch":
         from optcheck import torch_version
 
-        torch_version.require()  # torch >= 2.1, read from its metadata: torch is not imported here
+        if python is None:
+            torch_version.require()  # torch >= 2.1, read from its metadata: torch is not imported here
+        else:
+            _require_torch_in(python)
     if cfg.backend == "torchsharp" and not cfg.extra.get("dotnet_assembly"):
         # builds (or reuses) the TorchSharp worker for --torchsharp VERSION|PATH; InputError names the fix
         from optcheck.torchsharp_bridge.build import worker_extra
@@ -100,6 +103,35 @@ def validate(cfg: SoakConfig) -> dict:
     if corpus.train.size <= cfg.block_size + 1 or corpus.val.size <= cfg.block_size + 1:
         raise InputError(f"--data {corpus.source}: too short for --block-size {cfg.block_size}")
     return corpus.describe()
+
+
+_TORCH_PROBE = ("import importlib.util, json, sys\n"
+                "try:\n    from importlib.metadata import version; v = version('torch')\n"
+                "except Exception:\n    v = None\n"
+                "print(json.dumps([v, importlib.util.find_spec('torch') is not None, sys.version_info[:2]]))")
+
+
+def _require_torch_in(python: str) -> None:
+    """Check that interpreter ``python`` (``--python``) has a torch the PyTorch worker can
+    run, before anything runs: its metadata and ``find_spec``, torch not imported.
+
+    Raises:
+        InputError: not a Python interpreter, no torch, or a torch too old (one line).
+    """
+    import json
+
+    from optcheck import torch_version
+
+    try:
+        res = subprocess.run([python, "-I", "-c", _TORCH_PROBE], capture_output=True, text=True, errors="replace",
+                             timeout=120, stdin=subprocess.DEVNULL)
+        version, importable, _ = json.loads(res.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError, TypeError) as e:
+        why = (getattr(e, "strerror", None) or "it does not run as a Python interpreter")
+        raise InputError(f"--python {python}: {why} (give a venv's bin/python)") from None
+    problem = torch_version.problem(version, bool(importable))
+    if problem:
+        raise InputError(f"--python {python}: {problem.replace('--backend pytorch needs', 'the worker needs')}")
 
 
 def estimate_bytes(cfg: SoakConfig) -> int:

@@ -135,6 +135,8 @@ class RunReader:
         check_version(s, "summary", str(p))
         try:
             s = validate_record(s, "summary")
+            if "summary_version" not in s:  # an older summary: every field it has must still have its type
+                _loose_validator().validate_fields(s)
         except SchemaError as e:
             raise InputError(f"{p}: {e}") from None
         if s.get("status") == "running":
@@ -253,6 +255,63 @@ class RunReader:
         if self.unclosed:
             out.append(f"{self.path}: {self.unclosed}")
         return out
+
+
+class _LooseSummary:
+    """The typed fields of a versioned summary applied to an unversioned one (written
+    before ``summary_version``): a field it has must be of its type or null; fields
+    may be missing, enums and required sub-fields are not enforced. So an old
+    summary with ``last_step: "abc"`` is one line, exit 2, not a traceback in the
+    command that reads it."""
+
+    def __init__(self):
+        import jsonschema
+
+        from optcheck.snapshot import SCHEMA_FILES, inline_refs
+
+        schema = json.loads((SCHEMA_DIR / SCHEMA_FILES["summary"]).read_text(encoding="utf-8"))
+        props = inline_refs(schema["then"]["properties"], schema.get("$defs", {}))
+        loose = {"type": "object", "properties": {k: _loosen(v, top=True) for k, v in props.items()
+                                                  if k != "summary_version"}}
+        self._v = jsonschema.validators.validator_for(schema)(loose)
+
+    def validate_fields(self, s: dict) -> None:
+        import jsonschema
+
+        err = jsonschema.exceptions.best_match(self._v.iter_errors(s))
+        if err is not None:
+            from optcheck.snapshot import field_path
+
+            msg = err.message if len(err.message) <= 160 else err.message[:157] + "..."
+            raise SchemaError(f"{field_path(err.absolute_path)}: {msg}")
+
+
+def _loosen(node, top: bool = False):
+    """``node`` without ``required`` (anywhere), and at the top without ``enum``/``const``
+    (an old status or source), null allowed."""
+    if isinstance(node, list):
+        return [_loosen(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    drop = ("required", "enum", "const") if top else ("required",)
+    out = {k: _loosen(v) for k, v in node.items() if k not in drop}
+    if top and not any(k in out for k in ("type", "anyOf", "oneOf", "$ref")):
+        return out
+    t = out.get("type")
+    if isinstance(t, str):
+        out["type"] = [t, "null"]
+    elif isinstance(t, list) and "null" not in t:
+        out["type"] = [*t, "null"]
+    return out
+
+
+_LOOSE: list[_LooseSummary] = []
+
+
+def _loose_validator() -> _LooseSummary:
+    if not _LOOSE:
+        _LOOSE.append(_LooseSummary())
+    return _LOOSE[0]
 
 
 def _last_step(path: Path) -> int:
