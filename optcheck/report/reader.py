@@ -192,10 +192,10 @@ class RunReader:
         p = self._snapshots_path
         if not p.is_file():
             return []
-        first = next(iter(read_jsonl(p, defects=[])), None)
-        check_version(first, "snapshot", str(p))
         defects: list[StreamDefect] = []
         try:
+            first = next(iter(read_jsonl(p, defects=[])), None)
+            check_version(first, "snapshot", str(p))
             snaps = read_snapshots(p, defects, full_lines=FULL_CHECK_LINES)
         except SchemaError as e:
             raise InputError(f"{e} (schema: optcheck/schemas/snapshot-1.json)") from None

@@ -141,3 +141,25 @@ def test_a_full_stdout_is_one_line_and_exit_4():
                              stderr=subprocess.PIPE, text=True, env=_env(), timeout=300)
     assert res.returncode == 4, res.stderr
     assert res.stderr.strip().splitlines() == ["optcheck: error: cannot write to stdout (No space left on device)"]
+
+
+@pytest.mark.parametrize("name", ["snapshots.jsonl", "metrics.jsonl", "summary.json"])
+def test_an_unreadable_record_file_is_one_line(tmp_path, name):
+    """A record file the user may not read (as a non-root user: root here drops
+    CAP_DAC_OVERRIDE with setpriv, so the kernel refuses the read as it would them)."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to drop the capability that bypasses file permissions")
+    d = tmp_path / "run"
+    shutil.copytree(CLEAN, d)
+    (d / name).chmod(0)
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
+            "--inh-caps=-dac_override,-dac_read_search"]
+    for args in (["check", str(d)], ["compare", str(d), str(CLEAN)], ["history", str(d)],
+                 ["baseline", str(d), str(CLEAN)]):
+        res = subprocess.run([*drop, sys.executable, "-m", "optcheck", *args], capture_output=True, text=True,
+                             env=_env(), timeout=300)
+        assert "Traceback" not in res.stderr, (args, res.stderr)
+        if res.returncode == 2:
+            assert "Permission denied" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        else:  # a command that does not need that file
+            assert res.returncode in (0, 1), (args, res.returncode, res.stderr)
