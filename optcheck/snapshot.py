@@ -278,6 +278,57 @@ def read_jsonl(path: str | os.PathLike, defects: list[StreamDefect] | None = Non
             _bad_line(path, *failed, last=True, defects=defects)
 
 
+def read_jsonl_records(path: str | os.PathLike, defects: list[StreamDefect] | None = None,
+                       chunk_bytes: int = 4 << 20) -> Iterator[tuple[int, Any]]:
+    """``(line number, value)`` of every JSON line of a record file, with the rules
+    of :func:`read_jsonl` for bad lines, read a few MB at a time: a chunk whose
+    lines are each one JSON object (each starts with ``{`` and ends with ``}``,
+    and the chunk parses as one array of exactly that many objects) is parsed by
+    one ``json.loads`` call, about 3x faster than a call per line; any other chunk
+    line by line. Made for ``metrics.jsonl`` of a million steps.
+    """
+    with open(path, "rb") as f:
+        n = 0
+        failed: tuple[int, str] | None = None
+        while True:
+            lines = f.readlines(chunk_bytes)
+            if not lines:
+                break
+            if failed is not None:  # more lines follow: it was not the last
+                _bad_line(path, *failed, last=False, defects=defects)
+                failed = None
+            first = n + 1
+            n += len(lines)
+            stripped = [raw.strip() for raw in lines]
+            records = [(first + i, r) for i, r in enumerate(stripped) if r]
+            values = None
+            if records and all(r[:1] == b"{" and r[-1:] == b"}" for _, r in records):
+                try:
+                    values = json.loads(b"[" + b",".join(r for _, r in records) + b"]")
+                except (ValueError, RecursionError):
+                    values = None
+                if values is not None and (len(values) != len(records) or any(type(v) is not dict for v in values)):
+                    values = None
+            if values is not None:
+                yield from zip((k for k, _ in records), values)
+                continue
+            for i, raw in enumerate(stripped):
+                if failed is not None:
+                    _bad_line(path, *failed, last=False, defects=defects)
+                    failed = None
+                if not raw:
+                    continue
+                try:
+                    value = json.loads(raw.decode("utf-8"))
+                except (ValueError, RecursionError) as e:
+                    failed = (first + i, "nested too deeply" if isinstance(e, RecursionError)
+                              else getattr(e, "msg", None) or str(e)[:80])
+                    continue
+                yield first + i, value
+        if failed is not None:
+            _bad_line(path, *failed, last=True, defects=defects)
+
+
 def _bad_line(path, n: int, what: str, *, last: bool, defects: list[StreamDefect] | None) -> None:
     """Record line ``n`` that is not JSON in ``defects``; without them, raise unless it is the last."""
     if defects is not None:
@@ -343,8 +394,8 @@ class ShallowCheck:
     def _ok(v, spec) -> bool:
         types, values, minimum = spec
         if type(v) in types:
-            return minimum is None or type(v) not in (int, float) or v >= minimum
-        return v in values if values and type(v) in (str, int, float, type(None)) else False
+            return minimum is None or type(v) not in _NUMERIC or v >= minimum
+        return bool(values) and type(v) in _SCALAR and v in values
 
     def __call__(self, obj) -> bool:
         if type(obj) is not dict:
@@ -352,24 +403,34 @@ class ShallowCheck:
         for k in self.required:
             if k not in obj:
                 return False
-        ok, fields = self._ok, self.fields
-        for k, v in obj.items():
+        fields = self.fields
+        for k, v in obj.items():  # inlined _ok: this runs once per line of a million-line file
             spec = fields.get(k)
-            if spec is not None and not ok(v, spec):
-                return False
-        for k, (req, specs) in self.items.items():
-            for item in obj.get(k) or ():
-                if type(item) is not dict:
+            if spec is None:
+                continue
+            types, values, minimum = spec
+            if type(v) in types:
+                if minimum is not None and type(v) in _NUMERIC and v < minimum:
                     return False
-                for f in req:
-                    if f not in item:
+            elif not (values and type(v) in _SCALAR and v in values):
+                return False
+        if self.items:
+            ok = self._ok
+            for k, (req, specs) in self.items.items():
+                for item in obj.get(k) or ():
+                    if type(item) is not dict:
                         return False
-                    spec = specs.get(f)
-                    if spec is not None and not ok(item[f], spec):
-                        return False
+                    for f in req:
+                        if f not in item:
+                            return False
+                        spec = specs.get(f)
+                        if spec is not None and not ok(item[f], spec):
+                            return False
         return True
 
 
+_NUMERIC = frozenset((int, float))
+_SCALAR = frozenset((str, int, float, type(None)))
 _SHALLOW: dict[str, ShallowCheck] = {}
 
 
@@ -408,7 +469,7 @@ def read_records(path: str | os.PathLike, kind: str, defects: list[StreamDefect]
         SchemaError: ``"<path>:<line>: <field>: <what is wrong>"``.
     """
     out = []
-    for n, obj in read_jsonl(path, defects if defects is not None else [], numbered=True):
+    for n, obj in read_jsonl_records(path, defects if defects is not None else []):
         out.append(_checked(path, n, obj, kind, full_lines, len(out)))
     return out
 
@@ -426,7 +487,7 @@ def read_snapshots(path: str | os.PathLike, defects: list[StreamDefect] | None =
         SchemaError: ``"<path>:<line>: <field>: <what is wrong>"``.
     """
     out = []
-    for n, obj in read_jsonl(path, defects, numbered=True):
+    for n, obj in read_jsonl_records(path, defects):
         if not isinstance(obj, dict):
             raise SchemaError(f"{path}:{n}: snapshot is a {type(obj).__name__}, not a JSON object")
         out.append(_checked(path, n, obj, "snapshot", full_lines, len(out)))
