@@ -249,7 +249,7 @@ class RunRecorder:
             return
         s = self.fill(running=True)
         try:
-            self.rundir.summary(s)
+            self.rundir.summary(s, final=False)
         except RecordError as e:
             self._failed(e)
 

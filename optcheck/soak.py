@@ -211,7 +211,7 @@ def _supervise(cfg: SoakConfig, out: Path, rec: RunRecorder, bar: Progress, sig:
         cfg.work_dir = str(work)
         config_path = rec.write_file("config.json", cfg.to_json())
         base.config["work_dir"] = cfg.work_dir
-        rec.rundir.summary(rec.fill(running=True))
+        rec.rundir.summary(rec.fill(running=True), final=False)
     except RecordError as e:
         record_error = e
     except OSError as e:

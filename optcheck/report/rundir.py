@@ -367,9 +367,11 @@ class RunDir:
     def event(self, event: dict) -> None:
         self._write("events.jsonl", event)
 
-    def summary(self, summary: dict) -> None:
+    def summary(self, summary: dict, *, final: bool = True) -> None:
         """Replace ``summary.json`` atomically (write a temporary file, then rename).
-        On a full disk the reserve is given back and the write tried once more.
+        On a full disk the reserve is given back and the write tried once more —
+        for the ``final`` summary only: a ``running`` one never spends the reserve
+        the last summary needs.
 
         Raises:
             RecordError: it could not be written even then.
@@ -377,7 +379,7 @@ class RunDir:
         try:
             write_summary(self.path, summary)
         except RecordError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or not self.release_reserve():
+            if not final or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or not self.release_reserve():
                 raise
             write_summary(self.path, summary)
 
