@@ -58,12 +58,7 @@ def main() -> None:
     except OSError as e:
         if not _stdout_failed(e):
             raise
-        _quiet_stdout()
-        try:
-            click.echo(f"optcheck: error: cannot write to stdout ({e.strerror or e})", err=True)
-        except OSError:
-            pass
-        sys.exit(RECORD_FAILED)
+        _stdout_lost(e)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)
@@ -74,13 +69,18 @@ def main() -> None:
     try:
         sys.stdout.flush()
     except OSError as e:  # the last lines did not fit (a full disk, a closed pipe)
-        _quiet_stdout()
-        try:
-            click.echo(f"optcheck: error: cannot write to stdout ({e.strerror or e})", err=True)
-        except OSError:
-            pass
-        sys.exit(RECORD_FAILED)
+        _stdout_lost(e)
     sys.exit(rc or 0)
+
+
+def _stdout_lost(e: OSError) -> None:
+    """One line on stderr, exit 4: what optcheck printed could not be written."""
+    _quiet_stdout()
+    try:
+        click.echo(f"optcheck: error: cannot write to stdout ({e.strerror or e})", err=True)
+    except OSError:
+        pass
+    sys.exit(RECORD_FAILED)
 
 
 def _stdout_failed(e: OSError) -> bool:

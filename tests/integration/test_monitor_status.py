@@ -181,38 +181,30 @@ def test_full_disk_is_record_failed_and_training_goes_on(tmp_path):
     assert s["last_step"] == 400
 
 
-def test_an_exception_is_crashed(tmp_path):
-    res, out = _run(tmp_path, """
+def _ends_at(at: int, statement: str) -> str:
+    """A ``with Monitor`` loop whose step ``at`` runs ``statement``."""
+    return textwrap.dedent(f"""
         with optcheck.Monitor(model, opt, every=5, out=OUT):
             for i in range(1, 30):
                 step(i)
-                if i == 9:
-                    raise RuntimeError("user bug at 9")
+                if i == {at}:
+                    {statement}
     """)
+
+
+def test_an_exception_is_crashed(tmp_path):
+    res, out = _run(tmp_path, _ends_at(9, 'raise RuntimeError("user bug at 9")'))
     assert res.returncode == 1 and "user bug at 9" in res.stderr
     s = _summary(out)
     assert s["status"] == "crashed" and s["exit_code"] == 3 and s["crash"]["message"] == "user bug at 9"
 
 
 def test_sys_exit_0_inside_with_is_clean_and_sys_exit_1_is_crashed(tmp_path):
-    res, out = _run(tmp_path, """
-        with optcheck.Monitor(model, opt, every=5, out=OUT):
-            for i in range(1, 30):
-                step(i)
-                if i == 10:
-                    sys.exit(0)
-    """)
+    res, out = _run(tmp_path, _ends_at(10, "sys.exit(0)"))
     assert res.returncode == 0, res.stderr
     s = _summary(out)
     assert (s["status"], s["exit_code"], s["last_step"]) == ("clean", 0, 10)
-    res, out = _run(tmp_path, """
-        import shutil; shutil.rmtree(OUT, ignore_errors=True)
-        with optcheck.Monitor(model, opt, every=5, out=OUT):
-            for i in range(1, 30):
-                step(i)
-                if i == 10:
-                    sys.exit(1)
-    """)
+    res, out = _run(tmp_path, "import shutil; shutil.rmtree(OUT, ignore_errors=True)\n" + _ends_at(10, "sys.exit(1)"))
     assert res.returncode == 1
     assert _summary(out)["status"] == "crashed"
 
