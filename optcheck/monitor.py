@@ -194,6 +194,7 @@ class Monitor:
         self._atexit = lambda: (ref() is not None and not ref().closed and ref().close())
         atexit.register(self._atexit)
         self._threads = {threading.get_ident()}  # the loop's threads: one dying is this run's crash
+        _install_thread_hook()
         self._signals = _SignalChain(self) if threading.current_thread() is threading.main_thread() else None
 
     @property
@@ -559,7 +560,15 @@ def _thread_died(args) -> None:
                 mon.close()
             except Exception:  # noqa: BLE001 - never hide the thread's traceback behind ours
                 log.exception("optcheck: could not record the thread's crash")
-    _PREV_THREAD_HOOK(args)
+    _PREV_THREAD_HOOK[0](args)
+
+
+def _install_thread_hook() -> None:
+    """Put :func:`_thread_died` in front of the current ``threading.excepthook`` (once
+    per replacement: a hook set after ours is wrapped again at the next Monitor)."""
+    if threading.excepthook is not _thread_died:
+        _PREV_THREAD_HOOK[0] = threading.excepthook
+        threading.excepthook = _thread_died
 
 
 def _forked_child() -> None:
@@ -570,8 +579,7 @@ def _forked_child() -> None:
             pass
 
 
-_PREV_THREAD_HOOK = threading.excepthook
-threading.excepthook = _thread_died
+_PREV_THREAD_HOOK = [threading.__excepthook__]
 os.register_at_fork(after_in_child=_forked_child)
 
 
