@@ -42,15 +42,17 @@ process as the run's crash, as ``with`` does.
 
 Optimizer wrappers (accelerate, Lightning) and DDP/DataParallel models are
 unwrapped (``optcheck/pytorch/unwrap.py``); the Lightning and Trainer callbacks
-are in ``optcheck/integrations/``.
+are in ``optcheck/integrations/``. How a run that does not reach ``close()`` ends
+(signals, a thread's death, fork) is ``optcheck/monitor_end.py``; what it writes,
+``optcheck/recorder.py``.
+
+(Over 400 lines: one public class, whose hooks, state and summary belong together.)
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
-import os
-import signal
 import threading
 import time
 import warnings
@@ -59,7 +61,7 @@ from pathlib import Path
 
 import torch
 
-from optcheck import distributed
+from optcheck import distributed, monitor_end
 from optcheck.engine import RuleEngine
 from optcheck.findings import SEVERITIES, Finding, severity_rank
 from optcheck.pytorch import monitor_hooks, probe
@@ -194,8 +196,9 @@ class Monitor:
         self._atexit = lambda: (ref() is not None and not ref().closed and ref().close())
         atexit.register(self._atexit)
         self._threads = {threading.get_ident()}  # the loop's threads: one dying is this run's crash
-        _install_thread_hook()
-        self._signals = _SignalChain(self) if threading.current_thread() is threading.main_thread() else None
+        monitor_end.opened(self)
+        self._signals = monitor_end.SignalChain(self) if threading.current_thread() is threading.main_thread() \
+            else None
 
     @property
     def every(self) -> int:
@@ -288,6 +291,7 @@ class Monitor:
         self.hazards.remove()
         self.grad_clear.remove()
         monitor_hooks.remove(self)
+        monitor_end.closed(self)
         atexit.unregister(self._atexit)
         summary = self.rec.finish(**self._ending())
         self.rec.close()
@@ -494,93 +498,6 @@ class Monitor:
         if self._signals is not None:
             self._signals.restore()
             self._signals = None
-
-
-class _SignalChain:
-    """SIGINT/SIGTERM handlers in front of the user's while a Monitor is open: the
-    run is marked interrupted, then the previous handler runs (Python's own SIGINT
-    handler raises KeyboardInterrupt; a handler of the user's runs as before). With
-    the default action (SIGTERM's is to die) the run is closed first, then the
-    default action is taken: the process still dies by the signal, its summary says
-    ``interrupted``. An ignored signal stays ignored and marks nothing."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, mon: Monitor):
-        self._mon = weakref.ref(mon)
-        self._prev: dict[int, object] = {}
-        for s in self.SIGNALS:
-            try:
-                prev = signal.getsignal(s)
-                if prev == signal.SIG_IGN or prev is None:  # ignored, or set outside Python: leave it
-                    continue
-                signal.signal(s, self._handler)
-                self._prev[s] = prev
-            except (ValueError, OSError):
-                pass
-
-    def _handler(self, signum, frame) -> None:
-        prev = self._prev.get(signum, signal.SIG_DFL)
-        mon = self._mon()
-        if mon is not None and not mon.closed:
-            mon._on_signal(signal.Signals(signum).name)
-            if prev == signal.SIG_DFL:  # the process dies now: close the run first
-                try:
-                    mon.close()
-                except Exception:  # noqa: BLE001 - the signal's own effect comes first
-                    log.exception("optcheck: could not close the run on %s", signal.Signals(signum).name)
-            else:
-                mon.rec.write_running()  # on disk now: the user's handler may end the process
-        if callable(prev):
-            prev(signum, frame)
-        elif prev == signal.SIG_DFL:
-            self.restore()
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
-    def restore(self) -> None:
-        """Put the previous handlers back (those still ours: a handler set after ours stays)."""
-        for s, prev in list(self._prev.items()):
-            try:
-                if signal.getsignal(s) == self._handler:
-                    signal.signal(s, prev)
-            except (ValueError, OSError):
-                pass
-        self._prev = {}
-
-
-def _thread_died(args) -> None:
-    """``threading.excepthook``: a thread that ran a monitor's loop died of an exception:
-    that run crashed (recorded and closed), then the previous hook reports it."""
-    for mon in list(monitor_hooks._ACTIVE):
-        if args.thread is not None and args.thread.ident in getattr(mon, "_threads", ()):
-            try:
-                if args.exc_value is not None:
-                    mon._record_crash(args.exc_value)
-                mon.close()
-            except Exception:  # noqa: BLE001 - never hide the thread's traceback behind ours
-                log.exception("optcheck: could not record the thread's crash")
-    _PREV_THREAD_HOOK[0](args)
-
-
-def _install_thread_hook() -> None:
-    """Put :func:`_thread_died` in front of the current ``threading.excepthook`` (once
-    per replacement: a hook set after ours is wrapped again at the next Monitor)."""
-    if threading.excepthook is not _thread_died:
-        _PREV_THREAD_HOOK[0] = threading.excepthook
-        threading.excepthook = _thread_died
-
-
-def _forked_child() -> None:
-    for mon in list(monitor_hooks._ACTIVE):
-        try:
-            mon._detach_fork()
-        except Exception:  # noqa: BLE001 - the child runs on regardless
-            pass
-
-
-_PREV_THREAD_HOOK = [threading.__excepthook__]
-os.register_at_fork(after_in_child=_forked_child)
 
 
 __all__ = ["Monitor", "OptcheckWarning", "FindingError", "SEVERITIES"]

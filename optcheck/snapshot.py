@@ -262,7 +262,7 @@ def read_jsonl(path: str | os.PathLike, defects: list[StreamDefect] | None = Non
         failed: tuple[int, str] | None = None  # a bad line, held until we know whether it was the last
         for n, raw in enumerate(f, start=1):
             if failed is not None:
-                _bad_line(path, *failed, last=False, defects=defects)
+                bad_line(path, *failed, last=False, defects=defects)
                 failed = None
             raw = raw.strip()
             if not raw:
@@ -275,61 +275,10 @@ def read_jsonl(path: str | os.PathLike, defects: list[StreamDefect] | None = Non
                 continue
             yield (n, value) if numbered else value
         if failed is not None:
-            _bad_line(path, *failed, last=True, defects=defects)
+            bad_line(path, *failed, last=True, defects=defects)
 
 
-def read_jsonl_records(path: str | os.PathLike, defects: list[StreamDefect] | None = None,
-                       chunk_bytes: int = 4 << 20) -> Iterator[tuple[int, Any]]:
-    """``(line number, value)`` of every JSON line of a record file, with the rules
-    of :func:`read_jsonl` for bad lines, read a few MB at a time: a chunk whose
-    lines are each one JSON object (each starts with ``{`` and ends with ``}``,
-    and the chunk parses as one array of exactly that many objects) is parsed by
-    one ``json.loads`` call, about 3x faster than a call per line; any other chunk
-    line by line. Made for ``metrics.jsonl`` of a million steps.
-    """
-    with open(path, "rb") as f:
-        n = 0
-        failed: tuple[int, str] | None = None
-        while True:
-            lines = f.readlines(chunk_bytes)
-            if not lines:
-                break
-            if failed is not None:  # more lines follow: it was not the last
-                _bad_line(path, *failed, last=False, defects=defects)
-                failed = None
-            first = n + 1
-            n += len(lines)
-            stripped = [raw.strip() for raw in lines]
-            records = [(first + i, r) for i, r in enumerate(stripped) if r]
-            values = None
-            if records and all(r[:1] == b"{" and r[-1:] == b"}" for _, r in records):
-                try:
-                    values = json.loads(b"[" + b",".join(r for _, r in records) + b"]")
-                except (ValueError, RecursionError):
-                    values = None
-                if values is not None and (len(values) != len(records) or any(type(v) is not dict for v in values)):
-                    values = None
-            if values is not None:
-                yield from zip((k for k, _ in records), values)
-                continue
-            for i, raw in enumerate(stripped):
-                if failed is not None:
-                    _bad_line(path, *failed, last=False, defects=defects)
-                    failed = None
-                if not raw:
-                    continue
-                try:
-                    value = json.loads(raw.decode("utf-8"))
-                except (ValueError, RecursionError) as e:
-                    failed = (first + i, "nested too deeply" if isinstance(e, RecursionError)
-                              else getattr(e, "msg", None) or str(e)[:80])
-                    continue
-                yield first + i, value
-        if failed is not None:
-            _bad_line(path, *failed, last=True, defects=defects)
-
-
-def _bad_line(path, n: int, what: str, *, last: bool, defects: list[StreamDefect] | None) -> None:
+def bad_line(path, n: int, what: str, *, last: bool, defects: list[StreamDefect] | None) -> None:
     """Record line ``n`` that is not JSON in ``defects``; without them, raise unless it is the last."""
     if defects is not None:
         defects.append(StreamDefect(n, ("truncated last line" if last else "not a JSON line") + f" ({what})"))
@@ -337,147 +286,29 @@ def _bad_line(path, n: int, what: str, *, last: bool, defects: list[StreamDefect
         raise ValueError(f"{path}:{n}: not a JSON line ({what})")
 
 
-_PY_TYPES = {"integer": (int,), "number": (int, float), "string": (str,), "object": (dict,), "array": (list,),
-             "boolean": (bool,), "null": (type(None),)}
-
-
-class ShallowCheck:
-    """A cheap structural check derived from a published schema: the top-level
-    required fields are present, and every top-level field (and the required
-    fields of the objects in a top-level array) has one of its types or enum
-    values (exact type tests: a bool is no integer). What it passes the full
-    schema may still refuse deeper down; what it refuses, the full schema refuses
-    too (the caller then validates fully, for the precise message). About 30x
-    cheaper than ``jsonschema`` on a snapshot.
-    """
-
-    def __init__(self, kind: str):
-        raw = json.loads((SCHEMA_DIR / SCHEMA_FILES[kind]).read_text(encoding="utf-8"))
-        schema = _inline_refs(raw, raw.get("$defs", {}))
-        self.required = tuple(schema.get("required", ()))
-        props = schema.get("properties", {})
-        self.fields = {k: spec for k, v in props.items() if (spec := self._spec(v)) is not None}
-        self.items = {}
-        for k, v in props.items():
-            it = v.get("items") if isinstance(v, dict) else None
-            if isinstance(it, dict) and it.get("type") == "object":
-                req = tuple(it.get("required", ()))
-                self.items[k] = (req, {f: spec for f in req
-                                       if (spec := self._spec(it.get("properties", {}).get(f))) is not None})
-
-    @staticmethod
-    def _spec(node):
-        """``(types, values, minimum)`` of one property schema: exact Python types
-        allowed, literal values allowed besides (enum, const), a numeric minimum; None
-        when it cannot be told cheaply (the full check at the start covers it)."""
-        if not isinstance(node, dict):
-            return None
-        if "const" in node:
-            return (frozenset(), (node["const"],), None)
-        if "enum" in node:
-            return (frozenset(), tuple(node["enum"]), None)
-        branches = node.get("anyOf") or node.get("oneOf")
-        if branches:
-            specs = [ShallowCheck._spec(b) for b in branches]
-            if any(sp is None for sp in specs):
-                return None
-            mins = {sp[2] for sp in specs}
-            return (frozenset().union(*(sp[0] for sp in specs)), tuple(x for sp in specs for x in sp[1]),
-                    mins.pop() if len(mins) == 1 else None)
-        t = node.get("type")
-        if t is None:
-            return None
-        names = [t] if isinstance(t, str) else list(t)
-        return (frozenset(x for n in names for x in _PY_TYPES.get(n, ())), (), node.get("minimum"))
-
-    @staticmethod
-    def _ok(v, spec) -> bool:
-        types, values, minimum = spec
-        if type(v) in types:
-            return minimum is None or type(v) not in _NUMERIC or v >= minimum
-        return bool(values) and type(v) in _SCALAR and v in values
-
-    def __call__(self, obj) -> bool:
-        if type(obj) is not dict:
-            return False
-        for k in self.required:
-            if k not in obj:
-                return False
-        fields = self.fields
-        for k, v in obj.items():  # inlined _ok: this runs once per line of a million-line file
-            spec = fields.get(k)
-            if spec is None:
-                continue
-            types, values, minimum = spec
-            if type(v) in types:
-                if minimum is not None and type(v) in _NUMERIC and v < minimum:
-                    return False
-            elif not (values and type(v) in _SCALAR and v in values):
-                return False
-        if self.items:
-            ok = self._ok
-            for k, (req, specs) in self.items.items():
-                for item in obj.get(k) or ():
-                    if type(item) is not dict:
-                        return False
-                    for f in req:
-                        if f not in item:
-                            return False
-                        spec = specs.get(f)
-                        if spec is not None and not ok(item[f], spec):
-                            return False
-        return True
-
-
-_NUMERIC = frozenset((int, float))
-_SCALAR = frozenset((str, int, float, type(None)))
-_SHALLOW: dict[str, ShallowCheck] = {}
-
-
-def shallow_check(kind: str) -> ShallowCheck:
-    """The :class:`ShallowCheck` of record ``kind`` (built once)."""
-    if kind not in _SHALLOW:
-        _SHALLOW[kind] = ShallowCheck(kind)
-    return _SHALLOW[kind]
-
-
-#: Lines of each record file checked against the full schema before the cheap check takes over.
-FULL_CHECK_LINES = 4
-
-
-def _checked(path, n: int, obj, kind: str, full_lines: int | None, count: int):
-    """``obj`` (line ``n``, the ``count``-th record) checked: fully for the first
-    ``full_lines`` records (all when None), then by :class:`ShallowCheck`, and fully
-    again when that fails (for the message)."""
-    try:
-        if full_lines is None or count < full_lines or not shallow_check(kind)(obj):
-            return validate(obj) if kind == "snapshot" else validate_record(obj, kind)
-        return obj
-    except SchemaError as e:
-        raise SchemaError(f"{path}:{n}: {e}") from None
-
-
 def read_records(path: str | os.PathLike, kind: str, defects: list[StreamDefect] | None = None,
                  full_lines: int | None = None) -> list[dict]:
     """Every line of a record file (``metrics.jsonl``, ``findings.jsonl``), each
     checked against the published schema of ``kind`` (``full_lines``: only the
-    first that many; the rest by the cheap :class:`ShallowCheck`); unreadable
+    first that many; the rest by ``optcheck.record_check.ShallowCheck``); unreadable
     lines go to ``defects`` as in :func:`read_jsonl`.
 
     Raises:
         FileNotFoundError.
         SchemaError: ``"<path>:<line>: <field>: <what is wrong>"``.
     """
+    from optcheck.record_check import checked, read_jsonl_records
+
     out = []
     for n, obj in read_jsonl_records(path, defects if defects is not None else []):
-        out.append(_checked(path, n, obj, kind, full_lines, len(out)))
+        out.append(checked(path, n, obj, kind, full_lines, len(out)))
     return out
 
 
 def read_snapshots(path: str | os.PathLike, defects: list[StreamDefect] | None = None,
                    full_lines: int | None = None) -> list[dict]:
     """Read a recorded snapshot stream (``snapshots.jsonl``), validating every line
-    (``full_lines``: the first that many, the rest by :class:`ShallowCheck`)
+    (``full_lines``: the first that many, the rest by ``optcheck.record_check.ShallowCheck``)
     against ``optcheck/schemas/snapshot-1.json``.
 
     Lines that are not JSON go to ``defects`` (see :func:`read_jsonl`).
@@ -486,11 +317,13 @@ def read_snapshots(path: str | os.PathLike, defects: list[StreamDefect] | None =
         FileNotFoundError, ValueError (an unreadable line, without ``defects``),
         SchemaError: ``"<path>:<line>: <field>: <what is wrong>"``.
     """
+    from optcheck.record_check import checked, read_jsonl_records
+
     out = []
     for n, obj in read_jsonl_records(path, defects):
         if not isinstance(obj, dict):
             raise SchemaError(f"{path}:{n}: snapshot is a {type(obj).__name__}, not a JSON object")
-        out.append(_checked(path, n, obj, "snapshot", full_lines, len(out)))
+        out.append(checked(path, n, obj, "snapshot", full_lines, len(out)))
     return out
 
 

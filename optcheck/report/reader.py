@@ -6,7 +6,7 @@ and ``docs/run-directory.md``. :class:`RunReader` reads each file once, on first
 use. Validation policy (one for every record file): the summary and the first
 ``FULL_CHECK_LINES`` records of each file are checked against their published
 schema (``optcheck/schemas/``), every later record by a cheap structural check
-derived from the same schema (``optcheck.snapshot.ShallowCheck``: required
+derived from the same schema (``optcheck.record_check.ShallowCheck``: required
 fields, top-level types and enums), and fully again when that check fails, so
 the error names the field. ``compare`` of a 20,000-step run reads in about a
 second that way, against half a minute with every line schema-checked
@@ -43,8 +43,9 @@ from pathlib import Path
 from optcheck.errors import InputError
 from optcheck.exitcodes import CRASHED
 from optcheck.report.rundir import writer_gone
-from optcheck.snapshot import FULL_CHECK_LINES, SCHEMA_DIR, SchemaError, StreamDefect, read_jsonl, read_records, \
-    read_snapshots, to_float, validate_record
+from optcheck.record_check import FULL_CHECK_LINES
+from optcheck.snapshot import SCHEMA_DIR, SchemaError, StreamDefect, read_jsonl, read_records, read_snapshots, \
+    to_float, validate_record
 
 #: The status a reader gives a run whose summary says ``running`` and whose writer is gone.
 UNCLOSED = "ended without closing"

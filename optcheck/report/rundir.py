@@ -40,7 +40,10 @@ Guarantees:
 Reading a run directory back is :class:`optcheck.report.reader.RunReader`'s job.
 
 The OS facts behind these (flock(2), open(2) ``O_NOFOLLOW``, rename(2), partial
-writes and ``RLIMIT_FSIZE``) are in ``docs/reliability.md``.
+writes and ``RLIMIT_FSIZE``) are in ``docs/reliability.md``. Who writes through
+:class:`RunDir`: ``optcheck.recorder.RunRecorder``, and nothing else.
+
+(Over 400 lines: the file-system guarantees of a run directory are kept in one place.)
 """
 
 from __future__ import annotations
