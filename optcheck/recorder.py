@@ -244,14 +244,17 @@ class RunRecorder:
 
     def write_running(self) -> None:
         """Rewrite ``summary.json`` with status ``running`` and what is recorded so far.
-        Never raises (a failed write is :attr:`record_error`)."""
+        Best effort, never raises: when it cannot be written (no inode left for its
+        temporary file, a full disk) the previous one stays; the records themselves
+        decide whether the run is ``record-failed``, and the final summary has the
+        reserve."""
         if self.rundir is None or self.finished or self._detached:
             return
         s = self.fill(running=True)
         try:
             self.rundir.summary(s, final=False)
-        except RecordError as e:
-            self._failed(e)
+        except RecordError:
+            pass
 
     def finish(self, *, crashed: bool = False, interrupted: bool = False, stopped: bool = False,
                status: str | None = None, elapsed_s: float | None = None) -> dict:
