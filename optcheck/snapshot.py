@@ -297,12 +297,9 @@ def read_records(path: str | os.PathLike, kind: str, defects: list[StreamDefect]
         FileNotFoundError.
         SchemaError: ``"<path>:<line>: <field>: <what is wrong>"``.
     """
-    from optcheck.record_check import checked, read_jsonl_records
+    from optcheck.record_check import read_checked
 
-    out = []
-    for n, obj in read_jsonl_records(path, defects if defects is not None else []):
-        out.append(checked(path, n, obj, kind, full_lines, len(out)))
-    return out
+    return read_checked(path, kind, defects if defects is not None else [], full_lines)
 
 
 def read_snapshots(path: str | os.PathLike, defects: list[StreamDefect] | None = None,
@@ -317,14 +314,9 @@ def read_snapshots(path: str | os.PathLike, defects: list[StreamDefect] | None =
         FileNotFoundError, ValueError (an unreadable line, without ``defects``),
         SchemaError: ``"<path>:<line>: <field>: <what is wrong>"``.
     """
-    from optcheck.record_check import checked, read_jsonl_records
+    from optcheck.record_check import read_checked
 
-    out = []
-    for n, obj in read_jsonl_records(path, defects):
-        if not isinstance(obj, dict):
-            raise SchemaError(f"{path}:{n}: snapshot is a {type(obj).__name__}, not a JSON object")
-        out.append(checked(path, n, obj, "snapshot", full_lines, len(out)))
-    return out
+    return read_checked(path, "snapshot", defects, full_lines)
 
 
 def members(snap: dict) -> list[tuple[int, dict]]:

@@ -226,19 +226,27 @@ class RunReader:
     @cached_property
     def losses(self) -> dict[int, float]:
         """``{step: training loss}`` of ``metrics.jsonl`` (the last record of a step wins;
-        NaN/inf kept, a step without a loss left out)."""
+        NaN/inf kept, a step without a loss — or with a string that is no number — left out)."""
         out: dict[int, float] = {}
         for rec in self.metrics:
-            loss = to_float(rec.get("loss"))
-            if loss is not None:
+            loss = rec.get("loss")
+            if type(loss) is float:  # nearly every line: no call
                 out[rec["step"]] = loss
+            elif loss is not None and (v := _number(loss)) is not None:
+                out[rec["step"]] = v
         return out
 
     @cached_property
     def step_times(self) -> list[float]:
         """The finite, positive ``step_time_s`` values of ``metrics.jsonl``, in seconds."""
-        times = (to_float(r.get("step_time_s")) for r in self.metrics)
-        return [t for t in times if t is not None and math.isfinite(t) and t > 0]
+        out = []
+        for r in self.metrics:
+            t = r.get("step_time_s")
+            if type(t) is not float:
+                t = _number(t)
+            if t is not None and 0 < t < math.inf:
+                out.append(t)
+        return out
 
     def peak_rss_bytes(self) -> float | None:
         """The summary's ``peak_rss_bytes``, else the largest finite ``memory.rss_bytes`` of the snapshots."""
@@ -319,6 +327,17 @@ def _loose_validator() -> _LooseSummary:
     if not _LOOSE:
         _LOOSE.append(_LooseSummary())
     return _LOOSE[0]
+
+
+def _number(value) -> float | None:
+    """A record's number as a float (``"nan"``/``"inf"`` strings decoded); None for
+    None, a bool, or a string that is no number."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return to_float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def _last_step(path: Path) -> int:
