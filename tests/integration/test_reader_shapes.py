@@ -163,3 +163,57 @@ def test_an_unreadable_record_file_is_one_line(tmp_path, name):
             assert "Permission denied" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
         else:  # a command that does not need that file
             assert res.returncode in (0, 1), (args, res.returncode, res.stderr)
+
+
+RECORD_FILES = ("metrics.jsonl", "snapshots.jsonl", "findings.jsonl", "events.jsonl")
+
+
+@st.composite
+def record_mutation(draw):
+    name = draw(st.sampled_from(RECORD_FILES))
+    kind = draw(st.sampled_from(["field", "line", "truncate", "garbage"]))
+    return name, kind, draw(st.integers(0, 10_000)), draw(st.sampled_from(
+        ["step", "loss", "step_time_s", "params", "groups", "phase", "code", "severity", "memory", "backend"])), \
+        draw(ODD)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(mutations=st.lists(record_mutation(), min_size=1, max_size=3))
+def test_mutated_record_files_are_read_or_refused_in_one_line(tmp_path_factory, mutations):
+    """Any record file of a real run with a field of another type, a line replaced by
+    another JSON value, a torn line or garbage bytes: ``check``, ``compare``,
+    ``baseline`` and ``history`` read it (a note for a skipped line) or refuse it in
+    one line, exit 2 — never a traceback."""
+    d = tmp_path_factory.mktemp("mut") / "run"
+    shutil.copytree(CLEAN, d)
+    for name, kind, at, field, value in mutations:
+        p = d / name
+        lines = p.read_text().splitlines() or ["{}"]
+        i = at % len(lines)
+        if kind == "field":
+            try:
+                rec = json.loads(lines[i])
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                rec[field] = value
+                lines[i] = json.dumps(rec)
+        elif kind == "line":
+            lines[i] = json.dumps(value)
+        elif kind == "truncate":
+            lines[i] = lines[i][: at % max(1, len(lines[i]))]
+        else:
+            lines[i] = "\x00\xff garbage {"
+        p.write_text("\n".join(lines) + "\n", errors="surrogateescape")
+    for args in (["check", str(d)], ["compare", str(d), str(CLEAN)], ["baseline", str(d), str(CLEAN)],
+                 ["history", str(d)]):
+        try:
+            rc, out, err = run_cli(args)
+        except SystemExit as e:
+            rc, out, err = e.code, "", "optcheck: error: (exit)"
+        except Exception as e:  # an InputError is turned into one line by the group in a real process
+            from optcheck.errors import InputError, RecordError
+
+            assert isinstance(e, (InputError, RecordError)), (args, mutations, repr(e))
+            continue
+        _no_traceback(rc, out, err)
