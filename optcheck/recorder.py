@@ -332,12 +332,7 @@ class RunRecorder:
         if self.rundir is None or self._detached:
             return
         self._detached = True
-        if self._fatal is not None:
-            try:
-                os.close(self._fatal[0])
-            except OSError:
-                pass
-            self._fatal = None
+        self._release_fatal()  # the child's stacks go where they went before (its fd copy closed, no unlink)
         self.rundir.abandon()
 
 
