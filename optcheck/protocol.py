@@ -51,15 +51,15 @@ NUMERIC: dict[str, tuple[str, ...]] = {
     "metrics": ("[losses]", "[step_times_s]"),
     "snapshot": ("cost_s",),
     "done": ("loss_first", "loss_last", "val_loss_first", "val_loss_last", "train_cpu_s"),
-    "hello": ("threads",),
 }
-#: Integer fields (steps): anything but a whole number becomes None (a list: dropped elements).
+#: Integer fields (steps, counts): anything but a whole number >= 0 becomes None (in a list: the entry is dropped).
 INTEGER: dict[str, tuple[str, ...]] = {
     "metrics": ("[steps]",),
     "lifecycle": ("step",),
     "crash": ("step",),
     "stopped": ("step",),
     "done": ("step", "val_step_first", "val_step_last"),
+    "hello": ("threads",),
 }
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "+inf": math.inf,
               "infinity": math.inf, "-infinity": -math.inf}
@@ -162,13 +162,12 @@ def number(value) -> float | None:
 
 
 def _integer(value) -> int | None:
+    """A step or a count: a whole number >= 0, else None."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return value
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
-    return None
+        value = int(value)
+    return value if isinstance(value, int) and value >= 0 else None
 
 
 def decode(msg: dict) -> dict:

@@ -147,7 +147,7 @@ class RunRecorder:
         rss = (snap.get("memory") or {}).get("rss_bytes") if isinstance(snap.get("memory"), dict) else None
         if isinstance(rss, (int, float)) and not isinstance(rss, bool) and math.isfinite(rss):
             sm.peak_rss_bytes = max(sm.peak_rss_bytes or 0, int(rss))
-        if isinstance(cost_s, (int, float)) and not isinstance(cost_s, bool) and math.isfinite(cost_s):
+        if seconds(cost_s) is not None:
             self.snapshot_cost.add(cost_s)
         new = self.checker.check(snap)
         if self.rundir is not None and sm.snapshots % self.running_summary_every == 0:
@@ -334,6 +334,25 @@ class RunRecorder:
         self._detached = True
         self._release_fatal()  # the child's stacks go where they went before (its fd copy closed, no unlink)
         self.rundir.abandon()
+
+
+def seconds(value) -> float | None:
+    """A duration a worker reported, when it is one: a finite number >= 0 (else None)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+        return float(value)
+    return None
+
+
+def step_cost(value) -> dict | None:
+    """The worker's ``step_cost`` (``optcheck.session.StepCost.to_dict``) when it has that
+    shape (count, total_s, mean_us: numbers >= 0, mean_us may be None), else None."""
+    if not isinstance(value, dict):
+        return None
+    count, total, mean = value.get("count"), value.get("total_s"), value.get("mean_us")
+    if not (isinstance(count, int) and not isinstance(count, bool) and count >= 0) or seconds(total) is None \
+            or (mean is not None and seconds(mean) is None):
+        return None
+    return value
 
 
 class _Sink:

@@ -31,7 +31,7 @@ from optcheck.engine import RuleEngine
 from optcheck.errors import InputError, RecordError
 from optcheck.findings import Finding, severity_rank
 from optcheck.protocol import read_messages, send_verdict
-from optcheck.recorder import RunRecorder
+from optcheck.recorder import RunRecorder, seconds, step_cost
 from optcheck.report.rundir import check_space
 from optcheck.rules import RuleConfig, warm_up
 from optcheck.session_process import (STDERR_TAIL_LINES, WORKER_MODULES, Progress, drain_stderr, signal_name,
@@ -294,7 +294,7 @@ def _supervise(cfg: SoakConfig, out: Path, rec: RunRecorder, bar: Progress, sig:
     if record_error is not None:
         rec.record_error = rec.record_error or record_error
     cost = dict(base.cost)
-    cost["steps"], cost["train_cpu_s"] = done.get("step_cost"), done.get("train_cpu_s")  # the worker's
+    cost["steps"], cost["train_cpu_s"] = step_cost(done.get("step_cost")), seconds(done.get("train_cpu_s"))
     rec.set(crash=st.crash, stopped=st.stopped, hazards=st.hazards, cost=cost,
             versions=st.hello.get("versions") or {}, threads=st.hello.get("threads"),
             interrupted_by=sig.name, signals=sig.count, garbled_lines=st.garbled,

@@ -86,7 +86,7 @@ def messages(draw):
     return {"type": kind, "step": draw(NUMBER), "message": "x", "reason": "y", "exc_type": "E"}
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(st.lists(messages(), min_size=1, max_size=8))
 def test_every_message_kind_with_non_finite_numbers_goes_through_the_supervisor(tmp_path_factory, msgs):
