@@ -258,24 +258,55 @@ def read_jsonl(path: str | os.PathLike, defects: list[StreamDefect] | None = Non
         FileNotFoundError: the file does not exist.
         ValueError: an unreadable line other than the last, when ``defects`` is None.
     """
+    parser = LineParser(path, defects)
     with open(path, "rb") as f:
-        failed: tuple[int, str] | None = None  # a bad line, held until we know whether it was the last
-        for n, raw in enumerate(f, start=1):
-            if failed is not None:
-                bad_line(path, *failed, last=False, defects=defects)
-                failed = None
+        for n, value in parser.feed(enumerate(f, start=1)):
+            yield (n, value) if numbered else value
+    parser.end()
+
+
+def parse_line(raw: bytes) -> tuple[Any, str | None]:
+    """One stripped line of a JSON Lines file: ``(value, None)``, or ``(None, why)``
+    when it is not JSON (torn, garbage, not UTF-8, nested too deeply)."""
+    try:
+        return json.loads(raw.decode("utf-8")), None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None, "nested too deeply" if isinstance(e, RecursionError) else getattr(e, "msg", None) or str(e)[:80]
+
+
+class LineParser:
+    """Numbered raw lines to JSON values with the bad-line rule of :func:`read_jsonl`,
+    across calls: a line that is not JSON is held until it is known whether another
+    line follows (then it is "not a JSON line", else "truncated last line")."""
+
+    def __init__(self, path, defects: list[StreamDefect] | None):
+        self.path, self.defects = path, defects
+        self.failed: tuple[int, str] | None = None
+
+    def more(self) -> None:
+        """Another line follows: a held bad line was not the last."""
+        if self.failed is not None:
+            bad_line(self.path, *self.failed, last=False, defects=self.defects)
+            self.failed = None
+
+    def feed(self, lines) -> Iterator[tuple[int, Any]]:
+        """``(n, value)`` of each ``(n, raw bytes)`` line that is JSON."""
+        for n, raw in lines:
+            self.more()
             raw = raw.strip()
             if not raw:
                 continue
-            try:
-                value = json.loads(raw.decode("utf-8"))
-            except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-                failed = (n, "nested too deeply" if isinstance(e, RecursionError)
-                          else getattr(e, "msg", None) or str(e)[:80])
+            value, why = parse_line(raw)
+            if why is not None:
+                self.failed = (n, why)
                 continue
-            yield (n, value) if numbered else value
-        if failed is not None:
-            bad_line(path, *failed, last=True, defects=defects)
+            yield n, value
+
+    def end(self) -> None:
+        """No line follows: a held bad line was the last."""
+        if self.failed is not None:
+            bad_line(self.path, *self.failed, last=True, defects=self.defects)
+            self.failed = None
 
 
 def bad_line(path, n: int, what: str, *, last: bool, defects: list[StreamDefect] | None) -> None:
