@@ -55,6 +55,10 @@ def main() -> None:
     STANDALONE = True
     try:
         rc = cli.main(standalone_mode=False)
+    except OSError as e:
+        if not _stdout_failed(e):
+            raise
+        _stdout_lost(e)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)
@@ -62,7 +66,48 @@ def main() -> None:
         e.show()
         sys.exit(USAGE if e.exit_code == 2 or isinstance(e, click.UsageError) else e.exit_code)
     _ignore_late_signals()
+    try:
+        sys.stdout.flush()
+    except OSError as e:  # the last lines did not fit (a full disk, a closed pipe)
+        _stdout_lost(e)
     sys.exit(rc or 0)
+
+
+def _stdout_lost(e: OSError) -> None:
+    """One line on stderr, exit 4: what optcheck printed could not be written."""
+    _quiet_stdout()
+    try:
+        click.echo(f"optcheck: error: cannot write to stdout ({e.strerror or e})", err=True)
+    except OSError:
+        pass
+    sys.exit(RECORD_FAILED)
+
+
+def _stdout_failed(e: OSError) -> bool:
+    """Whether ``e`` is a write to stdout that failed (EPIPE: the reader went away;
+    ENOSPC/EFBIG/EIO: stdout is redirected to a full disk): it is then one line on
+    stderr and exit 4, not a traceback."""
+    import errno
+
+    if e.errno not in (errno.EPIPE, errno.ENOSPC, errno.EFBIG, errno.EIO, errno.EDQUOT):
+        return False
+    try:
+        sys.stdout.flush()
+    except OSError:
+        return True
+    return isinstance(e, BrokenPipeError) or e.filename is None
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so Python's own flush at exit does not fail again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def _ignore_late_signals() -> None:

@@ -43,8 +43,14 @@ class RuleEngine:
         self.ignore = list(ignore or [])
         self.suppressed: list[Finding] = []
 
-    def feed(self, snap: dict) -> list[Finding]:
-        """Run every rule on ``snap``; return the findings not reported before."""
+    def feed(self, snap: dict, only: Iterable[str] | None = None) -> list[Finding]:
+        """Run every rule on ``snap``; return the findings not reported before.
+
+        ``only``: rule codes to run on a partial record (a metrics line's loss, not a
+        snapshot); it joins no history, and what it finds counts as reported for
+        the next snapshot's check of the same subject."""
+        if only is not None:
+            return self._feed_partial(snap, set(only))
         previous = self.history[-1] if self.history else None
         self.history.append(snap)
         if len(self.history) > self.history_limit:
@@ -58,6 +64,23 @@ class RuleEngine:
             active = self._active.get(rule.code, set())
             new.extend(f for f in found if f.key not in active)
             self._active[rule.code] = keys
+        new = self._keep(new)
+        self.findings.extend(new)
+        return new
+
+    def _feed_partial(self, record: dict, codes: set[str]) -> list[Finding]:
+        previous = self.history[-1] if self.history else None
+        ctx = RuleContext(previous=previous, history=self.history, config=self.config, memo=self.memo)
+        new: list[Finding] = []
+        for rule in self.rules:
+            if rule.code not in codes:
+                continue
+            ctx.memo.setdefault(rule.code, {})
+            active = self._active.setdefault(rule.code, set())
+            for f in rule.check(record, ctx):
+                if f.key not in active:
+                    active.add(f.key)
+                    new.append(f)
         new = self._keep(new)
         self.findings.extend(new)
         return new

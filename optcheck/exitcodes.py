@@ -60,3 +60,22 @@ def run_exit_code(*, crashed: bool, interrupted: bool, worst_rank: int | None, f
     if worst_rank is not None and worst_rank >= fail_on_rank:
         return FINDINGS
     return CLEAN
+
+
+#: Exit codes from least to most severe: the order :func:`worst` picks by.
+SEVERITY_ORDER = (CLEAN, FINDINGS, USAGE, CRASHED, RECORD_FAILED, INTERRUPTED)
+
+
+def worst(codes) -> int:
+    """The worst of several runs' exit codes (interrupted > record-failed > crashed >
+    usage > findings > clean); an unknown code counts as worse than all of these
+    (it is kept, never dropped); no codes: clean.
+
+    >>> worst([0, 4, 1])
+    4
+    """
+    codes = [c for c in codes if isinstance(c, int) and not isinstance(c, bool)]
+    if not codes:
+        return CLEAN
+    rank = {c: i for i, c in enumerate(SEVERITY_ORDER)}
+    return max(codes, key=lambda c: rank.get(c, len(SEVERITY_ORDER)))

@@ -42,20 +42,26 @@ process as the run's crash, as ``with`` does.
 
 Optimizer wrappers (accelerate, Lightning) and DDP/DataParallel models are
 unwrapped (``optcheck/pytorch/unwrap.py``); the Lightning and Trainer callbacks
-are in ``optcheck/integrations/``.
+are in ``optcheck/integrations/``. How a run that does not reach ``close()`` ends
+(signals, a thread's death, fork) is ``optcheck/monitor_end.py``; what it writes,
+``optcheck/recorder.py``.
+
+(Over 400 lines: one public class, whose hooks, state and summary belong together.)
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import threading
 import time
 import warnings
 import weakref
+from pathlib import Path
 
 import torch
 
-from optcheck import distributed, exitcodes
+from optcheck import distributed, monitor_end
 from optcheck.engine import RuleEngine
 from optcheck.findings import SEVERITIES, Finding, severity_rank
 from optcheck.pytorch import monitor_hooks
@@ -66,10 +72,10 @@ from optcheck.pytorch.monitor_hooks import (ClipNorm, FindingError, OptcheckWarn
                                             backward_loss)
 from optcheck.pytorch.train import NullHazards
 from optcheck.pytorch.unwrap import unwrap_model, unwrap_optimizer
-from optcheck.report.rundir import RunDir
+from optcheck.recorder import RunRecorder
 from optcheck.rules import RuleConfig
 from optcheck.session import Sequencer, StepCost, timed_hook
-from optcheck.session_summary import Checker, Summary, run_status, utc_now
+from optcheck.session_summary import Summary, utc_now
 from optcheck.suppress import resolve
 from optcheck.userframe import user_stacklevel
 from optcheck.worker_loop import StepStopped
@@ -145,18 +151,27 @@ class Monitor:
         compiled = type(model).__name__ == "OptimizedModule"
         model = model._orig_mod if compiled else model  # (names without "_orig_mod.")
         self.model, self.optimizer, self.on_finding_policy = model, optimizer, on_finding
-        self.rundir = (RunDir(out, append=append, reuse_hint="choose another out=, remove the folder, or pass "
-                              "append=True to add to its records (a resumed run)") if out is not None else None)
-        self.run_id = run_id or (self.rundir.path.name if self.rundir else "monitor")
+        # every input checked before the run directory is locked: a refused Monitor() leaves it free
         self.engine = RuleEngine(rule_config, ignore=resolve(ignore, ignore_config))
-        self.checker = Checker(self.engine, self.rundir, report=self._report, checked=self.on_snapshot)
+        self._interrupted: str | None = None
+        self._started = utc_now()
+        base = Summary(run=run_id or (Path(out).name if out is not None else "monitor"), backend="pytorch",
+                       source="monitor", fail_on=fail_on, started=self._started)
+        # the run's one writer (optcheck/recorder.py); a full disk is kept, reported, never raised into step()
+        self.rec = RunRecorder(out, base, engine=self.engine, append=append, report=self._report,
+                               checked=self.on_snapshot, on_record_error="keep", on_fill=self._fill_summary,
+                               on_failure=self._record_failed,
+                               reuse_hint="choose another out=, remove the folder, or pass append=True to add "
+                                          "to its records (a resumed run)")
+        self.rundir = self.rec.rundir
+        self.run_id = base.run
+        self.checker = self.rec.checker
         self.step_count = 0
         self.closed = False
         self._losses: list[tuple[int, torch.Tensor]] = []
         self._loss: torch.Tensor | None = None
         self._crash: dict | None = None
         self._stopped: dict | None = None
-        self._started = utc_now()
         self._may_raise = True
         self._backwards = 0  # backward() calls since the last optimizer step
         self._no_step_reported = False
@@ -189,10 +204,15 @@ class Monitor:
             self.load_state_dict(state)
         self._enter_step()
         self.seq.start(self.step_count)
-        self._write_summary("running")
+        self.rec.write_running()
+        self.rec.catch_fatal_signals()
         ref = weakref.ref(self)
         self._atexit = lambda: (ref() is not None and not ref().closed and ref().close())
         atexit.register(self._atexit)
+        self._threads = {threading.get_ident()}  # the loop's threads: one dying is this run's crash
+        monitor_end.opened(self)
+        self._signals = monitor_end.SignalChain(self) if threading.current_thread() is threading.main_thread() \
+            else None
 
     @property
     def every(self) -> int:
@@ -236,10 +256,16 @@ class Monitor:
 
     @property
     def exit_code(self) -> int:
-        """``optcheck.exitcodes`` policy: 3 if the loop died inside the monitor, 1 if
-        a finding reached ``fail_on``, else 0."""
-        return exitcodes.run_exit_code(crashed=self._crash is not None, interrupted=False,
-                                       worst_rank=self.checker.worst_rank(), fail_on_rank=self._fail_rank)
+        """``optcheck.exitcodes`` policy: 130 if the loop was interrupted (KeyboardInterrupt,
+        SIGINT, SIGTERM), 4 if the run directory stopped taking writes, 3 if the loop
+        died inside the monitor (an exception, its thread's death), 1 if a finding
+        reached ``fail_on``, else 0."""
+        return self.rec.exit_code_now(crashed=self._crash is not None, interrupted=self._interrupted is not None)
+
+    @property
+    def record_error(self):
+        """The first write the run directory refused (``optcheck.errors.RecordError``), or None."""
+        return self.rec.record_error
 
     def state_dict(self) -> dict:
         """What a resumed job needs to keep the step count and snapshot cadence."""
@@ -267,9 +293,13 @@ class Monitor:
         if self._backwards >= NO_STEP_AT_CLOSE and self.step_count == 0:
             self._no_step_event()
         self._exit_step()
-        if self._crash is None and self._stopped is None and (self.step_count > self.seq.last_snap_step
-                                                               or self._losses):
-            self.seq.final(self.step_count)
+        if self._signals is not None:
+            self._signals.restore()
+        if self._interrupted is not None:  # stopped mid-step maybe: its losses, no snapshot of half a step
+            self._guard(self._flush_losses)
+        elif self._crash is None and self._stopped is None and (self.step_count > self.seq.last_snap_step
+                                                                 or self._losses):
+            self._guard(self.seq.final, self.step_count)
         elif self._crash is not None and len(self._ledger):
             self._checks_before_crash()
         for h in self._handles:
@@ -277,11 +307,10 @@ class Monitor:
         self.hazards.remove()
         self.grad_clear.remove()
         monitor_hooks.remove(self)
+        monitor_end.closed(self)
         atexit.unregister(self._atexit)
-        summary = self.summary()
-        self._write_summary(summary["status"], summary)
-        if self.rundir is not None:
-            self.rundir.close()
+        summary = self.rec.finish(**self._ending())
+        self.rec.close()
         if self._dist is not None:  # optcheck.distributed hook: rank 0 writes out/summary.json merged
             self._dist.close(summary)
         self.on_close(summary)
@@ -301,23 +330,41 @@ class Monitor:
             self._may_raise = True
 
     def summary(self) -> dict:
-        """The run so far: ``summary.json``'s fields (``optcheck.session_summary.Summary``)."""
-        code = self.exit_code
+        """The run so far: ``summary.json``'s fields (``optcheck.session_summary.Summary``,
+        filled by ``optcheck.recorder.RunRecorder``)."""
+        if self.closed and self.rec.finished:
+            return self.rec.summary.to_dict()
+        return self.rec.fill(running=not self.closed, **self._ending())
+
+    def _ending(self) -> dict:
+        return {"crashed": self._crash is not None, "interrupted": self._interrupted is not None,
+                "stopped": self._stopped is not None, "elapsed_s": time.perf_counter() - self.seq.t0}
+
+    def _fill_summary(self, sm: Summary) -> None:
+        """The recorder's ``on_fill``: what the Monitor tracks itself."""
         seq = self.seq
-        sm = Summary(run=self.run_id, backend="pytorch", source="monitor", fail_on=self._fail_on,
-                     status=run_status(running=not self.closed, crashed=self._crash is not None,
-                                       stopped=self._stopped is not None, exit_code=code),
-                     exit_code=code, last_step=self.step_count, snapshots=seq.snapshots, loss_first=seq.loss_first,
-                     loss_last=seq.last_loss, peak_rss_bytes=seq.peak_rss, versions=seq.probe.versions(),
-                     threads=torch.get_num_threads(), crash=self._crash, stopped=self._stopped,
-                     out=str(self.rundir.path) if self.rundir else None, started=self._started,
-                     finished=utc_now() if self.closed else None, config={"every": self.every},
-                     not_checked=list(getattr(self.hazards, "not_checked", [])),
-                     hazards=self.hazards.stats())
-        sm.fill_findings(self.checker)
-        sm.fill_timing(time.perf_counter() - seq.t0, seq.cost, self.checker.cost)
-        sm.cost["steps"], sm.cost["train_cpu_s"] = self.step_cost.to_dict(), None  # (CPU: a soak worker's only)
-        return sm.to_dict()
+        sm.last_step, sm.snapshots, sm.loss_first, sm.loss_last = (self.step_count, seq.snapshots, seq.loss_first,
+                                                                   seq.last_loss)
+        sm.peak_rss_bytes, sm.versions, sm.threads = seq.peak_rss, probe.versions(), torch.get_num_threads()
+        sm.crash, sm.stopped, sm.config = self._crash, self._stopped, {"every": self.every}
+        sm.not_checked, sm.hazards = list(getattr(self.hazards, "not_checked", [])), self.hazards.stats()
+        sm.interrupted_by, sm.signals = self._interrupted, int(self._interrupted is not None)
+        self.rec.snapshot_cost = seq.cost
+        sm.cost = {**(sm.cost or {}), "steps": self.step_cost.to_dict(), "train_cpu_s": None}  # (CPU: a worker's)
+
+    def _record_failed(self, error) -> None:
+        """The recorder's ``on_failure``: said once; the training goes on, recorded in memory."""
+        warnings.warn(f"optcheck: {error}: the run directory takes no more records; training goes on, "
+                      f"the summary says record-failed", OptcheckWarning, stacklevel=user_stacklevel())
+
+    def _guard(self, fn, *args) -> None:
+        """Run a closing step that must not keep the summary from being written."""
+        try:
+            fn(*args)
+        except FindingError:
+            pass
+        except Exception as e:  # noqa: BLE001 - never lose the summary to a probe's error
+            log.warning("optcheck: %s at close: %s", type(e).__name__, e)
 
     def __enter__(self) -> "Monitor":
         return self
@@ -326,7 +373,7 @@ class Monitor:
         if self.closed or self._stopped is not None:  # mon.close() in the block, or a hazard stopped the step
             self.close()
             return False
-        if exc is not None and not isinstance(exc, (KeyboardInterrupt, GeneratorExit, FindingError)):
+        if exc is not None and not isinstance(exc, (GeneratorExit, FindingError)):
             self._record_crash(exc)
         self.close()
         return False
@@ -334,12 +381,19 @@ class Monitor:
     def _record_crash(self, exc: BaseException) -> None:
         """The exception that ended the loop (``with`` block, ``sys.excepthook``, a
         framework's exception callback) as the run's crash: step about to run, type,
-        message. A :class:`FindingError` is the monitor's own stop, not a crash."""
-        if self._crash is not None or self.closed or isinstance(exc, (FindingError, KeyboardInterrupt)):
+        message. A :class:`FindingError` is the monitor's own stop, not a crash; a
+        KeyboardInterrupt is an interruption; ``sys.exit(0)`` (or ``sys.exit()``) a normal end."""
+        if self._crash is not None or self.closed or isinstance(exc, FindingError):
+            return
+        if isinstance(exc, KeyboardInterrupt):
+            self._interrupted = self._interrupted or "SIGINT"
+            return
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            return
+        if self._interrupted is not None:  # a SIGTERM handler's sys.exit(1): the interruption, not a crash
             return
         self._crash = {"step": self.step_count + 1, "exc_type": type(exc).__qualname__, "message": str(exc)}
-        if self.rundir is not None:
-            self.rundir.event({"kind": "crash", **self._crash})
+        self.rec.event({"kind": "crash", **self._crash})
 
     # -- internals --------------------------------------------------------------
     def _enter_step(self) -> None:
@@ -436,6 +490,7 @@ class Monitor:
 
     @timed_hook(step_end=True)
     def _step_done(self) -> None:
+        self._threads.add(threading.get_ident())
         self._backwards = 0
         self.step_count += 1
         step = self.step_count
@@ -460,17 +515,14 @@ class Monitor:
         if self.seq.loss_first is None:
             self.seq.loss_first = values[0]
         self.seq.last_loss = values[-1]
-        if self.rundir is not None:  # the steps since the last snapshot, one write(2)
-            self.rundir.metrics(steps, values)
+        self.rec.metrics(steps, values)  # the steps since the last snapshot, one write(2)
 
     def _emit(self, snap: dict, seconds: float) -> list[Finding]:
         """The sequencer's ``emit``: check and write the snapshot (``on_snapshot``, then each
         new finding); raise :class:`FindingError` once all are written (``on_finding="raise"``)."""
         if self._dist is not None:  # optcheck.distributed hook: the cross-rank table (rules OC701-OC707)
             self._dist.annotate(snap)
-        new = self.checker.check(snap)
-        if self.rundir is not None and (new or self.engine.suppressed):
-            self._write_summary("running")
+        new = self.rec.check(snap)  # written, checked; summary.json rewritten "running" with this step
         failing = [f for f in new if severity_rank(f.severity) >= self._fail_rank]
         if self.on_finding_policy == "raise" and failing and self._may_raise:
             raise FindingError(failing[0], new)
@@ -485,12 +537,17 @@ class Monitor:
         elif self.on_finding_policy == "log":
             log.warning(text)
 
-    def _write_summary(self, status: str, summary: dict | None = None) -> None:
-        if self.rundir is None:
-            return
-        s = dict(summary or self.summary())
-        s["status"] = status
-        self.rundir.summary(s)
+    def _on_signal(self, name: str) -> None:
+        """SIGINT/SIGTERM reached the process (before the user's handler runs)."""
+        self._interrupted = self._interrupted or name
+
+    def _detach_fork(self) -> None:
+        """In an ``os.fork()`` child: the run is the parent's; write nothing to it."""
+        self.rec.detach()
+        self.rundir = None
+        if self._signals is not None:
+            self._signals.restore()
+            self._signals = None
 
 
 __all__ = ["Monitor", "OptcheckWarning", "FindingError", "SEVERITIES"]

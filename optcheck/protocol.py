@@ -25,18 +25,44 @@ worker blocks until the supervisor, whose rule engine is the run's only one,
 answers one line ``{"stop": REASON}`` (REASON null: go on). The worker then
 stops before the step, or runs it.
 
+Non-finite numbers travel as the strings ``"nan"``, ``"inf"``, ``"-inf"``
+(``optcheck.snapshot.dumps``: strict JSON has none). :func:`read_messages`
+decodes them back to floats once, in the numeric fields of :data:`NUMERIC`, so
+nothing that handles a message sees a string where it expects a number (a
+snapshot's body keeps the recorded form: the rules read it with
+``optcheck.snapshot.to_float``). A numeric field holding anything else
+(a list where a number goes, a bool) is dropped to None: the message is kept.
+
 Torch-free: the TorchSharp worker imports it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import IO, Iterator
 
 from optcheck.snapshot import dumps
 
 TYPES = ("hello", "metrics", "snapshot", "lifecycle", "crash", "stopped", "done")
+#: The numeric fields of each message type: scalars, and ``[...]`` lists of numbers.
+NUMERIC: dict[str, tuple[str, ...]] = {
+    "metrics": ("[losses]", "[step_times_s]"),
+    "snapshot": ("cost_s",),
+    "done": ("loss_first", "loss_last", "val_loss_first", "val_loss_last", "train_cpu_s"),
+}
+#: Integer fields (steps, counts): anything but a whole number >= 0 becomes None (in a list: the entry is dropped).
+INTEGER: dict[str, tuple[str, ...]] = {
+    "metrics": ("[steps]",),
+    "lifecycle": ("step",),
+    "crash": ("step",),
+    "stopped": ("step",),
+    "done": ("step", "val_step_first", "val_step_last"),
+    "hello": ("threads",),
+}
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "+inf": math.inf,
+              "infinity": math.inf, "-infinity": -math.inf}
 
 
 class Stream:
@@ -118,6 +144,58 @@ def read_messages(f: IO[str]) -> Iterator[dict]:
             yield {"type": "garbled", "line": line[:200]}
             continue
         if isinstance(msg, dict) and msg.get("type") in TYPES:
-            yield msg
+            yield decode(msg)
         else:
             yield {"type": "garbled", "line": line[:200]}
+
+
+def number(value) -> float | None:
+    """A message's number as a float: ``"nan"``/``"inf"``/``"-inf"`` decoded, an int or
+    float kept, anything else (None, a bool, another string, a list) None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        return _NONFINITE.get(value.strip().lower())
+    return None
+
+
+def _integer(value) -> int | None:
+    """A step or a count: a whole number >= 0, else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    return value if isinstance(value, int) and value >= 0 else None
+
+
+def decode(msg: dict) -> dict:
+    """Decode one message's numeric fields in place (see the module docstring) and return it.
+
+    ``metrics``: ``steps``, ``losses`` and ``step_times_s`` become lists of equal
+    length (the shortest; an entry whose step is not a whole number is dropped).
+    """
+    kind = msg.get("type")
+    for fields, conv in ((NUMERIC.get(kind, ()), number), (INTEGER.get(kind, ()), _integer)):
+        for f in fields:
+            if f.startswith("["):
+                name = f[1:-1]
+                v = msg.get(name)
+                msg[name] = [conv(x) for x in v] if isinstance(v, list) else []
+            elif f in msg:
+                msg[f] = conv(msg[f])
+    if kind == "metrics":
+        steps, losses, times = msg["steps"], msg["losses"], msg["step_times_s"]
+        if len(times) < len(steps):
+            times = times + [None] * (len(steps) - len(times))
+        keep = [i for i, s in enumerate(steps[:len(losses)]) if s is not None]
+        msg["steps"] = [steps[i] for i in keep]
+        msg["losses"] = [losses[i] for i in keep]
+        msg["step_times_s"] = [times[i] for i in keep]
+    elif kind == "snapshot" and not isinstance(msg.get("snapshot"), dict):
+        return {"type": "garbled", "line": "snapshot message without a snapshot object"}
+    for f in ("detail", "hazards", "step_cost", "versions", "corpus"):
+        if f in msg and msg[f] is not None and not isinstance(msg[f], dict):
+            msg[f] = None
+    return msg

@@ -44,8 +44,8 @@ class Progress:
         self.bar.update(step - self.step)
         self.step = step
         post = {"findings": findings}
-        if loss is not None:
-            post["loss"] = f"{loss:.3f}"
+        if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+            post["loss"] = f"{loss:.3f}"  # nan/inf print as such
         self.bar.set_postfix(post, refresh=False)
 
     def write(self, line: str) -> None:

@@ -140,7 +140,8 @@ def schema_validator(kind: str = "snapshot"):
 
     schema = json.loads((SCHEMA_DIR / SCHEMA_FILES[kind]).read_text(encoding="utf-8"))
     cls = jsonschema.validators.validator_for(schema)
-    cls.check_schema(schema)
+    # the schemas themselves are checked against their meta-schema by tests/unit/test_schemas_valid.py,
+    # not here: that check alone took a second of every command that reads a run
     return cls(_inline_refs(schema, schema.get("$defs", {})))
 
 
@@ -156,6 +157,9 @@ def _inline_refs(node: Any, defs: dict) -> Any:
     if isinstance(node, list):
         return [_inline_refs(v, defs) for v in node]
     return node
+
+
+inline_refs = _inline_refs  # public: the reader applies the summary schema's typed fields to old summaries
 
 
 def field_path(path) -> str:
@@ -256,27 +260,58 @@ def read_jsonl(path: str | os.PathLike, defects: list[StreamDefect] | None = Non
         FileNotFoundError: the file does not exist.
         ValueError: an unreadable line other than the last, when ``defects`` is None.
     """
+    parser = LineParser(path, defects)
     with open(path, "rb") as f:
-        failed: tuple[int, str] | None = None  # a bad line, held until we know whether it was the last
-        for n, raw in enumerate(f, start=1):
-            if failed is not None:
-                _bad_line(path, *failed, last=False, defects=defects)
-                failed = None
+        for n, value in parser.feed(enumerate(f, start=1)):
+            yield (n, value) if numbered else value
+    parser.end()
+
+
+def parse_line(raw: bytes) -> tuple[Any, str | None]:
+    """One stripped line of a JSON Lines file: ``(value, None)``, or ``(None, why)``
+    when it is not JSON (torn, garbage, not UTF-8, nested too deeply)."""
+    try:
+        return json.loads(raw.decode("utf-8")), None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None, "nested too deeply" if isinstance(e, RecursionError) else getattr(e, "msg", None) or str(e)[:80]
+
+
+class LineParser:
+    """Numbered raw lines to JSON values with the bad-line rule of :func:`read_jsonl`,
+    across calls: a line that is not JSON is held until it is known whether another
+    line follows (then it is "not a JSON line", else "truncated last line")."""
+
+    def __init__(self, path, defects: list[StreamDefect] | None):
+        self.path, self.defects = path, defects
+        self.failed: tuple[int, str] | None = None
+
+    def more(self) -> None:
+        """Another line follows: a held bad line was not the last."""
+        if self.failed is not None:
+            bad_line(self.path, *self.failed, last=False, defects=self.defects)
+            self.failed = None
+
+    def feed(self, lines) -> Iterator[tuple[int, Any]]:
+        """``(n, value)`` of each ``(n, raw bytes)`` line that is JSON."""
+        for n, raw in lines:
+            self.more()
             raw = raw.strip()
             if not raw:
                 continue
-            try:
-                value = json.loads(raw.decode("utf-8"))
-            except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-                failed = (n, "nested too deeply" if isinstance(e, RecursionError)
-                          else getattr(e, "msg", None) or str(e)[:80])
+            value, why = parse_line(raw)
+            if why is not None:
+                self.failed = (n, why)
                 continue
-            yield (n, value) if numbered else value
-        if failed is not None:
-            _bad_line(path, *failed, last=True, defects=defects)
+            yield n, value
+
+    def end(self) -> None:
+        """No line follows: a held bad line was the last."""
+        if self.failed is not None:
+            bad_line(self.path, *self.failed, last=True, defects=self.defects)
+            self.failed = None
 
 
-def _bad_line(path, n: int, what: str, *, last: bool, defects: list[StreamDefect] | None) -> None:
+def bad_line(path, n: int, what: str, *, last: bool, defects: list[StreamDefect] | None) -> None:
     """Record line ``n`` that is not JSON in ``defects``; without them, raise unless it is the last."""
     if defects is not None:
         defects.append(StreamDefect(n, ("truncated last line" if last else "not a JSON line") + f" ({what})"))
@@ -284,26 +319,26 @@ def _bad_line(path, n: int, what: str, *, last: bool, defects: list[StreamDefect
         raise ValueError(f"{path}:{n}: not a JSON line ({what})")
 
 
-def read_records(path: str | os.PathLike, kind: str, defects: list[StreamDefect] | None = None) -> list[dict]:
+def read_records(path: str | os.PathLike, kind: str, defects: list[StreamDefect] | None = None,
+                 full_lines: int | None = None) -> list[dict]:
     """Every line of a record file (``metrics.jsonl``, ``findings.jsonl``), each
-    checked against the published schema of ``kind``; unreadable lines go to
-    ``defects`` as in :func:`read_jsonl`.
+    checked against the published schema of ``kind`` (``full_lines``: only the
+    first that many; the rest by ``optcheck.record_check.ShallowCheck``); unreadable
+    lines go to ``defects`` as in :func:`read_jsonl`.
 
     Raises:
         FileNotFoundError.
         SchemaError: ``"<path>:<line>: <field>: <what is wrong>"``.
     """
-    out = []
-    for n, obj in read_jsonl(path, defects if defects is not None else [], numbered=True):
-        try:
-            out.append(validate_record(obj, kind))
-        except SchemaError as e:
-            raise SchemaError(f"{path}:{n}: {e}") from None
-    return out
+    from optcheck.record_check import read_checked
+
+    return read_checked(path, kind, defects if defects is not None else [], full_lines)
 
 
-def read_snapshots(path: str | os.PathLike, defects: list[StreamDefect] | None = None) -> list[dict]:
+def read_snapshots(path: str | os.PathLike, defects: list[StreamDefect] | None = None,
+                   full_lines: int | None = None) -> list[dict]:
     """Read a recorded snapshot stream (``snapshots.jsonl``), validating every line
+    (``full_lines``: the first that many, the rest by ``optcheck.record_check.ShallowCheck``)
     against ``optcheck/schemas/snapshot-1.json``.
 
     Lines that are not JSON go to ``defects`` (see :func:`read_jsonl`).
@@ -312,13 +347,9 @@ def read_snapshots(path: str | os.PathLike, defects: list[StreamDefect] | None =
         FileNotFoundError, ValueError (an unreadable line, without ``defects``),
         SchemaError: ``"<path>:<line>: <field>: <what is wrong>"``.
     """
-    out = []
-    for n, obj in read_jsonl(path, defects, numbered=True):
-        try:
-            out.append(validate(obj))
-        except SchemaError as e:
-            raise SchemaError(f"{path}:{n}: {e}") from None
-    return out
+    from optcheck.record_check import read_checked
+
+    return read_checked(path, "snapshot", defects, full_lines)
 
 
 def members(snap: dict) -> list[tuple[int, dict]]:

@@ -20,7 +20,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,12 +31,12 @@ from optcheck.engine import RuleEngine
 from optcheck.errors import InputError, RecordError
 from optcheck.findings import Finding, severity_rank
 from optcheck.protocol import read_messages, send_verdict
-from optcheck.report.rundir import RunDir, check_space
+from optcheck.recorder import RunRecorder, seconds, step_cost
+from optcheck.report.rundir import check_space
 from optcheck.rules import RuleConfig, warm_up
-from optcheck.session import Cost
 from optcheck.session_process import (STDERR_TAIL_LINES, WORKER_MODULES, Progress, drain_stderr, signal_name,
                                       worker_command, worker_env)
-from optcheck.session_summary import Checker, Summary, run_status, utc_now
+from optcheck.session_summary import Summary
 from optcheck.watch import GRACE_S, Signals, Watchdog
 
 @dataclass
@@ -59,13 +58,9 @@ class SoakResult:
 
 @dataclass
 class _State:
+    """What the supervisor keeps of the worker's messages (the records are the recorder's)."""
+
     hello: dict = field(default_factory=dict)
-    last_step: int = 0
-    last_loss: float | None = None
-    loss_first: float | None = None
-    snapshots: int = 0
-    peak_rss: int = 0
-    snapshot_cost: Cost = field(default_factory=Cost)
     crash: dict | None = None
     stopped: dict | None = None
     done: dict | None = None
@@ -92,10 +87,13 @@ def validate(cfg: SoakConfig) -> dict:
     python = cfg.extra.get("python")
     if python is not None and not (os.path.isfile(python) and os.access(python, os.X_OK)):
         raise InputError(f"--python {python}: not an executable file (give a venv's bin/python)")
-    if cfg.backend == "pytorch" and python is None:  # another interpreter's torch is checked by its worker
+    if cfg.backend == "pytorch":
         from optcheck import torch_version
 
-        torch_version.require()  # torch >= 2.1, read from its metadata: torch is not imported here
+        if python is None:
+            torch_version.require()  # torch >= 2.1, read from its metadata: torch is not imported here
+        else:
+            _require_torch_in(python)
     if cfg.backend == "torchsharp" and not cfg.extra.get("dotnet_assembly"):
         # builds (or reuses) the TorchSharp worker for --torchsharp VERSION|PATH; InputError names the fix
         from optcheck.torchsharp_bridge.build import worker_extra
@@ -105,6 +103,35 @@ def validate(cfg: SoakConfig) -> dict:
     if corpus.train.size <= cfg.block_size + 1 or corpus.val.size <= cfg.block_size + 1:
         raise InputError(f"--data {corpus.source}: too short for --block-size {cfg.block_size}")
     return corpus.describe()
+
+
+_TORCH_PROBE = ("import importlib.util, json, sys\n"
+                "try:\n    from importlib.metadata import version; v = version('torch')\n"
+                "except Exception:\n    v = None\n"
+                "print(json.dumps([v, importlib.util.find_spec('torch') is not None, sys.version_info[:2]]))")
+
+
+def _require_torch_in(python: str) -> None:
+    """Check that interpreter ``python`` (``--python``) has a torch the PyTorch worker can
+    run, before anything runs: its metadata and ``find_spec``, torch not imported.
+
+    Raises:
+        InputError: not a Python interpreter, no torch, or a torch too old (one line).
+    """
+    import json
+
+    from optcheck import torch_version
+
+    try:
+        res = subprocess.run([python, "-I", "-c", _TORCH_PROBE], capture_output=True, text=True, errors="replace",
+                             timeout=120, stdin=subprocess.DEVNULL)
+        version, importable, _ = json.loads(res.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError, TypeError) as e:
+        why = (getattr(e, "strerror", None) or "it does not run as a Python interpreter")
+        raise InputError(f"--python {python}: {why} (give a venv's bin/python)") from None
+    problem = torch_version.problem(version, bool(importable))
+    if problem:
+        raise InputError(f"--python {python}: {problem.replace('--backend pytorch needs', 'the worker needs')}")
 
 
 def estimate_bytes(cfg: SoakConfig) -> int:
@@ -153,29 +180,28 @@ def run_soak(cfg: SoakConfig, out: str | os.PathLike | None = None, *, fail_on: 
         warning = check_space(out, estimate_bytes(cfg))
         if warning:
             print(f"optcheck: warning: {warning}", file=sys.stderr)
-        rundir = RunDir(out, force=force)
+        cfg.run_id = cfg.run_id or out.name
+        base = Summary(run=cfg.run_id, backend=cfg.backend, source="soak", fail_on=fail_on,
+                       steps_requested=cfg.steps, corpus=corpus,
+                       config={k: v for k, v in vars(cfg).items() if k not in ("inject",)},
+                       inject=[f"{i.name}@{i.step}" for i in cfg.inject], out=str(out))
+        bar = Progress(cfg.steps, progress and not sig.count, f"soak {cfg.backend}")
+        # the run's one rule engine (ignore: accepted findings, optcheck.suppress); the worker runs none
+        rec = RunRecorder(out, base, engine=RuleEngine(rule_config, ignore=ignore), force=force,
+                          report=lambda f: _report(f, bar, on_finding))
         try:
-            return _supervise(cfg, out, rundir, corpus, sig, fail_on, fail_rank, rule_config, progress, on_finding,
-                                  ignore)
+            return _supervise(cfg, out, rec, bar, sig)
         finally:
-            rundir.close()
+            bar.close()
+            rec.close()
 
 
-def _supervise(cfg: SoakConfig, out: Path, rundir: RunDir, corpus: dict, sig: Signals, fail_on: str, fail_rank: int,
-               rule_config, progress: bool, on_finding, ignore: list | None) -> SoakResult:
-    cfg.run_id = cfg.run_id or out.name
+def _supervise(cfg: SoakConfig, out: Path, rec: RunRecorder, bar: Progress, sig: Signals) -> SoakResult:
     work = out / "work"
     if work.is_symlink():
         raise InputError(f"{work}: is a symbolic link; optcheck never writes through one (remove it)")
     st = _State()
-    bar = Progress(cfg.steps, progress and not sig.count, f"soak {cfg.backend}")
-    # the run's one rule engine (ignore: accepted findings, optcheck.suppress); the worker runs none
-    checker = Checker(RuleEngine(rule_config, ignore=ignore), rundir,
-                      report=lambda f: _report(f, bar, on_finding))
-    t0 = time.time()
-    base = Summary(run=cfg.run_id, backend=cfg.backend, source="soak", fail_on=fail_on, steps_requested=cfg.steps,
-                   corpus=corpus, config={k: v for k, v in vars(cfg).items() if k not in ("inject",)},
-                   inject=[f"{i.name}@{i.step}" for i in cfg.inject], out=str(out))
+    base = rec.summary
     record_error: RecordError | None = None
     proc = None
     tail: collections.deque = collections.deque(maxlen=STDERR_TAIL_LINES)
@@ -183,9 +209,9 @@ def _supervise(cfg: SoakConfig, out: Path, rundir: RunDir, corpus: dict, sig: Si
     try:
         work.mkdir(exist_ok=True)
         cfg.work_dir = str(work)
-        config_path = rundir.write_file("config.json", cfg.to_json())
-        rundir.summary(base.to_dict())
+        config_path = rec.write_file("config.json", cfg.to_json())
         base.config["work_dir"] = cfg.work_dir
+        rec.rundir.summary(rec.fill(running=True), final=False)
     except RecordError as e:
         record_error = e
     except OSError as e:
@@ -196,13 +222,13 @@ def _supervise(cfg: SoakConfig, out: Path, rundir: RunDir, corpus: dict, sig: Si
         env = worker_env(cfg)
         try:
             proc = subprocess.Popen(worker_command(cfg, config_path, w), pass_fds=(w,), stdin=subprocess.DEVNULL,
-                                    stdout=rundir.worker_log, stderr=subprocess.PIPE, env=env,
+                                    stdout=rec.worker_log, stderr=subprocess.PIPE, env=env,
                                     start_new_session=True)
         finally:
             theirs.close()
         sig.attach(proc)
         threading.Thread(target=warm_up, name="optcheck-warm-up", daemon=True).start()  # while the worker starts
-        err_thread = threading.Thread(target=drain_stderr, args=(proc.stderr, rundir.worker_log, tail), daemon=True)
+        err_thread = threading.Thread(target=drain_stderr, args=(proc.stderr, rec.worker_log, tail), daemon=True)
         err_thread.start()
         watchdog = Watchdog(proc, sig, cfg.step_timeout_s)
         watchdog.start()
@@ -215,7 +241,7 @@ def _supervise(cfg: SoakConfig, out: Path, rundir: RunDir, corpus: dict, sig: Si
                     stop = None
                     try:
                         with watchdog.paused():  # the supervisor's time is not the worker's silence
-                            stop = _handle(msg, st, rundir, checker, bar)
+                            stop = _handle(msg, st, rec, bar)
                         if msg["type"] in ("done", "stopped", "crash"):
                             watchdog.finished()
                     except RecordError as e:  # the disk is full: stop the worker, keep reading to its end
@@ -245,12 +271,12 @@ def _supervise(cfg: SoakConfig, out: Path, rundir: RunDir, corpus: dict, sig: Si
                                       and st.stopped is None)):
         crashed = True
         crash = dict(st.crash or {})
-        crash.setdefault("step", st.last_step)
+        crash.setdefault("step", base.last_step)
         crash["exit_code"] = returncode
         crash["signal"] = signal_name(returncode)
         if hung:
             crash["exc_type"] = "StepTimeout"
-            crash["message"] = (f"no step for {watchdog.hung_after:.0f} s after step {st.last_step} "
+            crash["message"] = (f"no step for {watchdog.hung_after:.0f} s after step {base.last_step} "
                                 f"(--step-timeout {cfg.step_timeout_s:g}): the worker was killed")
         elif not st.crash:
             crash["exc_type"] = crash["signal"] or f"exit code {returncode}"
@@ -258,87 +284,65 @@ def _supervise(cfg: SoakConfig, out: Path, rundir: RunDir, corpus: dict, sig: Si
         crash["stderr_tail"] = list(tail)
         st.crash = crash
         if crash.get("input_error") and not st.hello:  # the run never started: leave nothing behind
-            rundir.close()
-            rundir.discard_created()
+            rec.discard()
             raise InputError(crash["message"])
         try:
-            rundir.event({"kind": "crash", **{k: v for k, v in crash.items() if k != "stderr_tail"}})
+            rec.event({"kind": "crash", **{k: v for k, v in crash.items() if k != "stderr_tail"}})
         except RecordError as e:
             record_error = record_error or e
-    worst = checker.worst_rank()
-    code = exitcodes.run_exit_code(crashed=crashed, interrupted=interrupted, worst_rank=worst, fail_on_rank=fail_rank,
-                                   record_failed=record_error is not None)
     done = st.done or {}
-    sm = base
-    sm.status = run_status(interrupted=interrupted, record_failed=record_error is not None, crashed=crashed,
-                           stopped=st.stopped is not None, exit_code=code)
-    sm.exit_code, sm.last_step, sm.snapshots = code, st.last_step, st.snapshots
-    sm.crash, sm.stopped = st.crash, st.stopped
-    sm.fill_findings(checker)
-    sm.hazards = st.hazards
-    sm.loss_first, sm.loss_last = st.loss_first, done.get("loss_last", st.last_loss)
-    for k in ("val_loss_first", "val_loss_last", "val_step_first", "val_step_last"):
-        setattr(sm, k, done.get(k))
-    sm.fill_timing(time.time() - t0, st.snapshot_cost, checker.cost)
-    sm.cost["steps"], sm.cost["train_cpu_s"] = done.get("step_cost"), done.get("train_cpu_s")  # the worker's
-    sm.peak_rss_bytes, sm.versions, sm.threads = st.peak_rss, st.hello.get("versions", {}), st.hello.get("threads")
-    sm.interrupted_by, sm.signals, sm.garbled_lines = sig.name, sig.count, st.garbled
-    sm.record_error = str(record_error) if record_error else None
-    sm.finished = utc_now()
-    summary = sm.to_dict()
-    findings = checker.findings
-    try:
-        rundir.summary(summary)
-    except RecordError as e:  # even the reserve did not help: say so, keep the exit code non-1
-        summary["summary_error"] = str(e)
-        if record_error is None:
-            record_error = e
-            summary["record_error"] = str(e)
-            summary["status"] = "record-failed"
-            summary["exit_code"] = code = exitcodes.run_exit_code(
-                crashed=crashed, interrupted=interrupted, worst_rank=worst, fail_on_rank=fail_rank,
-                record_failed=True)
-    return SoakResult(summary, findings, code, out)
+    if record_error is not None:
+        rec.record_error = rec.record_error or record_error
+    cost = dict(base.cost)
+    cost["steps"], cost["train_cpu_s"] = step_cost(done.get("step_cost")), seconds(done.get("train_cpu_s"))
+    rec.set(crash=st.crash, stopped=st.stopped, hazards=st.hazards, cost=cost,
+            versions=st.hello.get("versions") or {}, threads=st.hello.get("threads"),
+            interrupted_by=sig.name, signals=sig.count, garbled_lines=st.garbled,
+            loss_last=done.get("loss_last", base.loss_last),
+            **{k: done.get(k) for k in ("val_loss_first", "val_loss_last", "val_step_first", "val_step_last")})
+    if isinstance(done.get("step"), int):
+        base.last_step = done["step"]
+    summary = rec.finish(crashed=crashed, interrupted=interrupted, stopped=st.stopped is not None)
+    return SoakResult(summary, rec.findings, summary["exit_code"], out)
 
 
-def _handle(msg: dict, st: _State, rundir: RunDir, checker: Checker, bar: Progress) -> str | None:
-    """Record one worker message; for a snapshot, check it. Returns the reason to stop the
-    worker (``--stop-on-finding``: the first new finding of a snapshot that asks a verdict)."""
+def _handle(msg: dict, st: _State, rec: RunRecorder, bar: Progress) -> str | None:
+    """Record one worker message (decoded by ``optcheck.protocol.read_messages``: its
+    numbers are numbers, non-finite ones floats); for a snapshot, check it. Returns the
+    reason to stop the worker (``--stop-on-finding``: the first new finding of a
+    snapshot that asks a verdict).
+
+    Raises:
+        RecordError: the run directory stopped taking writes.
+    """
     kind = msg["type"]
     if kind == "metrics":
-        rundir.metrics(msg["steps"], msg["losses"], msg["step_times_s"])  # the worker's batch: one write(2)
+        rec.metrics(msg["steps"], msg["losses"], msg["step_times_s"])  # the worker's batch: one write(2)
         if msg["steps"]:
-            if st.loss_first is None:
-                st.loss_first = msg["losses"][0]
-            st.last_step, st.last_loss = msg["steps"][-1], msg["losses"][-1]
-            bar.update(st.last_step, st.last_loss, len(checker.findings))
+            bar.update(rec.summary.last_step, rec.summary.loss_last, len(rec.findings))
     elif kind == "snapshot":
         snap = msg["snapshot"]
-        st.snapshots += 1
-        st.last_step = max(st.last_step, snap["step"])
-        st.peak_rss = max(st.peak_rss, (snap.get("memory") or {}).get("rss_bytes") or 0)
-        if isinstance(msg.get("cost_s"), (int, float)):
-            st.snapshot_cost.add(msg["cost_s"])
-        new = checker.check(snap)
+        new = rec.check(snap, msg.get("cost_s"))
         if new and msg.get("verdict"):
-            return f"{new[0].code} {new[0].symbol} before step {snap['step']} (--stop-on-finding)"
+            return f"{new[0].code} {new[0].symbol} before step {snap.get('step')} (--stop-on-finding)"
     elif kind == "lifecycle":
-        rundir.event({"kind": msg["kind"], "step": msg["step"], **(msg.get("detail") or {})})
+        rec.event({"kind": msg.get("kind"), "step": msg.get("step"), **(msg.get("detail") or {})})
     elif kind == "hello":
         st.hello = msg
-        rundir.event({"kind": "hello", **{k: v for k, v in msg.items() if k != "type"}})
+        rec.event({"kind": "hello", **{k: v for k, v in msg.items() if k != "type"}})
     elif kind == "crash":
         st.crash = {k: v for k, v in msg.items() if k != "type"}
     elif kind == "stopped":
         st.hazards = msg.get("hazards")
         st.stopped = {k: v for k, v in msg.items() if k not in ("type", "hazards")}
-        st.last_step = max(st.last_step, msg.get("step", 0))
-        rundir.event({"kind": "stopped", **st.stopped})
+        rec.summary.last_step = max(rec.summary.last_step, msg.get("step") or 0)
+        rec.event({"kind": "stopped", **st.stopped})
     elif kind == "done":
         st.done = msg
         st.hazards = msg.get("hazards")
-        st.last_step = msg.get("step", st.last_step)
-        bar.update(st.last_step, msg.get("loss_last"), len(checker.findings))
+        if isinstance(msg.get("step"), int):
+            rec.summary.last_step = msg["step"]
+        bar.update(rec.summary.last_step, msg.get("loss_last"), len(rec.findings))
     elif kind == "garbled":
         st.garbled += 1
     return None
@@ -393,9 +397,7 @@ def run_backends(cfg: SoakConfig, backends: list[str], out: str | os.PathLike | 
                 c.extra["same_init"] = str(init)
             c.run_id = f"{out.name}-{b}"
             results.append(run_soak(c, out / b, signals=sig, **kwargs))
-    order = [exitcodes.CLEAN, exitcodes.FINDINGS, exitcodes.CRASHED, exitcodes.INTERRUPTED]
-    worst = max((r.exit_code for r in results), key=order.index)
-    return results, worst
+    return results, exitcodes.worst(r.exit_code for r in results)
 
 
 def _for_backend(cfg: SoakConfig, backend: str) -> SoakConfig:

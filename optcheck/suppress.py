@@ -92,7 +92,15 @@ def load_config(path: str | Path | None = None) -> list[Ignore]:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ValueError(f"{p}: cannot read [tool.optcheck]: {e}") from None
-    entries = data.get("tool", {}).get("optcheck", {}).get("ignore", [])
+    tool = data.get("tool", {})
+    if not isinstance(tool, dict):
+        raise ValueError(f"{p}: [tool] must be a table, not a {type(tool).__name__} (tool = ...)")
+    table = tool.get("optcheck", {})
+    if not isinstance(table, dict):
+        what = "an array of tables ([[tool.optcheck]])" if isinstance(table, list) else f"a {type(table).__name__}"
+        raise ValueError(f"{p}: [tool.optcheck] must be one table, not {what}; write it as [tool.optcheck] "
+                         f"with ignore = [\"CODE[:PATTERN]\", ...]")
+    entries = table.get("ignore", [])
     if not isinstance(entries, list):
         raise ValueError(f"{p}: [tool.optcheck] ignore must be a list of strings, e.g. [\"OC205:lm_head.*\"]")
     return parse(entries, str(p))
@@ -101,6 +109,9 @@ def load_config(path: str | Path | None = None) -> list[Ignore]:
 def resolve(ignore: Iterable[str] | None = None, config: str | Path | bool = True) -> list[Ignore]:
     """The entries in force: the config file's (``config``: True = the nearest
     ``pyproject.toml``, a path = that file, False = none) then ``ignore``'s."""
+    if isinstance(ignore, (str, bytes)):
+        raise ValueError(f"ignore must be a list of CODE or CODE:PATTERN strings, e.g. [{ignore!r}], "
+                         f"not a single string")
     found = [] if config is False else load_config(None if config is True else config)
     return found + parse(ignore or [])
 

@@ -36,13 +36,7 @@ from optcheck import scenarios as catalogue
 from optcheck.config import Injection, SoakConfig
 from optcheck.errors import InputError
 
-_ORDER = [exitcodes.CLEAN, exitcodes.FINDINGS, exitcodes.CRASHED, exitcodes.RECORD_FAILED, exitcodes.INTERRUPTED]
-
-
-def worst(codes) -> int:
-    """The worst of run exit codes (interrupted > record-failed > crashed > findings > clean)."""
-    codes = list(codes)
-    return max(codes, key=lambda c: _ORDER.index(c) if c in _ORDER else len(_ORDER)) if codes else exitcodes.CLEAN
+worst = exitcodes.worst  # the one policy (optcheck.exitcodes); kept under this name for callers
 
 
 def parse_seeds(text: str) -> list[int]:

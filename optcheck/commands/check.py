@@ -6,15 +6,24 @@ from pathlib import Path
 
 import click
 
-from optcheck import exitcodes
 from optcheck.engine import RuleEngine
 from optcheck.errors import InputError
-from optcheck.findings import SEVERITIES, severity_rank
+from optcheck.findings import SEVERITIES
+from optcheck.recorder import RunRecorder
 from optcheck.report.reader import RunReader
+from optcheck.session_summary import Summary
 
 
 def check_file(path: str | Path, ignore: list | None = None) -> tuple[list, list[str], int]:
-    """Findings of a recorded stream: (findings, notes, number of snapshots).
+    """Findings of a recorded stream: (findings, notes, number of snapshots); see :func:`replay`."""
+    rec, notes = replay(path, ignore)
+    return rec.findings, notes, rec.summary.snapshots
+
+
+def replay(path: str | Path, ignore: list | None = None, fail_on: str = "warning"):
+    """Replay a recorded stream through an in-memory :class:`optcheck.recorder.RunRecorder`
+    (the rules of this optcheck, the summary and exit code as a run's): returns
+    ``(recorder, notes)``.
 
     ``path`` is a ``snapshots.jsonl`` or a run directory holding one, read by
     :class:`optcheck.report.reader.RunReader`; ``ignore``: accepted findings
@@ -36,18 +45,24 @@ def check_file(path: str | Path, ignore: list | None = None) -> tuple[list, list
     p = run.path / "snapshots.jsonl" if not run.stream_only else p
     if not run.stream_only and not run.has("snapshots.jsonl"):
         raise InputError(f"{path}: no snapshots.jsonl in this run directory (nothing to check)")
+    if run.has("summary.json"):
+        try:
+            run.summary  # noqa: B018 - read for its note: a run that ended without closing is said
+        except InputError:
+            pass
     snaps = run.snapshots
     if not snaps:
         raise InputError(f"{p}: no snapshots in it")
-    engine = RuleEngine(ignore=ignore)
+    rec = RunRecorder(None, Summary(run=str(path), backend=str(snaps[0].get("backend") or ""), source="check",
+                                    fail_on=fail_on), engine=RuleEngine(ignore=ignore))
     for s in snaps:
         try:
-            engine.feed(s)
+            rec.check(s)
         except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError, OverflowError) as e:
             # a record the schema lets through but a rule cannot use: bad input, not a finding
             raise InputError(f"{p}: snapshot at step {s.get('step')}: a rule cannot read it "
                              f"({type(e).__name__}: {str(e)[:120]})") from None
-    return engine.findings, run.notes(), len(snaps)
+    return rec, run.notes()
 
 
 def register(group: click.Group) -> None:
@@ -74,7 +89,8 @@ def register(group: click.Group) -> None:
             check_output_file(junit, "--junit")
         if summary_md:
             check_output_file(summary_md, "--summary-md")
-        findings, notes, n = check_file(stream, ignore_entries(ignores))
+        rec, notes = replay(stream, ignore_entries(ignores), fail_on)
+        findings, n = rec.findings, rec.summary.snapshots
         for note in notes:
             click.echo(f"optcheck: note: {note}", err=True)
         for f in findings:
@@ -90,18 +106,14 @@ def register(group: click.Group) -> None:
             from optcheck.report.junit import write_junit
 
             write_junit([f.to_dict() for f in findings], junit, suite_name=f"optcheck check {stream}", fail_on=fail_on)
-        worst = max((severity_rank(f.severity) for f in findings), default=None)
-        code = exitcodes.run_exit_code(crashed=False, interrupted=False, worst_rank=worst,
-                                       fail_on_rank=severity_rank(fail_on))
+        replayed = rec.finish()  # status and exit code by the one policy (optcheck.exitcodes)
+        code = replayed["exit_code"]
         if summary_md:
             from optcheck.report.markdown import write_markdown
 
             dicts = [f.to_dict() for f in findings]
-            by_code: dict = {}
-            for f in dicts:
-                by_code[f["code"]] = by_code.get(f["code"], 0) + 1
-            summary = {"command": "check", "run": str(stream), "status": "findings" if findings else "clean",
-                       "exit_code": code, "snapshots": n, "findings": len(dicts), "findings_by_code": by_code}
+            summary = {"command": "check", "run": str(stream), "status": replayed["status"], "exit_code": code,
+                       "snapshots": n, "findings": len(dicts), "findings_by_code": replayed["findings_by_code"]}
             if Path(stream).is_dir() and (Path(stream) / "summary.json").exists():
                 recorded = RunReader(stream).summary
                 summary = {**{k: recorded.get(k) for k in ("backend", "steps_requested", "last_step", "loss_first",

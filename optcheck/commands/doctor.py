@@ -33,7 +33,7 @@ def native_status(folder: Path) -> str:
     (``optcheck.torchsharp_bridge.native``, in a subprocess: the doctor loads no libtorch)."""
     try:
         res = subprocess.run([sys.executable, "-m", "optcheck.torchsharp_bridge.native", str(folder)],
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, errors="replace", timeout=120)
     except (OSError, subprocess.SubprocessError) as e:
         return f"not checked ({e})"
     text = (res.stdout.strip() or res.stderr.strip() or "no answer").splitlines()[-1]
@@ -44,13 +44,17 @@ def torch_version() -> str:
     """torch's version and threads, from a subprocess (never imported here)."""
     code = "import torch; print(torch.__version__, torch.get_num_threads())"
     try:
-        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, errors="replace",
+                             timeout=120)
     except (OSError, subprocess.SubprocessError) as e:
         return f"unknown ({e})"
     if res.returncode != 0:
         last = (res.stderr.strip().splitlines() or ["not importable"])[-1]
         return f"not available ({last}); install with: pip install 'torch>=2.1'"
-    ver, threads = res.stdout.split()
+    try:
+        ver, threads = res.stdout.split()[-2:]
+    except ValueError:
+        return f"unknown (it printed {res.stdout.strip()[:80]!r})"
     from optcheck import torch_version as tv
 
     line = f"{ver} (intra-op threads by default: {threads})"
@@ -72,11 +76,25 @@ def clr_loader_missing() -> str:
 
 
 def report() -> list[tuple[str, list[str]]]:
-    """Sections of the doctor's report as ``(title, lines)``."""
-    from optcheck.torchsharp_bridge import discovery, runtime
-
+    """Sections of the doctor's report as ``(title, lines)``. Never raises: a section
+    that cannot be checked (an unreadable cache, a ``dotnet`` printing bytes that are
+    not UTF-8, a ``build.json`` of another shape) says so in its own lines."""
     sections = [("python", [f"{platform.python_version()} ({sys.executable})",
                             f"cpus: {os.cpu_count()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"])]
+    for part in (_dotnet_sections, _torch_section, _builds_section):
+        try:
+            sections += part()
+        except Exception as e:  # noqa: BLE001 - the doctor reports what it could not check, it never fails
+            title = {"_dotnet_sections": ".NET", "_torch_section": "torch",
+                     "_builds_section": "TorchSharp builds"}[part.__name__]
+            sections.append((title, [f"could not be checked: {type(e).__name__}: {str(e)[:200]}"]))
+    return sections
+
+
+def _dotnet_sections() -> list[tuple[str, list[str]]]:
+    from optcheck.torchsharp_bridge import discovery, runtime
+
+    sections = []
     no_loader = clr_loader_missing()
     core = discovery.coreclr_runtimes()
     lines = [f"{r.version}  [{r.root}] ({r.source})" for r in core] or [
@@ -101,11 +119,22 @@ def report() -> list[tuple[str, list[str]]]:
     sections.append(("Mono", mono_lines))
     pn = runtime.pythonnet_version()
     sections.append(("pythonnet", [pn if pn else f"not installed: {discovery.PYTHONNET_HINT}"]))
-    sections.append(("torch (checked in a subprocess)", [torch_version()]))
+    return sections
+
+
+def _torch_section() -> list[tuple[str, list[str]]]:
+    return [("torch (checked in a subprocess)", [torch_version()])]
+
+
+def _builds_section() -> list[tuple[str, list[str]]]:
     from optcheck.torchsharp_bridge.build import cache_root
 
-    sections.append((f"TorchSharp builds in {cache_root()}", torchsharp_builds() or ["none"]))
-    return sections
+    root = cache_root()
+    try:
+        lines = torchsharp_builds() or ["none"]
+    except Exception as e:  # noqa: BLE001 - a cache of another shape is reported, not fatal
+        lines = [f"could not be read: {type(e).__name__}: {str(e)[:200]}"]
+    return [(f"TorchSharp builds in {str(root)[:200]}", lines)]
 
 
 def register(group: click.Group) -> None:

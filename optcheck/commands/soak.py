@@ -241,6 +241,11 @@ def register(group: click.Group) -> None:
             return code
 
         from optcheck.baseline import after_soak, prepare
+        from optcheck.commands._paths import same_dir
+
+        if baseline is not None and same_dir(baseline, out if out is not None else "runs"):
+            raise InputError(f"--baseline {baseline}: is the --out of this soak; the run would replace its own "
+                             f"baseline and be judged against itself (give the baseline another folder)")
         prepared = prepare(baseline, cfg.to_json(), seeds=seeds, backends=backends, speed=speed_tolerance,
                            memory=memory_tolerance, fail_on=fail_on)
         for option, target in (("--junit", junit), ("--plot", plot), ("--summary-md", summary_md)):

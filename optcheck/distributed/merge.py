@@ -150,7 +150,7 @@ def refresh(s: dict, per: list[dict], findings: list[dict], missing: list[int], 
     crashes.sort(key=lambda c: any(w in str(c.get("message", "")) + str(c.get("exc_type", "")) for w in _KNOCK_ON))
     crash = crashes[0] if crashes else None
     ordered = sorted(findings, key=lambda f: (f.get("step", 0), f.get("rank", 0)))
-    s.update(world=len(per), status=status, exit_code=max(codes + ([exitcodes.CRASHED] if missing else []), default=0),
+    s.update(world=len(per), status=status, exit_code=exitcodes.worst(codes + ([exitcodes.CRASHED] if missing else [])),
              last_step=min(steps) if steps else 0, findings=len(findings), findings_by_code=by_code,
              first_finding=first, crash=crash, lead_time=lead_time(ordered, crash), missing_ranks=missing,
              ranks=per, notes=notes)

@@ -10,6 +10,8 @@ Layout of ``--out DIR``::
     summary.json      ``optcheck.summary/1``: written with status "running" at
                       the start and replaced atomically at the end
     worker.log        the worker's stderr
+    fatal.log         a Monitor's process killed by a fatal signal: its Python stacks
+                      (``faulthandler``); removed at close when empty
     .optcheck.lock    the writer's lock (``fcntl.flock``) and its PID, while it writes
 
 Guarantees:
@@ -38,7 +40,10 @@ Guarantees:
 Reading a run directory back is :class:`optcheck.report.reader.RunReader`'s job.
 
 The OS facts behind these (flock(2), open(2) ``O_NOFOLLOW``, rename(2), partial
-writes and ``RLIMIT_FSIZE``) are in ``docs/reliability.md``.
+writes and ``RLIMIT_FSIZE``) are in ``docs/reliability.md``. Who writes through
+:class:`RunDir`: ``optcheck.recorder.RunRecorder``, and nothing else.
+
+(Over 400 lines: the file-system guarantees of a run directory are kept in one place.)
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from optcheck.snapshot import clean_json, dumps
 SUMMARY_SCHEMA = "optcheck.summary/1"
 FILES = ("snapshots.jsonl", "findings.jsonl", "metrics.jsonl", "events.jsonl")
 LOCK_NAME = ".optcheck.lock"
+FATAL_LOG = "fatal.log"
 RESERVE_NAME = ".optcheck-reserve"
 RESERVE_BYTES = 64 * 1024
 #: Files whose presence means the directory already holds a run.
@@ -134,6 +140,39 @@ def _open_regular(path: Path, flags: int, mode: int = 0o644) -> int:
         raise InputError(f"{path}: not a regular file")
     os.set_blocking(fd, True)
     return fd
+
+
+def open_record_file(path: Path) -> int:
+    """Open (create, truncate) a file of the run directory for writing, never through
+    a symlink; returns its file descriptor. Raises InputError or OSError as :func:`_open_regular`."""
+    if os.path.islink(path):
+        os.unlink(path)
+    return _open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+
+
+def writer_gone(path: str | os.PathLike) -> str | None:
+    """Whether the writer of a run whose ``summary.json`` still says ``running`` is gone.
+
+    Returns None while the process named in ``.optcheck.lock`` lives; else a
+    description: ``"PID 4242 is gone"``, or ``"no writer holds it"`` (no lock
+    file, or no PID in it). A writer that closes writes its final summary
+    before it removes the lock file, so a ``running`` summary with no live
+    writer is a run that ended without closing (SIGKILL, a segfault, power).
+    """
+    try:
+        text = Path(path, LOCK_NAME).read_bytes()[:32].decode("ascii", "replace").strip()
+    except OSError:
+        return "no writer holds it"
+    if not text.isdecimal():
+        return "no writer holds it"
+    pid = int(text)
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return f"PID {pid} is gone"
+    except PermissionError:  # alive, another user's
+        return None
+    return None
 
 
 def lock_run_dir(path: Path) -> int:
@@ -335,9 +374,11 @@ class RunDir:
     def event(self, event: dict) -> None:
         self._write("events.jsonl", event)
 
-    def summary(self, summary: dict) -> None:
+    def summary(self, summary: dict, *, final: bool = True) -> None:
         """Replace ``summary.json`` atomically (write a temporary file, then rename).
-        On a full disk the reserve is given back and the write tried once more.
+        On a full disk the reserve is given back and the write tried once more —
+        for the ``final`` summary only: a ``running`` one never spends the reserve
+        the last summary needs.
 
         Raises:
             RecordError: it could not be written even then.
@@ -345,7 +386,7 @@ class RunDir:
         try:
             write_summary(self.path, summary)
         except RecordError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or not self.release_reserve():
+            if not final or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or not self.release_reserve():
                 raise
             write_summary(self.path, summary)
 
@@ -364,6 +405,25 @@ class RunDir:
                     pass
             os.close(self._lock)  # releases the flock
             self._lock = None
+
+    def abandon(self) -> None:
+        """In a forked child: close this process's copies of the files and of the lock
+        without touching the directory (the lock file, the reserve and the flock stay
+        the parent's: flock(2) locks belong to the open file description the parent
+        still holds). Nothing is written afterwards. Idempotent."""
+        for fd in (*self._fds.values(), *([self._lock] if self._lock is not None else [])):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fds, self._lock = {}, None
+        log = getattr(self, "worker_log", None)
+        if log is not None and not log.closed:
+            try:
+                log.close()
+            except OSError:
+                pass
+        self.failed = RecordError(self.path, OSError(errno.EPERM, "a forked child never writes its parent's run"))
 
     def close(self) -> None:
         """Close every file, drop the reserve and release the lock. Idempotent."""

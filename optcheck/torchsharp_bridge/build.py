@@ -195,10 +195,12 @@ def _locked(folder: Path):
 
 
 def _read_record(folder: Path) -> dict | None:
+    """``build.json`` of a cached build; None when missing, unreadable or not a JSON object."""
     try:
-        return json.loads((folder / "build.json").read_text())
-    except (OSError, ValueError):
+        rec = json.loads((folder / "build.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
         return None
+    return rec if isinstance(rec, dict) else None
 
 
 def _is_current(rec: dict | None, spec: Spec, src_hash: str, folder: Path) -> bool:

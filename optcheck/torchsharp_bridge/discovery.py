@@ -129,7 +129,7 @@ def dotnet_sdks() -> list[str]:
     cli = shutil.which("dotnet")
     if cli:
         try:
-            res = subprocess.run([cli, "--list-sdks"], capture_output=True, text=True, timeout=30)
+            res = subprocess.run([cli, "--list-sdks"], capture_output=True, text=True, errors="replace", timeout=30)
             return [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
         except (OSError, subprocess.SubprocessError):
             pass
@@ -166,7 +166,7 @@ def mono_version() -> str:
     if not cli:
         return ""
     try:
-        out = subprocess.run([cli, "--version"], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run([cli, "--version"], capture_output=True, text=True, errors="replace", timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return ""
     m = re.search(r"version (\S+)", out)
