@@ -345,7 +345,7 @@ class Monitor:
         seq = self.seq
         sm.last_step, sm.snapshots, sm.loss_first, sm.loss_last = (self.step_count, seq.snapshots, seq.loss_first,
                                                                    seq.last_loss)
-        sm.peak_rss_bytes, sm.versions, sm.threads = seq.peak_rss, probe.versions(), torch.get_num_threads()
+        sm.peak_rss_bytes, sm.versions, sm.threads = seq.peak_rss, seq.probe.versions(), torch.get_num_threads()
         sm.crash, sm.stopped, sm.config = self._crash, self._stopped, {"every": self.every}
         sm.not_checked, sm.hazards = list(getattr(self.hazards, "not_checked", [])), self.hazards.stats()
         sm.interrupted_by, sm.signals = self._interrupted, int(self._interrupted is not None)
