@@ -60,6 +60,7 @@ from optcheck.engine import RuleEngine
 from optcheck.findings import SEVERITIES, Finding, severity_rank
 from optcheck.pytorch import monitor_hooks, probe
 from optcheck.pytorch.grad_clear import GradClearProbe
+from optcheck.pytorch.guard import Notes, guarded
 from optcheck.pytorch.monitor_hooks import _ACTIVE, _ORIG  # noqa: F401 - the tests' leak check reads them here
 from optcheck.pytorch.monitor_hooks import FindingError, OptcheckWarning, TorchProbe, backward_loss
 from optcheck.pytorch.train import NullHazards
@@ -158,6 +159,7 @@ class Monitor:
         self._backwards = 0  # backward() calls since the last optimizer step
         self._no_step_reported = False
         self.step_cost = StepCost()  # the hooks' own time per step, snapshots left out (summary cost.steps)
+        self.notes = Notes()  # what could not be read, and optcheck's own errors (summary not_checked)
         self.hazards = NullHazards()
         if hazards:
             from optcheck.pytorch.hazards import HazardProbes
@@ -166,7 +168,7 @@ class Monitor:
                                         mode="always" if hazards == "always" else "auto")
             self.hazards.on_stop = self._on_stop
         self.grad_clear = GradClearProbe(optimizer)
-        self.seq = Sequencer(TorchProbe(model, optimizer, self.hazards, self.grad_clear), run_id=self.run_id,
+        self.seq = Sequencer(TorchProbe(model, optimizer, self.hazards, self.grad_clear, self.notes), run_id=self.run_id,
                              every=every, emit=self._emit, flush=self._flush_losses)
         self._handles = [optimizer.register_step_pre_hook(self._pre_step),
                          optimizer.register_step_post_hook(self._post_step)]
@@ -175,7 +177,7 @@ class Monitor:
         if state is not None:
             self.load_state_dict(state)
         self._enter_step()
-        self.seq.start(self.step_count)
+        self._snapshot("start")
         self._write_summary("running")
         ref = weakref.ref(self)
         self._atexit = lambda: (ref() is not None and not ref().closed and ref().close())
@@ -256,7 +258,7 @@ class Monitor:
         self._exit_step()
         if self._crash is None and self._stopped is None and (self.step_count > self.seq.last_snap_step
                                                                or self._losses):
-            self.seq.final(self.step_count)
+            self._snapshot("final")
         for h in self._handles:
             h.remove()
         self.hazards.remove()
@@ -284,7 +286,7 @@ class Monitor:
                      threads=torch.get_num_threads(), crash=self._crash, stopped=self._stopped,
                      out=str(self.rundir.path) if self.rundir else None, started=self._started,
                      finished=utc_now() if self.closed else None, config={"every": self.every},
-                     not_checked=list(getattr(self.hazards, "not_checked", [])),
+                     not_checked=list(getattr(self.hazards, "not_checked", [])) + list(self.notes),
                      hazards=self.hazards.stats())
         sm.fill_findings(self.checker)
         sm.fill_timing(time.perf_counter() - seq.t0, seq.cost, self.checker.cost)
@@ -323,12 +325,19 @@ class Monitor:
             ctx, self._ctx = self._ctx, None
             ctx.__exit__(None, None, None)
 
+    @guarded(FindingError, StepStopped)
+    def _snapshot(self, which: str) -> None:
+        """The start or final snapshot (an error in it is a note, not the user's exception)."""
+        (self.seq.start if which == "start" else self.seq.final)(self.step_count)
+
+    @guarded(FindingError, StepStopped)
     @timed_hook()
     def _before_backward(self, roots: list[torch.Tensor], grads=None) -> None:
         """Before a backward pass from ``roots`` (one tensor, or the tensors of
         ``torch.autograd.backward([l1, l2], grad_tensors)``): the hazard checks on each;
         the step's loss is Σ gᵢ·lᵢ over the one-element roots (gᵢ their one-element
         ``grad_tensors``, else 1), kept on the device until the next snapshot."""
+        self.grad_clear.adopt_materialized()  # lazy modules materialise in their first forward
         for t in roots:
             self.hazards.check_loss(t, self.step_count + 1)
         if self._dist is not None and self._dist.before_backward(self.step_count):  # optcheck.distributed hook
@@ -337,6 +346,7 @@ class Monitor:
         if loss is not None:
             self._loss = loss
 
+    @guarded(FindingError, StepStopped)
     @timed_hook()
     def _after_backward(self) -> None:
         self.hazards.after_backward(self.step_count + 1)
@@ -380,6 +390,7 @@ class Monitor:
         if self._stopped is not None and not self.closed and torch._C._current_graph_task_id() == -1:
             self.close()
 
+    @guarded(FindingError, StepStopped)
     @timed_hook()
     def _pre_step(self, optimizer, args, kwargs) -> None:
         self.seq.pre_step(self.step_count + 1)
@@ -388,6 +399,7 @@ class Monitor:
         self._step_done()
         self.on_step_end(self.step_count)
 
+    @guarded(FindingError, StepStopped)
     @timed_hook(step_end=True)
     def _step_done(self) -> None:
         self._backwards = 0
