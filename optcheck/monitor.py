@@ -58,7 +58,7 @@ import torch
 from optcheck import distributed, exitcodes
 from optcheck.engine import RuleEngine
 from optcheck.findings import SEVERITIES, Finding, severity_rank
-from optcheck.pytorch import monitor_hooks, probe
+from optcheck.pytorch import monitor_hooks, probe, step_hooks
 from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.guard import Notes, guarded
 from optcheck.pytorch.monitor_hooks import _ACTIVE, _ORIG  # noqa: F401 - the tests' leak check reads them here
@@ -170,8 +170,7 @@ class Monitor:
         self.grad_clear = GradClearProbe(optimizer)
         self.seq = Sequencer(TorchProbe(model, optimizer, self.hazards, self.grad_clear, self.notes), run_id=self.run_id,
                              every=every, emit=self._emit, flush=self._flush_losses)
-        self._handles = [optimizer.register_step_pre_hook(self._pre_step),
-                         optimizer.register_step_post_hook(self._post_step)]
+        self._handles = step_hooks.register(optimizer, self._pre_step, self._post_step)  # once per outer step()
         monitor_hooks.install(self)
         self._ctx = None
         if state is not None:

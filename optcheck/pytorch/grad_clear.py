@@ -53,6 +53,8 @@ import weakref
 
 import torch
 
+from optcheck.pytorch import step_hooks
+
 
 def _uninitialized(p: torch.Tensor) -> bool:
     """An ``UninitializedParameter`` (a lazy module's, before its first forward)."""
@@ -85,8 +87,7 @@ class GradClearProbe:
         if not members:
             return
         self._add([p for p in members if not _uninitialized(p)])
-        self._handles.append(optimizer.register_step_pre_hook(self._before_step))
-        self._handles.append(optimizer.register_step_post_hook(self._after_step))
+        self._handles += step_hooks.register(optimizer, self._before_step, self._after_step)
 
     def _add(self, params: list) -> None:
         """Hook ``params`` (materialised leaves), and watch the smallest of all for OC204."""

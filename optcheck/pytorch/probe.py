@@ -20,6 +20,7 @@ counter did not move.
 from __future__ import annotations
 
 import functools
+import math
 import operator
 import platform
 import weakref
@@ -373,12 +374,13 @@ def state(optimizer: torch.optim.Optimizer, view: state_read.StateView | None = 
             tensors[st.path] = rec
         if isinstance(step, torch.Tensor):
             if step.device.type == "cpu":
-                step = int(step.item())  # one call, no device to wait for
+                v = step.item()  # one call, no device to wait for
+                step = int(v) if math.isfinite(v) else None
             else:
                 steps[i], step = step.detach().reshape(()).double(), None  # read below, one sync per device
         out.append({"ref": id(ps.key), "step": step, "tensors": tensors})
     for i, v in _values(steps).items():
-        out[i]["step"] = int(v)
+        out[i]["step"] = int(v) if math.isfinite(v) else None
     return out, view.nbytes
 
 
@@ -397,7 +399,7 @@ def notes(optimizer: object, view: state_read.StateView) -> list[str]:
         if (path, why) in seen:
             continue
         seen.add((path, why))
-        out.append(f"{type(optimizer).__name__} state {path!r} not read: {why}")
+        out.append(f"{type(optimizer).__name__} state {path!r}: {why}")
     return out
 
 

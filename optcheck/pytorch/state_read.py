@@ -31,6 +31,7 @@ once (``optcheck.pytorch.probe.snapshot_body``). Nothing here raises.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,13 +139,16 @@ def _values(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
         return t, None
     deq = getattr(type(t), "dequantize", None)
     if deq is None or deq is torch.Tensor.dequantize:
-        return None, f"{type(t).__name__} is a tensor subclass without dequantize(): shape and dtype only"
+        return None, f"values not read, shape and dtype only: {type(t).__name__} is a tensor subclass " \
+                     f"without dequantize()"
     try:
         out = t.dequantize()
     except Exception as e:  # noqa: BLE001
-        return None, f"{type(t).__name__}.dequantize() raised {type(e).__name__}: shape and dtype only"
+        return None, f"values not read, shape and dtype only: {type(t).__name__}.dequantize() raised " \
+                     f"{type(e).__name__}"
     if not isinstance(out, torch.Tensor) or not plain(out):
-        return None, f"{type(t).__name__}.dequantize() gave no plain tensor: shape and dtype only"
+        return None, f"values not read, shape and dtype only: {type(t).__name__}.dequantize() gave no " \
+                     f"plain tensor"
     return out.detach(), None
 
 
@@ -154,7 +158,7 @@ def _tensor(path: str, t: torch.Tensor, skipped: list) -> StateTensor | None:
         shape, dtype, device = list(t.shape), t.dtype, str(t.device)
         nbytes = _nbytes(t)
     except Exception as e:  # noqa: BLE001
-        skipped.append((path, f"{type(t).__name__}: its shape, dtype or size could not be read "
+        skipped.append((path, f"not read: a {type(t).__name__} whose shape, dtype or size could not be read "
                               f"({type(e).__name__})"))
         return None
     values, why = _values(t)
@@ -170,7 +174,7 @@ def _walk(node: Any, path: str, depth: int, out: ParamState, skipped: list) -> N
     last = path.rsplit(".", 1)[-1]
     if isinstance(node, torch.Tensor):
         if len(out.tensors) >= MAX_TENSORS:
-            skipped.append((name, f"more than {MAX_TENSORS} tensors under one parameter: the rest not read"))
+            skipped.append((name, f"not read: more than {MAX_TENSORS} tensors under one parameter"))
             return
         st = _tensor(name, node, skipped)
         if st is not None:
@@ -178,7 +182,8 @@ def _walk(node: Any, path: str, depth: int, out: ParamState, skipped: list) -> N
             if last == "step" and out.step is None and st.values is node and node.numel() == 1:
                 out.step = node  # a 0-d step counter (torch.optim): read by the caller
         return
-    if last == "step" and out.step is None and isinstance(node, (int, float)) and not isinstance(node, bool):
+    if last == "step" and out.step is None and isinstance(node, (int, float)) and not isinstance(node, bool) \
+            and math.isfinite(node):
         out.step = int(node)
     if isinstance(node, _SCALARS):
         return
@@ -187,12 +192,12 @@ def _walk(node: Any, path: str, depth: int, out: ParamState, skipped: list) -> N
     elif isinstance(node, dict) or hasattr(node, "items"):
         children = _items(node)
         if children is None:
-            skipped.append((name, f"a {type(node).__name__} whose items could not be listed"))
+            skipped.append((name, f"not read: a {type(node).__name__} whose items could not be listed"))
             return
     else:
         return  # any other object (a function, a module, a closure) holds no state we read
     if depth >= MAX_DEPTH:
-        skipped.append((name, f"nested deeper than {MAX_DEPTH} levels: not read"))
+        skipped.append((name, f"not read: nested deeper than {MAX_DEPTH} levels"))
         return
     for k, v in children:
         _walk(v, f"{path}.{k}" if path else str(k), depth + 1, out, skipped)
@@ -205,20 +210,19 @@ def read(optimizer: Any) -> StateView:
     view = StateView()
     items = _items(getattr(optimizer, "state", None))
     if items is None:
-        view.skipped.append(("(state)", f"{type(optimizer).__name__}.state is a "
-                                        f"{type(getattr(optimizer, 'state', None)).__name__} whose items "
-                                        f"could not be listed"))
+        view.skipped.append(("(state)", f"not read: a {type(getattr(optimizer, 'state', None)).__name__} "
+                                        f"whose items could not be listed"))
         return view
     for key, value in items:
         if not isinstance(key, torch.Tensor):
-            view.skipped.append((f"key {key!r:.40}", f"a state key that is a {type(key).__name__}, not a parameter: "
-                                                 f"its value is not read"))
+            view.skipped.append((f"key {key!r:.40}", f"not read: a state key that is a {type(key).__name__}, "
+                                                 f"not a parameter"))
             continue
         ps = ParamState(key)
         if isinstance(value, (torch.Tensor, dict, list, tuple)) or hasattr(value, "items"):
             _walk(value, "", 0, ps, view.skipped)
         elif not isinstance(value, _SCALARS):
-            view.skipped.append(("(value)", f"a {type(value).__name__}, not a dict of tensors: not read"))
+            view.skipped.append(("(value)", f"not read: a {type(value).__name__}, not a dict of tensors"))
         view.nbytes += sum(t.nbytes for t in ps.tensors)
         view.params.append(ps)
     return view

@@ -142,8 +142,9 @@ class DuckOptimizer:
     def _register(self, hooks: dict, hook) -> _Handle:
         if self._orig is None:
             orig = self.wrapped.step
+            self._bound = self._hooked_step  # the one bound method set on the instance (put back by identity)
             try:
-                self.wrapped.step = self._hooked_step
+                self.wrapped.step = self._bound
             except (AttributeError, TypeError):  # __slots__, a read-only step
                 raise TypeError(f"optcheck.Monitor: {type(self.wrapped).__qualname__}.step cannot be wrapped on "
                                 f"the instance (no step hooks); pass a torch.optim.Optimizer") from None
@@ -170,7 +171,7 @@ class DuckOptimizer:
 
     def _restore_if_idle(self) -> None:
         if self._orig is not None and not self._pre and not self._post:
-            if getattr(self.wrapped, "__dict__", {}).get("step") is self._hooked_step:
+            if getattr(self.wrapped, "__dict__", {}).get("step") is self._bound:
                 del self.wrapped.step  # the class's step again
             self._orig = None
 
