@@ -3,7 +3,9 @@
 #   bash scripts/setup.sh          optcheck + PyTorch backend + pythonnet
 #   bash scripts/setup.sh --test   also the test tools (extra `test`: pytest, pytest-xdist, hypothesis, ...),
 #                                  the Lightning/transformers integrations (extra
-#                                  `integrations`) and a .NET runtime (Mono, mcs) for the bridge tests
+#                                  `integrations`), the third-party optimizer zoo (extra `zoo`:
+#                                  pytorch-optimizer, heavyball, schedulefree, bitsandbytes, torchao)
+#                                  and a .NET runtime (Mono, mcs) for the bridge tests
 # torch is pinned to 2.13.0 first: a CPU build is on this machine kind's disk, while a
 # bare `pip install torch` would pull GBs of CUDA packages.
 set -euo pipefail
@@ -15,7 +17,7 @@ want_test=0
 "$PY" -m pip install --disable-pip-version-check -q "torch==2.13.0"
 if [ $want_test = 1 ]; then
   # torch stays the CPU 2.13.0 installed above: lightning/transformers/accelerate only need torch>=2.x
-  "$PY" -m pip install --disable-pip-version-check -q -e ".[pytorch,torchsharp,plot,test,integrations]" "torch==2.13.0"
+  "$PY" -m pip install --disable-pip-version-check -q -e ".[pytorch,torchsharp,plot,test,integrations,zoo]" "torch==2.13.0"
 else
   "$PY" -m pip install --disable-pip-version-check -q -e ".[pytorch,torchsharp,plot]"
 fi
