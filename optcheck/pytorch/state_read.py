@@ -40,7 +40,7 @@ import torch
 from optcheck.distributed.shards import local  # FSDP2: a DTensor's shard on this rank
 
 #: levels of dicts/lists descended below ``optimizer.state[p]``
-MAX_DEPTH = 4
+MAX_DEPTH = 6
 #: tensors read per parameter (a per-parameter list longer than this is cut)
 MAX_TENSORS = 64
 
@@ -136,6 +136,8 @@ def _nbytes(t: torch.Tensor) -> int:
 def _values(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
     """A plain tensor with ``t``'s values, and why there is none."""
     if plain(t):
+        if t.is_meta:
+            return None, "values not read, shape and dtype only: a tensor on the meta device (no data)"
         return t, None
     deq = getattr(type(t), "dequantize", None)
     if deq is None or deq is torch.Tensor.dequantize:

@@ -310,3 +310,13 @@ def test_a_step_calling_super_step_counts_once():
     Inner(model.parameters(), lr=0.1)  # torch patches Inner.step (with its hooks) at its first instance
     mon = _train(model, Outer(model.parameters(), lr=0.05, momentum=0.9))
     assert mon.step_count == 12 and mon.findings == []
+
+
+def test_a_state_tensor_on_another_device_is_recorded_and_not_read():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False))
+    w = model[0].weight
+    opt = Bag(model.parameters(), {w: {"exp_avg": torch.empty(4, 4, device="meta"), "v": torch.zeros(4, 4)}})
+    body = probe.snapshot_body(model, opt, census=False, norms=probe.Norms())
+    assert body["state"][0]["tensors"]["exp_avg"] == {"shape": [4, 4], "dtype": "float32", "device": "meta"}
+    assert "device" not in body["state"][0]["tensors"]["v"]
+    assert any("meta device" in n for n in body["notes"])
