@@ -86,10 +86,12 @@ class Monitor:
     Args:
         model: the ``nn.Module`` being trained (inside ``DistributedDataParallel`` /
             ``DataParallel`` is fine: the inner module is watched).
-        optimizer: its ``torch.optim.Optimizer`` (torch ≥ 2.0: step hooks), or a
-            wrapper holding one in ``.optimizer``: accelerate's
-            ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``
-            (``optcheck/pytorch/unwrap.py``).
+        optimizer: its ``torch.optim.Optimizer`` (torch ≥ 2.0: step hooks), a
+            wrapper holding one in ``.optimizer``, ``.base_optimizer``, ``.base``,
+            ``.wrapped_optimizer`` or ``.optim`` (accelerate, Lightning, SAM, Lookahead,
+            schedule-free's ``ScheduleFreeWrapper``), or an object with
+            ``param_groups``, ``state`` and ``step`` (``optcheck/pytorch/unwrap.py``,
+            ``docs/optimizers.md``).
         every: a snapshot every this many optimizer steps.
         out: run directory (``snapshots.jsonl``, ``findings.jsonl``,
             ``metrics.jsonl``, ``summary.json``); None keeps everything in memory.
@@ -117,8 +119,8 @@ class Monitor:
             ``pyproject.toml`` (True), from this file (a path), or not (False).
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``, or ``optimizer`` holds no
-            ``torch.optim.Optimizer``.
+        TypeError: ``model`` is not an ``nn.Module``, or ``optimizer`` is none of
+            the above (one line naming what was looked for).
         ValueError: ``on_finding`` or ``fail_on`` unknown, ``every`` < 1, a bad
             ``ignore`` entry, ``hazards`` not one of True, False, "auto", "always".
         optcheck.errors.InputError: ``out`` cannot be written.
