@@ -45,6 +45,7 @@ class Entry:
     skip: str | None = None
     xfail: str | None = None
     context: Callable | None = None  # a context manager factory the loop runs in
+    xfail_found: str | None = None  # a known miss of the replaced-layer check
 
 
 STYLES = ("plain", "closure", "float_closure", "create_graph", "schedulefree", "two_step")
@@ -185,7 +186,9 @@ def heavyball_entries() -> list[Entry]:
                          xfail=RULES_BRANCH + ": heavyball sets .grad to None inside step(): OC202"))
     out.append(Entry("heavyball.SAMWrapper(AdamW)",
                      lambda m: heavyball.SAMWrapper(m.parameters(), heavyball.AdamW(m.parameters(), lr=1e-3)),
-                     style="closure", xfail=RULES_BRANCH + ": heavyball sets .grad to None inside step(): OC202"))
+                     style="closure", xfail=RULES_BRANCH + ": heavyball sets .grad to None inside step(): OC202",
+                     xfail_found=RULES_BRANCH + ": SAMWrapper's closure runs before the inner step, whose .grad "
+                                                "heavyball consumes: OC207 at step 1"))
     return out
 
 
@@ -233,6 +236,12 @@ def bitsandbytes_entries() -> list[Entry]:
     return out
 
 
+def _eager():
+    """torchao compiles its per-parameter step with ``torch.compile`` (tens of seconds of
+    CPU autotuning per optimizer and shape): run it eagerly, same states, same ops."""
+    return torch.compiler.set_stance("force_eager")
+
+
 def torchao_entries() -> list[Entry]:
     why = _have("torchao.optim")
     if why:
@@ -242,7 +251,7 @@ def torchao_entries() -> list[Entry]:
     out = []
     for name in ("AdamW8bit", "Adam8bit", "AdamW4bit", "Adam4bit", "AdamWFp8", "AdamFp8"):
         out.append(Entry(f"torchao.{name}", (lambda c: lambda m: c(m.parameters(), lr=1e-2))(getattr(tao, name)),
-                         model="wide"))
+                         model="wide", context=_eager))
     out.append(Entry("torchao.CPUOffloadOptimizer", skip="CPUOffloadOptimizer moves a CUDA model's optimizer "
                                                          "state to the CPU: CUDA only"))
     return out
