@@ -64,9 +64,10 @@ import torch
 from optcheck import distributed, monitor_end
 from optcheck.engine import RuleEngine
 from optcheck.findings import SEVERITIES, Finding, severity_rank
-from optcheck.pytorch import monitor_hooks
+from optcheck.pytorch import monitor_hooks, step_hooks
 from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.pytorch.grad_clear import GradClearProbe
+from optcheck.pytorch.guard import Notes, guarded
 from optcheck.pytorch.monitor_hooks import _ACTIVE, _ORIG  # noqa: F401 - the tests' leak check reads them here
 from optcheck.pytorch.monitor_hooks import (ClipNorm, FindingError, OptcheckWarning, StepFollower, TorchProbe,
                                             backward_loss)
@@ -93,10 +94,12 @@ class Monitor:
     Args:
         model: the ``nn.Module`` being trained (inside ``DistributedDataParallel`` /
             ``DataParallel`` is fine: the inner module is watched).
-        optimizer: its ``torch.optim.Optimizer`` (torch ≥ 2.0: step hooks), or a
-            wrapper holding one in ``.optimizer``: accelerate's
-            ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``
-            (``optcheck/pytorch/unwrap.py``).
+        optimizer: its ``torch.optim.Optimizer`` (torch ≥ 2.0: step hooks), a
+            wrapper holding one in ``.optimizer``, ``.base_optimizer``, ``.base``,
+            ``.wrapped_optimizer`` or ``.optim`` (accelerate, Lightning, SAM, Lookahead,
+            schedule-free's ``ScheduleFreeWrapper``), or an object with
+            ``param_groups``, ``state`` and ``step`` (``optcheck/pytorch/unwrap.py``,
+            ``docs/optimizers.md``).
         every: a snapshot every this many optimizer steps.
         out: run directory (``snapshots.jsonl``, ``findings.jsonl``,
             ``metrics.jsonl``, ``summary.json``); None keeps everything in memory.
@@ -124,8 +127,8 @@ class Monitor:
             ``pyproject.toml`` (True), from this file (a path), or not (False).
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``, or ``optimizer`` holds no
-            ``torch.optim.Optimizer``.
+        TypeError: ``model`` is not an ``nn.Module``, or ``optimizer`` is none of
+            the above (one line naming what was looked for).
         ValueError: ``on_finding`` or ``fail_on`` unknown, ``every`` < 1, a bad
             ``ignore`` entry, ``hazards`` not one of True, False, "auto", "always".
         optcheck.errors.InputError: ``out`` cannot be written.
@@ -177,6 +180,7 @@ class Monitor:
         self._no_step_reported = False
         self._urgent = False  # an event of the Monitor's own wants a snapshot at this step
         self.step_cost = StepCost()  # the hooks' own time per step, snapshots left out (summary cost.steps)
+        self.notes = Notes()  # what could not be read, and optcheck's own errors (summary not_checked)
         self.hazards = NullHazards()
         # the probes' device checks, read with the losses at each snapshot: no host sync on other steps
         self._ledger = DeviceLedger()
@@ -189,10 +193,9 @@ class Monitor:
             self.hazards.on_stop = self._on_stop
         self.grad_clear = GradClearProbe(optimizer, ledger=self._ledger)
         self.clip_norm = ClipNorm()  # the user's clip_grad_norm_ total (monitor_hooks): the NaN check's shortcut
-        self.seq = Sequencer(TorchProbe(model, optimizer, self.hazards, self.grad_clear), run_id=self.run_id,
+        self.seq = Sequencer(TorchProbe(model, optimizer, self.hazards, self.grad_clear, self.notes), run_id=self.run_id,
                              every=every, emit=self._emit, flush=self._flush_losses)
-        self._handles = [optimizer.register_step_pre_hook(self._pre_step),
-                         optimizer.register_step_post_hook(self._post_step)]
+        self._handles = step_hooks.register(optimizer, self._pre_step, self._post_step)  # once per outer step()
         # another optimizer's step() over these parameters is the training step too (SAM's second_step, a swap)
         self.follow = StepFollower(optimizer, [self.grad_clear._before_step, self._pre_step], [
             h for h in (getattr(self.hazards, "_after_step", None), self.grad_clear._after_step, self._foreign_step,
@@ -203,7 +206,7 @@ class Monitor:
         if state is not None:
             self.load_state_dict(state)
         self._enter_step()
-        self.seq.start(self.step_count)
+        self._snapshot("start")
         self.rec.write_running()
         self.rec.catch_fatal_signals()
         ref = weakref.ref(self)
@@ -299,7 +302,7 @@ class Monitor:
             self._guard(self._flush_losses)
         elif self._crash is None and self._stopped is None and (self.step_count > self.seq.last_snap_step
                                                                  or self._losses):
-            self._guard(self.seq.final, self.step_count)
+            self._guard(self._snapshot, "final")
         elif self._crash is not None and len(self._ledger):
             self._checks_before_crash()
         for h in self._handles:
@@ -347,7 +350,8 @@ class Monitor:
                                                                    seq.last_loss)
         sm.peak_rss_bytes, sm.versions, sm.threads = seq.peak_rss, seq.probe.versions(), torch.get_num_threads()
         sm.crash, sm.stopped, sm.config = self._crash, self._stopped, {"every": self.every}
-        sm.not_checked, sm.hazards = list(getattr(self.hazards, "not_checked", [])), self.hazards.stats()
+        sm.not_checked = list(getattr(self.hazards, "not_checked", [])) + list(self.notes)
+        sm.hazards = self.hazards.stats()
         sm.interrupted_by, sm.signals = self._interrupted, int(self._interrupted is not None)
         self.rec.snapshot_cost = seq.cost
         sm.cost = {**(sm.cost or {}), "steps": self.step_cost.to_dict(), "train_cpu_s": None}  # (CPU: a worker's)
@@ -405,6 +409,12 @@ class Monitor:
             ctx, self._ctx = self._ctx, None
             ctx.__exit__(None, None, None)
 
+    @guarded(FindingError, StepStopped)
+    def _snapshot(self, which: str) -> None:
+        """The start or final snapshot (an error in it is a note, not the user's exception)."""
+        (self.seq.start if which == "start" else self.seq.final)(self.step_count)
+
+    @guarded(FindingError, StepStopped)
     @timed_hook()
     def _before_backward(self, roots: list[torch.Tensor], grads=None) -> None:
         """Before a backward pass from ``roots`` (one tensor, or the tensors of
@@ -412,6 +422,7 @@ class Monitor:
         the step's loss is Σ gᵢ·lᵢ over the one-element roots (gᵢ their one-element
         ``grad_tensors``, else 1), kept on the device until the next snapshot."""
         self.clip_norm.clear()
+        self.grad_clear.adopt_materialized()  # lazy modules materialise in their first forward
         for t in roots:
             self.hazards.check_loss(t, self.step_count + 1)
         if self._dist is not None and self._dist.before_backward(self.step_count):  # optcheck.distributed hook
@@ -420,6 +431,7 @@ class Monitor:
         if loss is not None:
             self._loss = loss
 
+    @guarded(FindingError, StepStopped)
     @timed_hook()
     def _after_backward(self) -> None:
         self.hazards.after_backward(self.step_count + 1)
@@ -465,6 +477,7 @@ class Monitor:
         if self._stopped is not None and not self.closed and torch._C._current_graph_task_id() == -1:
             self.close()
 
+    @guarded(FindingError, StepStopped)
     @timed_hook()
     def _pre_step(self, optimizer, args, kwargs) -> None:
         self.hazards.check_grads_before_step(self.step_count + 1, kwargs, self.clip_norm)
@@ -488,6 +501,7 @@ class Monitor:
         self._step_done()
         self.on_step_end(self.step_count)
 
+    @guarded(FindingError, StepStopped)
     @timed_hook(step_end=True)
     def _step_done(self) -> None:
         self._threads.add(threading.get_ident())

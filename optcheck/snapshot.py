@@ -69,10 +69,15 @@ Group::
     ``dtype`` "disposed", ref 0, data_ptr 0, no name and no shape
     (:func:`is_disposed`)
 
-State (one per key of the optimizer's per-parameter state)::
+State (one per parameter key of the optimizer's per-parameter state)::
 
     ref (int: the key), step (int | null), tensors: {key: {"shape": [...],
-    "dtype": str}}
+    "dtype": str, "device": str (optional: only where it differs from the
+    parameter's)}}; a key is the tensor's path below the parameter's state, dotted
+    where the state nests dicts or lists (``"exp_avg"``, heavyball's
+    ``"0.update_by_adam_exp_avg_0"``, SOAP's ``"Q.1"``); keys of the optimizer
+    state that are not parameters, and values that cannot be read, are left out
+    and said once in ``notes`` (``docs/optimizers.md``)
 
 Memory (every field optional; bytes are bytes, not MiB; ``docs/memory.md`` says
 which backend records what, and how)::

@@ -3,7 +3,9 @@
 #   bash scripts/setup.sh          optcheck + PyTorch backend + pythonnet
 #   bash scripts/setup.sh --test   also the test tools (extra `test`: pytest, pytest-xdist, hypothesis, ...),
 #                                  the Lightning/transformers integrations (extra
-#                                  `integrations`), a .NET runtime (Mono, mcs) for the bridge tests, and
+#                                  `integrations`), the third-party optimizer zoo (extra `zoo`:
+#                                  pytorch-optimizer, heavyball, schedulefree, bitsandbytes, torchao),
+#                                  a .NET runtime (Mono, mcs) for the bridge tests, and
 #                                  gitlab-ci-local (npm) + rsync, which run the shipped GitLab pipeline
 #                                  in tests/integration/test_ci_nightly.py
 # torch is pinned to 2.13.0 first: a CPU build is on this machine kind's disk, while a
@@ -17,7 +19,7 @@ want_test=0
 "$PY" -m pip install --disable-pip-version-check -q "torch==2.13.0"
 if [ $want_test = 1 ]; then
   # torch stays the CPU 2.13.0 installed above: lightning/transformers/accelerate only need torch>=2.x
-  "$PY" -m pip install --disable-pip-version-check -q -e ".[pytorch,torchsharp,plot,test,integrations]" "torch==2.13.0"
+  "$PY" -m pip install --disable-pip-version-check -q -e ".[pytorch,torchsharp,plot,test,integrations,zoo]" "torch==2.13.0"
 else
   "$PY" -m pip install --disable-pip-version-check -q -e ".[pytorch,torchsharp,plot]"
 fi

@@ -59,6 +59,12 @@ import weakref
 import torch
 
 from optcheck.pytorch.deferred import DeviceLedger
+from optcheck.pytorch import step_hooks
+
+
+def _uninitialized(p: torch.Tensor) -> bool:
+    """An ``UninitializedParameter`` (a lazy module's, before its first forward)."""
+    return isinstance(p, torch.nn.parameter.UninitializedTensorMixin)
 
 
 class GradClearProbe:
@@ -80,19 +86,44 @@ class GradClearProbe:
         self._after: weakref.ref | None = None  # the smallest parameter's .grad right after the last step
         self._arrived: list[int] = []  # indices accumulated into between the last two steps (arrived_ids)
         self._handles = []
-        self._params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad and p.is_leaf
-                        and not hasattr(p, "to_local")]  # FSDP2 DTensor: reduce-scatter writes .grad, no tensor hook runs (docs/distributed.md)
-        if not self._params:
+        self._small_handle = None
+        members = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad and p.is_leaf
+                   and not hasattr(p, "to_local")]  # FSDP2 DTensor: reduce-scatter writes .grad, no tensor hook runs (docs/distributed.md)
+        # nn.LazyLinear & co. before their first forward: no shape, no hooks yet; they materialise in
+        # place (same object) at the first forward, and are adopted then (:meth:`adopt_materialized`)
+        self._pending = [p for p in members if _uninitialized(p)]
+        self._params: list[torch.Tensor] = []
+        if not members:
             return
-        self._small_i = min(range(len(self._params)), key=lambda i: self._params[i].numel())
-        self._small = self._params[self._small_i]
-        self._large_i = max(range(len(self._params)), key=lambda i: self._params[i].numel())
-        for i, p in enumerate(self._params):  # C-level: no Python frame per parameter per backward()
+        self._add([p for p in members if not _uninitialized(p)])
+        self._handles += step_hooks.register(optimizer, self._before_step, self._after_step)
+
+    def _add(self, params: list) -> None:
+        """Hook ``params`` (materialised leaves), and watch the smallest of all for OC204."""
+        if not params:
+            return
+        start = len(self._params)
+        self._params.extend(params)
+        for i, p in enumerate(params, start):  # C-level: no Python frame per parameter per backward()
             self._handles.append(p.register_post_accumulate_grad_hook(functools.partial(operator.setitem,
                                                                                         self._fresh, i)))
-        self._handles.append(self._small.register_hook(self._small_hook))
-        self._handles.append(optimizer.register_step_pre_hook(self._before_step))
-        self._handles.append(optimizer.register_step_post_hook(self._after_step))
+        small_i = min(range(len(self._params)), key=lambda i: self._params[i].numel())
+        if self._small_handle is None or small_i != self._small_i:
+            if self._small_handle is not None:
+                self._small_handle.remove()
+            self._small_i, self._small = small_i, self._params[small_i]
+            self._small_handle = self._small.register_hook(self._small_hook)
+            self._handles.append(self._small_handle)
+
+    def adopt_materialized(self) -> None:
+        """Hook the lazy parameters that have materialised since (call before a backward
+        pass: a lazy module materialises in its first forward). A no-op when none is
+        pending."""
+        if self._pending:
+            ready = [p for p in self._pending if not _uninitialized(p)]
+            if ready:
+                self._pending = [p for p in self._pending if _uninitialized(p)]
+                self._add(ready)
 
     def _small_hook(self, grad: torch.Tensor) -> None:
         """The smallest parameter's tensor hook, before its gradient is accumulated (OC204)."""
@@ -108,6 +139,7 @@ class GradClearProbe:
         return None
 
     def _before_step(self, optimizer, args, kwargs) -> None:
+        self.adopt_materialized()
         if not self._fresh:
             return
         fresh = list(self._fresh.values())
@@ -125,6 +157,8 @@ class GradClearProbe:
             "grad_cleared_before_step", step=step, params=n))
 
     def _after_step(self, optimizer, args, kwargs) -> None:
+        if not self._params:
+            return
         if self._stale is not None:
             self.ledger.add(self._stale, lambda v, step=self._steps + 1, shape=list(self._small.shape): v[0] and
                             self._record("grad_not_cleared", step=step, shape=shape))

@@ -70,9 +70,10 @@ class TorchProbe:
 
     name = "pytorch"
 
-    def __init__(self, model, optimizer, hazards, grad_clear):
+    def __init__(self, model, optimizer, hazards, grad_clear, notes: list | None = None):
         self.model, self.optimizer, self.hazards, self.grad_clear = model, optimizer, hazards, grad_clear
         self.snapshots = 0
+        self.notes = notes if notes is not None else []  # what could not be read (optcheck.pytorch.guard.Notes)
 
     def fingerprint(self):
         return probe.fingerprint(self.model, self.optimizer)
@@ -82,7 +83,17 @@ class TorchProbe:
         self.snapshots += 1
         norms = probe.Norms() if self.hazards.wants_norms else None  # one read of every tensor
         body = probe.snapshot_body(self.model, self.optimizer, census=census, norms=norms)
-        body["events"] = self.hazards.drain(norms) + self.grad_clear.drain()
+        try:
+            events = self.hazards.drain(norms)
+        except Exception as e:  # noqa: BLE001 - never out of the user's step (optcheck/pytorch/guard.py)
+            events = []
+            body["notes"].append(f"hazard drain failed ({type(e).__name__}: {str(e)[:120]}); its checks skipped")
+        body["events"] = events + self.grad_clear.drain()
+        for note in body["notes"]:
+            if hasattr(self.notes, "add"):
+                self.notes.add(note)
+            elif note not in self.notes:
+                self.notes.append(note)
         watched, arrived = self.grad_clear.arrival()  # grad_arrived: a gradient reached it during backward
         for rec in body["params"]:
             if rec["ref"] in watched:

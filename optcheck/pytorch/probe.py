@@ -20,6 +20,7 @@ counter did not move.
 from __future__ import annotations
 
 import functools
+import math
 import operator
 import platform
 import weakref
@@ -30,6 +31,7 @@ import psutil
 import torch
 
 from optcheck import heap
+from optcheck.pytorch import state_read
 from optcheck.pytorch.census import CENSUS
 from optcheck.distributed.shards import local  # FSDP2: a DTensor's shard on this rank
 
@@ -43,7 +45,10 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        return value.item() if value.numel() == 1 else value.tolist()
+        try:
+            return value.item() if value.numel() == 1 else value.tolist()
+        except Exception:  # noqa: BLE001 - a tensor subclass without the op
+            return f"<{type(value).__name__} {list(value.shape)}>"
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     if isinstance(value, (bool, int, float, str)) or value is None:
@@ -123,7 +128,29 @@ def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tup
         layout = _LAYOUTS[model] = _Layout(model)
     layout.update(list(chain.from_iterable(map(dict.values, layout.dicts))),
                   [p for g in optimizer.param_groups for p in g["params"]])
-    return layout.key, tuple(map(_data_ptr, layout.tensors)), tuple(map(_data_ptr, layout.outside))
+    try:
+        return layout.key, tuple(map(_data_ptr, layout.tensors)), tuple(map(_data_ptr, layout.outside))
+    except Exception:  # noqa: BLE001 - a lazy module's UninitializedParameter (no data yet): 0
+        return layout.key, tuple(map(data_ptr, layout.tensors)), tuple(map(data_ptr, layout.outside))
+
+
+def uninitialized(p: torch.Tensor) -> bool:
+    """An ``UninitializedParameter``/``UninitializedBuffer`` (``nn.LazyLinear`` & co.
+    before their first forward: no shape, no data; they materialise in place)."""
+    return isinstance(p, torch.nn.parameter.UninitializedTensorMixin)
+
+
+def data_ptr(p: torch.Tensor) -> int:
+    """``p.data_ptr()``, 0 where ``p`` has no data (uninitialised, or a subclass without it)."""
+    try:
+        return _data_ptr(p)
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def shape(p: torch.Tensor) -> list[int]:
+    """``list(p.shape)``; [] for an uninitialised parameter (no shape yet)."""
+    return [] if uninitialized(p) else list(p.shape)
 
 
 _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -150,7 +177,8 @@ def _checksum(p: torch.Tensor) -> torch.Tensor | None:
 def l2_norms(tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
     """L2 norms as 0-d float32 tensors (16-bit tensors accumulated in float32), None
     where there is no tensor: one ``torch._foreach_norm`` per (device, dtype) over the
-    dense ones, one read each; a sparse tensor's norm is that of its coalesced values.
+    dense ones, one read each; a sparse tensor's norm is that of its coalesced values;
+    None also where a tensor subclass lacks the ops (never raises for that).
     No device sync (:func:`_values` does that). A float32 sum of squares can overflow:
     a finite tensor whose norm exceeds ~3.4e38 (values ~1e20 over 1,000 elements)
     gets ``inf``."""
@@ -165,9 +193,21 @@ def l2_norms(tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
             buckets.setdefault((t.device, t.dtype), []).append(i)
     for (_, dtype), idx in buckets.items():
         acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else None  # never narrower than float32
-        for i, n in zip(idx, torch._foreach_norm([tensors[i].detach() for i in idx], 2, dtype=acc)):
-            out[i] = n.float()
+        try:
+            got = torch._foreach_norm([tensors[i].detach() for i in idx], 2, dtype=acc)
+        except Exception:  # noqa: BLE001 - a tensor subclass without the op: one at a time, None where it fails
+            got = [_norm_or_none(tensors[i], acc) for i in idx]
+        for i, n in zip(idx, got):
+            out[i] = None if n is None else n.float()
     return out
+
+
+def _norm_or_none(t: torch.Tensor, acc: torch.dtype | None) -> torch.Tensor | None:
+    """``t``'s L2 norm, or None when ``t`` (a tensor subclass) lacks the ops."""
+    try:
+        return torch.linalg.vector_norm(t.detach(), dtype=acc)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _values(scalars: dict) -> dict:
@@ -228,22 +268,21 @@ class Norms(dict):
     anything writes those tensors again (the drain runs right after the body)."""
 
 
-def state_tensors(optimizer: torch.optim.Optimizer, params: list) -> list[tuple[torch.Tensor, str, torch.Tensor]]:
-    """``(p, k, optimizer.state[p][k])`` for each floating, non-empty tensor in the
-    optimizer state of each ``p`` in ``params``: what the NaN/Inf check (OC501) reads
-    and :class:`Norms` holds as ``("state", id(p), k)``."""
-    out = []
-    get = optimizer.state.get
-    for p in params:
-        st = get(p)
-        if st:
-            out.extend((p, k, v) for k, v in st.items()
-                       if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 0)
-    return out
+def state_tensors(optimizer: torch.optim.Optimizer, params: list,
+                  view: state_read.StateView | None = None) -> list[tuple[torch.Tensor, str, torch.Tensor]]:
+    """``(p, k, values)`` for each floating, non-empty tensor in the optimizer state of
+    each ``p`` in ``params`` whose values can be read: ``k`` its path below
+    ``optimizer.state[p]`` (``"exp_avg"``; ``"0.exp_avg"``, ``"Q.1"`` in nested state),
+    ``values`` the tensor itself or, for a quantized-state subclass, its
+    ``dequantize()`` (:mod:`optcheck.pytorch.state_read`). What the NaN/Inf check
+    (OC501) reads and :class:`Norms` holds as ``("state", id(p), k)``. ``view``: the
+    state already read (:func:`state_read.read`). Never raises."""
+    return state_read.floating(view if view is not None else state_read.read(optimizer), params)
 
 
 def params(model: torch.nn.Module, steps: dict[int, int | None] | None = None,
-           optimizer: torch.optim.Optimizer | None = None, norms: Norms | None = None) -> list[dict]:
+           optimizer: torch.optim.Optimizer | None = None, norms: Norms | None = None,
+           view: state_read.StateView | None = None) -> list[dict]:
     """Param records of ``named_parameters(remove_duplicate=False)``: a tied weight
     appears under each of its names, with one ref.
 
@@ -263,22 +302,25 @@ def params(model: torch.nn.Module, steps: dict[int, int | None] | None = None,
     (``docs/parameter-identity.md``). Where either moved, ``checksum`` is None and
     that signal says the tensor was stepped. One device sync for all the norms.
     Cost on GPT-2 small (124.5 M parameters, 1 thread): one read of the values, one of
-    the gradients and, with ``norms``, one of the state (``benchmarks/bench_snapshot.py``)."""
+    the gradients and, with ``norms``, one of the state (``benchmarks/bench_snapshot.py``).
+    ``view``: the optimizer state already read (:func:`state_read.read`)."""
     named = list(model.named_parameters(remove_duplicate=False))
     unique: dict[int, torch.Tensor] = {}
     for _, p in named:
         unique.setdefault(id(p), p)
     tensors = list(unique.values())
+    ready = [p for p in tensors if not uninitialized(p)]  # a lazy module's parameters before its first forward
     n = len(tensors)
     grads = [local(p.grad) if p.is_leaf else None for p in tensors]  # .grad on a non-leaf warns and is None
     extra = []
     if norms is not None and optimizer is not None:
         members = {id(p): p for g in optimizer.param_groups for p in g["params"] if p.requires_grad}
-        extra = state_tensors(optimizer, list(members.values()))
-    read = l2_norms([local(p).detach() for p in tensors] + grads + [local(v) for _, _, v in extra])
+        extra = state_tensors(optimizer, list(members.values()), view)
+    read = l2_norms([local(p).detach() if not uninitialized(p) else None for p in tensors] + grads
+                    + [local(v) for _, _, v in extra])
     floats = {i: t for i, t in enumerate(read) if t is not None}
     steps = steps or {}
-    sums = {id(p): _checksum(local(p)) for p in tensors if not _VERSIONS.moved(p, steps.get(id(p)))}
+    sums = {id(p): _checksum(local(p)) for p in ready if not _VERSIONS.moved(p, steps.get(id(p)))}
     got = _values(floats)
     checks = _values({k: c.long() for k, c in sums.items() if c is not None})
     value_norms = {k: got.get(i) for i, k in enumerate(unique)}
@@ -288,7 +330,7 @@ def params(model: torch.nn.Module, steps: dict[int, int | None] | None = None,
         norms.update((("grad", k), v) for k, v in grad_norms.items())
         norms.update((("state", id(p), k), got.get(2 * n + i)) for i, (p, k, _) in enumerate(extra))
     return [{
-        "name": name, "ref": id(p), "data_ptr": p.data_ptr(), "shape": list(p.shape),
+        "name": name, "ref": id(p), "data_ptr": data_ptr(p), "shape": shape(p),
         "dtype": dtype_name(p.dtype), "device": str(p.device), "is_leaf": p.is_leaf,
         "requires_grad": p.requires_grad, "grad": "set" if p.is_leaf and p.grad is not None else "none",
         "grad_norm": grad_norms[id(p)], "value_norm": value_norms[id(p)], "version": p._version,
@@ -304,35 +346,64 @@ def groups(optimizer: torch.optim.Optimizer) -> list[dict]:
         members = []
         for j, p in enumerate(g["params"]):
             members.append({
-                "ref": id(p), "data_ptr": p.data_ptr(), "name": names[j] if names and j < len(names) else None,
-                "shape": list(p.shape), "dtype": dtype_name(p.dtype), "is_leaf": p.is_leaf,
+                "ref": id(p), "data_ptr": data_ptr(p), "name": names[j] if names and j < len(names) else None,
+                "shape": shape(p), "dtype": dtype_name(p.dtype), "is_leaf": p.is_leaf,
                 "requires_grad": p.requires_grad})
         options = {k: _jsonable(v) for k, v in g.items() if k not in ("params", "param_names")}
         out.append({"index": i, "options": options, "members": members})
     return out
 
 
-def state(optimizer: torch.optim.Optimizer) -> tuple[list[dict], int]:
-    """State records, one per key of ``optimizer.state``, and the bytes they hold."""
-    out, nbytes, steps = [], 0, {}
-    for i, (p, s) in enumerate(optimizer.state.items()):
-        tensors, step = {}, None
-        for k, v in s.items():
-            if isinstance(v, torch.Tensor):
-                tensors[k] = {"shape": list(v.shape), "dtype": dtype_name(v.dtype)}
-                nbytes += local(v).numel() * v.element_size()  # FSDP2: the bytes this rank holds
-                if k == "step" and v.numel() == 1:
-                    v = local(v)
-                    if v.device.type == "cpu":
-                        step = int(v.item())  # one call, no device to wait for
-                    else:
-                        steps[i] = v.detach().reshape(()).double()  # read below, one sync per device
-            elif k == "step" and isinstance(v, (int, float)):
-                step = int(v)
-        out.append({"ref": id(p), "step": step, "tensors": tensors})
+def state(optimizer: torch.optim.Optimizer, view: state_read.StateView | None = None) -> tuple[list[dict], int]:
+    """State records, one per parameter key of ``optimizer.state`` (nested dicts and
+    lists flattened to paths, :mod:`optcheck.pytorch.state_read`), and the bytes they
+    hold. A state tensor on another device than its parameter carries ``device``.
+    ``view``: the state already read. Never raises."""
+    view = view if view is not None else state_read.read(optimizer)
+    out, steps = [], {}
+    for i, ps in enumerate(view.params):
+        tensors, step = {}, ps.step
+        try:
+            pdev = str(ps.key.device)
+        except Exception:  # noqa: BLE001
+            pdev = None
+        for st in ps.tensors:
+            rec = {"shape": st.shape, "dtype": None if st.dtype is None else dtype_name(st.dtype)}
+            if st.device is not None and pdev is not None and st.device != pdev:
+                rec["device"] = st.device
+            tensors[st.path] = rec
+        if isinstance(step, torch.Tensor):
+            if step.device.type == "cpu":
+                v = step.item()  # one call, no device to wait for
+                step = int(v) if math.isfinite(v) else None
+            else:
+                steps[i], step = step.detach().reshape(()).double(), None  # read below, one sync per device
+        out.append({"ref": id(ps.key), "step": step, "tensors": tensors})
     for i, v in _values(steps).items():
-        out[i]["step"] = int(v)
-    return out, nbytes
+        out[i]["step"] = int(v) if math.isfinite(v) else None
+    return out, view.nbytes
+
+
+def notes(optimizer: object, view: state_read.StateView) -> list[str]:
+    """One line per value of ``optimizer.state`` that could not be read
+    (:attr:`state_read.StateView.skipped`), each (optimizer class, path, reason) only
+    the first time this optimizer reports it."""
+    if not view.skipped:
+        return []
+    try:
+        seen = _NOTED.setdefault(optimizer, set())
+    except TypeError:  # not weakly referenceable: no memory of what was said
+        seen = set()
+    out = []
+    for path, why in view.skipped:
+        if (path, why) in seen:
+            continue
+        seen.add((path, why))
+        out.append(f"{type(optimizer).__name__} state {path!r}: {why}")
+    return out
+
+
+_NOTED: "weakref.WeakKeyDictionary[object, set]" = weakref.WeakKeyDictionary()
 
 
 def tensor_census() -> tuple[int, int]:
@@ -396,11 +467,13 @@ def snapshot_body(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cens
     trigger, loss, events and versions. ``norms`` (an empty :class:`Norms`): also read
     the optimizer state in the same pass as values and gradients, and hand every norm
     back there (for ``HazardProbes.drain(norms)``: one read of each tensor per
-    snapshot, ``docs/memory.md``)."""
-    st, state_bytes = state(optimizer)
+    snapshot, ``docs/memory.md``). ``notes``: each optimizer-state value that could not
+    be read, the first time (:func:`notes`)."""
+    view = state_read.read(optimizer)
+    st, state_bytes = state(optimizer, view)
     return {
-        "params": params(model, {r["ref"]: r["step"] for r in st}, optimizer, norms), "groups": groups(optimizer),
-        "state": st,
+        "params": params(model, {r["ref"]: r["step"] for r in st}, optimizer, norms, view),
+        "groups": groups(optimizer), "state": st,
         "optimizer": {"type": type(optimizer).__name__, "state_init": "lazy", "identity": "ref"},
-        "memory": memory(state_bytes, census, model), "notes": [],
+        "memory": memory(state_bytes, census, model), "notes": notes(optimizer, view),
     }

@@ -10,8 +10,13 @@ on the inner optimizer see every step the wrapper really takes:
   steps are counted as the optimizer really takes them.
 - Lightning's ``LightningOptimizer`` (``lightning/pytorch/core/optimizer.py``;
   ``self.optimizers()`` in a LightningModule) and Fabric's ``_FabricOptimizer``.
-- anything else with the same ``.optimizer`` attribute (e.g. Lightning's
-  ``_MockOptimizer`` is a real Optimizer and needs no unwrapping).
+- anything else holding an optimizer under ``.optimizer``, ``.base_optimizer``,
+  ``.base``, ``.wrapped_optimizer`` or ``.optim`` (:data:`INNER`): pytorch-optimizer's
+  ``Lookahead``/``TRAC``/``OrthoGrad`` and ``SAM``/``GSAM``/``WSAM``, schedule-free's
+  ``ScheduleFreeWrapper``, heavyball's ``SAMWrapper`` (``docs/optimizers.md``);
+- an object that is no ``torch.optim.Optimizer`` but has ``param_groups``, ``state``
+  and ``step`` (duck typing, as ``torch.optim.lr_scheduler`` accepts): watched through
+  :class:`DuckOptimizer`.
 
 Models: ``DistributedDataParallel`` and ``DataParallel`` keep the user's module in
 ``.module`` (``torch/nn/parallel/distributed.py``); parameter names are then the
@@ -23,31 +28,152 @@ from __future__ import annotations
 import torch
 
 _MAX_DEPTH = 8  # wrappers of wrappers (e.g. Lightning around accelerate) are a few deep at most
+#: where wrappers keep the optimizer they drive: accelerate/Lightning/pytorch-optimizer's Lookahead
+#: (``optimizer``), SAM-style two-step optimizers (``base_optimizer``), schedule-free's
+#: ``ScheduleFreeWrapper`` (``base``), heavyball's ``SAMWrapper`` (``wrapped_optimizer``), ``optim``
+INNER = ("optimizer", "base_optimizer", "base", "wrapped_optimizer", "optim")
+#: what an optimizer that is not a ``torch.optim.Optimizer`` must have (as ``torch.optim.lr_scheduler`` asks)
+DUCK = ("param_groups", "state", "step")
+
+
+def _get(obj: object, name: str) -> object:
+    try:
+        return getattr(obj, name, None)
+    except Exception:  # noqa: BLE001 - a property that raises: nothing there
+        return None
+
+
+def _hooked(obj: object) -> bool:
+    """A ``torch.optim.Optimizer`` whose ``__init__`` ran (it has the step-hook dicts)."""
+    return isinstance(obj, torch.optim.Optimizer) and hasattr(obj, "_optimizer_step_pre_hooks")
+
+
+def _duck(obj: object) -> bool:
+    return all(_get(obj, a) is not None for a in DUCK) and callable(_get(obj, "step")) \
+        and isinstance(_get(obj, "param_groups"), (list, tuple))
+
+
+def _inner(obj: object) -> object | None:
+    """The optimizer ``obj`` wraps under one of :data:`INNER`, or None."""
+    for name in INNER:
+        v = _get(obj, name)
+        if v is not None and v is not obj and not isinstance(v, type) and \
+                (_hooked(v) or _duck(v) or any(_get(v, a) is not None for a in INNER)):
+            return v
+    return None
 
 
 def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer:
-    """Follow ``.optimizer`` until a ``torch.optim.Optimizer``.
+    """The optimizer that really steps: follow :data:`INNER` attributes inward (a
+    wrapper's ``step()`` calls its inner one's, so the inner optimizer's step hooks see
+    every update: a SAM ``first_step``/``second_step`` pair is one step of its
+    ``base_optimizer``); at the end a ``torch.optim.Optimizer``, or an object with
+    ``param_groups``, ``state`` and ``step`` (duck typing), which gets step hooks
+    through :class:`DuckOptimizer`.
 
     Raises:
-        TypeError: no ``torch.optim.Optimizer`` at the end of the chain (the message
-            names the type given and what is accepted).
+        TypeError: neither (the message names the chain of types given and what was
+            looked for).
     """
     seen, obj = [], optimizer
     for _ in range(_MAX_DEPTH):
+        seen.append(type(obj).__qualname__)
         # AcceleratedOptimizer subclasses Optimizer without running its __init__ (no hook
         # dicts): go on inward while there is an inner optimizer, then require a real one
-        inner = getattr(obj, "optimizer", None)
-        if inner is None or inner is obj:
-            if isinstance(obj, torch.optim.Optimizer) and hasattr(obj, "_optimizer_step_pre_hooks"):
-                return obj
-            seen.append(type(obj).__qualname__)
+        inner = _inner(obj)
+        if inner is None:
             break
-        seen.append(type(obj).__qualname__)
         obj = inner
+    if _hooked(obj):
+        return obj
+    if _duck(obj):
+        return DuckOptimizer.of(obj)
     raise TypeError(
-        f"optcheck.Monitor: optimizer must be a torch.optim.Optimizer or a wrapper holding one in "
-        f".optimizer (accelerate's AcceleratedOptimizer, Lightning's LightningOptimizer); got "
-        f"{' -> '.join(seen)}")
+        f"optcheck.Monitor: optimizer must be a torch.optim.Optimizer, an object holding one in "
+        f"{', '.join('.' + a for a in INNER)}, or one with {', '.join(DUCK)}; got {' -> '.join(seen)}")
+
+
+class _Handle:
+    """What ``register_step_pre_hook`` returns on a :class:`DuckOptimizer`: ``remove()``
+    drops the hook, and with the last one gone puts the object's ``step`` back."""
+
+    def __init__(self, owner: "DuckOptimizer", hooks: dict, key: int):
+        self.owner, self.hooks, self.key = owner, hooks, key
+
+    def remove(self) -> None:
+        self.hooks.pop(self.key, None)
+        self.owner._restore_if_idle()
+
+
+class DuckOptimizer:
+    """Step hooks for an optimizer that is not a ``torch.optim.Optimizer`` but has
+    ``param_groups``, ``state`` and ``step`` (a hand-written class, a wrapper that
+    forwards them): ``step`` is replaced on the instance (not the class) by one that
+    calls the hooks around the original, and put back when the last hook is removed.
+    ``param_groups`` and ``state`` are the object's own. Its type is named after the
+    wrapped class (what snapshots record as the optimizer's type)."""
+
+    @classmethod
+    def of(cls, obj: object) -> "DuckOptimizer":
+        named = type(type(obj).__name__, (cls,), {"__module__": type(obj).__module__})
+        return named(obj)
+
+    def __init__(self, obj: object):
+        self.wrapped = obj
+        self._pre: dict = {}
+        self._post: dict = {}
+        self._next = 0
+        self._orig = None
+
+    @property
+    def param_groups(self) -> list:
+        return self.wrapped.param_groups
+
+    @property
+    def state(self):
+        return self.wrapped.state
+
+    def step(self, *args, **kwargs):
+        return self.wrapped.step(*args, **kwargs)
+
+    def zero_grad(self, *args, **kwargs):
+        return self.wrapped.zero_grad(*args, **kwargs)
+
+    def _register(self, hooks: dict, hook) -> _Handle:
+        if self._orig is None:
+            orig = self.wrapped.step
+            self._bound = self._hooked_step  # the one bound method set on the instance (put back by identity)
+            try:
+                self.wrapped.step = self._bound
+            except (AttributeError, TypeError):  # __slots__, a read-only step
+                raise TypeError(f"optcheck.Monitor: {type(self.wrapped).__qualname__}.step cannot be wrapped on "
+                                f"the instance (no step hooks); pass a torch.optim.Optimizer") from None
+            self._orig = orig
+        self._next += 1
+        hooks[self._next] = hook
+        return _Handle(self, hooks, self._next)
+
+    def register_step_pre_hook(self, hook) -> _Handle:
+        """``hook(optimizer, args, kwargs)`` before each ``step()`` (as ``torch.optim``)."""
+        return self._register(self._pre, hook)
+
+    def register_step_post_hook(self, hook) -> _Handle:
+        """``hook(optimizer, args, kwargs)`` after each ``step()`` (as ``torch.optim``)."""
+        return self._register(self._post, hook)
+
+    def _hooked_step(self, *args, **kwargs):
+        for h in list(self._pre.values()):
+            h(self, args, kwargs)
+        out = self._orig(*args, **kwargs)
+        for h in list(self._post.values()):
+            h(self, args, kwargs)
+        return out
+
+    def _restore_if_idle(self) -> None:
+        if self._orig is not None and not self._pre and not self._post:
+            if getattr(self.wrapped, "__dict__", {}).get("step") is self._bound:
+                del self.wrapped.step  # the class's step again
+            self._orig = None
 
 
 def unwrap_model(model: object) -> torch.nn.Module:

@@ -81,18 +81,37 @@ class OrphanState(Rule):
             refs=orphans)]
 
 
+def floating(dtype: str | None) -> bool:
+    """A floating dtype name (PyTorch ``float32``/``bfloat16``, TorchSharp ``Float32``...),
+    or unknown (None); quantized states are ``uint8``/``int8``, masks ``bool``."""
+    return dtype is None or any(w in dtype.lower() for w in ("float", "half", "double"))
+
+
 @register
 class StateMismatch(Rule):
-    """An optimizer-state tensor's shape or dtype differs from its parameter's.
+    """An optimizer-state tensor no longer matches its parameter: it was shaped and
+    typed like the parameter, and now its shape or dtype differs, or it sits on
+    another device.
 
-    Moment buffers (``exp_avg``, ``exp_avg_sq``) must match the parameter
-    elementwise. A mismatch means the parameter was converted or resized after the
-    optimizer created its state (``model.double()`` / ``model.to(dtype)`` after the
-    first step, a resized embedding) or the wrong state was loaded: the next
-    ``step()`` raises a dtype/shape error, or silently mixes precisions.
-    Scalar entries (``step``) are ignored, and so are factored statistics whose
-    shape broadcasts to the parameter's (``torch.optim.Adafactor``'s ``row_var``
-    of shape (m, 1) and ``col_var`` of shape (1, n) for an (m, n) weight).
+    Moment buffers (``exp_avg``, ``exp_avg_sq``) match the parameter elementwise. A
+    mismatch that appears means the parameter was converted or resized after the
+    optimizer created its state (``model.double()`` / ``model.half()`` /
+    ``model.to(dtype)`` after the first step, a resized embedding), or the wrong state
+    was loaded: the next ``step()`` raises a dtype/shape error, or silently mixes
+    precisions. Found two ways: the state tensor matched its parameter in an earlier
+    snapshot and no longer does, or the parameter changed shape or dtype since it was
+    first seen and the state still has the old one. A state tensor on another device
+    than its parameter is a finding whenever seen.
+
+    State *meant* to differ is not a finding (``docs/optimizers.md``): scalars
+    (``step``), factored statistics (Adafactor's and CAME's row/column moments),
+    preconditioners (Shampoo's ``[n, n]``, SOAP's and Kron's lists), low-rank
+    projections (GaLore), quantized states (bitsandbytes' ``uint8`` plus per-block
+    scales) — none of them was ever shaped and typed like the parameter. On the
+    first snapshot the rule sees (no history: ``optcheck check`` of one snapshot, a
+    Monitor created mid-run) it falls back to the shape of the state alone: a
+    floating tensor of the parameter's shape and another floating dtype, or of its
+    rank and another shape that does not broadcast to it.
 
     Fix: convert or resize the model before building the optimizer, or rebuild
     it; load optimizer state that belongs to this model.
@@ -108,6 +127,11 @@ class StateMismatch(Rule):
             Valid((edit(clean(), state=[{"ref": 1000 + i, "step": 1, "tensors": {
                 "row_var": {"shape": [4, 1], "dtype": "float32"}, "col_var": {"shape": [1, 4], "dtype": "float32"}}}
                 for i in range(3)]),), "Adafactor's factored statistics (m, 1) and (1, n)"),
+            Valid((clean(), at(edit(clean(), state=[{"ref": 1000 + i, "step": 1, "tensors": {
+                "GG.0": {"shape": [4, 4], "dtype": "float32"}, "proj": {"shape": [2, 4], "dtype": "float32"},
+                "state1": {"shape": [4, 4], "dtype": "uint8"}, "absmax1": {"shape": [1], "dtype": "float32"}}}
+                for i in range(3)]), 200)),
+                  "preconditioners, low-rank projections and 8-bit states, never shaped like the parameter"),
         ]
 
     @cases
@@ -118,35 +142,69 @@ class StateMismatch(Rule):
             Invalid((edit(clean(), state=[{**state_of(param("layer0.weight", 1000)),
                                            "tensors": {"exp_avg": {"shape": [6, 4], "dtype": "float32"}}}]),),
                     "state of a resized parameter", step=100, param="layer0.weight"),
+            Invalid((clean(), at(with_dtype(clean(), "float16"), 200)),
+                    "model.half() after the state was made, seen against the run's history",
+                    step=200, param="layer0.weight"),
         ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
-        if not snap.get("state"):
-            return []
+        memo = ctx.memo.setdefault(self.code, {})
+        first_seen = memo.setdefault("members", {})  # ref -> (shape, dtype) when first seen with a shape
+        like = memo.setdefault("like", set())  # (ref, state key) once shaped and typed like its member
+        fresh = not memo.get("checked")  # no earlier snapshot: judge by the state's shape alone
+        memo["checked"] = True
         by_ref = {m["ref"]: m for _, m in live_members(snap)}
+        devices = {p["ref"]: p.get("device") for p in snap.get("params") or ()}
         bad = []
-        for s in snap["state"]:
+        for s in snap.get("state") or ():
             m = by_ref.get(s["ref"])
-            if m is None or "shape" not in m:
+            if m is None or not m.get("shape"):
                 continue
+            mshape, mdtype = list(m["shape"]), (m.get("dtype") or "").lower() or None
+            before = first_seen.get(s["ref"])
             for key, t in (s.get("tensors") or {}).items():
-                shape, dtype = t.get("shape"), t.get("dtype")  # schema 1: {"shape", "dtype"}, both optional
-                if not shape:  # a scalar (step counter), or no shape recorded
-                    continue
-                if len(shape) == len(m["shape"]) and list(shape) != list(m["shape"]) \
-                        and not factored(shape, m["shape"]):
-                    bad.append((m, key, f"shape {shape} vs {m['shape']}"))
-                elif list(shape) == list(m["shape"]) and dtype and m.get("dtype") and \
-                        dtype.lower() != m["dtype"].lower():
-                    bad.append((m, key, f"dtype {dtype} vs {m['dtype']}"))
+                what = self._mismatch(t, mshape, mdtype, devices.get(s["ref"]), (s["ref"], key), like, before, fresh)
+                if what:
+                    bad.append((m, key, what))
+        for m in by_ref.values():
+            if m.get("shape"):  # a lazy module's parameter has none before its first forward
+                first_seen.setdefault(m["ref"], (list(m["shape"]), (m.get("dtype") or "").lower() or None))
         if not bad:
             return []
         names = sorted({name_of(snap, m) for m, _, _ in bad})
         return [self.finding(
             snap, self.message.format(n=len(bad), m=len(names), names=listing(names)), subjects=names,
             key=",".join(f"{m['ref']}:{k}" for m, k, _ in bad),
-            next_failure="the next step() raises a dtype/shape mismatch, or updates in mixed precision",
+            next_failure="the next step() raises a dtype/shape/device mismatch, or updates in mixed precision",
             mismatches=[{"name": name_of(snap, m), "state": k, "what": w} for m, k, w in bad])]
+
+    @staticmethod
+    def _mismatch(t: dict, mshape: list, mdtype: str | None, mdevice: str | None, key: tuple, like: set,
+                  before: tuple | None, fresh: bool) -> str | None:
+        """Why state tensor ``t`` (schema 1: shape, dtype, optional device) no longer
+        matches its member (``mshape``/``mdtype``, ``before``: as first seen), or None."""
+        shape, dtype, device = t.get("shape"), (t.get("dtype") or "").lower() or None, t.get("device")
+        if device and mdevice and device != mdevice:
+            return f"device {device} vs {mdevice}"
+        if shape is None:
+            return None
+        shape = list(shape)
+        same_dtype = dtype is None or mdtype is None or dtype == mdtype
+        if shape == mshape and same_dtype:
+            like.add(key)
+            return None
+        if not shape:  # a scalar (step counter)
+            return None
+        what = f"shape {shape} vs {mshape}" if shape != mshape else f"dtype {dtype} vs {mdtype}"
+        if key in like:  # it was shaped and typed like its parameter
+            return what
+        if before is not None and before != (mshape, mdtype) and shape == before[0] \
+                and (dtype is None or before[1] is None or dtype == before[1]):
+            return what  # the parameter changed since it was first seen; its state did not
+        if fresh and floating(dtype) and floating(mdtype):
+            if shape == mshape or (len(shape) == len(mshape) and not factored(shape, mshape)):
+                return what
+        return None
 
 
 @register

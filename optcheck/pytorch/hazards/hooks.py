@@ -20,6 +20,7 @@ from optcheck.pytorch.hazards.nonfinite import NonfiniteProbe
 from optcheck.pytorch.hazards.nonleaf import NonleafGradProbe
 from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.worker_loop import StepStopped
+from optcheck.pytorch import step_hooks
 
 #: what the probes cannot see inside a ``torch.compile``d forward (module hooks are traced as no-ops
 #: there, so the compiled graph has no break and no guard on optcheck's state); see docs/hazards.md
@@ -91,8 +92,7 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         # the global module-registration hooks on every sub-module assignment)
         self._dirty = False
         self._handles.append(torch.nn.modules.module.register_module_module_registration_hook(self._registered))
-        self._handles.append(optimizer.register_step_post_hook(self._after_step))
-        self._handles.append(optimizer.register_step_pre_hook(self._before_step))
+        self._handles += step_hooks.register(optimizer, self._before_step, self._after_step)  # once per outer step()
         self._internal_code: dict[Any, bool] = {}
         self._pack_hook = self._pack  # one bound method: the innermost hook is ours when it is this object
         self._trainable_key: tuple | None = None

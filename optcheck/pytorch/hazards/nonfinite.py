@@ -8,7 +8,7 @@ import math
 import torch
 
 from optcheck.pytorch.hazards._tensors import MAX_SAMPLES, _dense
-from optcheck.pytorch.probe import l2_norms, state_tensors
+from optcheck.pytorch.probe import l2_norms, state_tensors, uninitialized
 
 
 def _norms64(grads: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -107,7 +107,7 @@ class NonfiniteProbe:
         a finite float32 tensor whose sum of squares overflows (values ~1e20 over 1,000
         elements) has an infinite norm and is no finding."""
         trainable = self._trainable()
-        params = [p for _, p in trainable]
+        params = [p for _, p in trainable if not uninitialized(p)]  # a lazy module's, before its first forward
         names = {id(p): n for n, p in trainable}
         entries = [("param", p, None, p) for p in params]  # (what, parameter, state key, tensor)
         entries += [("optimizer_state", p, k, v) for p, k, v in state_tensors(self.optimizer, params)]
