@@ -107,6 +107,7 @@ class GradClearProbe:
         for i, p in enumerate(params, start):  # C-level: no Python frame per parameter per backward()
             self._handles.append(p.register_post_accumulate_grad_hook(functools.partial(operator.setitem,
                                                                                         self._fresh, i)))
+        self._large_i = max(range(len(self._params)), key=lambda i: self._params[i].numel())
         small_i = min(range(len(self._params)), key=lambda i: self._params[i].numel())
         if self._small_handle is None or small_i != self._small_i:
             if self._small_handle is not None:

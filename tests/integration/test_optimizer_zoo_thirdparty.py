@@ -15,10 +15,10 @@ optimizer that cannot run here is skipped with its reason: the library is missin
 (``pip install -e '.[zoo]'``), it needs CUDA, or its loop fails without optcheck too.
 A loop that runs without optcheck and fails with it is a failure.
 
-Known misses owned by the rules (``xfail(strict=False)``, reason "rules branch"):
-heavyball's optimizers set ``.grad`` to None inside ``step()`` (OC202 on a clean run),
-and heavyball's ``SAMWrapper`` runs its closure before the inner step, whose ``.grad``
-heavyball then consumes (OC207 at step 1 before the replaced layer).
+Known miss (``xfail(strict=False)``): heavyball's ``SAMWrapper`` runs its closure before
+the inner step, whose ``.grad`` heavyball then consumes (OC207 at its first step). heavyball's
+own optimizers set ``.grad`` to None inside ``step()``; that is read from gradient arrival
+(``grad_arrived``) and is silent.
 """
 
 from __future__ import annotations

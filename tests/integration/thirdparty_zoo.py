@@ -49,7 +49,6 @@ class Entry:
 
 
 STYLES = ("plain", "closure", "float_closure", "create_graph", "schedulefree", "two_step")
-RULES_BRANCH = "rules branch"
 
 
 def make_model(kind: str = "mlp", seed: int = 0) -> nn.Sequential:
@@ -182,14 +181,13 @@ def heavyball_entries() -> list[Entry]:
         if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)) or name in _HB_NOT_OPTIMIZERS:
             continue
         style = "schedulefree" if name.startswith("SF") else ("closure" if "SAM" in name else "plain")
-        out.append(Entry(f"heavyball.{name}", (lambda c: lambda m: c(m.parameters(), lr=1e-3))(cls), style=style,
-                         xfail=RULES_BRANCH + ": heavyball sets .grad to None inside step(): OC202",
-                         xfail_found=RULES_BRANCH + ": OC202 (heavyball consumes .grad) before the replaced layer"))
+        out.append(Entry(f"heavyball.{name}", (lambda c: lambda m: c(m.parameters(), lr=1e-3))(cls), style=style))
     out.append(Entry("heavyball.SAMWrapper(AdamW)",
                      lambda m: heavyball.SAMWrapper(m.parameters(), heavyball.AdamW(m.parameters(), lr=1e-3)),
-                     style="closure", xfail=RULES_BRANCH + ": heavyball sets .grad to None inside step(): OC202",
-                     xfail_found=RULES_BRANCH + ": SAMWrapper's closure runs before the inner step, whose .grad "
-                                                "heavyball consumes: OC207 at step 1"))
+                     style="closure",
+                     xfail="known miss: SAMWrapper's closure runs before the inner step, whose .grad heavyball "
+                           "consumes: OC207 (gradient cleared before step) at its first step",
+                     xfail_found="known miss: OC207 at SAMWrapper's first step, before the replaced layer"))
     return out
 
 
