@@ -55,7 +55,8 @@ class NonFinite(Rule):
         return [
             Invalid((clean(200),
                      with_events(clean(300), event("nonfinite", 297, what="grad", params=["layer0.weight"]))),
-                    "a NaN gradient seen by the probes", step=300, param="layer0.weight"),
+                    "a NaN gradient seen by the probes (dated at its step, read at 300)", step=297,
+                    param="layer0.weight"),
             Invalid((clean(200), edit(clean(300), loss="nan")), "a recorded stream whose loss is NaN", step=300,
                     param="loss"),
             Invalid((clean(200), with_params(clean(300), grad_norm="inf")), "an infinite gradient norm", step=300,

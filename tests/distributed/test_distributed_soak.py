@@ -65,7 +65,10 @@ def test_a_killed_rank_is_named_with_its_step_and_exit_3(tmp_path):
     s = json.loads((out / "summary.json").read_text())
     assert s["crash"]["rank"] == 1 and s["crash"]["signal"] == "SIGKILL" and s["crash"]["step"] == 12
     assert "rank 1 was killed by SIGKILL in step 12" in proc.stdout
-    assert s["ranks"][0]["last_step"] == 11 and s["ranks"][1]["last_step"] == 11
+    # rank 0 closed after step 11; rank 1's summary was never closed: read back as ended without closing,
+    # its last step the last one recorded (metrics are sent in batches: 10 or 11)
+    assert s["ranks"][0]["last_step"] == 11 and s["ranks"][1]["last_step"] in (10, 11)
+    assert s["ranks"][1]["status"] in ("crashed", "ended without closing")
     for rank in (0, 1):
         assert lines(out / f"rank-{rank}" / "snapshots.jsonl")  # readable to the last line
         lines(out / f"rank-{rank}" / "metrics.jsonl")
