@@ -143,6 +143,12 @@ class GradClearProbe:
         self.adopt_materialized()
         if not self._fresh:
             return
+        # (torch's step wrapper hands the hooks step's whole args: the optimizer, then the closure)
+        if any(callable(a) for a in args or ()) or callable((kwargs or {}).get("closure")):
+            # step(closure): the step's gradients arrive inside it, from the closure's backward (a
+            # wrapper such as heavyball's SAMWrapper zeroes them before calling it); what .grad
+            # holds now says nothing about what the step will write
+            return
         fresh = list(self._fresh.values())
         held = [p.grad for p in fresh if p.grad is not None]
         step = self._steps + 1

@@ -111,11 +111,7 @@ def test_two_step_sam_replaced_layer_is_found_at_its_step():
     assert "OC206" not in found
 
 
-@pytest.mark.parametrize("swap_at", [
-    pytest.param(None, marks=pytest.mark.xfail(
-        strict=False, reason="known miss since the merge of once-per-outer-step hooks with StepFollower: OC207 "
-                             "(gradient cleared before step) on SAMWrapper's clean loop; the zoo marks it too")),
-    21], ids=["clean", "layer-replaced"])
+@pytest.mark.parametrize("swap_at", [None, 21], ids=["clean", "layer-replaced"])
 def test_heavyball_sam_wrapper_closure_steps(swap_at):
     torch.manual_seed(0)
     model = Net()

@@ -15,10 +15,10 @@ optimizer that cannot run here is skipped with its reason: the library is missin
 (``pip install -e '.[zoo]'``), it needs CUDA, or its loop fails without optcheck too.
 A loop that runs without optcheck and fails with it is a failure.
 
-Known miss (``xfail(strict=False)``): heavyball's ``SAMWrapper`` runs its closure before
-the inner step, whose ``.grad`` heavyball then consumes (OC207 at its first step). heavyball's
-own optimizers set ``.grad`` to None inside ``step()``; that is read from gradient arrival
-(``grad_arrived``) and is silent.
+heavyball's optimizers set ``.grad`` to None inside ``step()``; that is read from gradient
+arrival (``grad_arrived``) and is silent. heavyball's ``SAMWrapper`` zeroes the gradients
+before its inner ``step(closure)``: a step given a closure is not judged by what ``.grad``
+holds before it (OC207).
 """
 
 from __future__ import annotations

@@ -184,10 +184,7 @@ def heavyball_entries() -> list[Entry]:
         out.append(Entry(f"heavyball.{name}", (lambda c: lambda m: c(m.parameters(), lr=1e-3))(cls), style=style))
     out.append(Entry("heavyball.SAMWrapper(AdamW)",
                      lambda m: heavyball.SAMWrapper(m.parameters(), heavyball.AdamW(m.parameters(), lr=1e-3)),
-                     style="closure",
-                     xfail="known miss: SAMWrapper's closure runs before the inner step, whose .grad heavyball "
-                           "consumes: OC207 (gradient cleared before step) at its first step",
-                     xfail_found="known miss: OC207 at SAMWrapper's first step, before the replaced layer"))
+                     style="closure"))
     return out
 
 
