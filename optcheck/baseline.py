@@ -43,6 +43,7 @@ When the new run itself did not finish (crashed, interrupted) the comparison is
 reported as "not compared" and the run's own exit code stands.
 
 Where the bands' sizes come from, and the measurements behind them: ``docs/nightly.md``.
+Over 400 lines: the one regression policy: every check (findings, loss band, speed, memory) and the headline naming them, used by soak --baseline and upgrade alike.
 """
 
 from __future__ import annotations

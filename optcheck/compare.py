@@ -8,6 +8,7 @@ when diverged), which findings
 does one run have and the other not, how do step time and peak memory compare,
 and which library versions ran. ``optcheck compare RUN_A RUN_B`` prints it
 (the table: ``optcheck.report.text.render_compare``).
+Over 400 lines: the two runs' alignment, first difference and report are one pipeline over the same aligned records; split, each part would re-read them.
 """
 
 from __future__ import annotations

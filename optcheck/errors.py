@@ -3,6 +3,8 @@
 :class:`InputError` is bad input: exit 2 (``optcheck.exitcodes.USAGE``).
 :class:`RecordError` is a run directory that stopped taking writes (disk full,
 file-size limit, I/O error): exit 4 (``optcheck.exitcodes.RECORD_FAILED``).
+:class:`StepStopped` is raised into a training step on purpose (``optcheck.StepStopped``):
+a hazard probe stopped it before harm was done.
 """
 
 import errno
@@ -30,3 +32,16 @@ class RecordError(Exception):
         self.path, self.errno = str(path), err.errno
         super().__init__(f"cannot record to {path}: {err.strerror or err}"
                          + (f" ({errno.errorcode.get(err.errno, err.errno)})" if err.errno else ""))
+
+
+class StepStopped(Exception):
+    """Raised by a backend inside a step to stop it before harm is done (e.g. a
+    saved tensor was written in place and backward would use it silently).
+
+    Attributes:
+        event: the schema-1 event describing why (goes into the next snapshot).
+    """
+
+    def __init__(self, message: str, event: dict):
+        super().__init__(message)
+        self.event = event

@@ -46,7 +46,7 @@ are in ``optcheck/integrations/``. How a run that does not reach ``close()`` end
 (signals, a thread's death, fork) is ``optcheck/monitor_end.py``; what it writes,
 ``optcheck/recorder.py``.
 
-(Over 400 lines: one public class, whose hooks, state and summary belong together.)
+(Over 400 lines: the Monitor object and its hook methods share its state; the rest is already apart: monitor_hooks, monitor_end, pytorch/guard, pytorch/step_hooks, recorder.)
 """
 
 from __future__ import annotations
@@ -68,7 +68,6 @@ from optcheck.pytorch import monitor_hooks, step_hooks
 from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.guard import Notes, guarded
-from optcheck.pytorch.monitor_hooks import _ACTIVE, _ORIG  # noqa: F401 - the tests' leak check reads them here
 from optcheck.pytorch.monitor_hooks import (ClipNorm, FindingError, OptcheckWarning, StepFollower, TorchProbe,
                                             backward_loss)
 from optcheck.pytorch.train import NullHazards
@@ -79,7 +78,7 @@ from optcheck.session import Sequencer, StepCost, timed_hook
 from optcheck.session_summary import Summary, utc_now
 from optcheck.suppress import resolve
 from optcheck.userframe import user_stacklevel
-from optcheck.worker_loop import StepStopped
+from optcheck.errors import StepStopped
 
 log = logging.getLogger("optcheck")
 ON_FINDING = ("warn", "raise", "log", "ignore")

@@ -111,6 +111,7 @@ Event::
     "stale_grad_step") keep ``step`` at their first occurrence and come again in
     every later snapshot with running numbers: ``count`` optimizer steps at which
     it happened out of ``detail.steps`` checked since
+Over 400 lines: the snapshot record: its fields, phases, writer and reader, all of one schema (optcheck/schemas/snapshot-1.json).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ in libtorch — or no step for ``--step-timeout`` seconds ends the run with exit
 code 3 and leaves every line written so far readable
 (``optcheck.report.rundir``). A run directory that stops taking writes (disk
 full) stops the worker and ends the run with exit code 4 (``optcheck.exitcodes``).
+Over 400 lines: the supervisor's every exit path (clean, findings, crash, hang, signal, record failure) writes the same summary; kept together so no path is missed.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ The candidate is judged against the baseline side by the one regression policy o
 ``soak --baseline`` applies to a night, plus the trajectory verdict (identical /
 within numerical noise / within the seed band / diverged, ``optcheck.verdict``) under
 the policy ``optcheck.policy`` picks (a migration across backends or native libraries).
+Over 400 lines: the upgrade's plan, its two sides and the scenario matrix are checked before anything runs and reported together.
 """
 
 from __future__ import annotations

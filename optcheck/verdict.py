@@ -28,6 +28,7 @@ step 1,000), 30x above the measured rounding noise at every step.
 Runs of different seeds cannot be judged on one pair: with several seeds per
 side (``optcheck soak --seeds 1,2,3``) :func:`judge_seed_band` checks that each
 candidate seed's smoothed loss stays inside the band around the baseline seeds' mean.
+Over 400 lines: the verdict words and the tolerances behind each (identical, numerical noise, seed band, diverged) must agree with one another.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from typing import Any, Protocol
 
 from optcheck.config import SoakConfig
 from optcheck.data import BatchSchedule, Corpus, load_corpus, val_batches
-from optcheck.errors import InputError
+from optcheck.errors import InputError, StepStopped  # noqa: F401 - StepStopped: caught here, defined there
 from optcheck.protocol import Stream
 from optcheck.session import Sequencer, StepCost
 
@@ -94,19 +94,6 @@ class _GuardedStream:
             return
         self.terminating = True
         raise Terminated()
-
-
-class StepStopped(Exception):
-    """Raised by a backend inside a step to stop it before harm is done (e.g. a
-    saved tensor was written in place and backward would use it silently).
-
-    Attributes:
-        event: the schema-1 event describing why (goes into the next snapshot).
-    """
-
-    def __init__(self, message: str, event: dict):
-        super().__init__(message)
-        self.event = event
 
 
 class Backend(Protocol):

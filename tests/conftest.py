@@ -96,7 +96,7 @@ def _one_thread(monkeypatch):
 def _no_monitor_left_open():
     """A test whose loop died inside an optcheck.Monitor must not leave its hooks to the next test."""
     yield
-    mod = sys.modules.get("optcheck.monitor")
+    mod = sys.modules.get("optcheck.pytorch.monitor_hooks")
     if mod is not None:
         for mon in list(mod._ACTIVE):
             mon.close()

@@ -8,7 +8,7 @@ tensor has the same length and one ``all_gather`` exchanges them all::
     [rank, step, iteration, groups_keys, groups_options,      # header (HEADER values)
      checksum x P, grad count x P, state step x P, buffer checksum x B]
 
-- checksum: ``optcheck.pytorch.probe._checksum`` of the values this rank holds
+- checksum: ``optcheck.pytorch.probe.checksum`` of the values this rank holds
   (under FSDP2 its local shard, ``DTensor.to_local()``): the sum of the raw bit
   patterns, exact and independent of thread count; :data:`NONE` when there is none.
 - grad count: backward passes since the last exchange in which autograd
@@ -32,7 +32,7 @@ import zlib
 import torch
 
 from optcheck.distributed.shards import local
-from optcheck.pytorch.probe import _checksum, _jsonable
+from optcheck.pytorch.probe import checksum, jsonable
 
 HEADER = 5
 NONE = -(2**63)  # "no value": no storage to sum, no state yet, no such name
@@ -49,7 +49,7 @@ def group_records(optimizer: torch.optim.Optimizer, names: dict[int, str]) -> li
     for g in optimizer.param_groups:
         out.append({"keys": sorted(k for k in g if k != "param_names"),
                     "members": [names.get(id(p), "?") for p in g["params"]],
-                    "options": {k: _jsonable(v) for k, v in g.items() if k not in ("params", "param_names")}})
+                    "options": {k: jsonable(v) for k, v in g.items() if k not in ("params", "param_names")}})
     return out
 
 
@@ -67,14 +67,14 @@ def row(*, rank: int, step: int, iteration: int, model: torch.nn.Module, optimiz
     steps: list[int] = []
     for n in params:
         p = named.get(n)
-        c = _checksum(local(p)) if p is not None else None
+        c = checksum(local(p)) if p is not None else None
         sums.append(c.long() if c is not None else NONE)
         s = optimizer.state.get(p) if p is not None else None
         v = s.get("step") if s else None
         steps.append(int(v.item() if isinstance(v, torch.Tensor) else v) if v is not None else NONE)
     for n in buffers:
         b = named_buffers.get(n)
-        c = _checksum(local(b)) if b is not None else None
+        c = checksum(local(b)) if b is not None else None
         sums.append(c.long() if c is not None else NONE)
     tensors = [s if isinstance(s, torch.Tensor) else torch.tensor(s, dtype=torch.int64) for s in sums]
     values = torch.stack(tensors).tolist() if tensors else []  # one read of all checksums

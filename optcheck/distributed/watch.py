@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from optcheck.distributed import merge, table
 from optcheck.distributed.cli import env_timeout_s
-from optcheck.rules._crossrank_table import disagreements
+from optcheck.rules.crossrank import disagreements
 
 
 MERGE_WAIT_S = 15.0  # rank 0 waits this long at close for the other ranks' final summaries

@@ -152,9 +152,9 @@ def _outcome(path: Path, gpt, step: int, loss: float, torch, dist) -> None:
     still holds rank 0's parameters (one all_gather of a checksum per parameter)."""
     import json
 
-    from optcheck.pytorch.probe import _checksum
+    from optcheck.pytorch.probe import checksum
 
-    mine = torch.stack([_checksum(p).long() for p in gpt.parameters()])
+    mine = torch.stack([checksum(p).long() for p in gpt.parameters()])
     rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(rows, mine)
     path.write_text(json.dumps({"steps": step, "loss_last": loss,

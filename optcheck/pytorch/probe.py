@@ -15,6 +15,7 @@ Parameter object (``torch/optim/optimizer.py``), so ``ref = id(param)``;
 (torch ≥ 2.6); fused optimizer kernels update parameters without bumping their
 version counter, so whether a parameter moved is read from its values where the
 counter did not move.
+Over 400 lines: one pass over the model and the optimizer (values, norms, checksums, state): split, a snapshot would read the tensors twice (docs/guide/cost.md).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 from optcheck import heap
 from optcheck.pytorch import state_read
 from optcheck.pytorch.census import CENSUS
-from optcheck.distributed.shards import local  # FSDP2: a DTensor's shard on this rank
+from optcheck.pytorch.shards import local  # FSDP2: a DTensor's shard on this rank
 
 _PROC = psutil.Process()
 
@@ -43,14 +44,14 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         try:
             return value.item() if value.numel() == 1 else value.tolist()
         except Exception:  # noqa: BLE001 - a tensor subclass without the op
             return f"<{type(value).__name__} {list(value.shape)}>"
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, (bool, int, float, str)) or value is None:
         return value
     return repr(value)
@@ -156,7 +157,7 @@ def shape(p: torch.Tensor) -> list[int]:
 _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def _checksum(p: torch.Tensor) -> torch.Tensor | None:
+def checksum(p: torch.Tensor) -> torch.Tensor | None:
     """Sum of the raw bit patterns of ``p``'s values (a 0-d integer tensor, wrapping
     on overflow), or None when ``p`` has no plain strided storage (sparse, meta,
     quantized). Integer addition is exact and order-free, so the sum is the same
@@ -294,7 +295,7 @@ def params(model: torch.nn.Module, steps: dict[int, int | None] | None = None,
     optimizer state of every param-group member that requires grad
     (:func:`state_tensors`), and ``norms`` is filled with every norm taken (:class:`Norms`:
     the NaN/Inf check of parameters and state reads its answer there instead of
-    reading the tensors again). ``checksum`` (:func:`_checksum`, a second read of the
+    reading the tensors again). ``checksum`` (:func:`checksum`, a second read of the
     values) is taken only where neither the version counter nor the optimizer's step
     count for the tensor (``steps``: ``{id(param): state[param]["step"]}``, from
     :func:`state`) moved since the tensor's last snapshot, or on its first one: fused
@@ -320,7 +321,7 @@ def params(model: torch.nn.Module, steps: dict[int, int | None] | None = None,
                     + [local(v) for _, _, v in extra])
     floats = {i: t for i, t in enumerate(read) if t is not None}
     steps = steps or {}
-    sums = {id(p): _checksum(local(p)) for p in ready if not _VERSIONS.moved(p, steps.get(id(p)))}
+    sums = {id(p): checksum(local(p)) for p in ready if not _VERSIONS.moved(p, steps.get(id(p)))}
     got = _values(floats)
     checks = _values({k: c.long() for k, c in sums.items() if c is not None})
     value_norms = {k: got.get(i) for i, k in enumerate(unique)}
@@ -349,7 +350,7 @@ def groups(optimizer: torch.optim.Optimizer) -> list[dict]:
                 "ref": id(p), "data_ptr": data_ptr(p), "name": names[j] if names and j < len(names) else None,
                 "shape": shape(p), "dtype": dtype_name(p.dtype), "is_leaf": p.is_leaf,
                 "requires_grad": p.requires_grad})
-        options = {k: _jsonable(v) for k, v in g.items() if k not in ("params", "param_names")}
+        options = {k: jsonable(v) for k, v in g.items() if k not in ("params", "param_names")}
         out.append({"index": i, "options": options, "members": members})
     return out
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from optcheck.distributed.shards import local  # FSDP2: a DTensor's shard on this rank
+from optcheck.pytorch.shards import local  # FSDP2: a DTensor's shard on this rank
 
 #: levels of dicts/lists descended below ``optimizer.state[p]``
 MAX_DEPTH = 6

@@ -12,6 +12,7 @@ device (the worker loop reads a metrics batch of them in one transfer,
 the gradient clipping computes anyway and is read with them, batches are copied from
 pinned memory without waiting, and on CUDA the step time is taken with CUDA events,
 read in the same batch.
+Over 400 lines: the PyTorch soak trainer: model, optimizer, batches, lifecycle events and injected faults act on one shared training state.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.pytorch.gpt import GPT, GPTConfig
 from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.hazards.arming import pytorch_inplace_error
-from optcheck.worker_loop import StepStopped
+from optcheck.errors import StepStopped
 
 CENSUS_EVERY = 10  # tensor census on every 10th snapshot (~1-2 ms after the first full walk; docs/memory.md)
 

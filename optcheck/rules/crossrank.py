@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from optcheck.findings import Finding
-from optcheck.rules._crossrank_table import differing, group_diff, rank_words, ranks_of, table
+from optcheck.rules._crossrank_table import differing, disagreements, group_diff, rank_words, ranks_of, table  # noqa: F401 - disagreements: public here (optcheck.distributed.watch)
 from optcheck.rules._fixtures import Invalid, Valid, at, cases, clean, rank_groups, ranks, steps
 from optcheck.rules.base import Rule, RuleContext, listing, register
 

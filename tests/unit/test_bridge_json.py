@@ -106,7 +106,7 @@ def test_probe_body_of_a_target_without_readable_state(exe):
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
 def test_checksum_and_norm_match_the_pytorch_probe(exe, tmp_path, dtype):
     torch = pytest.importorskip("torch")
-    from optcheck.pytorch.probe import _checksum
+    from optcheck.pytorch.probe import checksum
 
     torch.manual_seed(0)
     t = torch.randn(40_000, dtype=getattr(torch, dtype))  # > one 16384-element chunk: the chunk loop runs
@@ -116,7 +116,7 @@ def test_checksum_and_norm_match_the_pytorch_probe(exe, tmp_path, dtype):
     res = run(exe, "values", kind, str(f))
     assert res.returncode == 0, res.stderr
     norm, checksum = res.stdout.decode().split()
-    assert int(checksum) == int(_checksum(t))
+    assert int(checksum) == int(checksum(t))
     if dtype != "bfloat16":
         assert float(norm) == pytest.approx(float(np.linalg.norm(t.double().numpy())), rel=1e-12)
     # one ulp moved in one value changes the checksum

@@ -7,7 +7,7 @@ from typing import Iterable
 
 import torch
 
-from optcheck.distributed.shards import local
+from optcheck.pytorch.shards import local
 
 _VERSION = attrgetter("_version")
 MAX_SAMPLES = 8  # per-event lists (parameter names, modules) are cut to this many in "detail"

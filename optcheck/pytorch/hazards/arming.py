@@ -30,7 +30,7 @@ from operator import attrgetter, is_not, methodcaller
 
 import torch
 
-from optcheck.rules.autograd import describe_inplace
+from optcheck.wording import describe_inplace
 
 MODES = ("auto", "always")
 _GRAD = attrgetter("grad")

@@ -1,6 +1,9 @@
 """The hook installer: :class:`HazardProbes` puts the module, saved-tensor, optimizer and
 module-registration hooks in place and hands each event to the probe that reads it
-(``inplace``, ``graph_cut``, ``nonleaf``, ``nonfinite``)."""
+(``inplace``, ``graph_cut``, ``nonleaf``, ``nonfinite``).
+
+Over 400 lines: HazardProbes composes the probe mixins (inplace, graph_cut, nonfinite, nonleaf, arming) and owns the hooks they share per step; the mixins live in their own modules.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from optcheck.pytorch.hazards.inplace import InplaceProbe, _is_recompute_pack, _
 from optcheck.pytorch.hazards.nonfinite import NonfiniteProbe
 from optcheck.pytorch.hazards.nonleaf import NonleafGradProbe
 from optcheck.pytorch.deferred import DeviceLedger
-from optcheck.worker_loop import StepStopped
+from optcheck.errors import StepStopped
 from optcheck.pytorch import step_hooks
 
 #: what the probes cannot see inside a ``torch.compile``d forward (module hooks are traced as no-ops

@@ -14,7 +14,7 @@ import torch
 from optcheck.pytorch.hazards._tensors import _VERSION, _parameter_like, _ptr, _safe, _storage_ptr
 from optcheck.pytorch.hazards.source import (_aliases, _code_of, _function_span, _inplace_candidates, _internal,
                                              _line_text, _targets, _user_frame, _where)
-from optcheck.rules.autograd import describe_inplace
+from optcheck.wording import describe_inplace
 
 _top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 

@@ -1,0 +1,93 @@
+"""The house rules of the code's layout (issue 26), checked on the source itself:
+
+- no module imports another package's private (``_x``) names or modules;
+- nothing in ``optcheck/pytorch/`` imports ``optcheck.distributed``, ``optcheck.rules`` or
+  ``optcheck.worker_loop`` (the probes are the lowest layer; the drivers and the rules sit
+  on top of them), except the PyTorch worker's entry module, which *is* a driver
+  (``python -m optcheck.pytorch.worker`` runs ``worker_loop.run``);
+- a module over 400 lines says why at its top (``Over 400 lines: ...`` in its docstring).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+PKG = ROOT / "optcheck"
+MODULES = sorted(p for p in PKG.rglob("*.py"))
+#: pytorch/ modules allowed to import a driver: the worker's entry point is itself a driver
+PYTORCH_DRIVERS = {"optcheck/pytorch/worker.py"}
+LOWER_FORBIDDEN = ("optcheck.distributed", "optcheck.rules", "optcheck.worker_loop")
+
+
+def _rel(p: Path) -> str:
+    return p.relative_to(ROOT).as_posix()
+
+
+def _own_package(p: Path) -> str:
+    parts = p.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1])
+
+
+def _imports(p: Path, text: str | None = None):
+    """``(module, names)`` of every ``from optcheck... import ...`` in ``p`` (or ``text``), at any depth."""
+    for node in ast.walk(ast.parse(p.read_text(encoding="utf-8") if text is None else text)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("optcheck"):
+            yield node.module, [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("optcheck"):
+                    yield a.name, []
+
+
+def _package_of(module: str) -> str:
+    """The package ``module`` belongs to (itself when it is a package)."""
+    path = ROOT.joinpath(*module.split("."))
+    return module if path.is_dir() else module.rpartition(".")[0]
+
+
+def private_imports(p: Path, text: str | None = None) -> list[str]:
+    own = _own_package(p)
+    bad = []
+    for module, names in _imports(p, text):
+        parts = module.split(".")
+        for i, part in enumerate(parts):
+            if part.startswith("_") and not part.startswith("__") and ".".join(parts[:i]) != own:
+                bad.append(f"module {module}")
+                break
+        if _package_of(module) != own:
+            bad += [f"{module}.{n}" for n in names if n.startswith("_") and not n.startswith("__")]
+    return bad
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_rel)
+def test_no_module_imports_another_packages_private_names(path):
+    assert private_imports(path) == []
+
+
+def test_the_private_name_check_fires_on_a_planted_import():
+    planted = PKG / "distributed" / "planted_for_test.py"  # (never written: its text is given)
+    text = ("from optcheck.pytorch.probe import _VERSIONS\nfrom optcheck.rules._events import events\n"
+            "from optcheck.distributed._x import y\n")
+    assert private_imports(planted, text) == ["optcheck.pytorch.probe._VERSIONS", "module optcheck.rules._events"]
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if _rel(p).startswith("optcheck/pytorch/")], ids=_rel)
+def test_the_probes_import_no_driver_and_no_rule(path):
+    if _rel(path) in PYTORCH_DRIVERS:
+        pytest.skip("the PyTorch worker's entry module is a driver")
+    up = [m for m, _ in _imports(path) if m.startswith(LOWER_FORBIDDEN)]
+    assert up == [], f"{_rel(path)} imports {up}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_rel)
+def test_a_module_over_400_lines_says_why(path):
+    text = path.read_text(encoding="utf-8")
+    if len(text.splitlines()) <= 400:
+        return
+    doc = ast.get_docstring(ast.parse(text)) or ""
+    assert "Over 400 lines:" in doc, f"{_rel(path)}: {len(text.splitlines())} lines and no reason at its top"
