@@ -1,7 +1,7 @@
 """What ``optcheck compare`` costs on a long run: two run directories of N metrics
 lines (a snapshot every ``--every`` steps, built from a real soak's records in
 ``tests/fixtures/runs/clean``), compared in a fresh process (``python -m optcheck
-compare A B``, import time included) and in-process (:func:`optcheck.compare.compare_runs`,
+compare A B``, import time included) and in-process (:func:`optcheck.judge.compare.compare_runs`,
 the reading and the verdict). Prints seconds; nothing is asserted (timings on a shared
 machine are noisy; the CPU time printed beside the wall time is what an idle machine takes)::
 
@@ -82,7 +82,7 @@ def main() -> None:
               f"{args.repeat} ({', '.join(f'{w:.2f}' for w in walls)}), CPU {min(cpus):.2f} s "
               f"(user+sys; the wall time on an idle machine is about this)")
         sys.path.insert(0, str(ROOT))
-        from optcheck.compare import compare_runs
+        from optcheck.judge.compare import compare_runs
 
         t, c = time.perf_counter(), time.process_time()
         compare_runs(a, b)

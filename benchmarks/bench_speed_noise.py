@@ -1,7 +1,7 @@
 """False failures of the baseline's speed check on a loaded machine.
 
 One clean baseline soak, then ``--reruns`` clean reruns of the same soak, each judged with
-``optcheck soak --baseline`` (``optcheck.baseline``: findings, loss band, speed, peak RSS),
+``optcheck soak --baseline`` (``optcheck.judge.baseline``: findings, loss band, speed, peak RSS),
 while another soak of the same model trains beside them the whole time (a busy neighbour on
 a shared runner). Every rerun is the same code on the same data, so every failure is a
 false failure. For each rerun it prints the job's exit code, the speed check's ratio
@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from optcheck.baseline import SPEED_TOLERANCE  # noqa: E402
+from optcheck.judge.baseline import SPEED_TOLERANCE  # noqa: E402
 
 
 def soak(out: Path, steps: int, *extra: str) -> subprocess.CompletedProcess:

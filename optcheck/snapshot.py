@@ -51,7 +51,7 @@ Param::
     the tensor moved since its previous snapshot, and null where one did: that
     signal already says it was stepped),
     value_norm (float, optional: L2 norm of the
-    values in float32, the parameter fingerprint ``optcheck.verdict`` compares;
+    values in float32, the parameter fingerprint ``optcheck.judge.verdict`` compares;
     PyTorch records it)
 
 Two identities per tensor (``docs/parameter-identity.md``): ``ref`` is what the optimizer keys

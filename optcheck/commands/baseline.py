@@ -27,7 +27,7 @@ def register(group: click.Group) -> None:
 
         Exit codes: 0 no regression, 1 regression, 2 bad input or not comparable.
         """
-        from optcheck.baseline import Tolerances, compare_with_baseline, load_baseline, parse_fraction
+        from optcheck.judge.baseline import Tolerances, compare_with_baseline, load_baseline, parse_fraction
         from optcheck.commands._paths import check_output_file
         from optcheck.report.reader import RunReader, read_summary
 

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from optcheck.compare import DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_WINDOW, compare_runs
+from optcheck.judge.compare import DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_WINDOW, compare_runs
 
 
 def register(group: click.Group) -> None:
@@ -42,7 +42,7 @@ def register(group: click.Group) -> None:
         """
         from pathlib import Path
 
-        from optcheck.upgrade import compare_seed_sets, seed_runs
+        from optcheck.judge.upgrade import compare_seed_sets, seed_runs
 
         if not (Path(run_a) / "summary.json").exists() and seed_runs(run_a) and seed_runs(run_b):
             verdict, code, text = compare_seed_sets(run_a, run_b, window=window)

@@ -101,7 +101,7 @@ def _write_md(path: str, runs: list, plot, baseline=None) -> None:
 
 def _compare(run_a, run_b) -> int:
     """Compare two finished runs as ``optcheck compare`` does; return its exit code."""
-    from optcheck.compare import compare_runs
+    from optcheck.judge.compare import compare_runs
 
     res = compare_runs(run_a, run_b)
     click.echo(res.render())
@@ -184,7 +184,7 @@ def register(group: click.Group) -> None:
                   help="Compare with a kept run (or a folder of seed-N runs) and fail only on a regression "
                        "(new findings, loss above its band, steps/s or peak RSS worse beyond tolerance).")
     @click.option("--speed-tolerance", default="25%", show_default=True,
-                  help="With --baseline: rise of the worker's CPU time per step allowed (optcheck.baseline).")
+                  help="With --baseline: rise of the worker's CPU time per step allowed (optcheck.judge.baseline).")
     @click.option("--memory-tolerance", default="15%", show_default=True, help="With --baseline: peak RSS rise allowed.")
     @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
     @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
@@ -240,7 +240,7 @@ def register(group: click.Group) -> None:
                                                  or ignores or memory_budget))) is not None:
             return code
 
-        from optcheck.baseline import after_soak, prepare
+        from optcheck.judge.baseline import after_soak, prepare
         from optcheck.commands._paths import same_dir
 
         if baseline is not None and same_dir(baseline, out if out is not None else "runs"):
@@ -254,7 +254,7 @@ def register(group: click.Group) -> None:
         rule_config = rule_config_for(memory_budget)
         ignore = ignore_entries(ignores)
         if seeds is not None:
-            from optcheck.upgrade import parse_seeds, run_seeds
+            from optcheck.judge.upgrade import parse_seeds, run_seeds
 
             if len(backends) > 1:
                 raise InputError("--seeds runs one backend: give --backend pytorch or torchsharp")

@@ -84,8 +84,8 @@ def register(group: click.Group) -> None:
         from optcheck.commands.soak import ignore_entries, rule_config_for
         from optcheck.config import SoakConfig
         from optcheck.errors import InputError
-        from optcheck.baseline import Tolerances, parse_fraction
-        from optcheck.upgrade import Side, check_python, render, run_upgrade
+        from optcheck.judge.baseline import Tolerances, parse_fraction
+        from optcheck.judge.upgrade import Side, check_python, render, run_upgrade
 
         sides = []
         for name, python, ts, backend in (("baseline", baseline_python, baseline_torchsharp, baseline_backend),

@@ -289,7 +289,7 @@ def params(model: torch.nn.Module, steps: dict[int, int | None] | None = None,
 
     Each distinct tensor is read once, however many names it has, and so is its
     gradient: ``grad_norm`` (L2 norm of ``.grad``) and ``value_norm`` (L2 norm of the
-    values, float32: the parameter fingerprint :mod:`optcheck.verdict` compares) come
+    values, float32: the parameter fingerprint :mod:`optcheck.judge.verdict` compares) come
     from one ``torch._foreach_norm`` per device and dtype over values and gradients
     together. With ``norms`` (and ``optimizer``), the same call also reads the
     optimizer state of every param-group member that requires grad

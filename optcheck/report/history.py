@@ -19,7 +19,7 @@ Marks (a night can carry several):
   Needs ``MIN_NIGHTS`` earlier nights; ``k`` is ``K_MAD`` (default 5) unless
   given. Lower is better for both losses, so only a rise is marked.
 - ``steps/s regression`` / ``peak RSS regression``: a step change: worse than
-  the previous night by more than ``PERF_FLOOR`` (15 %, ``optcheck.baseline``'s
+  the previous night by more than ``PERF_FLOOR`` (15 %, ``optcheck.judge.baseline``'s
   default tolerance) and beyond the band of all earlier nights (as for the
   losses, with the spread at least ``PERF_FLOOR / k`` of the median: step times
   move by +-20 % on a shared runner from load alone). A new level is marked on

@@ -148,11 +148,11 @@ def build_junit(findings: Iterable[dict], *, suite_name: str = "optcheck", rules
 
 def _in_baseline(baseline):
     """``known(finding) -> bool``: the baseline has a finding of that code on those
-    parameters (``optcheck.compare.finding_difference``, as the comparison matches them).
+    parameters (``optcheck.judge.compare.finding_difference``, as the comparison matches them).
     Always False without a baseline, or when the run was not compared with it."""
     if baseline is None or not baseline.compared:
         return lambda f: False
-    from optcheck.compare import finding_difference
+    from optcheck.judge.compare import finding_difference
 
     theirs = list(baseline.baseline_findings)
     return lambda f: not finding_difference([f], theirs)
@@ -160,14 +160,14 @@ def _in_baseline(baseline):
 
 def _baseline_cases(suite: ET.Element, baseline) -> tuple[int, int, int]:
     """One ``baseline <check>`` test case per check of ``baseline`` (an
-    ``optcheck.baseline.BaselineResult``): a regression is a ``<failure>``, a check
+    ``optcheck.judge.baseline.BaselineResult``): a regression is a ``<failure>``, a check
     not compared is ``<skipped>``, the others pass with their line in ``<system-out>``.
     Returns (test cases, failures, skipped)."""
-    from optcheck.baseline import NOT_COMPARED, REGRESSION
+    from optcheck.judge.baseline import NOT_COMPARED, REGRESSION
 
     failed = skipped = 0
     for c in baseline.checks:
-        tc = ET.SubElement(suite, "testcase", name=_text(f"baseline {c.name}"), classname="optcheck.baseline",
+        tc = ET.SubElement(suite, "testcase", name=_text(f"baseline {c.name}"), classname="optcheck.judge.baseline",
                            time="0")
         at = f" (step {c.step})" if c.step is not None else ""
         if c.status == REGRESSION:
@@ -208,7 +208,7 @@ def write_junit(findings: Iterable[dict], path: str | os.PathLike, *, suite_name
         fail_on: findings below this severity ("info" | "warning" | "error") are
             written to the test case's ``<system-out>`` instead of as failures.
         time_s: the suite's ``time`` attribute, seconds.
-        baseline: the run's ``optcheck.baseline.BaselineResult`` (``--baseline``): findings
+        baseline: the run's ``optcheck.judge.baseline.BaselineResult`` (``--baseline``): findings
             it has too go to ``<system-out>`` ("in the baseline"), not failures, and each
             of its checks is a ``baseline <check>`` test case (a regression fails it), so
             the file fails exactly when the job's exit code is 1.
@@ -231,12 +231,12 @@ def write_junit(findings: Iterable[dict], path: str | os.PathLike, *, suite_name
 def build_upgrade_junit(result, sides) -> ET.ElementTree:
     """``optcheck upgrade --junit``: one ``<testcase>`` for the verdict (failing when diverged,
     ``time`` the two soaks' seconds), one ``baseline <check>`` per check of the candidate against
-    the baseline (``optcheck.baseline``: failing on a regression, skipped when not compared),
+    the baseline (``optcheck.judge.baseline``: failing on a regression, skipped when not compared),
     and one per scenario-matrix row (failing when the row
     changed, ``time`` its two runs' seconds). The suite's properties: each side's versions,
     backend and interpreter, the seed, and each scenario's injected fault.
 
-    ``result`` is an ``optcheck.upgrade.UpgradeResult``, ``sides`` its two ``Side``s."""
+    ``result`` is an ``optcheck.judge.upgrade.UpgradeResult``, ``sides`` its two ``Side``s."""
     suite = ET.Element("testsuite")
     props = ET.SubElement(suite, "properties")
     values: dict[str, str] = {}
@@ -254,7 +254,7 @@ def build_upgrade_junit(result, sides) -> ET.ElementTree:
     failures = 0
     cmp = result.compare
     seconds = sum(float(r.summary.get("elapsed_s") or 0) for r in (result.baseline, result.candidate) if r)
-    tc = ET.SubElement(suite, "testcase", name="verdict", classname="optcheck.upgrade", time=f"{seconds:.3f}")
+    tc = ET.SubElement(suite, "testcase", name="verdict", classname="optcheck.judge.upgrade", time=f"{seconds:.3f}")
     if cmp is None or cmp.verdict is None or cmp.exit_code:
         text = cmp.verdict.headline() if cmp is not None and cmp.verdict is not None else "a side did not finish"
         el = ET.SubElement(tc, "failure", message=_text(text), type="OC601 run-divergence")
@@ -262,10 +262,10 @@ def build_upgrade_junit(result, sides) -> ET.ElementTree:
         failures += 1
     else:
         ET.SubElement(tc, "system-out").text = _text("\n".join(cmp.verdict.lines()))
-    against = getattr(result, "against", None)  # the candidate by optcheck.baseline's regression policy
+    against = getattr(result, "against", None)  # the candidate by optcheck.judge.baseline's regression policy
     checks = [c for c in (against.checks if against is not None else []) if c.name != "trajectory"]
     for c in checks:
-        tc = ET.SubElement(suite, "testcase", name=f"baseline {c.name}", classname="optcheck.upgrade.baseline",
+        tc = ET.SubElement(suite, "testcase", name=f"baseline {c.name}", classname="optcheck.judge.upgrade.baseline",
                            time="0.000")
         if c.status == "regression":
             ET.SubElement(tc, "failure", message=_text(f"{c.name}: {c.text}"), type=f"regression {c.name}").text = \
@@ -277,7 +277,7 @@ def build_upgrade_junit(result, sides) -> ET.ElementTree:
             ET.SubElement(tc, "system-out").text = _text(c.line())
     for row in result.rows:
         tc = ET.SubElement(suite, "testcase", name=f"scenario {row.scenario}@{row.step}",
-                           classname="optcheck.upgrade.scenarios", time=f"{row.time_s:.3f}")
+                           classname="optcheck.judge.upgrade.scenarios", time=f"{row.time_s:.3f}")
         text = (f"baseline: findings {row.baseline[0]}, {row.baseline[1]}, lead {row.baseline[2]}; "
                 f"candidate: findings {row.candidate[0]}, {row.candidate[1]}, lead {row.candidate[2]}")
         if row.changed:

@@ -47,7 +47,7 @@ _STATUS_ICON = {"regression": "❌", "ok": "✅", "differs": "⚠️", "not comp
 
 
 def render_baseline(result) -> str:
-    """The comparison with a baseline (an ``optcheck.baseline.BaselineResult``) as a
+    """The comparison with a baseline (an ``optcheck.judge.baseline.BaselineResult``) as a
     Markdown section: heading with the job's verdict, the baseline, one row per check
     (status, check, step, what was compared). Ends with a newline."""
     icon = "❌" if result.regressions else ("⚠️" if not result.compared else "✅")
@@ -74,7 +74,7 @@ def render_markdown(summary: dict, findings: list[dict] | None = None, plot: str
         plot: the PNG written with ``--plot``, linked (as an image) when given.
         relative_to: the folder the Markdown file lives in; the plot link is made
             relative to it when possible, else left as given.
-        baseline: an ``optcheck.baseline.BaselineResult`` (``--baseline``): its section
+        baseline: an ``optcheck.judge.baseline.BaselineResult`` (``--baseline``): its section
             (:func:`render_baseline`) follows the verdict line.
     """
     s = summary

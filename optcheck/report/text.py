@@ -5,7 +5,7 @@
 ``WIDTH`` characters: status, steps, loss, speed, memory, the findings by code
 (first step, subjects, first message, what fails next), the crash if any, and the lead time —
 "flagged at step X, then <exception> at step Y". ``render_compare(result)`` is
-``optcheck compare``'s table of an ``optcheck.compare.CompareResult``.
+``optcheck compare``'s table of an ``optcheck.judge.compare.CompareResult``.
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
 
 
 def render_compare(res) -> str:
-    """``res`` (an ``optcheck.compare.CompareResult``) as a plain-text table: runs, losses, times, memory, versions, findings, verdict."""
+    """``res`` (an ``optcheck.judge.compare.CompareResult``) as a plain-text table: runs, losses, times, memory, versions, findings, verdict."""
     a, b, L = res.a, res.b, res.loss
     rows = [
         ("", a.label, b.label, "B/A"),

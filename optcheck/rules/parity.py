@@ -2,7 +2,7 @@
 
 OC601 is a rule over a *comparison* of two run directories, not over one
 snapshot stream: its :meth:`check` is silent on a single stream, and
-``optcheck.compare.compare_runs`` makes its findings. It is registered so that
+``optcheck.judge.compare.compare_runs`` makes its findings. It is registered so that
 ``optcheck rules`` lists it and ``optcheck explain OC601`` documents it.
 """
 
@@ -25,7 +25,7 @@ class RunDivergence(Rule):
 
     Runs of the same seed and batches (their ``summary.json`` configs say so) are
     judged step by step against the numerical-noise tolerance of
-    ``optcheck.verdict`` (relative 1e-5, growing with steps; ``docs/verdict.md``):
+    ``optcheck.judge.verdict`` (relative 1e-5, growing with steps; ``docs/verdict.md``):
     then OC601 fires at the first step whose loss differs by more than float
     rounding explains, and names the first snapshot, parameter and option that
     differ. Runs of different seeds are judged as follows.
@@ -70,5 +70,5 @@ class RunDivergence(Rule):
         ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
-        """Nothing to say about one stream: see ``optcheck.compare.compare_runs``."""
+        """Nothing to say about one stream: see ``optcheck.judge.compare.compare_runs``."""
         return []

@@ -96,7 +96,7 @@ def test_clean_rerun_of_the_baseline_passes(base, tmp_path):
     assert _rows(md) == {"findings": "ok", "loss": "ok", "held-out loss": "ok", "speed": "ok",
                          "peak RSS": "ok", "trajectory": "ok"}
     cases = _junit(tmp_path / "junit.xml", rc)
-    checks = {n: c for n, c in cases.items() if c.get("classname") == "optcheck.baseline"}
+    checks = {n: c for n, c in cases.items() if c.get("classname") == "optcheck.judge.baseline"}
     assert set(checks) == {f"baseline {n}" for n in ("findings", "loss", "held-out loss", "speed", "peak RSS",
                                                      "trajectory")}
     assert not any(map(_failed, checks.values()))

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import SMALL, run_cli, run_clis
 from optcheck import exitcodes
-from optcheck.compare import compare_runs
+from optcheck.judge.compare import compare_runs
 
 
 @pytest.fixture(scope="module")

@@ -136,7 +136,7 @@ def test_worst_exit_code_is_one_policy():
     assert exitcodes.worst([1, 130, 4]) == exitcodes.INTERRUPTED
     assert exitcodes.worst([0, 2]) == exitcodes.USAGE
     assert exitcodes.worst([0, 77]) == 77  # an unknown code is kept, never dropped
-    from optcheck import upgrade
+    from optcheck.judge import upgrade
 
     assert upgrade.worst is exitcodes.worst
 

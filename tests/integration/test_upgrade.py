@@ -15,8 +15,8 @@ import xmlschema
 
 from conftest import run_cli, run_clis
 from optcheck import exitcodes
-from optcheck.compare import compare_runs
-from optcheck.verdict import DIVERGED, IDENTICAL, WITHIN_NOISE
+from optcheck.judge.compare import compare_runs
+from optcheck.judge.verdict import DIVERGED, IDENTICAL, WITHIN_NOISE
 
 XSD = Path(__file__).resolve().parents[1] / "fixtures" / "junit.xsd"
 STEPS = ["--steps", "60", "--every", "10", "--val-every", "0", "--seed", "7"]
@@ -156,7 +156,7 @@ def test_the_readme_upgrade_command_on_another_torch(tmp_path):
     """The README's `optcheck upgrade --candidate-python ... --scenarios --junit upgrade.xml`,
     steps scaled down, against a real other torch: a verdict (with every regression named on
     its line), the scenario matrix of every one-process scenario, and the JUnit file."""
-    from optcheck.upgrade import Side, shared_scenarios
+    from optcheck.judge.upgrade import Side, shared_scenarios
 
     xml = tmp_path / "upgrade.xml"
     rc, stdout, stderr = run_cli(["upgrade", "-q", "--candidate-python", CANDIDATE, "--scenarios", "--junit", str(xml),
@@ -179,7 +179,7 @@ def test_the_readme_upgrade_command_on_another_torch(tmp_path):
 
 def test_the_scenario_plan_leaves_out_the_nproc_only_ones():
     from optcheck.distributed.cli import DIST_SCENARIOS
-    from optcheck.upgrade import Side, plan_scenarios, shared_scenarios
+    from optcheck.judge.upgrade import Side, plan_scenarios, shared_scenarios
 
     sides = [Side("baseline"), Side("candidate")]
     every = plan_scenarios(sides, None)
@@ -257,7 +257,7 @@ def test_torchsharp_sides_through_the_stand_in(tmp_path):
 
     from optcheck.config import SoakConfig
     from optcheck.torchsharp_bridge import runtime
-    from optcheck.upgrade import Side, render, run_upgrade
+    from optcheck.judge.upgrade import Side, render, run_upgrade
 
     try:
         dll = build_testloop()

@@ -1,4 +1,4 @@
-"""``optcheck.baseline`` on the recorded nights (``tests/fixtures/nights``, real soaks) and
+"""``optcheck.judge.baseline`` on the recorded nights (``tests/fixtures/nights``, real soaks) and
 copies of them with one thing changed: what makes a baseline unusable or not comparable,
 the held-out check, tolerances, and the Markdown section."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from optcheck.baseline import (DIFFERS, NOT_COMPARED, OK, REGRESSION, Tolerances, compare_with_baseline,
+from optcheck.judge.baseline import (DIFFERS, NOT_COMPARED, OK, REGRESSION, Tolerances, compare_with_baseline,
                                load_baseline, parse_fraction)
 from optcheck.errors import InputError
 
@@ -94,7 +94,7 @@ def test_other_model_or_corpus_is_not_comparable(tmp_path, change, needle):
 
 
 def test_unfinished_run_is_not_compared_and_keeps_its_exit_code(tmp_path):
-    from optcheck.baseline import after_soak
+    from optcheck.judge.baseline import after_soak
 
     run = _copy(N2, tmp_path / "run", status="crashed", last_step=120)
     lines = []

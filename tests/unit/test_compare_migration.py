@@ -15,10 +15,10 @@ import pytest
 
 from conftest import run_cli
 from optcheck import exitcodes
-from optcheck.compare import compare_runs
+from optcheck.judge.compare import compare_runs
 from optcheck.errors import InputError
-from optcheck.policy import MIGRATION, RERUN, choose, option_differences
-from optcheck.verdict import DIVERGED, WITHIN_SEED_BAND
+from optcheck.judge.policy import MIGRATION, RERUN, choose, option_differences
+from optcheck.judge.verdict import DIVERGED, WITHIN_SEED_BAND
 
 PAIR = Path(__file__).resolve().parents[1] / "fixtures" / "parity"
 PT, TS = PAIR / "pytorch-2.13.0", PAIR / "torchsharp-0.107.0"

@@ -1,4 +1,4 @@
-"""optcheck.compare and `optcheck compare` on run directories written with RunDir."""
+"""optcheck.judge.compare and `optcheck compare` on run directories written with RunDir."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from optcheck.cli import cli
-from optcheck.compare import compare_losses, compare_runs
+from optcheck.judge.compare import compare_losses, compare_runs
 from optcheck.errors import InputError
 from optcheck.exitcodes import CLEAN, FINDINGS
 from optcheck.report.rundir import RunDir

@@ -50,7 +50,7 @@ def test_a_clean_night_that_regresses_is_not_a_green_headline():
     import json
     from pathlib import Path
 
-    from optcheck.baseline import Tolerances, compare_with_baseline
+    from optcheck.judge.baseline import Tolerances, compare_with_baseline
 
     nights = Path(__file__).resolve().parents[1] / "fixtures" / "nights"
     run = nights / "night-4-torch2.14"

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from optcheck import rules
-from optcheck.compare import compare_runs
+from optcheck.judge.compare import compare_runs
 from optcheck.engine import check_stream
 from optcheck.rules import RuleConfig
 from optcheck.rules._fixtures import Invalid

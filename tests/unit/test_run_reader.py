@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from conftest import run_cli
-from optcheck.compare import compare_runs
+from optcheck.judge.compare import compare_runs
 from optcheck.errors import InputError
 from optcheck.exitcodes import CLEAN, FINDINGS, USAGE
 from optcheck.report.plot import plot_run

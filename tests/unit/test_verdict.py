@@ -1,4 +1,4 @@
-"""optcheck.verdict on loss dicts and snapshot dicts: each verdict fires, and stays silent
+"""optcheck.judge.verdict on loss dicts and snapshot dicts: each verdict fires, and stays silent
 where it should (the real-process cases are tests/integration/test_upgrade.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from optcheck.verdict import (DIVERGED, IDENTICAL, WITHIN_NOISE, WITHIN_SEED_BAND, config_differences, judge, judge_seed_band,
+from optcheck.judge.verdict import (DIVERGED, IDENTICAL, WITHIN_NOISE, WITHIN_SEED_BAND, config_differences, judge, judge_seed_band,
                               localise, noise_tolerance, same_batches)
 
 STEPS = range(1, 301)
@@ -109,7 +109,7 @@ def test_seed_band():
 
 
 def test_seed_band_numbers():
-    from optcheck.verdict import seed_band
+    from optcheck.judge.verdict import seed_band
 
     steps = list(range(1, 11))
     base = [{s: 2.0 + d for s in steps} for d in (-0.1, 0.0, 0.1)]   # constant losses, seeds 0.1 apart

@@ -5,7 +5,7 @@ What "alike" means depends on what changed between them:
 
 * **rerun** — the same backend and the same native library (``torch`` for PyTorch,
   ``libtorch`` for TorchSharp): the same seed and batches must give the same losses up to
-  float rounding (``optcheck.verdict.noise_tolerance``, relative 1e-5 growing with steps),
+  float rounding (``optcheck.judge.verdict.noise_tolerance``, relative 1e-5 growing with steps),
   so ``--lr`` x 1.001 is caught from step 3. Every optimizer option is compared.
 * **migration** — another backend (PyTorch against TorchSharp) or another native library
   (torch 2.13 against 2.14, libtorch 2.10 against 2.13): kernels round differently and the
@@ -13,7 +13,7 @@ What "alike" means depends on what changed between them:
   7 digits for ~1,000 steps and then drift (``docs/verdict.md``: 20,000 steps of PyTorch
   2.13 against TorchSharp 0.107.0, trailing means within 1.3 %). The verdict is the
   statistical one: the ``window``-step trailing-mean losses must stay within the seed
-  tolerance (``optcheck.compare``: 0.03 + 5 % of A's), the same band a rerun with another
+  tolerance (``optcheck.judge.compare``: 0.03 + 5 % of A's), the same band a rerun with another
   seed stays in; where the runs leave float-rounding agreement is reported, not failed.
   Optimizer options are compared only where both sides have them, under the names of
   :data:`OPTION_NAMES`.

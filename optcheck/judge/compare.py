@@ -3,7 +3,7 @@
 ``compare_runs(A, B)`` reads what a soak (or a Monitor) wrote — ``metrics.jsonl``,
 ``findings.jsonl``, ``snapshots.jsonl``, ``summary.json`` — through
 ``optcheck.report.reader.RunReader`` and answers: the verdict first (identical, within numerical noise, or diverged,
-from ``optcheck.verdict``, the one function ``optcheck upgrade`` uses too; OC601
+from ``optcheck.judge.verdict``, the one function ``optcheck upgrade`` uses too; OC601
 when diverged), which findings
 does one run have and the other not, how do step time and peak memory compare,
 and which library versions ran. ``optcheck compare RUN_A RUN_B`` prints it
@@ -29,8 +29,8 @@ from optcheck.report.reader import RunReader
 from optcheck.rules.parity import RunDivergence
 from optcheck.series import moving_mean
 from optcheck.snapshot import clean_json
-from optcheck.policy import AUTO, MIGRATION, choose
-from optcheck.verdict import Verdict, judge, same_batches
+from optcheck.judge.policy import AUTO, MIGRATION, choose
+from optcheck.judge.verdict import Verdict, judge, same_batches
 
 #: Defaults: two clean soaks of the built-in GPT with different seeds stay well
 #: inside them; --lr 10x either way or another optimizer leave them.
@@ -135,11 +135,11 @@ class CompareResult:
         step_time_ratio: median step time B / A (None if either is missing).
         peak_memory_ratio: peak RSS B / A (None if either is missing).
         findings: the OC601 finding when the verdict is ``diverged``.
-        verdict: identical / within numerical noise / diverged (``optcheck.verdict.judge``).
+        verdict: identical / within numerical noise / diverged (``optcheck.judge.verdict.judge``).
         incomplete: why a run cannot pass ("B: crashed at step 200 of 5,000",
             "B: shorter than A: 200 of 5,000 steps"), empty when both are complete.
         mismatch: migration only: optimizer options that differ where both sides have them.
-        policy: ``rerun`` or ``migration`` (``optcheck.policy``), as the verdict says.
+        policy: ``rerun`` or ``migration`` (``optcheck.judge.policy``), as the verdict says.
         fail_on_new: findings only in B fail (``--fail-on-new``; always under ``migration``).
         exit_code: ``optcheck.exitcodes.FINDINGS`` when there is a finding, a run
             is incomplete, an option mismatch (or, with ``fail_on_new``, a finding only
@@ -292,13 +292,13 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, *, loss_rto
             and absolute, in loss units: nats per token for the built-in GPT).
         window: trailing-mean window in steps.
         fail_on_new: also return the findings exit code when B has findings A has not.
-        policy: ``auto``, ``rerun`` or ``migration`` (``optcheck.policy.choose``): a migration
+        policy: ``auto``, ``rerun`` or ``migration`` (``optcheck.judge.policy.choose``): a migration
             (another backend or native library) is judged on the smoothed losses, as runs
             of different seeds are, with options compared where both sides have them.
 
     Two runs whose ``summary.json`` configs record the same seed, batch shape and corpus
     are judged step by step against the numerical-noise tolerance
-    (``optcheck.verdict.noise_tolerance``, not the seed-noise ``loss_rtol``/``loss_atol``);
+    (``optcheck.judge.verdict.noise_tolerance``, not the seed-noise ``loss_rtol``/``loss_atol``);
     other pairs against the smoothed tolerance.
 
     Returns:

@@ -10,7 +10,7 @@ on a **regression**, one check each:
   baseline has too, and new ones below ``--fail-on``, are listed, not failed.
 * ``loss``: the final training loss (trailing mean of the last ``window`` steps)
   is above the baseline's band, and ``held-out loss``: the last held-out loss is above its band.
-  With **several baseline seeds** the band is ``optcheck.verdict.seed_band`` at the
+  With **several baseline seeds** the band is ``optcheck.judge.verdict.seed_band`` at the
   last step: the seeds' mean + ``k`` (5) seed standard deviations; the held-out band is
   the seeds' mean + the larger of 5 standard deviations of their held-out losses and that
   training-loss half-width. With **one baseline run** the band is the stated tolerance
@@ -30,7 +30,7 @@ on a **regression**, one check each:
 * ``peak RSS``: higher than the baseline's (the largest of its seeds) by more than
   ``memory_tolerance`` (default 15 %).
 
-The trajectory itself goes through ``optcheck.verdict`` (``judge`` for one run,
+The trajectory itself goes through ``optcheck.judge.verdict`` (``judge`` for one run,
 ``judge_seed_band`` for seeds): identical, within numerical noise, or diverged. A
 trajectory that diverges while the final losses stay inside the band (a dependency
 changed, another seed) is **reported, not failed** ("differs"), with what differs
@@ -56,14 +56,14 @@ from pathlib import Path
 import numpy as np
 
 from optcheck import exitcodes
-from optcheck.compare import (DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_WINDOW, band_text, compare_losses,
+from optcheck.judge.compare import (DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_WINDOW, band_text, compare_losses,
                               finding_difference, read_run)
 from optcheck.errors import InputError
 from optcheck.findings import SEVERITIES, severity_rank
 from optcheck.report.reader import RunReader, read_summary
 from optcheck.series import moving_mean
 from optcheck.units import format_bytes
-from optcheck.verdict import judge, judge_seed_band, same_batches, seed_band
+from optcheck.judge.verdict import judge, judge_seed_band, same_batches, seed_band
 
 #: Rise of the worker's CPU time per step allowed. Measured (benchmarks/bench_speed_noise.py, 2 CPUs at
 #: load 10-15, another soak beside): 20 clean 300-step reruns ranged 0.90x-1.18x of the baseline's CPU time
@@ -96,10 +96,10 @@ class Tolerances:
 
     speed: float = SPEED_TOLERANCE
     memory: float = MEMORY_TOLERANCE
-    loss_rtol: float | None = None   # one-run band; None: optcheck.compare.DEFAULT_RTOL
-    loss_atol: float | None = None   # None: optcheck.compare.DEFAULT_ATOL
+    loss_rtol: float | None = None   # one-run band; None: optcheck.judge.compare.DEFAULT_RTOL
+    loss_atol: float | None = None   # None: optcheck.judge.compare.DEFAULT_ATOL
     k: float = K_SEEDS
-    window: int | None = None        # None: optcheck.compare.DEFAULT_WINDOW
+    window: int | None = None        # None: optcheck.judge.compare.DEFAULT_WINDOW
     fail_on: str = "warning"         # new findings below this severity are listed, not failed
 
 
@@ -137,7 +137,7 @@ def load_baseline(path: str | os.PathLike) -> Baseline:
         InputError: missing, not a run directory nor a seed set, a ``summary.json``
             unreadable, or a baseline run that did not finish (crashed, interrupted, short).
     """
-    from optcheck.upgrade import seed_runs
+    from optcheck.judge.upgrade import seed_runs
 
     p = Path(path)
     if not p.is_dir():
@@ -213,7 +213,7 @@ class BaselineResult:
     run: Path
     baseline: Baseline
     checks: list[Check] = field(default_factory=list)
-    verdict: object = None  # optcheck.verdict.Verdict, or None when not compared
+    verdict: object = None  # optcheck.judge.verdict.Verdict, or None when not compared
     baseline_findings: list = field(default_factory=list)  # the baseline runs' finding dicts (JUnit: "in the baseline")
 
     @property
@@ -270,7 +270,7 @@ def compare_with_baseline(run: str | os.PathLike, baseline: Baseline | str | os.
     """Judge run directory ``run`` against ``baseline`` (see the module docstring for each check).
     The one regression policy of ``soak --baseline``, ``optcheck baseline`` and ``optcheck
     upgrade`` (which passes its baseline side's run as ``baseline``). ``policy``: the
-    trajectory's (``optcheck.policy.choose``: ``auto`` takes a migration when the backend or
+    trajectory's (``optcheck.judge.policy.choose``: ``auto`` takes a migration when the backend or
     its native library changed; a migration may change the backend).
 
     Raises:
@@ -289,7 +289,7 @@ def compare_with_baseline(run: str | os.PathLike, baseline: Baseline | str | os.
         res.checks.append(Check("run", NOT_COMPARED, f"this run did not finish ({summary.get('status')} at step "
                                                      f"{summary.get('last_step') or 0:,}); its own exit code stands"))
         return res
-    from optcheck.policy import MIGRATION, choose
+    from optcheck.judge.policy import MIGRATION, choose
 
     chosen, why = choose(b.summaries[0], summary, policy)
     _check_same(b.summaries[0], summary, f"--baseline {b.path}", f"run {run}", backends=chosen != MIGRATION)

@@ -12,7 +12,7 @@ later baseline check, so they can never disagree: :func:`judge`. Torch-free.
   rounding explains: ``|loss_A - loss_B| <= noise_tolerance(step) x max(|loss_A|, 1e-3)``.
 * **within the seed band**: runs of different seeds (one run a side, against the caller's
   smoothed tolerance, or seed sets, :func:`judge_seed_band`), or a **migration**
-  (``optcheck.policy``: another backend or native library, where float rounding differs
+  (``optcheck.judge.policy``: another backend or native library, where float rounding differs
   and grows chaotically): the trailing-mean losses stay within the band that seed noise
   spans. A weaker claim than numerical noise, and worded apart.
 * **diverged**: a step's loss differs beyond that (the first such step and the
@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from optcheck.policy import MIGRATION, RERUN, option_differences
+from optcheck.judge.policy import MIGRATION, RERUN, option_differences
 from optcheck.series import moving_mean
 
 IDENTICAL, WITHIN_NOISE, WITHIN_SEED_BAND, DIVERGED = "identical", "within-noise", "within-seed-band", "diverged"
@@ -111,7 +111,7 @@ class Verdict:
         fingerprints: parameter fingerprints compared (0 when none were recorded).
         where: the first snapshot that differs (same-seed runs), or None.
         differences: what differs between the runs' configs and versions.
-        policy, policy_why: ``rerun`` or ``migration`` (``optcheck.policy``) and why it was chosen.
+        policy, policy_why: ``rerun`` or ``migration`` (``optcheck.judge.policy``) and why it was chosen.
         smoothing: the trailing-mean window the sizes are of (None: per-step sizes).
         rounding_until: migration: the first step whose loss differs beyond float rounding
             (reported, not failed); None when none does.
@@ -196,7 +196,7 @@ class Verdict:
         if self.policy == MIGRATION:
             out.append(f"  policy: migration ({self.policy_why}): judged on {self.band or 'the smoothed losses'}, "
                        f"the seed band, not on float rounding; options compared where both sides have them "
-                       f"(optcheck.policy.OPTION_NAMES)")
+                       f"(optcheck.judge.policy.OPTION_NAMES)")
         return out
 
 
@@ -258,7 +258,7 @@ def _num(x) -> float | None:
 
 def _option_diffs(sa: dict, sb: dict, policy: str = RERUN) -> tuple[list[str], list[str]]:
     """(options that differ, as "lr 0.001 vs 0.002 on group 0"; options one side only has,
-    not compared under the migration policy: ``optcheck.policy.option_differences``)."""
+    not compared under the migration policy: ``optcheck.judge.policy.option_differences``)."""
     out, lone = [], []
     for ga, gb in zip(sa.get("groups") or [], sb.get("groups") or []):
         diffs, only = option_differences(ga.get("options") or {}, gb.get("options") or {}, policy)
@@ -288,7 +288,7 @@ def localise(snaps_a: list[dict], snaps_b: list[dict], policy: str = RERUN) -> L
     ``QUANTITY_FACTOR[q] x noise_tolerance(step)`` relative; the parameter named is the one
     whose difference is largest against its tolerance. None when nothing differs beyond noise.
     With the ``migration`` policy only options are compared (the parameters of two backends
-    part by float rounding by design), under ``optcheck.policy.OPTION_NAMES``, and the
+    part by float rounding by design), under ``optcheck.judge.policy.OPTION_NAMES``, and the
     options one side only has are listed as not compared."""
     ia, ib = _index(snaps_a), _index(snaps_b)
     for key in sorted(set(ia) & set(ib), key=lambda k: (k[0] or 0, str(k[1]))):
@@ -338,9 +338,9 @@ def judge(loss_a: dict[int, float], loss_b: dict[int, float], *, same_seed: bool
             (:func:`same_batches`); then the per-step :func:`noise_tolerance` applies.
         snaps_a, snaps_b: their snapshots (dicts), for fingerprints and :func:`localise`.
         summary_a, summary_b: their ``summary.json``, for :func:`config_differences`.
-        smoothed: an ``optcheck.compare.LossComparison`` of the smoothed trajectories (the
+        smoothed: an ``optcheck.judge.compare.LossComparison`` of the smoothed trajectories (the
             caller's seed tolerance): the verdict of runs of different seeds and of a migration.
-        policy: ``rerun``, or ``migration`` (``optcheck.policy``: another backend or native
+        policy: ``rerun``, or ``migration`` (``optcheck.judge.policy``: another backend or native
             library; judged on ``smoothed`` even with the same seed, options compared where
             both sides have them). ``policy_why`` says why it was chosen.
         band: the smoothed tolerance in words, for the headline.

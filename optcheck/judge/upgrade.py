@@ -4,7 +4,7 @@ A *side* is what a soak runs on: a backend, and for PyTorch the interpreter of
 the worker (``--python``: another venv, another torch), for TorchSharp the
 version or build (``--torchsharp``). Both sides get the same
 :class:`optcheck.config.SoakConfig` (seed, data, batches, model, optimizer), so
-``optcheck.verdict.judge`` compares them step by step: identical, within
+``optcheck.judge.verdict.judge`` compares them step by step: identical, within
 numerical noise, or diverged. Two backends (PyTorch against TorchSharp) start
 from the same initial weights (``--same-init``, ``optcheck.soak.export_same_init``).
 
@@ -16,10 +16,10 @@ checked before anything runs (:func:`plan`): the scenarios, each side's options,
 each ``--python`` interpreter's torch (:func:`probe_python`).
 
 The candidate is judged against the baseline side by the one regression policy of
-``optcheck.baseline`` (new findings, loss band, speed, peak RSS), the same as
+``optcheck.judge.baseline`` (new findings, loss band, speed, peak RSS), the same as
 ``soak --baseline`` applies to a night, plus the trajectory verdict (identical /
-within numerical noise / within the seed band / diverged, ``optcheck.verdict``) under
-the policy ``optcheck.policy`` picks (a migration across backends or native libraries).
+within numerical noise / within the seed band / diverged, ``optcheck.judge.verdict``) under
+the policy ``optcheck.judge.policy`` picks (a migration across backends or native libraries).
 Over 400 lines: the upgrade's plan, its two sides and the scenario matrix are checked before anything runs and reported together.
 """
 
@@ -125,7 +125,7 @@ class ScenarioRow:
 @dataclass
 class UpgradeResult:
     """What :func:`run_upgrade` returns: the two runs' results, the comparison, the matrix, and
-    the candidate judged against the baseline by ``optcheck.baseline``'s policy."""
+    the candidate judged against the baseline by ``optcheck.judge.baseline``'s policy."""
 
     baseline: object
     candidate: object
@@ -133,11 +133,11 @@ class UpgradeResult:
     rows: list[ScenarioRow]
     exit_code: int
     time_s: float = 0.0
-    against: object | None = None  # optcheck.baseline.BaselineResult: the candidate against the baseline side
+    against: object | None = None  # optcheck.judge.baseline.BaselineResult: the candidate against the baseline side
 
     @property
     def regressions(self) -> list:
-        """The regression checks (``optcheck.baseline.Check``) of the candidate against the baseline."""
+        """The regression checks (``optcheck.judge.baseline.Check``) of the candidate against the baseline."""
         return list(self.against.regressions) if self.against is not None else []
 
 
@@ -209,7 +209,9 @@ def probe_python(path: str, option: str, timeout: float = 120.0) -> dict:
     from optcheck import torch_version
 
     env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    import optcheck
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(optcheck.__file__)))  # the folder holding optcheck/
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     try:
         r = subprocess.run([path, "-c", _PROBE], capture_output=True, text=True, timeout=timeout, env=env,
@@ -258,14 +260,14 @@ def run_upgrade(cfg: SoakConfig, baseline: Side, candidate: Side, out, *, scenar
                 scenario_steps: int = 40, progress: bool = False, force: bool = False, signals=None,
                 tolerances=None, policy: str = "auto", echo=None, **kwargs) -> UpgradeResult:
     """Run ``cfg`` on both sides into ``out/baseline`` and ``out/candidate``, compare them
-    (``optcheck.compare.compare_runs``: the verdict of ``optcheck.verdict.judge``), and with
+    (``optcheck.judge.compare.compare_runs``: the verdict of ``optcheck.judge.verdict.judge``), and with
     ``scenarios`` (names, or ``"all"``: :func:`shared_scenarios`) run each scenario at step ``scenario_steps // 2`` of a
     ``scenario_steps``-step soak on both sides into ``out/scenarios/NAME/``.
     ``kwargs`` (``fail_on``, ``rule_config``, ``ignore``...) go to every
     ``optcheck.soak.run_soak`` of both sides, the scenario runs included.
     The candidate is then judged against the baseline's run by
-    ``optcheck.baseline.compare_with_baseline`` (``tolerances``: an
-    ``optcheck.baseline.Tolerances``) with the trajectory ``policy``; ``echo`` (a
+    ``optcheck.judge.baseline.compare_with_baseline`` (``tolerances``: an
+    ``optcheck.judge.baseline.Tolerances``) with the trajectory ``policy``; ``echo`` (a
     callable) is told the plan before anything runs.
 
     Raises:
@@ -273,14 +275,14 @@ def run_upgrade(cfg: SoakConfig, baseline: Side, candidate: Side, out, *, scenar
             a side's backend, ``--nproc``-only), a ``--python`` without a usable torch:
             all checked before anything runs.
     """
-    from optcheck.compare import compare_runs
+    from optcheck.judge.compare import compare_runs
     from optcheck.soak import default_out_dir, validate
     from optcheck.watch import Signals
 
     t0 = time.time()
     out = Path(out) if out is not None else default_out_dir()
     sides = [baseline, candidate]
-    from optcheck.policy import POLICIES
+    from optcheck.judge.policy import POLICIES
 
     if policy not in POLICIES:
         raise InputError(f"--policy {policy}: one of {', '.join(POLICIES)}")
@@ -303,7 +305,7 @@ def run_upgrade(cfg: SoakConfig, baseline: Side, candidate: Side, out, *, scenar
         results = _run_pair(cfg, sides, out, sig, **kwargs)
         res = against = None
         if len(results) == 2 and all(r.summary["status"] in ("clean", "findings") for r in results):
-            from optcheck.baseline import compare_with_baseline
+            from optcheck.judge.baseline import compare_with_baseline
 
             res = compare_runs(results[0].out, results[1].out, policy=policy)
             against = compare_with_baseline(results[1].out, results[0].out, tolerances, policy=policy)
@@ -355,7 +357,7 @@ def _crash_text(summary: dict) -> str:
 
 def render(result: UpgradeResult, sides: list[Side]) -> str:
     """The verdict first — the trajectory's headline, then every regression of the candidate
-    against the baseline (``optcheck.baseline``: findings, loss band, speed, peak RSS) on the
+    against the baseline (``optcheck.judge.baseline``: findings, loss band, speed, peak RSS) on the
     same line — then the checks, the comparison table, the scenario matrix and PASS / FAIL."""
     lines = []
     regress = "; ".join(c.brief or c.name for c in result.regressions)
@@ -368,7 +370,7 @@ def render(result: UpgradeResult, sides: list[Side]) -> str:
         lines.append("NO VERDICT: a side did not finish (" + "; ".join(why) + ")")
     lines += ["  " + s.text() for s in sides]
     if result.against is not None:
-        lines += ["", "Candidate against the baseline (optcheck.baseline's regression policy, as soak --baseline):",
+        lines += ["", "Candidate against the baseline (optcheck.judge.baseline's regression policy, as soak --baseline):",
                   *(c.line() for c in result.against.checks if c.name != "trajectory")]
     if result.compare is not None:  # its table, without the verdict printed above
         text = result.compare.render().split("\n")
@@ -418,21 +420,21 @@ def seed_runs(path: str | os.PathLike) -> list[Path]:
 def compare_seed_sets(dir_a: str | os.PathLike, dir_b: str | os.PathLike, *,
                       window: int = 50) -> tuple:
     """Baseline seeds (``dir_a/seed-N``) against candidate seeds (``dir_b/seed-N``):
-    ``optcheck.verdict.judge_seed_band``. Returns (verdict, exit code, text).
+    ``optcheck.judge.verdict.judge_seed_band``. Returns (verdict, exit code, text).
 
     Raises:
         InputError: fewer than two baseline seeds or no candidate seed, a run unreadable,
             or no step common to all.
     """
-    from optcheck.compare import read_run
+    from optcheck.judge.compare import read_run
     from optcheck.exitcodes import CLEAN, FINDINGS
-    from optcheck.verdict import judge_seed_band
+    from optcheck.judge.verdict import judge_seed_band
 
     runs_a, runs_b = seed_runs(dir_a), seed_runs(dir_b)
     if len(runs_a) < 2 or not runs_b:
         raise InputError(f"{dir_a} / {dir_b}: a seed band needs at least two seed-N runs in the first and one in "
                          f"the second (optcheck soak --seeds 1,2,3 --out DIR), found {len(runs_a)} and {len(runs_b)}")
-    from optcheck.compare import check_same_schedule
+    from optcheck.judge.compare import check_same_schedule
     from optcheck.report.reader import read_summary
 
     first = read_summary(runs_a[0])
