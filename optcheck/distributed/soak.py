@@ -23,7 +23,7 @@ Exit codes as ``optcheck.exitcodes``:
   group's timeout (``--timeout`` of the worker, 60 s here; gloo's own default is
   30 min), and the Monitor's exchange records OC707;
 - SIGINT or SIGTERM to optcheck: every rank is asked to stop (SIGTERM, SIGCONT), killed
-  after ``optcheck.watch.GRACE_S``; ``summary.json`` says ``interrupted``: exit 130.
+  after :data:`RANK_GRACE_S` (or at a second signal); ``summary.json`` says ``interrupted``: exit 130.
 
 No process outlives the supervisor: ``optcheck/distributed/lifetime.py``.
 """
@@ -60,6 +60,9 @@ class Beat(NamedTuple):
     stage: int
     pid: int | None
 
+
+#: seconds the ranks get to close after SIGTERM before SIGKILL (see _stop)
+RANK_GRACE_S = 30.0
 
 def free_port() -> int:
     """A TCP port the OS has just handed out on 127.0.0.1 (bind to port 0)."""
@@ -325,10 +328,15 @@ def _hung_rank(beats: dict[int, Beat], world: int) -> dict:
 def _stop(proc: subprocess.Popen, beats: dict[int, Beat], sig) -> None:
     """Stop the launcher and every rank: SIGTERM to the launcher (it sends SIGTERM to its ranks;
     without a launcher, to each rank), SIGCONT to every rank (a stopped one then sees it); after
-    ``optcheck.watch.GRACE_S`` (or at a second signal) SIGKILL to the launcher's session and to
+    :data:`RANK_GRACE_S` (or at a second signal) SIGKILL to the launcher's session and to
     every rank still alive."""
-    from optcheck.watch import GRACE_S
+    from optcheck.watch import GRACE_S as ONE_PROCESS_GRACE_S
 
+    # a rank closes its Monitor (final snapshot, rules, summary) before it exits: under load that can
+    # take longer than a one-process worker's goodbye, and a rank killed mid-close leaves its summary
+    # `running`. torchrun itself waits 30 s for its workers after forwarding the signal
+    # (torch.distributed.elastic's PContext.close); wait as long, a second signal still kills at once.
+    GRACE_S = max(ONE_PROCESS_GRACE_S, RANK_GRACE_S)
     pids = [b.pid for b in beats.values() if b.pid and lifetime.is_rank(b.pid)]
 
     def alive() -> bool:
