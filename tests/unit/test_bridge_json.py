@@ -106,7 +106,7 @@ def test_probe_body_of_a_target_without_readable_state(exe):
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
 def test_checksum_and_norm_match_the_pytorch_probe(exe, tmp_path, dtype):
     torch = pytest.importorskip("torch")
-    from optcheck.pytorch.probe import checksum
+    from optcheck.pytorch.probe import checksum as torch_checksum
 
     torch.manual_seed(0)
     t = torch.randn(40_000, dtype=getattr(torch, dtype))  # > one 16384-element chunk: the chunk loop runs
@@ -115,12 +115,12 @@ def test_checksum_and_norm_match_the_pytorch_probe(exe, tmp_path, dtype):
     kind = dtype if dtype != "bfloat16" else "words32"
     res = run(exe, "values", kind, str(f))
     assert res.returncode == 0, res.stderr
-    norm, checksum = res.stdout.decode().split()
-    assert int(checksum) == int(checksum(t))
+    norm, dotnet_sum = res.stdout.decode().split()
+    assert int(dotnet_sum) == int(torch_checksum(t))
     if dtype != "bfloat16":
         assert float(norm) == pytest.approx(float(np.linalg.norm(t.double().numpy())), rel=1e-12)
     # one ulp moved in one value changes the checksum
     t2 = t.clone()
     t2.view(torch.int16 if dtype == "bfloat16" else torch.int32 if dtype == "float32" else torch.int64)[123] += 1
     f.write_bytes(t2.view(torch.uint8).numpy().tobytes() if dtype == "bfloat16" else t2.numpy().tobytes())
-    assert int(run(exe, "values", kind, str(f)).stdout.decode().split()[1]) != int(checksum)
+    assert int(run(exe, "values", kind, str(f)).stdout.decode().split()[1]) != int(dotnet_sum)
