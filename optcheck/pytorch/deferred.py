@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 
+from optcheck.pytorch.guard import raised_by_signal_handler
 log = logging.getLogger("optcheck")
 
 #: pending tensors after which :meth:`DeviceLedger.add` reads the ledger itself (a
@@ -97,6 +98,8 @@ class DeviceLedger:
         for (_, on_read), v in zip(items, values[len(extra):]):
             try:
                 on_read(v)
-            except Exception:  # noqa: BLE001 - a probe's bug must not end the user's run
+            except Exception as e:  # noqa: BLE001 - a probe's bug must not end the user's run
+                if raised_by_signal_handler(e):
+                    raise
                 log.exception("optcheck: a deferred device check could not be read")
         return values[:len(extra)]

@@ -7,14 +7,18 @@ optcheck's own code there must not come out of them.
 (:class:`Notes`, the summary's ``not_checked``), and the user's call goes on. What
 optcheck raises on purpose passes through: :class:`~optcheck.pytorch.monitor_hooks.FindingError`
 (``on_finding="raise"``), :class:`~optcheck.worker_loop.StepStopped` (a hazard that
-stops a step before harm is done), and ``KeyboardInterrupt``/``SystemExit`` (not
-``Exception`` subclasses).
+stops a step before harm is done), ``KeyboardInterrupt``/``SystemExit`` (not
+``Exception`` subclasses), and any exception raised by a signal handler that ran while
+the hook did (:func:`raised_by_signal_handler`): a handler that raises to stop the loop
+(``torch.distributed.run``'s SIGTERM turned into an exception, a user's own SIGUSR1
+handler) must stop it, whichever line of optcheck's it interrupted.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import signal
 
 log = logging.getLogger("optcheck")
 
@@ -39,6 +43,32 @@ class Notes(list):
         return True
 
 
+def raised_by_signal_handler(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by (or through) a Python signal handler: a frame of its
+    traceback runs the code of a handler installed now (``signal.getsignal`` over
+    ``signal.valid_signals()``). Python runs a handler between two bytecodes of the main
+    thread, so its frame sits on top of whatever it interrupted, here optcheck's hook
+    (Python docs, "signal — Execution of Python signal handlers"). A handler that
+    chains to another (``optcheck.monitor_end.SignalChain``) is found by its own frame."""
+    codes = set()
+    for s in signal.valid_signals():
+        try:
+            h = signal.getsignal(s)
+        except (ValueError, OSError):
+            continue
+        code = getattr(getattr(h, "__func__", h), "__code__", None)
+        if code is not None:
+            codes.add(code)
+    if not codes:
+        return False
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in codes:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def guarded(*passing: type[BaseException]):
     """Decorator for a Monitor hook method (``self.notes``: :class:`Notes`): exceptions
     other than ``passing`` become a note (``"<hook> raised <type>: <message>; ..."``,
@@ -52,6 +82,8 @@ def guarded(*passing: type[BaseException]):
             except passing:
                 raise
             except Exception as e:  # noqa: BLE001 - optcheck's own failure is not the user's
+                if raised_by_signal_handler(e):  # the process is being stopped, not optcheck failing
+                    raise
                 first = str(e).splitlines()[0][:200] if str(e) else ""
                 self.notes.add(f"internal error in {fn.__name__.lstrip('_')} ({type(e).__name__}: {first}); "
                                f"the step went on unchecked there", logging.WARNING, exc_info=e,

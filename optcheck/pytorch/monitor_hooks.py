@@ -30,6 +30,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from optcheck.findings import Finding
 from optcheck.pytorch import census, probe
 from optcheck.pytorch import device as devices
+from optcheck.pytorch.guard import raised_by_signal_handler
 from optcheck.pytorch.train import CENSUS_EVERY
 
 log = logging.getLogger("optcheck")
@@ -86,6 +87,8 @@ class TorchProbe:
         try:
             events = self.hazards.drain(norms)
         except Exception as e:  # noqa: BLE001 - never out of the user's step (optcheck/pytorch/guard.py)
+            if raised_by_signal_handler(e):
+                raise
             events = []
             body["notes"].append(f"hazard drain failed ({type(e).__name__}: {str(e)[:120]}); its checks skipped")
         body["events"] = events + self.grad_clear.drain()
@@ -204,7 +207,9 @@ def _clip_watched(orig):
         total = orig(params, *args, **kwargs)
         try:
             mon.clip_norm.record(params, total)
-        except Exception:  # never into the user's loop
+        except Exception as e:  # never into the user's loop
+            if raised_by_signal_handler(e):
+                raise
             log.debug("optcheck: clip_grad_norm_ not recorded", exc_info=True)
         return total
 

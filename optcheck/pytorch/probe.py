@@ -33,6 +33,7 @@ import torch
 
 from optcheck import heap
 from optcheck.pytorch import state_read
+from optcheck.pytorch.guard import raised_by_signal_handler
 from optcheck.pytorch.census import CENSUS
 from optcheck.pytorch.shards import local  # FSDP2: a DTensor's shard on this rank
 
@@ -196,7 +197,9 @@ def l2_norms(tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
         acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else None  # never narrower than float32
         try:
             got = torch._foreach_norm([tensors[i].detach() for i in idx], 2, dtype=acc)
-        except Exception:  # noqa: BLE001 - a tensor subclass without the op: one at a time, None where it fails
+        except Exception as e:  # noqa: BLE001 - a tensor subclass without the op: one at a time, None where it fails
+            if raised_by_signal_handler(e):
+                raise
             got = [_norm_or_none(tensors[i], acc) for i in idx]
         for i, n in zip(idx, got):
             out[i] = None if n is None else n.float()
