@@ -65,6 +65,45 @@ def replay(path: str | Path, ignore: list | None = None, fail_on: str = "warning
     return rec, run.notes()
 
 
+def rank_dirs(path: str | Path) -> list[tuple[int, Path]]:
+    """The ``rank-K`` folders of an ``optcheck soak --nproc`` (or distributed Monitor) run
+    directory that hold a ``snapshots.jsonl``, as ``(K, folder)`` sorted by K; [] for a
+    one-process run, a stream file or a folder without them."""
+    p = Path(path)
+    if not p.is_dir() or (p / "snapshots.jsonl").exists():
+        return []
+    found = []
+    for d in p.glob("rank-*"):
+        k = d.name[len("rank-"):]
+        if k.isascii() and k.isdecimal() and (d / "snapshots.jsonl").is_file():
+            found.append((int(k), d))
+    return sorted(found)
+
+
+def replay_ranks(path: str | Path, ignore: list | None = None, fail_on: str = "warning"):
+    """Replay each rank of a distributed run directory (:func:`rank_dirs`) with
+    :func:`replay`: returns ``(findings, notes, snapshots, exit_code)`` where findings
+    are dicts with their ``rank`` (a cross-rank OC70x finding, which every rank derives
+    from the same exchanged table, once: ``optcheck.distributed.merge.fold``), notes
+    are prefixed ``rank K:``, snapshots are summed over the ranks and the exit code is
+    the worst of the ranks' (``optcheck.exitcodes.worst``). Raises InputError as
+    :func:`replay` does, naming the rank's folder."""
+    from optcheck import exitcodes
+    from optcheck.distributed.merge import fold
+
+    findings: list[dict] = []
+    notes: list[str] = []
+    seen: set = set()
+    snapshots, codes = 0, []
+    for k, d in rank_dirs(path):
+        rec, rank_notes = replay(d, ignore, fail_on)
+        fold(k, [f.to_dict() for f in rec.findings], seen, findings)
+        notes += [f"rank {k}: {n}" for n in rank_notes]
+        snapshots += rec.summary.snapshots
+        codes.append(rec.finish()["exit_code"])
+    return findings, notes, snapshots, exitcodes.worst(codes)
+
+
 def register(group: click.Group) -> None:
     @group.command()
     @click.argument("stream", type=click.Path())
@@ -76,7 +115,8 @@ def register(group: click.Group) -> None:
     @click.option("--ignore", "ignores", multiple=True, metavar="CODE[:PATTERN]",
                   help="Accept a finding (as `optcheck soak --ignore`; repeatable).")
     def check(stream, fail_on, junit, summary_md, as_json, ignores):
-        """Re-run every rule over a recorded stream (snapshots.jsonl or a run directory).
+        """Re-run every rule over a recorded stream (snapshots.jsonl or a run directory;
+        an --nproc run directory is checked rank by rank, each finding with its rank).
 
         Exit codes: 0 clean, 1 findings at or above --fail-on, 2 bad input.
         """
@@ -89,6 +129,8 @@ def register(group: click.Group) -> None:
             check_output_file(junit, "--junit")
         if summary_md:
             check_output_file(summary_md, "--summary-md")
+        if rank_dirs(stream):
+            return _check_ranks(stream, ignore_entries(ignores), fail_on, junit, summary_md, as_json)
         rec, notes = replay(stream, ignore_entries(ignores), fail_on)
         findings, n = rec.findings, rec.summary.snapshots
         for note in notes:
@@ -127,3 +169,43 @@ def register(group: click.Group) -> None:
 
                 raise RecordError(summary_md, e) from None
         return code
+
+
+def _check_ranks(stream, ignore, fail_on, junit, summary_md, as_json) -> int:
+    """``optcheck check`` of a distributed run directory (:func:`replay_ranks`)."""
+    from optcheck.snapshot import dumps
+
+    findings, notes, n, code = replay_ranks(stream, ignore, fail_on)
+    for note in notes:
+        click.echo(f"optcheck: note: {note}", err=True)
+    for f in findings:
+        if as_json:
+            click.echo(dumps(f))
+        else:
+            click.echo(f"rank {f['rank']} step {f['step']} ({f['phase']}) {f['code']} {f['symbol']} "
+                       f"[{f['severity']}]: {f['message']}")
+            if f.get("next_failure"):
+                click.echo(f"  next: {f['next_failure']}")
+    ranks = len(rank_dirs(stream))
+    if not as_json:
+        click.echo(f"{ranks} ranks, {n} snapshots, {len(findings)} finding(s)")
+    try:
+        if junit:
+            from optcheck.report.junit import write_junit
+
+            write_junit(findings, junit, suite_name=f"optcheck check {stream}", fail_on=fail_on)
+        if summary_md:
+            from optcheck.report.markdown import write_markdown
+
+            by_code: dict = {}
+            for f in findings:
+                by_code[f["code"]] = by_code.get(f["code"], 0) + 1
+            status = "findings" if code else "clean"  # a replay's own outcomes (optcheck.recorder)
+            summary = {"command": "check", "run": str(stream), "status": status, "exit_code": code,
+                       "snapshots": n, "findings": len(findings), "findings_by_code": by_code, "world": ranks}
+            write_markdown(summary_md, [(summary, findings)])
+    except OSError as e:
+        from optcheck.errors import RecordError
+
+        raise RecordError(e.filename or junit or summary_md, e) from None
+    return code

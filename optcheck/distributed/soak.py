@@ -114,7 +114,7 @@ class _Claim:
             raise InputError(f"--out {out}: cannot write there ({e.strerror or e})") from None
         self.fd: int | None = rd.lock_run_dir(out)  # InputError naming the PID that holds it
         try:
-            ranks = sorted(p for p in out.glob("rank-*") if p.is_dir() and not p.is_symlink())
+            ranks = rd.rank_folders(out)
             held = rd.existing_run(out) or (f"rank folders {', '.join(p.name for p in ranks)}" if ranks else None)
             if held and not force:
                 raise InputError(f"--out {out}: already holds a run ({held}); pass --force to replace it, "
@@ -126,12 +126,9 @@ class _Claim:
             raise
 
     def _clear(self, ranks: list[Path]) -> None:
-        locks = []
+        if ranks:
+            rd.remove_rank_folders(ranks)  # every rank's lock first: a folder another process writes stays
         try:
-            for p in ranks:  # every lock first: a folder another process writes is never removed
-                locks.append(rd.lock_run_dir(p))
-            for p in ranks:
-                shutil.rmtree(p)
             for name in (*rd.RECORD_FILES, *OWN_FILES):
                 if os.path.lexists(self.out / name):
                     os.unlink(self.out / name)  # a symlink goes, its target stays
@@ -140,9 +137,6 @@ class _Claim:
                 shutil.rmtree(work)
         except OSError as e:
             raise InputError(f"--out {self.out}: cannot replace the run there ({e.strerror or e})") from None
-        finally:
-            for fd in locks:
-                os.close(fd)
 
     def release(self) -> None:
         """Drop the lock, its file removed first while still held (as ``RunDir`` does: a

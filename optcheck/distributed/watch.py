@@ -33,6 +33,8 @@ import torch.distributed as dist
 
 from optcheck.distributed import merge, table
 from optcheck.distributed.cli import env_timeout_s
+from optcheck.errors import InputError
+from optcheck.report import rundir as rd
 from optcheck.rules.crossrank import disagreements
 
 
@@ -107,6 +109,11 @@ class RankWatch:
         if out is None:
             return None, run_id or f"rank-{self.rank}"
         self.out = Path(out)
+        holder = rd.held_by_other(self.out) if self.out.is_dir() else None
+        if holder is not None:  # a one-process soak or Monitor writes OUT itself: never mix the two runs
+            self.remove()
+            raise InputError(f"out={out}: the run directory is in use by PID {holder} (another optcheck writes "
+                             f"there); wait for it to finish or choose another out")
         return str(self.out / f"rank-{self.rank}"), run_id or f"{self.out.name}/rank-{self.rank}"
 
     def before_backward(self, step: int) -> bool:

@@ -223,6 +223,60 @@ def existing_run(path: Path) -> str | None:
     return "files " + ", ".join(present)
 
 
+def rank_folders(path: str | os.PathLike) -> list[Path]:
+    """The ``rank-K`` folders of a distributed run in ``path`` (``optcheck soak --nproc``
+    or a Monitor under torchrun: each rank's own run directory), sorted by name;
+    symlinks are not followed."""
+    p = Path(path)
+    try:
+        return sorted(d for d in p.glob("rank-*") if d.name[5:].isascii() and d.name[5:].isdecimal()
+                      and d.is_dir() and not d.is_symlink())
+    except OSError:
+        return []
+
+
+def remove_rank_folders(ranks: list[Path]) -> None:
+    """Remove the rank folders of an old distributed run (``--force``), each only
+    once its lock is held by this process: a folder another process writes is
+    never removed (:class:`InputError` naming its PID, nothing removed).
+
+    Raises:
+        InputError: a rank folder is in use; or cannot be removed (one line).
+    """
+    locks = []
+    try:
+        for d in ranks:  # every lock first
+            locks.append(lock_run_dir(d))
+        for d in ranks:
+            shutil.rmtree(d)
+    except OSError as e:
+        raise InputError(f"--out {Path(ranks[0]).parent}: cannot replace the run there "
+                         f"({e.strerror or e})") from None
+    finally:
+        for fd in locks:
+            os.close(fd)
+
+
+def held_by_other(path: str | os.PathLike) -> int | None:
+    """The PID named in ``path``'s lock when that process lives and is neither this
+    process nor one of its ancestors (an ``optcheck soak --nproc`` supervisor holds
+    ``OUT`` while its ranks write ``OUT/rank-K``); None otherwise. Read from
+    ``.optcheck.lock`` and the process table (``psutil``)."""
+    if writer_gone(path) is not None:
+        return None
+    try:
+        pid = int(Path(path, LOCK_NAME).read_bytes()[:32].decode("ascii", "replace").strip())
+    except (OSError, ValueError):
+        return None
+    import psutil
+
+    try:
+        mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    except psutil.Error:
+        mine = {os.getpid(), os.getppid()}
+    return None if pid in mine else pid
+
+
 class RunDir:
     """Opens ``path`` for one writer (see the module docstring).
 
@@ -263,11 +317,15 @@ class RunDir:
                 if links and not force:
                     raise InputError(f"{self.path / links[0]}: is a symbolic link; optcheck never writes through "
                                      f"one (remove it, or pass --force to replace it)")
-                held = existing_run(self.path)
+                ranks = rank_folders(self.path)
+                held = existing_run(self.path) or (f"rank folders {', '.join(d.name for d in ranks)}"
+                                                   if ranks else None)
                 if held and not force:
                     raise InputError(f"--out {path}: already holds a run ({held}); "
                                      + (reuse_hint or "pass --force to replace it, or choose another --out"))
                 if force:
+                    if ranks:
+                        remove_rank_folders(ranks)  # a distributed run's; refused while a rank writes
                     for name in (*RECORD_FILES, "worker.log", "config.json", "summary.json.tmp"):
                         if os.path.lexists(self.path / name):
                             os.unlink(self.path / name)  # a symlink goes, its target stays

@@ -43,6 +43,18 @@ def test_soak_nproc_2_flags_rank_1s_learning_rate_at_the_next_exchange(tmp_path)
     s = read_summary(out)  # checked against optcheck/schemas/summary-1.json, like every summary
     assert s["summary_version"] == 2 and s["source"] == "soak" and s["inject"] == ["rank1-lr@15"]
     assert set(CATALOGUE["rank1-lr"].expected("pytorch")) <= set(s["findings_by_code"])
+    # `optcheck check OUT` replays every rank's stream: the live run's findings, each with its rank
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    chk = subprocess.run([sys.executable, "-m", "optcheck", "check", str(out), "--json"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert chk.returncode == 1, chk.stderr
+    replayed = [json.loads(line) for line in chk.stdout.splitlines()]
+    live = [f for r in (0, 1) for f in lines(out / f"rank-{r}" / "findings.jsonl")]
+    assert {(f["code"], f["step"]) for f in replayed} == {(f["code"], f["step"]) for f in live}
+    assert {f["rank"] for f in replayed} <= {0, 1} and all(f["run"].endswith(f"rank-{f['rank']}") for f in replayed)
+    text = subprocess.run([sys.executable, "-m", "optcheck", "check", str(out)], env=env, capture_output=True,
+                          text=True, timeout=120).stdout
+    assert "rank 0 step 21 (pre-step) OC702 rank-group-mismatch [error]" in text and "2 ranks," in text
 
 
 def test_rank_1s_replaced_parameter_fires_what_the_catalogue_lists_each_row_filled(tmp_path):

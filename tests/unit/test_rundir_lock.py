@@ -47,3 +47,50 @@ def test_a_writer_that_locked_the_removed_file_takes_the_new_one(tmp_path, monke
             rundir.lock_run_dir(path)
     finally:
         os.close(fd)
+
+
+def test_a_run_directory_with_rank_folders_is_a_run_and_force_never_removes_a_live_rank(tmp_path):
+    """A one-process writer (soak, Monitor) on the folder of a distributed run: its
+    ``rank-K`` folders are a run already there; ``force`` replaces them only once no
+    rank writes them (the lock rule ``optcheck soak --nproc`` follows too)."""
+    out = tmp_path / "run"
+    rank0 = RunDir(out / "rank-0")  # a rank of a distributed Monitor, still writing
+    with pytest.raises(InputError, match=r"already holds a run \(rank folders rank-0\)"):
+        RunDir(out)
+    with pytest.raises(InputError, match=f"rank-0: the run directory is in use by PID {os.getpid()}"):
+        RunDir(out, force=True)
+    assert (out / "rank-0" / "snapshots.jsonl").exists()  # nothing removed
+    rank0.close()
+    RunDir(out / "rank-1").close()
+    d = RunDir(out, force=True)  # every rank closed: replaced
+    assert not (out / "rank-0").exists() and not (out / "rank-1").exists()
+    d.close()
+
+
+def test_held_by_other_names_a_live_holder_but_never_an_ancestor(tmp_path):
+    """``held_by_other``: the PID of a live process holding the lock, None for this
+    process's own ancestors (a ``--nproc`` supervisor holds OUT while its ranks write
+    OUT/rank-K) and once the holder is gone. Real processes and a real flock."""
+    import subprocess
+    import sys
+    import textwrap
+
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import subprocess, sys, time
+        from pathlib import Path
+        from optcheck.report import rundir
+        fd = rundir.lock_run_dir(Path({str(out)!r}))
+        child = subprocess.run([sys.executable, "-c", "from optcheck.report import rundir; "
+                                "print(rundir.held_by_other({str(out)!r}))"], capture_output=True, text=True)
+        print(child.stdout.strip(), flush=True)
+        time.sleep(60)
+        """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "None"  # the holder's own child: its ancestor holds it
+        assert rundir.held_by_other(out) == holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rundir.held_by_other(out) is None
