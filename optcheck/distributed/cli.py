@@ -39,6 +39,9 @@ def dispatch(cfg: SoakConfig, nproc: int, out, *, fail_on: str, quiet: bool, for
     if cfg.backend != "pytorch" or other_options:
         raise InputError("--nproc runs the PyTorch GPT under DDP only: without --backend torchsharp, --seeds, "
                          "--junit, --plot, --summary-md, --baseline, --ignore or --memory-budget")
+    if cfg.device != "cpu":  # the ranks train on the CPU over gloo (optcheck/distributed/worker.py)
+        raise InputError(f"--nproc with --device {cfg.device}: the distributed soak runs its ranks on the CPU "
+                         f"over gloo; leave --device out (or use a one-process soak on {cfg.device})")
     if cfg.eval_every or cfg.checkpoint_every or cfg.resume_at or cfg.extra.get("python"):
         raise InputError("--nproc: --eval-every, --checkpoint-every, --resume-at and --python are one-process only")
     other = [i.name for i in cfg.inject if i.name not in DIST_SCENARIOS]

@@ -103,7 +103,8 @@ def test_usage_errors_are_one_line_and_exit_2(tmp_path):
                         (["--nproc", "2", "--backend", "torchsharp"], "PyTorch GPT under DDP only"),
                         (["--nproc", "2", "--inject", "param-rebind@5"], "only the distributed scenarios"),
                         (["--nproc", "2", "--ignore", "OC101"], "PyTorch GPT under DDP only"),
-                        (["--nproc", "2", "--memory-budget", "1GiB"], "PyTorch GPT under DDP only")):
+                        (["--nproc", "2", "--memory-budget", "1GiB"], "PyTorch GPT under DDP only"),
+                        (["--nproc", "2", "--device", "cuda"], "runs its ranks on the CPU over gloo")):
         proc = soak(*args, "--out", str(tmp_path / "x"), timeout=120)
         assert proc.returncode == 2 and words in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
