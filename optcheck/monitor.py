@@ -86,6 +86,24 @@ NO_STEP_BACKWARDS = 32  # backward() calls without optimizer.step() before OC206
 NO_STEP_AT_CLOSE = 8  # at close, fewer are enough when the optimizer never stepped at all
 
 
+
+def check_state(state) -> None:
+    """Raise ValueError (one line) unless ``state`` is what :meth:`Monitor.state_dict`
+    returns: a dict with ``step`` (a whole number >= 0) and optionally ``snapshots``
+    (>= 0), ``every`` (>= 1) and ``loss_first`` (a number or None)."""
+    def whole(v, low):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+    if not isinstance(state, dict) or not whole(state.get("step"), 0):
+        raise ValueError(f"state must be a Monitor.state_dict() (a dict with 'step', a whole number >= 0), "
+                         f"got {str(state)[:80]}")
+    for key, low in (("snapshots", 0), ("every", 1)):
+        if key in state and not whole(state[key], low):
+            raise ValueError(f"state[{key!r}] must be a whole number >= {low}, got {state[key]!r}")
+    lf = state.get("loss_first")
+    if lf is not None and (not isinstance(lf, (int, float)) or isinstance(lf, bool)):
+        raise ValueError(f"state['loss_first'] must be a number or None, got {lf!r}")
+
 class Monitor:
     """Watch a user's PyTorch model and optimizer; same probes, rules and run
     directory as ``optcheck soak``.
@@ -144,8 +162,10 @@ class Monitor:
         model, optimizer = unwrap_model(model), unwrap_optimizer(optimizer)
         if on_finding not in ON_FINDING:
             raise ValueError(f"on_finding must be one of {ON_FINDING}, got {on_finding!r}")
-        if every < 1:
-            raise ValueError(f"every must be >= 1, got {every}")
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise ValueError(f"every must be a whole number >= 1, got {every!r}")
+        if state is not None:
+            check_state(state)
         if hazards not in (True, False, "auto", "always"):
             raise ValueError(f"hazards must be True, False, 'auto' or 'always', got {hazards!r}")
         self._fail_on, self._fail_rank = fail_on, severity_rank(fail_on)
@@ -276,7 +296,9 @@ class Monitor:
 
     def load_state_dict(self, state: dict) -> None:
         """Continue counting from a :meth:`state_dict` (prefer ``Monitor(..., state=...)``:
-        called later, the snapshots already written keep their step numbers)."""
+        called later, the snapshots already written keep their step numbers).
+        ValueError (one line) for anything but such a dict."""
+        check_state(state)
         self.step_count = int(state["step"])
         self.seq.last_snap_step = self.step_count
         self.seq.snapshots = int(state.get("snapshots", self.snapshots))

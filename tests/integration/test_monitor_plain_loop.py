@@ -98,3 +98,22 @@ def test_state_dict_keeps_cadence(tmp_path):
     mon2.close()
     steps = [s["step"] for s in read_jsonl(tmp_path / "a" / "snapshots.jsonl")]
     assert 5 in steps and 10 in steps and steps == sorted(steps)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"every": "10"}, "every must be a whole number >= 1, got '10'"),
+    ({"every": True}, "every must be a whole number >= 1"),
+    ({"state": {"x": 1}}, "state must be a Monitor.state_dict()"),
+    ({"state": {"step": -1}}, "state must be a Monitor.state_dict()"),
+    ({"state": {"step": 3, "every": 0}}, "state['every'] must be a whole number >= 1"),
+    ({"state": {"step": 3, "loss_first": "low"}}, "state['loss_first'] must be a number or None"),
+])
+def test_a_bad_argument_is_one_valueerror_line_and_the_folder_stays_free(tmp_path, kwargs, words):
+    import optcheck
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError) as exc:
+        optcheck.Monitor(model, opt, out=str(tmp_path / "a"), **kwargs)
+    assert words in str(exc.value) and "\n" not in str(exc.value)
+    optcheck.Monitor(model, opt, out=str(tmp_path / "a")).close()  # the corrected retry is not refused
