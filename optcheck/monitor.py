@@ -184,7 +184,7 @@ class Monitor:
                                checked=self.on_snapshot, on_record_error="keep", on_fill=self._fill_summary,
                                on_failure=self._record_failed,
                                reuse_hint="choose another out=, remove the folder, or pass append=True to add "
-                                          "to its records (a resumed run)")
+                                          "to its records (a resumed run)", option="out=")
         self.rundir = self.rec.rundir
         self.run_id = base.run
         self.checker = self.rec.checker

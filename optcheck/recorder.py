@@ -79,7 +79,8 @@ class RunRecorder:
                  append: bool = False, force: bool = False, report: Callable[[Finding], None] | None = None,
                  checked: Callable[[dict], None] | None = None, on_record_error: str = "raise",
                  running_summary_every: int = 1, on_fill: Callable[[Summary], None] | None = None,
-                 on_failure: Callable[[RecordError], None] | None = None, reuse_hint: str = ""):
+                 on_failure: Callable[[RecordError], None] | None = None, reuse_hint: str = "",
+                 option: str = "--out "):
         if on_record_error not in ("raise", "keep"):
             raise ValueError(f"on_record_error must be 'raise' or 'keep', got {on_record_error!r}")
         self.summary = summary
@@ -87,7 +88,8 @@ class RunRecorder:
         self.on_record_error = on_record_error
         self.on_fill, self.on_failure = on_fill, on_failure
         self.record_error: RecordError | None = None
-        self.rundir = RunDir(out, append=append, force=force, reuse_hint=reuse_hint) if out is not None else None
+        self.rundir = (RunDir(out, append=append, force=force, reuse_hint=reuse_hint, option=option)
+                       if out is not None else None)
         if self.rundir is not None:
             summary.out = str(self.rundir.path)
         self.checker = Checker(engine, _Sink(self) if self.rundir is not None else None, report=report,

@@ -175,7 +175,7 @@ def writer_gone(path: str | os.PathLike) -> str | None:
     return None
 
 
-def lock_run_dir(path: Path) -> int:
+def lock_run_dir(path: Path, option: str = "--out ") -> int:
     """Take the run directory's writer lock; return its file descriptor (closing
     it releases the lock).
 
@@ -189,7 +189,7 @@ def lock_run_dir(path: Path) -> int:
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
             os.close(fd)
-            raise InputError(f"--out {path}: the run directory is in use by PID {holder} (another optcheck "
+            raise InputError(f"{option}{path}: the run directory is in use by PID {holder} (another optcheck "
                              f"writes there); wait for it to finish or choose another --out") from None
         try:
             st, now = os.fstat(fd), os.stat(path / LOCK_NAME, follow_symlinks=False)
@@ -199,7 +199,7 @@ def lock_run_dir(path: Path) -> int:
             pass
         os.close(fd)  # locked a file its holder had just removed: take the new one
     else:
-        raise InputError(f"--out {path}: could not take the run directory's lock ({LOCK_NAME} keeps changing)")
+        raise InputError(f"{option}{path}: could not take the run directory's lock ({LOCK_NAME} keeps changing)")
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -287,6 +287,8 @@ class RunDir:
         reuse_hint: what the "already holds a run" error tells the caller to do
             (default: the CLI's "pass --force to replace it, or choose another
             --out"; ``optcheck.Monitor`` names its own arguments, it has no --force).
+        option: how error lines name the folder's argument ("--out " for the CLI,
+            "out=" for ``optcheck.Monitor``).
 
     Raises:
         InputError: the directory cannot be created or written, is locked by
@@ -296,22 +298,22 @@ class RunDir:
     """
 
     def __init__(self, path: str | os.PathLike, append: bool = False, *, force: bool = False,
-                 reuse_hint: str = ""):
+                 reuse_hint: str = "", option: str = "--out "):
         self.path = Path(path)
         self.failed: RecordError | None = None
         self._created = not self.path.exists()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise InputError(f"--out {path}: cannot write there ({e.strerror or e})") from None
+            raise InputError(f"{option}{path}: cannot write there ({e.strerror or e})") from None
         if not os.access(self.path, os.W_OK | os.X_OK):
-            raise InputError(f"--out {path}: cannot write there (permission denied)")
+            raise InputError(f"{option}{path}: cannot write there (permission denied)")
         self._lock = None
         self._owned = False  # set once the lock is held and the directory may be written
         self._fds: dict[str, int] = {}
         self._sizes: dict[str, int] = {}
         try:
-            self._lock = lock_run_dir(self.path)
+            self._lock = lock_run_dir(self.path, option)
             if not append:
                 links = [n for n in (*RECORD_FILES, "worker.log", "config.json") if (self.path / n).is_symlink()]
                 if links and not force:
@@ -321,7 +323,7 @@ class RunDir:
                 held = existing_run(self.path) or (f"rank folders {', '.join(d.name for d in ranks)}"
                                                    if ranks else None)
                 if held and not force:
-                    raise InputError(f"--out {path}: already holds a run ({held}); "
+                    raise InputError(f"{option}{path}: already holds a run ({held}); "
                                      + (reuse_hint or "pass --force to replace it, or choose another --out"))
                 if force:
                     if ranks:
@@ -340,7 +342,7 @@ class RunDir:
             self._release()
             self.discard_created()
             raise RecordError(self.path, e) if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) \
-                else InputError(f"--out {path}: cannot write there ({e.strerror or e})") from None
+                else InputError(f"{option}{path}: cannot write there ({e.strerror or e})") from None
         except BaseException:
             self._release()
             self.discard_created()
