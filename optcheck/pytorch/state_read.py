@@ -97,6 +97,7 @@ class ParamState:
     key: torch.Tensor
     step: Any = None
     tensors: list[StateTensor] = field(default_factory=list)
+    capped: bool = False  # more than MAX_TENSORS tensors: the rest were not read (said once)
 
 
 @dataclass
@@ -175,8 +176,11 @@ def _walk(node: Any, path: str, depth: int, out: ParamState, skipped: list) -> N
     name = path or "(value)"
     last = path.rsplit(".", 1)[-1]
     if isinstance(node, torch.Tensor):
-        if len(out.tensors) >= MAX_TENSORS:
-            skipped.append((name, f"not read: more than {MAX_TENSORS} tensors under one parameter"))
+        if len(out.tensors) >= MAX_TENSORS:  # a history kept in lists (LBFGS: old_dirs, old_stps, ro, al)
+            if not out.capped:  # one note for them all, not one per list index
+                out.capped = True
+                skipped.append((f"past the first {MAX_TENSORS} tensors of a parameter",
+                                "not read (the first ones are checked; e.g. a history kept in lists)"))
             return
         st = _tensor(name, node, skipped)
         if st is not None:

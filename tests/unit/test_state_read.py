@@ -320,3 +320,28 @@ def test_a_state_tensor_on_another_device_is_recorded_and_not_read():
     assert body["state"][0]["tensors"]["exp_avg"] == {"shape": [4, 4], "dtype": "float32", "device": "meta"}
     assert "device" not in body["state"][0]["tensors"]["v"]
     assert any("meta device" in n for n in body["notes"])
+
+
+def test_lbfgs_history_past_the_cap_is_one_note_and_the_run_stays_clean(tmp_path):
+    """LBFGS keeps its history in lists (``old_dirs``, ``old_stps``, ``ro``, ``al``: up to
+    ``history_size`` tensors each): past :data:`state_read.MAX_TENSORS` the rest is not
+    read, said in one note, not one per list index (there were hundreds)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=4)
+    x, y = torch.randn(16, 8), torch.randn(16, 1)
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    with optcheck.Monitor(model, opt, every=5, out=str(tmp_path / "run"), on_finding="raise") as mon:
+        for _ in range(30):
+            opt.step(closure)
+    view = state_read.read(opt)
+    assert sum(len(ps.tensors) for ps in view.params) == state_read.MAX_TENSORS  # the cap was reached
+    s = mon.summary()
+    capped = [n for n in s["not_checked"] if f"past the first {state_read.MAX_TENSORS} tensors" in n]
+    assert s["status"] == "clean" and len(capped) == 1 and len(s["not_checked"]) <= 3, s["not_checked"]
