@@ -196,9 +196,9 @@ def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> d
     import os
 
     from optcheck.data import BatchSchedule, load_corpus
-    from optcheck.protocol import Stream
+    from optcheck.drivers.protocol import Stream
     from optcheck.torchsharp_bridge.worker import TorchSharpBackend, setup_config
-    from optcheck.worker_loop import Loop
+    from optcheck.drivers.worker_loop import Loop
 
     cfg = soak_config(args, dll, trainer)
     cfg.steps = steps
@@ -281,7 +281,7 @@ def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> d
 
 
 def in_process(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> tuple[float, float]:
-    """The worker's whole loop (optcheck.worker_loop: batches, pre-step check, step, metrics, snapshots
+    """The worker's whole loop (optcheck.drivers.worker_loop: batches, pre-step check, step, metrics, snapshots
     every --every, messages serialised to /dev/null) against Bench.PlainLoop over the same batches, both in
     this one process and timed in its CPU time: the ladder's first and last stages. Returns the medians
     (plain s, worker s). No supervisor, no second process: what is left is the worker's own cost."""

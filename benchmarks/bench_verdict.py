@@ -1,8 +1,8 @@
 """What ``--stop-on-finding`` costs the worker: one verdict round trip per pre-step check
-snapshot (``optcheck/protocol.py``), against sending the same snapshot without waiting.
+snapshot (``optcheck/drivers/protocol.py``), against sending the same snapshot without waiting.
 
 A real ``socket.socketpair()``, a supervisor thread that reads the stream, runs the run's
-rule engine on each snapshot (``optcheck.session_summary.Checker``) and answers, and
+rule engine on each snapshot (``optcheck.run.summary.Checker``) and answers, and
 real snapshots of a soak run directory. Prints medians in ms and their ratio; nothing
 is asserted (timings on a shared machine are noisy)::
 
@@ -19,9 +19,9 @@ import threading
 import time
 
 from optcheck.engine import RuleEngine
-from optcheck.protocol import Stream, read_messages, send_verdict
-from optcheck.session_summary import Checker
-from optcheck.snapshot import read_snapshots
+from optcheck.drivers.protocol import Stream, read_messages, send_verdict
+from optcheck.run.summary import Checker
+from optcheck.run.snapshot import read_snapshots
 
 
 def supervise(sock: socket.socket) -> None:

@@ -16,7 +16,7 @@ own (a part that fails is reported in the table and the next one runs):
 4. ``overhead``: a GPT-2-small-sized model (124 M parameters: 12 layers, 768 wide,
    vocab 50,257, context ``--block``), bf16 autocast, fused AdamW, batch ``--batch``:
    (a) a plain loop with no optcheck, (b) the soak's worker loop with every probe
-   (``optcheck.worker_loop.Loop`` + ``TorchBackend``, snapshots every ``--every``),
+   (``optcheck.drivers.worker_loop.Loop`` + ``TorchBackend``, snapshots every ``--every``),
    (c) the plain loop under ``optcheck.Monitor(every=--every)``; interleaved in
    ``--rounds`` rounds after one warm-up run of each; CUDA-event time of all
    ``--steps`` steps of a run (snapshots included, the start snapshot before step 1 left
@@ -139,9 +139,9 @@ def part_tests(args) -> dict:
 def _soak_loop(device: str, steps: int = 120):
     from optcheck.config import SoakConfig
     from optcheck.data import load_corpus
-    from optcheck.protocol import Stream
+    from optcheck.drivers.protocol import Stream
     from optcheck.pytorch.train import TorchBackend
-    from optcheck.worker_loop import Loop
+    from optcheck.drivers.worker_loop import Loop
 
     cfg = SoakConfig(steps=steps, every=50, val_every=40, n_layer=2, n_embd=64, n_head=2, block_size=64,
                      batch_size=8, run_id="sync", device=device)
@@ -201,8 +201,8 @@ def _cuda_syncs(run, exempt) -> dict:
 
 def part_syncs(args) -> dict:
     from optcheck.pytorch.hostreads import HostReadCounter
-    from optcheck.session import Sequencer
-    from optcheck.worker_loop import Loop
+    from optcheck.run.sequencer import Sequencer
+    from optcheck.drivers.worker_loop import Loop
 
     out = {}
     for name, make, exempt in (("soak", _soak_loop, [Sequencer.take, Loop.flush_metrics]),
@@ -306,9 +306,9 @@ class Plain:
 
 def _soak_run(args, data: Path, clock: Clock) -> tuple[float, dict]:
     from optcheck.data import load_corpus
-    from optcheck.protocol import Stream
+    from optcheck.drivers.protocol import Stream
     from optcheck.pytorch.train import TorchBackend
-    from optcheck.worker_loop import Loop
+    from optcheck.drivers.worker_loop import Loop
 
     cfg = _soak_cfg(args, data)
     be = TorchBackend()

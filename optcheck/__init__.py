@@ -16,7 +16,7 @@ _MONITOR_NAMES = ("Monitor", "FindingError", "StepStopped", "OptcheckWarning")
 
 def __getattr__(name):
     if name in _MONITOR_NAMES:
-        from optcheck import monitor
+        from optcheck.drivers import monitor
 
         return getattr(monitor, name)
     raise AttributeError(f"module 'optcheck' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """The ``optcheck`` command line: a click group whose commands live in
-``optcheck/commands/``. Exit codes: ``optcheck.exitcodes``."""
+``optcheck/commands/``. Exit codes: ``optcheck.run.exitcodes``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import click
 from optcheck import __version__
 from optcheck.commands import register_all
 from optcheck.errors import InputError, RecordError
-from optcheck.exitcodes import RECORD_FAILED, USAGE
+from optcheck.run.exitcodes import RECORD_FAILED, USAGE
 
 
 class _Group(click.Group):
@@ -45,7 +45,7 @@ register_all(cli)
 
 
 #: True in the ``optcheck`` process itself (set by :func:`main`): a soak then keeps
-#: its SIGINT/SIGTERM handlers until the process exits (``optcheck.watch.Signals``).
+#: its SIGINT/SIGTERM handlers until the process exits (``optcheck.drivers.watch.Signals``).
 STANDALONE = False
 
 
@@ -111,13 +111,13 @@ def _quiet_stdout() -> None:
 
 
 def _ignore_late_signals() -> None:
-    """A soak's SIGINT/SIGTERM handlers (``optcheck.watch.Signals``) become SIG_IGN
+    """A soak's SIGINT/SIGTERM handlers (``optcheck.drivers.watch.Signals``) become SIG_IGN
     for the last moments of the process: Python resets its own handlers to the
     default action while it shuts down, and a repeated Ctrl-C arriving then
     would turn the exit code already decided (130) into a death by SIGINT."""
     import signal
 
-    from optcheck.watch import Signals
+    from optcheck.drivers.watch import Signals
 
     for s in (signal.SIGINT, signal.SIGTERM):
         handler = signal.getsignal(s)

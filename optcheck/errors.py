@@ -1,8 +1,8 @@
 """Errors that end a command with one line on stderr (no traceback).
 
-:class:`InputError` is bad input: exit 2 (``optcheck.exitcodes.USAGE``).
+:class:`InputError` is bad input: exit 2 (``optcheck.run.exitcodes.USAGE``).
 :class:`RecordError` is a run directory that stopped taking writes (disk full,
-file-size limit, I/O error): exit 4 (``optcheck.exitcodes.RECORD_FAILED``).
+file-size limit, I/O error): exit 4 (``optcheck.run.exitcodes.RECORD_FAILED``).
 :class:`StepStopped` is raised into a training step on purpose (``optcheck.StepStopped``):
 a hazard probe stopped it before harm was done.
 """

@@ -1,5 +1,5 @@
-"""A soak worker's stream (``optcheck.protocol.Stream``) kept in memory, for tests that run
-the worker loop in their own process (``optcheck.worker_loop.Loop`` / ``run``)."""
+"""A soak worker's stream (``optcheck.drivers.protocol.Stream``) kept in memory, for tests that run
+the worker loop in their own process (``optcheck.drivers.worker_loop.Loop`` / ``run``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 // The probe: reads a model and its optimizer (an IProbeTarget) into the snapshot body, one JSON
-// document per call (the fields of optcheck/snapshot.py: params, groups, state, optimizer, memory,
+// document per call (the fields of optcheck/run/snapshot.py: params, groups, state, optimizer, memory,
 // notes, prestep_findings), and the pre-step check that compares the model's parameters, the
 // optimizer's members and its state keys by handle and by data pointer. Python makes one call for
 // each and decodes with json.loads (docs/dotnet.md, "The boundary").
@@ -233,7 +233,7 @@ namespace OptCheck.Probe
 
         // -- the probe ----------------------------------------------------------------------
 
-        /// <summary>The snapshot body as one JSON object (optcheck/snapshot.py's field names): params (with
+        /// <summary>The snapshot body as one JSON object (optcheck/run/snapshot.py's field names): params (with
         /// grad_norm, and value_norm / checksum when the view is an IParameterValues), groups (betas as
         /// [beta1, beta2], as PyTorch spells them), state (null when unreadable, notes say why), optimizer,
         /// memory (fields this target cannot measure left out), notes, prestep_findings (PreStepProblems).

@@ -2,7 +2,7 @@
 
 ``optcheck/cli.py`` calls :func:`register_all`, so a new command is a new module
 here. Commands stay thin: parse options, call a library function, print, return
-an exit code from ``optcheck.exitcodes``.
+an exit code from ``optcheck.run.exitcodes``.
 """
 
 from __future__ import annotations

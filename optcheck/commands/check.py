@@ -9,9 +9,9 @@ import click
 from optcheck.engine import RuleEngine
 from optcheck.errors import InputError
 from optcheck.findings import SEVERITIES
-from optcheck.recorder import RunRecorder
+from optcheck.run.recorder import RunRecorder
 from optcheck.report.reader import RunReader
-from optcheck.session_summary import Summary
+from optcheck.run.summary import Summary
 
 
 def check_file(path: str | Path, ignore: list | None = None) -> tuple[list, list[str], int]:
@@ -21,7 +21,7 @@ def check_file(path: str | Path, ignore: list | None = None) -> tuple[list, list
 
 
 def replay(path: str | Path, ignore: list | None = None, fail_on: str = "warning"):
-    """Replay a recorded stream through an in-memory :class:`optcheck.recorder.RunRecorder`
+    """Replay a recorded stream through an in-memory :class:`optcheck.run.recorder.RunRecorder`
     (the rules of this optcheck, the summary and exit code as a run's): returns
     ``(recorder, notes)``.
 
@@ -86,9 +86,9 @@ def replay_ranks(path: str | Path, ignore: list | None = None, fail_on: str = "w
     are dicts with their ``rank`` (a cross-rank OC70x finding, which every rank derives
     from the same exchanged table, once: ``optcheck.distributed.merge.fold``), notes
     are prefixed ``rank K:``, snapshots are summed over the ranks and the exit code is
-    the worst of the ranks' (``optcheck.exitcodes.worst``). Raises InputError as
+    the worst of the ranks' (``optcheck.run.exitcodes.worst``). Raises InputError as
     :func:`replay` does, naming the rank's folder."""
-    from optcheck import exitcodes
+    from optcheck.run import exitcodes
     from optcheck.distributed.merge import fold
 
     findings: list[dict] = []
@@ -121,7 +121,7 @@ def register(group: click.Group) -> None:
         Exit codes: 0 clean, 1 findings at or above --fail-on, 2 bad input.
         """
         from optcheck.commands._paths import check_output_file
-        from optcheck.snapshot import dumps
+        from optcheck.run.snapshot import dumps
 
         from optcheck.commands.soak import ignore_entries
 
@@ -148,7 +148,7 @@ def register(group: click.Group) -> None:
             from optcheck.report.junit import write_junit
 
             write_junit([f.to_dict() for f in findings], junit, suite_name=f"optcheck check {stream}", fail_on=fail_on)
-        replayed = rec.finish()  # status and exit code by the one policy (optcheck.exitcodes)
+        replayed = rec.finish()  # status and exit code by the one policy (optcheck.run.exitcodes)
         code = replayed["exit_code"]
         if summary_md:
             from optcheck.report.markdown import write_markdown
@@ -173,7 +173,7 @@ def register(group: click.Group) -> None:
 
 def _check_ranks(stream, ignore, fail_on, junit, summary_md, as_json) -> int:
     """``optcheck check`` of a distributed run directory (:func:`replay_ranks`)."""
-    from optcheck.snapshot import dumps
+    from optcheck.run.snapshot import dumps
 
     findings, notes, n, code = replay_ranks(stream, ignore, fail_on)
     for note in notes:
@@ -200,7 +200,7 @@ def _check_ranks(stream, ignore, fail_on, junit, summary_md, as_json) -> int:
             by_code: dict = {}
             for f in findings:
                 by_code[f["code"]] = by_code.get(f["code"], 0) + 1
-            status = "findings" if code else "clean"  # a replay's own outcomes (optcheck.recorder)
+            status = "findings" if code else "clean"  # a replay's own outcomes (optcheck.run.recorder)
             summary = {"command": "check", "run": str(stream), "status": status, "exit_code": code,
                        "snapshots": n, "findings": len(findings), "findings_by_code": by_code, "world": ranks}
             write_markdown(summary_md, [(summary, findings)])

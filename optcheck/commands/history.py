@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from optcheck import exitcodes
+from optcheck.run import exitcodes
 
 
 def register(group: click.Group) -> None:

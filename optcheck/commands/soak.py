@@ -34,7 +34,7 @@ INT = _Int()
 def _print_summary(summary: dict, findings: list) -> None:
     """The run's closing lines, then what optcheck cost it (``summary["cost"]``)."""
     from optcheck.report.text import render_summary
-    from optcheck.session_summary import cost_line
+    from optcheck.run.summary import cost_line
 
     click.echo(render_summary(summary, [f.to_dict() for f in findings]))
     line = cost_line(summary)
@@ -204,8 +204,8 @@ def register(group: click.Group) -> None:
         """
         from optcheck.commands._paths import check_output_file
         from optcheck.errors import InputError, RecordError
-        from optcheck.soak import run_backends, run_soak
-        from optcheck.watch import Signals
+        from optcheck.drivers.soak import run_backends, run_soak
+        from optcheck.drivers.watch import Signals
 
         backends = [b.strip() for b in backend.split(",") if b.strip()]
         if not backends or any(b not in ("pytorch", "torchsharp") for b in backends) or len(set(backends)) < len(backends):

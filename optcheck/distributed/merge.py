@@ -9,13 +9,13 @@ and its records are left out (the merge runs inside the user's job at close, so 
 reports, never raises).
 
 The merged summary is a ``summary_version`` 2 summary
-(``optcheck/schemas/summary-1.json``, :class:`optcheck.session_summary.Summary`):
+(``optcheck/schemas/summary-1.json``, :class:`optcheck.run.summary.Summary`):
 rank 0's, with these fields merged over the ranks:
 
 - ``status`` the worst of the ranks' (clean < running < findings < stopped <
   crashed < record-failed < interrupted; a rank without a summary counts as
   "crashed" and is listed in ``missing_ranks``), ``exit_code`` the highest (the
-  codes of ``optcheck.exitcodes`` grow with precedence: 130 > 4 > 3 > 1 > 0);
+  codes of ``optcheck.run.exitcodes`` grow with precedence: 130 > 4 > 3 > 1 > 0);
 - ``findings``/``findings_by_code``/``first_finding`` over every rank (cross-rank
   findings, which every rank computes from the same table, counted once: same code
   and message; see :func:`fold`), ``lead_time`` from them to ``crash``;
@@ -32,12 +32,12 @@ import re
 import time
 from pathlib import Path
 
-from optcheck import exitcodes
+from optcheck.run import exitcodes
 from optcheck.errors import InputError, RecordError
 from optcheck.findings import lead_time
 from optcheck.report.reader import RunReader
-from optcheck.report.rundir import write_summary
-from optcheck.session_summary import Summary
+from optcheck.run.rundir import write_summary
+from optcheck.run.summary import Summary
 
 _ORDER = ("clean", "running", "findings", "stopped", "crashed", "record-failed", "interrupted")
 _KNOCK_ON = ("Timed out", "Connection closed", "Connection reset", "no summary.json", "LauncherStopped",
@@ -158,7 +158,7 @@ def refresh(s: dict, per: list[dict], findings: list[dict], missing: list[int], 
 
 
 def write_merged(out: Path, world: int) -> dict:
-    """Write :func:`merged` to ``out/summary.json`` atomically (``optcheck.report.rundir.write_summary``);
+    """Write :func:`merged` to ``out/summary.json`` atomically (``optcheck.run.rundir.write_summary``);
     return it. Two ranks merging at once (rank 0 and a late rank) may collide on the temporary
     file: tried three times, then left (the other one's is as good)."""
     s = merged(out, world)

@@ -1,7 +1,7 @@
 """``optcheck soak --nproc N``: the built-in GPT soak under DDP with N ranks on this
 machine. Torch-free supervisor.
 
-It takes ``OUT``'s run-directory lock (``optcheck.report.rundir.lock_run_dir``, the
+It takes ``OUT``'s run-directory lock (``optcheck.run.rundir.lock_run_dir``, the
 same lock as a one-process soak or a Monitor: a second writer is refused naming the
 PID that holds it), starts ``python -m optcheck.distributed.launch --nproc-per-node N
 -m optcheck.distributed.worker`` (``torch.distributed.run``; gloo, CPU; a free port from
@@ -10,7 +10,7 @@ prints each finding as it is written, and when the job ends writes the merged
 ``OUT/summary.json`` (``optcheck/distributed/merge.py``, ``summary_version`` 2) over
 every ``OUT/rank-K/`` (each rank's own stream, the layout of a one-process soak).
 
-Exit codes as ``optcheck.exitcodes``:
+Exit codes as ``optcheck.run.exitcodes``:
 
 - a rank killed (SIGKILL, the OOM killer): ``torch.distributed.run`` sees the
   worker die and stops the others; its "Root Cause" report names the rank and
@@ -40,14 +40,14 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from optcheck import exitcodes
+from optcheck.run import exitcodes
 from optcheck.config import SoakConfig
 from optcheck.distributed import lifetime, merge
 from optcheck.distributed.cli import check_capacity, env_timeout_s
 from optcheck.errors import InputError
 from optcheck.findings import Finding, lead_time
-from optcheck.report import rundir as rd
-from optcheck.session_summary import Summary, utc_now
+from optcheck.run import rundir as rd
+from optcheck.run.summary import Summary, utc_now
 
 POLL_S = 0.5
 STARTING = 2  # optcheck.distributed.worker.STARTING (the worker imports torch; this module must not)
@@ -160,7 +160,7 @@ class _Claim:
 
 def run_distributed_soak(cfg: SoakConfig, nproc: int, out: str | os.PathLike | None, *, fail_on: str = "warning",
                          progress: bool = True, force: bool = False, timeout_s: float = 60.0):
-    """Run the soak on ``nproc`` ranks; return an ``optcheck.soak.SoakResult`` whose
+    """Run the soak on ``nproc`` ranks; return an ``optcheck.drivers.soak.SoakResult`` whose
     summary is the merged one (plus ``crash`` naming the rank, step and signal on a fault,
     ``interrupted_by`` after SIGINT/SIGTERM).
 
@@ -169,8 +169,8 @@ def run_distributed_soak(cfg: SoakConfig, nproc: int, out: str | os.PathLike | N
             ``OPTCHECK_DIST_TIMEOUT``, ``out`` held by another process, or holding a run
             while ``force`` is False (nothing is started).
     """
-    from optcheck.soak import SoakResult, default_out_dir
-    from optcheck.watch import Signals
+    from optcheck.drivers.soak import SoakResult, default_out_dir
+    from optcheck.drivers.watch import Signals
 
     if nproc < 2:
         raise InputError(f"--nproc {nproc}: give 2 or more ranks (1 is the ordinary soak)")
@@ -218,7 +218,7 @@ class _Live:
 
 def _supervise(cfg: SoakConfig, nproc: int, claim: _Claim, sig, fail_on: str, progress: bool,
                timeout_s: float) -> tuple[dict, list[dict]]:
-    from optcheck.session_process import Progress
+    from optcheck.drivers.worker_process import Progress
 
     out = claim.out
     cfg_path = claim.fresh("config.json")
@@ -324,7 +324,7 @@ def _stop(proc: subprocess.Popen, beats: dict[int, Beat], sig) -> None:
     without a launcher, to each rank), SIGCONT to every rank (a stopped one then sees it); after
     :data:`RANK_GRACE_S` (or at a second signal) SIGKILL to the launcher's session and to
     every rank still alive."""
-    from optcheck.watch import GRACE_S as ONE_PROCESS_GRACE_S
+    from optcheck.drivers.watch import GRACE_S as ONE_PROCESS_GRACE_S
 
     # a rank closes its Monitor (final snapshot, rules, summary) before it exits: under load that can
     # take longer than a one-process worker's goodbye, and a rank killed mid-close leaves its summary

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from optcheck.distributed import merge, table
 from optcheck.distributed.cli import env_timeout_s
 from optcheck.errors import InputError
-from optcheck.report import rundir as rd
+from optcheck.run import rundir as rd
 from optcheck.rules.crossrank import disagreements
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from optcheck import exitcodes
+from optcheck.run import exitcodes
 
 
 class MonitorOwner:
@@ -23,7 +23,7 @@ class MonitorOwner:
         self.summary: dict | None = None
 
     def _start(self, model, optimizer, default_out: str | Path) -> None:
-        from optcheck.monitor import Monitor
+        from optcheck.drivers.monitor import Monitor
 
         if self.monitor is not None and not self.monitor.closed:  # a second fit() on the same callback
             self._finish()
@@ -45,7 +45,7 @@ class MonitorOwner:
 
     @property
     def exit_code(self) -> int:
-        """The run's exit code (``optcheck.exitcodes``: 0 clean, 1 a finding at or above
+        """The run's exit code (``optcheck.run.exitcodes``: 0 clean, 1 a finding at or above
         ``fail_on``, 3 training crashed); ``sys.exit(callback.exit_code)`` after
         ``fit()``/``train()`` fails a CI job as ``optcheck soak`` would."""
         return self.monitor.exit_code if self.monitor is not None else exitcodes.CLEAN

@@ -54,7 +54,7 @@ class OptcheckCallback(MonitorOwner, pl.Callback):
             ``fail_on``, ``on_finding``, ``ignore``, ``hazards`` ...).
 
     After ``fit()``: ``findings``, ``summary`` (``summary.json``'s fields) and
-    ``exit_code`` (``optcheck.exitcodes``).
+    ``exit_code`` (``optcheck.run.exitcodes``).
 
     Raises:
         IndexError: ``optimizer`` is past ``trainer.optimizers`` (at ``on_train_start``).

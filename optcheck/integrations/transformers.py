@@ -32,7 +32,7 @@ class OptcheckCallback(MonitorOwner, transformers.TrainerCallback):
             ``fail_on``, ``on_finding``, ``ignore``, ``hazards`` ...).
 
     After ``train()``: ``findings``, ``summary`` and ``exit_code``
-    (``optcheck.exitcodes``).
+    (``optcheck.run.exitcodes``).
     """
 
     def __init__(self, out=None, **monitor_kwargs):

@@ -55,7 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
-from optcheck import exitcodes
+from optcheck.run import exitcodes
 from optcheck.judge.compare import (DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_WINDOW, band_text, compare_losses,
                               finding_difference, read_run)
 from optcheck.errors import InputError

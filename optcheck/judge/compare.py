@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 
 from optcheck.errors import InputError
-from optcheck.exitcodes import CLEAN, FINDINGS
+from optcheck.run.exitcodes import CLEAN, FINDINGS
 from optcheck.findings import Finding
 from optcheck.report.reader import RunReader
 from optcheck.rules.parity import RunDivergence
 from optcheck.series import moving_mean
-from optcheck.snapshot import clean_json
+from optcheck.run.snapshot import clean_json
 from optcheck.judge.policy import AUTO, MIGRATION, choose
 from optcheck.judge.verdict import Verdict, judge, same_batches
 
@@ -141,7 +141,7 @@ class CompareResult:
         mismatch: migration only: optimizer options that differ where both sides have them.
         policy: ``rerun`` or ``migration`` (``optcheck.judge.policy``), as the verdict says.
         fail_on_new: findings only in B fail (``--fail-on-new``; always under ``migration``).
-        exit_code: ``optcheck.exitcodes.FINDINGS`` when there is a finding, a run
+        exit_code: ``optcheck.run.exitcodes.FINDINGS`` when there is a finding, a run
             is incomplete, an option mismatch (or, with ``fail_on_new``, a finding only
             in B), else ``CLEAN``.
     """

@@ -6,7 +6,7 @@ version or build (``--torchsharp``). Both sides get the same
 :class:`optcheck.config.SoakConfig` (seed, data, batches, model, optimizer), so
 ``optcheck.judge.verdict.judge`` compares them step by step: identical, within
 numerical noise, or diverged. Two backends (PyTorch against TorchSharp) start
-from the same initial weights (``--same-init``, ``optcheck.soak.export_same_init``).
+from the same initial weights (``--same-init``, ``optcheck.drivers.soak.export_same_init``).
 
 With ``scenarios`` every ``--inject`` scenario both sides support in one process
 (never the ``--nproc``-only ones) also runs on both (short runs), and
@@ -32,12 +32,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from optcheck import exitcodes
+from optcheck.run import exitcodes
 from optcheck import scenarios as catalogue
 from optcheck.config import Injection, SoakConfig
 from optcheck.errors import InputError
 
-worst = exitcodes.worst  # the one policy (optcheck.exitcodes); kept under this name for callers
+worst = exitcodes.worst  # the one policy (optcheck.run.exitcodes); kept under this name for callers
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -52,12 +52,12 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def run_seeds(cfg: SoakConfig, seeds: list[int], out, **kwargs):
-    """Run ``cfg`` once per seed into ``out/seed-N`` (``optcheck.soak.run_soak`` each);
+    """Run ``cfg`` once per seed into ``out/seed-N`` (``optcheck.drivers.soak.run_soak`` each);
     returns (results, worst exit code). Every seed's config is validated before any runs.
     ``kwargs`` go to every run: pass all that shapes findings (``fail_on``,
     ``rule_config``, ``ignore``), or a finding the user accepted comes back in one seed."""
-    from optcheck.soak import default_out_dir, run_soak, validate
-    from optcheck.watch import Signals
+    from optcheck.drivers.soak import default_out_dir, run_soak, validate
+    from optcheck.drivers.watch import Signals
 
     out = Path(out) if out is not None else default_out_dir()
     cfgs = []
@@ -235,13 +235,13 @@ def probe_python(path: str, option: str, timeout: float = 120.0) -> dict:
 
 def _same_init(cfg: SoakConfig, sides: list[Side], out: Path) -> None:
     if len({s.backend for s in sides}) > 1:
-        from optcheck.soak import export_same_init
+        from optcheck.drivers.soak import export_same_init
 
         cfg.extra["same_init_dir"] = str(export_same_init(cfg, out))
 
 
 def _run_pair(cfg: SoakConfig, sides: list[Side], out: Path, sig, **kwargs) -> list:
-    from optcheck.soak import run_soak
+    from optcheck.drivers.soak import run_soak
 
     results = []
     for side in sides:
@@ -264,7 +264,7 @@ def run_upgrade(cfg: SoakConfig, baseline: Side, candidate: Side, out, *, scenar
     ``scenarios`` (names, or ``"all"``: :func:`shared_scenarios`) run each scenario at step ``scenario_steps // 2`` of a
     ``scenario_steps``-step soak on both sides into ``out/scenarios/NAME/``.
     ``kwargs`` (``fail_on``, ``rule_config``, ``ignore``...) go to every
-    ``optcheck.soak.run_soak`` of both sides, the scenario runs included.
+    ``optcheck.drivers.soak.run_soak`` of both sides, the scenario runs included.
     The candidate is then judged against the baseline's run by
     ``optcheck.judge.baseline.compare_with_baseline`` (``tolerances``: an
     ``optcheck.judge.baseline.Tolerances``) with the trajectory ``policy``; ``echo`` (a
@@ -276,8 +276,8 @@ def run_upgrade(cfg: SoakConfig, baseline: Side, candidate: Side, out, *, scenar
             all checked before anything runs.
     """
     from optcheck.judge.compare import compare_runs
-    from optcheck.soak import default_out_dir, validate
-    from optcheck.watch import Signals
+    from optcheck.drivers.soak import default_out_dir, validate
+    from optcheck.drivers.watch import Signals
 
     t0 = time.time()
     out = Path(out) if out is not None else default_out_dir()
@@ -427,7 +427,7 @@ def compare_seed_sets(dir_a: str | os.PathLike, dir_b: str | os.PathLike, *,
             or no step common to all.
     """
     from optcheck.judge.compare import read_run
-    from optcheck.exitcodes import CLEAN, FINDINGS
+    from optcheck.run.exitcodes import CLEAN, FINDINGS
     from optcheck.judge.verdict import judge_seed_band
 
     runs_a, runs_b = seed_runs(dir_a), seed_runs(dir_b)

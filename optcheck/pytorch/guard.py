@@ -6,7 +6,7 @@ optcheck's own code there must not come out of them.
 (``optcheck`` logger, warning, with its traceback) and kept as a note
 (:class:`Notes`, the summary's ``not_checked``), and the user's call goes on. What
 optcheck raises on purpose passes through: :class:`~optcheck.pytorch.monitor_hooks.FindingError`
-(``on_finding="raise"``), :class:`~optcheck.worker_loop.StepStopped` (a hazard that
+(``on_finding="raise"``), :class:`~optcheck.drivers.worker_loop.StepStopped` (a hazard that
 stops a step before harm is done), ``KeyboardInterrupt``/``SystemExit`` (not
 ``Exception`` subclasses), and any exception raised by a signal handler that ran while
 the hook did (:func:`raised_by_signal_handler`): a handler that raises to stop the loop
@@ -49,7 +49,7 @@ def raised_by_signal_handler(exc: BaseException) -> bool:
     ``signal.valid_signals()``). Python runs a handler between two bytecodes of the main
     thread, so its frame sits on top of whatever it interrupted, here optcheck's hook
     (Python docs, "signal — Execution of Python signal handlers"). A handler that
-    chains to another (``optcheck.monitor_end.SignalChain``) is found by its own frame."""
+    chains to another (``optcheck.drivers.monitor_end.SignalChain``) is found by its own frame."""
     codes = set()
     for s in signal.valid_signals():
         try:

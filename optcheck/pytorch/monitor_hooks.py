@@ -1,4 +1,4 @@
-"""What ``optcheck.Monitor`` (``optcheck/monitor.py``) is built from besides the
+"""What ``optcheck.Monitor`` (``optcheck/drivers/monitor.py``) is built from besides the
 run's sequencer: its probe over the user's model and optimizer, its warning and
 exception types, and the process-wide hooks — the ``backward`` wrappers and the
 ``sys.excepthook`` installed while a monitor is open.
@@ -67,7 +67,7 @@ class FindingError(RuntimeError):
 
 
 class TorchProbe:
-    """The sequencer's probe (``optcheck.session.Probe``) over the user's model and optimizer."""
+    """The sequencer's probe (``optcheck.run.sequencer.Probe``) over the user's model and optimizer."""
 
     name = "pytorch"
 

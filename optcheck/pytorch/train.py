@@ -1,7 +1,7 @@
 """The PyTorch training step and the PyTorch ``Backend`` of the soak loop.
 
 ``Trainer`` owns model, optimizer, schedule and hazard probes; ``TorchBackend``
-adapts it to ``optcheck.worker_loop.Backend``. The step is the ordinary one:
+adapts it to ``optcheck.drivers.worker_loop.Backend``. The step is the ordinary one:
 ``zero_grad(set_to_none=True)``, forward, ``backward()``, clip, ``step()`` — so a
 post-step snapshot sees this step's gradients.
 
@@ -190,7 +190,7 @@ class Trainer:
         probes' next-step confirmation applies then.
 
         Raises:
-            optcheck.worker_loop.StepStopped: a hazard stopped the step.
+            optcheck.drivers.worker_loop.StepStopped: a hazard stopped the step.
             RuntimeError: PyTorch's own failure that no probe explains.
         """
         xb, yb = self.batch(x, y)
@@ -343,7 +343,7 @@ class Trainer:
 
 
 class TorchBackend:
-    """``optcheck.worker_loop.Backend`` for PyTorch."""
+    """``optcheck.drivers.worker_loop.Backend`` for PyTorch."""
 
     name = "pytorch"
 

@@ -1,6 +1,6 @@
 """PyTorch worker process: ``python -m optcheck.pytorch.worker --config FILE --stream-fd N``.
 
-Started by the supervisor (``optcheck/soak.py``); runs ``optcheck.worker_loop``
+Started by the supervisor (``optcheck/drivers/soak.py``); runs ``optcheck.drivers.worker_loop``
 with the PyTorch backend and reports on the pipe ``N``. Exit code 0 finished,
 1 the training raised, 2 bad input.
 """
@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from optcheck.config import SoakConfig
-from optcheck.protocol import Stream
-from optcheck.worker_loop import run
+from optcheck.drivers.protocol import Stream
+from optcheck.drivers.worker_loop import run
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,12 +1,12 @@
 """Reading a run directory back: the one reader behind ``check``, ``compare``,
 the run plot, ``history`` and ``upgrade``. Torch-free.
 
-What a run directory holds, and who writes it, is in ``optcheck/report/rundir.py``
+What a run directory holds, and who writes it, is in ``optcheck/run/rundir.py``
 and ``docs/run-directory.md``. :class:`RunReader` reads each file once, on first
 use. Validation policy (one for every record file): the summary and the first
 ``FULL_CHECK_LINES`` records of each file are checked against their published
 schema (``optcheck/schemas/``), every later record by a cheap structural check
-derived from the same schema (``optcheck.record_check.ShallowCheck``: required
+derived from the same schema (``optcheck.run.record_check.ShallowCheck``: required
 fields, top-level types and enums), and fully again when that check fails, so
 the error names the field. ``compare`` of a 20,000-step run reads in about a
 second that way, against half a minute with every line schema-checked
@@ -27,8 +27,8 @@ The rule for a bad line (the same for every file and every command):
   bad input too: one line, exit 2.
 
 Non-finite numbers are written as the strings ``"nan"``, ``"inf"``, ``"-inf"``
-(``optcheck.snapshot.dumps``; strict JSON has no NaN) and read back with
-:func:`optcheck.snapshot.to_float`; ``null`` means "not recorded".
+(``optcheck.run.snapshot.dumps``; strict JSON has no NaN) and read back with
+:func:`optcheck.run.snapshot.to_float`; ``null`` means "not recorded".
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ from functools import cached_property
 from pathlib import Path
 
 from optcheck.errors import InputError
-from optcheck.exitcodes import CRASHED
-from optcheck.report.rundir import writer_gone
-from optcheck.record_check import FULL_CHECK_LINES
-from optcheck.snapshot import SCHEMA_DIR, SchemaError, StreamDefect, read_jsonl, read_records, read_snapshots, \
+from optcheck.run.exitcodes import CRASHED
+from optcheck.run.rundir import writer_gone
+from optcheck.run.record_check import FULL_CHECK_LINES
+from optcheck.run.snapshot import SCHEMA_DIR, SchemaError, StreamDefect, read_jsonl, read_records, read_snapshots, \
     to_float, validate_record
 
 #: The status a reader gives a run whose summary says ``running`` and whose writer is gone.
@@ -282,7 +282,7 @@ class _LooseSummary:
     def __init__(self):
         import jsonschema
 
-        from optcheck.snapshot import SCHEMA_FILES, inline_refs
+        from optcheck.run.snapshot import SCHEMA_FILES, inline_refs
 
         schema = json.loads((SCHEMA_DIR / SCHEMA_FILES["summary"]).read_text(encoding="utf-8"))
         props = inline_refs(schema["then"]["properties"], schema.get("$defs", {}))
@@ -295,7 +295,7 @@ class _LooseSummary:
 
         err = jsonschema.exceptions.best_match(self._v.iter_errors(s))
         if err is not None:
-            from optcheck.snapshot import field_path
+            from optcheck.run.snapshot import field_path
 
             msg = err.message if len(err.message) <= 160 else err.message[:157] + "..."
             raise SchemaError(f"{field_path(err.absolute_path)}: {msg}")

@@ -47,7 +47,7 @@ def get(code_or_symbol: str) -> type[Rule]:
 def warm_up() -> None:
     """Import now what rules import on first use. Nothing is left since OC401's
     statistics are numpy (``_memory_stats.py``, no ``scipy.stats``); kept because the
-    soak supervisor calls it (``optcheck.soak``)."""
+    soak supervisor calls it (``optcheck.drivers.soak``)."""
     from optcheck.rules._memory_trend import _stats
 
     _stats()

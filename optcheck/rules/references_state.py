@@ -18,7 +18,7 @@ from optcheck.rules._fixtures import (Invalid, Valid, at, cases, clean, disposed
                                       state_of, steps, with_dtype)
 from optcheck.rules._identity import factored, lazy_state, name_of, prestep_finding, state_keys
 from optcheck.rules.base import Rule, RuleContext, listing, register
-from optcheck.snapshot import disposed_members, live_members
+from optcheck.run.snapshot import disposed_members, live_members
 
 
 @register

@@ -374,7 +374,7 @@ def cached_builds(dotnet_dir: Path | None = None) -> list[dict]:
 
 if __name__ == "__main__":  # pragma: no cover - `python -m optcheck.torchsharp_bridge.build [SPEC | --sources]`
 
-    from optcheck.exitcodes import USAGE
+    from optcheck.run.exitcodes import USAGE
 
     if "--sources" in sys.argv[1:]:  # the folder a user's csproj compiles optcheck's C# from (OptCheckSources)
         print(sources_arg())

@@ -6,7 +6,7 @@ It loads a .NET runtime with pythonnet (:mod:`optcheck.torchsharp_bridge.runtime
 the worker assembly ``SoakConfig.extra["dotnet_assembly"]`` (which contains the
 ``OptCheck.Probe`` sources, ``dotnet/Probe/``), constructs the trainer
 ``extra["dotnet_trainer"]`` through ``OptCheck.Probe.Driver.ForType`` and runs
-:func:`optcheck.worker_loop.run` with :class:`TorchSharpBackend`: one .NET call
+:func:`optcheck.drivers.worker_loop.run` with :class:`TorchSharpBackend`: one .NET call
 per step (``Driver.StepBound``: the batch is copied into buffers bound once with
 ``Driver.Bind``, and the step writes the next pre-step fingerprint beside them, so
 the per-step pre-step check costs no second call), one per snapshot (``Driver.Probe``:
@@ -54,10 +54,10 @@ import numpy as np
 from optcheck.config import SoakConfig
 from optcheck.data import Corpus
 from optcheck.errors import InputError
-from optcheck.protocol import Stream
+from optcheck.drivers.protocol import Stream
 from optcheck.torchsharp_bridge import native, runtime
 from optcheck.torchsharp_bridge.convert import body_from_json, name_members
-from optcheck.worker_loop import run
+from optcheck.drivers.worker_loop import run
 
 DEFAULT_TRAINER = "OptCheck.Worker.GptTrainer"
 _SCALAR_FIELDS = ("steps", "every", "seed", "batch_size", "block_size", "n_layer", "n_head", "n_embd", "dropout",
@@ -105,7 +105,7 @@ def setup_config(cfg: SoakConfig, corpus: Corpus) -> str:
 
 
 class TorchSharpBackend:
-    """:class:`optcheck.worker_loop.Backend` over a .NET trainer driven through pythonnet."""
+    """:class:`optcheck.drivers.worker_loop.Backend` over a .NET trainer driven through pythonnet."""
 
     name = "torchsharp"
 

@@ -2,7 +2,7 @@
 never outlive it, SIGTERM/SIGINT end it as interrupted (exit 130), a stopped rank is the
 one blamed, the run directory's lock holds both ways. Real CLI, real torchrun/gloo ranks,
 real signals; every wait is bounded by what it waits for (the ranks' start-up: the
-subprocess cap; a stop: the supervisor's own grace, ``optcheck.watch.GRACE_S``)."""
+subprocess cap; a stop: the supervisor's own grace, ``optcheck.drivers.watch.GRACE_S``)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 
 from optcheck.distributed.lifetime import proc_state
 from optcheck.report.reader import read_summary
-from optcheck.watch import GRACE_S
+from optcheck.drivers.watch import GRACE_S
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--block-size", "32", "--batch-size", "8",
@@ -122,7 +122,7 @@ def test_a_signal_ends_the_run_interrupted_130_with_no_rank_left(tmp_path, start
     assert s["last_step"] >= 1 and not (out / ".optcheck.lock").exists()
     for r in (0, 1):  # each rank got the stop once and recorded it (a second SIGTERM broke its closing writes)
         own = read_summary(out / f"rank-{r}")
-        # the rank's Monitor records the launcher's SIGTERM as an interruption (optcheck/monitor_end.py)
+        # the rank's Monitor records the launcher's SIGTERM as an interruption (optcheck/drivers/monitor_end.py)
         assert (own["status"], own["exit_code"], own["interrupted_by"]) == ("interrupted", 130, "SIGTERM"), own
     assert "INTERRUPTED (exit 130)" in (tmp_path / "stdout").read_text()
 
@@ -174,7 +174,7 @@ def test_a_rank_folder_held_by_another_writer_is_refused_not_removed(tmp_path):
     """A Monitor rank (here: a real second process holding ``rank-1``'s lock) writes into the folder."""
     out = tmp_path / "run"
     (out / "rank-1").mkdir(parents=True)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from optcheck.report.rundir import RunDir; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from optcheck.run.rundir import RunDir; "
                                f"RunDir({str(out / 'rank-1')!r}); print('held', flush=True); time.sleep(600)"],
                               env=ENV, stdout=subprocess.PIPE, text=True)
     try:

@@ -40,9 +40,9 @@ from optcheck.config import SoakConfig  # noqa: E402
 from optcheck.data import load_corpus  # noqa: E402
 from optcheck.pytorch import hazard_scenarios  # noqa: E402
 from optcheck.pytorch.train import TorchBackend, Trainer  # noqa: E402
-from optcheck.protocol import Stream  # noqa: E402
-from optcheck.session import Sequencer  # noqa: E402
-from optcheck.worker_loop import Loop, StepStopped  # noqa: E402
+from optcheck.drivers.protocol import Stream  # noqa: E402
+from optcheck.run.sequencer import Sequencer  # noqa: E402
+from optcheck.drivers.worker_loop import Loop, StepStopped  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTCHECK_DIR = str(Path(__import__("optcheck").__file__).resolve().parent) + "/"

@@ -20,7 +20,7 @@ import pytest
 import xmlschema
 
 from conftest import SMALL, run_cli
-from optcheck import exitcodes
+from optcheck.run import exitcodes
 
 STEPS = ["--steps", "200", "--every", "100", *SMALL]
 LOOSE = ["--speed-tolerance", "50%"]

@@ -15,8 +15,8 @@ import pytest
 
 from optcheck.config import Injection, SoakConfig
 from optcheck.errors import InputError
-from optcheck.protocol import read_messages
-from optcheck.snapshot import read_snapshots, validate
+from optcheck.drivers.protocol import read_messages
+from optcheck.run.snapshot import read_snapshots, validate
 from optcheck.torchsharp_bridge import runtime
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dotnet"))
@@ -52,7 +52,7 @@ def config(dll: Path, kind: str = "coreclr", trainer: str = "OptCheckTest.LazyTr
 
 
 def soak(cfg: SoakConfig, out: Path):
-    from optcheck.soak import run_soak
+    from optcheck.drivers.soak import run_soak
 
     return run_soak(cfg, out, progress=False)
 

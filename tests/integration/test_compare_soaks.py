@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import SMALL, run_cli, run_clis
-from optcheck import exitcodes
+from optcheck.run import exitcodes
 from optcheck.judge.compare import compare_runs
 
 

@@ -18,8 +18,8 @@ import optcheck  # noqa: E402
 from conftest import SMALL, run_clis  # noqa: E402
 from optcheck.config import SoakConfig  # noqa: E402
 from optcheck.pytorch.train import Trainer  # noqa: E402
-from optcheck.snapshot import read_jsonl  # noqa: E402
-from optcheck.worker_loop import StepStopped  # noqa: E402
+from optcheck.run.snapshot import read_jsonl  # noqa: E402
+from optcheck.drivers.worker_loop import StepStopped  # noqa: E402
 
 BUG_AT = 37
 

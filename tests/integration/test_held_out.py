@@ -9,8 +9,8 @@ import json
 import pytest
 
 from conftest import SMALL, run_clis
-from optcheck import exitcodes
-from optcheck.snapshot import read_snapshots
+from optcheck.run import exitcodes
+from optcheck.run.snapshot import read_snapshots
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SMALL, run_cli
-from optcheck import exitcodes
+from optcheck.run import exitcodes
 
 
 @pytest.fixture(scope="module")

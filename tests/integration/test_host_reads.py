@@ -23,8 +23,8 @@ from optcheck.data import load_corpus
 from optcheck.pytorch import probe
 from optcheck.pytorch.hostreads import HostReadCounter
 from optcheck.pytorch.train import TorchBackend
-from optcheck.session import Sequencer
-from optcheck.worker_loop import Loop
+from optcheck.run.sequencer import Sequencer
+from optcheck.drivers.worker_loop import Loop
 from recording_stream import RecordingStream
 
 
@@ -123,7 +123,7 @@ def test_a_nan_loss_is_read_later_and_dated_at_its_step():
 def test_a_nan_read_at_a_crash_goes_out_before_it():
     """A NaN at step 37 and an exception at step 40, before any metrics batch read the NaN:
     the crash path reads the pending checks and sends their snapshot ahead of the crash."""
-    from optcheck.worker_loop import run as run_worker
+    from optcheck.drivers.worker_loop import run as run_worker
 
     class NanThenCrash(TorchBackend):
         def setup(self, cfg, corpus):
@@ -142,7 +142,7 @@ def test_a_nan_read_at_a_crash_goes_out_before_it():
     stream = RecordingStream()
     cfg = SoakConfig(steps=60, every=50, val_every=0, n_layer=1, n_embd=32, n_head=2, block_size=32, batch_size=4,
                      run_id="t")
-    import optcheck.worker_loop as wl
+    import optcheck.drivers.worker_loop as wl
 
     old, wl.METRICS_FLUSH_S = wl.METRICS_FLUSH_S, 1e9  # no time-based metrics batch in between
     try:

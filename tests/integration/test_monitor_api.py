@@ -18,8 +18,8 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import optcheck  # noqa: E402
-from optcheck.monitor import FindingError, OptcheckWarning  # noqa: E402
-from optcheck.snapshot import read_jsonl  # noqa: E402
+from optcheck.drivers.monitor import FindingError, OptcheckWarning  # noqa: E402
+from optcheck.run.snapshot import read_jsonl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -203,7 +203,7 @@ def test_raise_from_a_post_step_finding_says_the_step_ran(tmp_path):
 
 
 def test_after_a_caught_finding_error_the_next_steps_are_still_watched(tmp_path):
-    from optcheck.worker_loop import StepStopped
+    from optcheck.drivers.worker_loop import StepStopped
 
     model = tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

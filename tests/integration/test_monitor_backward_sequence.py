@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 import optcheck  # noqa: E402
-from optcheck.worker_loop import StepStopped  # noqa: E402
+from optcheck.drivers.worker_loop import StepStopped  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

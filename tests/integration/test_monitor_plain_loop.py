@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from optcheck.snapshot import read_jsonl  # noqa: E402
-from optcheck.worker_loop import StepStopped  # noqa: E402
+from optcheck.run.snapshot import read_jsonl  # noqa: E402
+from optcheck.drivers.worker_loop import StepStopped  # noqa: E402
 from plain_loop import train  # noqa: E402
 
 

@@ -14,8 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import monitor_zoo as zoo  # noqa: E402
-from optcheck.snapshot import read_jsonl  # noqa: E402
-from optcheck.worker_loop import StepStopped  # noqa: E402
+from optcheck.run.snapshot import read_jsonl  # noqa: E402
+from optcheck.drivers.worker_loop import StepStopped  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -20,8 +20,8 @@ import psutil
 import pytest
 
 from conftest import SMALL, run_cli
-from optcheck import exitcodes
-from optcheck.report.rundir import RunDir
+from optcheck.run import exitcodes
+from optcheck.run.rundir import RunDir
 
 OPTCHECK = [sys.executable, "-m", "optcheck"]
 
@@ -340,7 +340,7 @@ def test_worker_flushes_held_metrics_on_sigterm(tmp_path):
     """The worker itself, on its protocol pipe: after SIGTERM it sends the steps it
     held (up to 200 or 1 s of them) and exits 143."""
     from optcheck.config import SoakConfig
-    from optcheck.protocol import read_messages
+    from optcheck.drivers.protocol import read_messages
 
     cfg = SoakConfig(steps=100_000, every=100_000, val_every=0, n_layer=1, n_embd=32, n_head=2, block_size=32,
                      batch_size=8, work_dir=str(tmp_path))

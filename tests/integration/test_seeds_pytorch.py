@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from conftest import SMALL, run_clis
-from optcheck import exitcodes
+from optcheck.run import exitcodes
 from optcheck.config import SoakConfig
 from optcheck.engine import check_stream
 from optcheck.pytorch import hazard_scenarios, scenarios
 from optcheck.pytorch.train import Trainer
-from optcheck.snapshot import read_jsonl
-from optcheck.worker_loop import StepStopped
+from optcheck.run.snapshot import read_jsonl
+from optcheck.drivers.worker_loop import StepStopped
 
 torch.set_num_threads(1)
 INJECT = 3

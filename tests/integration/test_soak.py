@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import SMALL, run_cli, run_clis, start_long_soak
-from optcheck import exitcodes
-from optcheck.snapshot import read_jsonl, read_snapshots
+from optcheck.run import exitcodes
+from optcheck.run.snapshot import read_jsonl, read_snapshots
 
 
 def lines(path: Path) -> list[dict]:
@@ -157,7 +157,7 @@ def test_stop_on_finding_stops_before_the_step_on_the_supervisors_finding(tmp_pa
 
 def test_the_worker_loop_holds_no_rule_engine():
     """Rules run once per soak, in the supervisor: the worker's modules do not even import them."""
-    code = ("import sys, optcheck.worker_loop, optcheck.pytorch.worker; "
+    code = ("import sys, optcheck.drivers.worker_loop, optcheck.pytorch.worker; "
             "print(sorted(m for m in sys.modules if m.startswith(('optcheck.engine', 'optcheck.rules'))))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

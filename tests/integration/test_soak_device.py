@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from conftest import SMALL, run_cli
-from optcheck import exitcodes
+from optcheck.run import exitcodes
 from optcheck.config import SoakConfig
 from optcheck.pytorch.train import TorchBackend
-from optcheck.worker_loop import run as run_worker
+from optcheck.drivers.worker_loop import run as run_worker
 from recording_stream import RecordingStream
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from conftest import start_long_soak
-from optcheck import exitcodes
-from optcheck.snapshot import read_snapshots
+from optcheck.run import exitcodes
+from optcheck.run.snapshot import read_snapshots
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

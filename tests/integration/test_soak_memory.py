@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import SMALL, run_cli
-from optcheck import exitcodes
-from optcheck.snapshot import read_jsonl
+from optcheck.run import exitcodes
+from optcheck.run.snapshot import read_jsonl
 
 
 def test_state_leak_is_flagged_with_a_projected_step(tmp_path):
@@ -48,7 +48,7 @@ def standin_soak(tmp_path, inject: list[str], kind: str = "coreclr", steps: int 
 
     from optcheck.config import Injection, SoakConfig
     from optcheck.errors import InputError
-    from optcheck.soak import run_soak
+    from optcheck.drivers.soak import run_soak
     from optcheck.torchsharp_bridge import runtime
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dotnet"))

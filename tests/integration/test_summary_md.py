@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import SMALL, run_cli, run_clis
-from optcheck import exitcodes
+from optcheck.run import exitcodes
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ import jsonschema
 import pytest
 
 from conftest import SMALL, run_cli
-from optcheck import exitcodes
+from optcheck.run import exitcodes
 from optcheck.report.reader import read_summary
-from optcheck.session_summary import SUMMARY_VERSION, Summary
-from optcheck.snapshot import read_jsonl, read_snapshots
+from optcheck.run.summary import SUMMARY_VERSION, Summary
+from optcheck.run.snapshot import read_jsonl, read_snapshots
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "optcheck" / "schemas" / "summary-1.json").read_text())
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "torchsharp" / "0.107.0-runs"
@@ -31,7 +31,7 @@ def check_cost(s: dict) -> None:
     assert snaps["count"] == checks["count"] == s["snapshots"] > 0
     assert 0 < snaps["median_s"] <= snaps["total_s"] and 0 < checks["median_s"] <= checks["total_s"]
     assert snaps["total_s"] + checks["total_s"] < s["elapsed_s"] * 2  # measured, not made up
-    steps = s["cost"]["steps"]  # the hooks' own time per step (optcheck.session.StepCost), measured
+    steps = s["cost"]["steps"]  # the hooks' own time per step (optcheck.run.sequencer.StepCost), measured
     assert steps["count"] == s["last_step"] and 0 < steps["total_s"] < s["elapsed_s"]
     assert steps["mean_us"] == pytest.approx(steps["total_s"] / steps["count"] * 1e6, rel=0.01, abs=0.02)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from optcheck.snapshot import read_snapshots
+from optcheck.run.snapshot import read_snapshots
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))

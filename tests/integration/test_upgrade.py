@@ -14,7 +14,7 @@ import pytest
 import xmlschema
 
 from conftest import run_cli, run_clis
-from optcheck import exitcodes
+from optcheck.run import exitcodes
 from optcheck.judge.compare import compare_runs
 from optcheck.judge.verdict import DIVERGED, IDENTICAL, WITHIN_NOISE
 
@@ -317,15 +317,15 @@ def test_upgrade_passes_ignore_fail_on_and_memory_budget_to_every_run(tmp_path, 
     """The no-zero-grad scenario on both sides, with --ignore OC204 --fail-on error
     --memory-budget 1GiB: every soak (baseline, candidate, both scenario runs) gets the
     same three, the scenario matrix shows no finding, and each run's summary says so."""
-    import optcheck.soak
+    import optcheck.drivers.soak
 
-    real, seen = optcheck.soak.run_soak, []
+    real, seen = optcheck.drivers.soak.run_soak, []
 
     def spy(cfg, out, **kwargs):  # the real soak runs; this only records what it was given
         seen.append((Path(out), kwargs))
         return real(cfg, out, **kwargs)
 
-    monkeypatch.setattr(optcheck.soak, "run_soak", spy)
+    monkeypatch.setattr(optcheck.drivers.soak, "run_soak", spy)
     args = ["upgrade", "-q", "--steps", "10", "--every", "5", "--n-layer", "1", "--n-embd", "32", "--scenarios",
             "--scenario", "no-zero-grad", "--scenario-steps", "10", "--out", str(tmp_path / "u")]
     rc, stdout, stderr = run_cli([*args, "--ignore", "OC204", "--fail-on", "error", "--memory-budget", "1GiB"])

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from optcheck import exitcodes
+from optcheck.run import exitcodes
 from optcheck.judge.compare import compare_runs
 from optcheck.errors import InputError
 from optcheck.judge.policy import MIGRATION, RERUN, choose, option_differences

@@ -12,10 +12,10 @@ from click.testing import CliRunner
 from optcheck.cli import cli
 from optcheck.judge.compare import compare_losses, compare_runs
 from optcheck.errors import InputError
-from optcheck.exitcodes import CLEAN, FINDINGS
-from optcheck.report.rundir import RunDir
+from optcheck.run.exitcodes import CLEAN, FINDINGS
+from optcheck.run.rundir import RunDir
 from optcheck.rules import get
-from optcheck.snapshot import SCHEMA
+from optcheck.run.snapshot import SCHEMA
 
 MiB = 2**20
 

@@ -1,11 +1,11 @@
-"""The README's "Exit codes" table and optcheck/exitcodes.py say the same thing."""
+"""The README's "Exit codes" table and optcheck/run/exitcodes.py say the same thing."""
 
 from __future__ import annotations
 
 import re
 
 from conftest import ROOT
-from optcheck import exitcodes
+from optcheck.run import exitcodes
 
 
 def readme_codes() -> dict[int, str]:

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from optcheck.pytorch.hazards import HazardProbes
-from optcheck.worker_loop import StepStopped
+from optcheck.drivers.worker_loop import StepStopped
 
 torch.set_num_threads(1)
 

@@ -2,7 +2,7 @@
 
 - no module imports another package's private (``_x``) names or modules;
 - nothing in ``optcheck/pytorch/`` imports ``optcheck.distributed``, ``optcheck.rules`` or
-  ``optcheck.worker_loop`` (the probes are the lowest layer; the drivers and the rules sit
+  ``optcheck.drivers`` (the probes are the lowest layer; the drivers and the rules sit
   on top of them), except the PyTorch worker's entry module, which *is* a driver
   (``python -m optcheck.pytorch.worker`` runs ``worker_loop.run``);
 - a module over 400 lines says why at its top (``Over 400 lines: ...`` in its docstring).
@@ -21,7 +21,7 @@ PKG = ROOT / "optcheck"
 MODULES = sorted(p for p in PKG.rglob("*.py"))
 #: pytorch/ modules allowed to import a driver: the worker's entry point is itself a driver
 PYTORCH_DRIVERS = {"optcheck/pytorch/worker.py"}
-LOWER_FORBIDDEN = ("optcheck.distributed", "optcheck.rules", "optcheck.worker_loop")
+LOWER_FORBIDDEN = ("optcheck.distributed", "optcheck.rules", "optcheck.drivers")
 
 
 def _rel(p: Path) -> str:
@@ -91,3 +91,22 @@ def test_a_module_over_400_lines_says_why(path):
         return
     doc = ast.get_docstring(ast.parse(text)) or ""
     assert "Over 400 lines:" in doc, f"{_rel(path)}: {len(text.splitlines())} lines and no reason at its top"
+
+
+#: what the run (optcheck/run/) may not import: the drivers and commands sit on top of it
+RUN_FORBIDDEN = ("optcheck.drivers", "optcheck.distributed", "optcheck.commands", "optcheck.integrations",
+                 "optcheck.pytorch", "optcheck.torchsharp_bridge")
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if _rel(p).startswith("optcheck/run/")], ids=_rel)
+def test_the_run_imports_no_driver_and_no_backend(path):
+    up = [m for m, _ in _imports(path) if m.startswith(RUN_FORBIDDEN)]
+    assert up == [], f"{_rel(path)} imports {up}"
+
+
+def test_the_layering_check_fires_on_a_planted_import():
+    text = "from optcheck.drivers.monitor import Monitor\nimport optcheck.pytorch.probe\n"
+    planted = PKG / "run" / "planted_for_test.py"  # (never written: its text is given)
+    assert [m for m, _ in _imports(planted, text) if m.startswith(RUN_FORBIDDEN)] == [
+        "optcheck.drivers.monitor", "optcheck.pytorch.probe"]
+    assert [m for m, _ in _imports(planted, text) if m.startswith(LOWER_FORBIDDEN)] == ["optcheck.drivers.monitor"]

@@ -8,8 +8,8 @@ from PIL import Image
 
 from optcheck.errors import InputError
 from optcheck.report.plot import plot_run
-from optcheck.report.rundir import RunDir
-from optcheck.snapshot import SCHEMA
+from optcheck.run.rundir import RunDir
+from optcheck.run.snapshot import SCHEMA
 
 MiB = 2**20
 

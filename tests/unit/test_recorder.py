@@ -1,4 +1,4 @@
-"""The one recorder of a run (``optcheck/recorder.py``): one writer per directory, a
+"""The one recorder of a run (``optcheck/run/recorder.py``): one writer per directory, a
 non-finite loss in the metrics is OC501 at its step once (the next snapshot's own
 OC501 on the loss is not reported twice), the summary and exit code come from one
 policy, and a ``--nproc`` merged summary is written through it with
@@ -11,12 +11,12 @@ import math
 
 import pytest
 
-from optcheck import exitcodes
+from optcheck.run import exitcodes
 from optcheck.engine import RuleEngine
 from optcheck.errors import InputError
-from optcheck.recorder import RunRecorder, fold_rank_summaries
+from optcheck.run.recorder import RunRecorder, fold_rank_summaries
 from optcheck.report.reader import read_summary
-from optcheck.session_summary import Summary
+from optcheck.run.summary import Summary
 from snapfactory import clean
 
 

@@ -1,5 +1,5 @@
 """The run directory's writer lock leaves no ``.optcheck.lock`` behind, and removing it
-opens no window for two writers (``optcheck/report/rundir.py``, ``docs/reliability.md``).
+opens no window for two writers (``optcheck/run/rundir.py``, ``docs/reliability.md``).
 Real files and real ``flock``; the race is staged by running the first writer's close
 between the second writer's ``open`` and its ``flock``."""
 
@@ -10,8 +10,8 @@ import os
 import pytest
 
 from optcheck.errors import InputError
-from optcheck.report import rundir
-from optcheck.report.rundir import LOCK_NAME, RunDir
+from optcheck.run import rundir
+from optcheck.run.rundir import LOCK_NAME, RunDir
 
 
 def test_a_closed_run_directory_keeps_no_lock_file(tmp_path):
@@ -80,9 +80,9 @@ def test_held_by_other_names_a_live_holder_but_never_an_ancestor(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import subprocess, sys, time
         from pathlib import Path
-        from optcheck.report import rundir
+        from optcheck.run import rundir
         fd = rundir.lock_run_dir(Path({str(out)!r}))
-        child = subprocess.run([sys.executable, "-c", "from optcheck.report import rundir; "
+        child = subprocess.run([sys.executable, "-c", "from optcheck.run import rundir; "
                                 "print(rundir.held_by_other({str(out)!r}))"], capture_output=True, text=True)
         print(child.stdout.strip(), flush=True)
         time.sleep(60)

@@ -1,5 +1,5 @@
 """``metrics.jsonl`` is written a batch at a time (``RunDir.metrics``): one ``write(2)``
-per batch, and a batch that does not fit is cut off whole (``optcheck/report/rundir.py``,
+per batch, and a batch that does not fit is cut off whole (``optcheck/run/rundir.py``,
 ``docs/run-directory.md``). Real files, a real ``RLIMIT_FSIZE`` in a child process."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import subprocess
 import sys
 import textwrap
 
-from optcheck.report import rundir
+from optcheck.run import rundir
 from optcheck.report.reader import RunReader
-from optcheck.report.rundir import RunDir
-from optcheck.snapshot import to_float
+from optcheck.run.rundir import RunDir
+from optcheck.run.snapshot import to_float
 
 
 def test_a_batch_of_metrics_is_one_write_and_reads_back(tmp_path, monkeypatch):
@@ -46,7 +46,7 @@ def test_a_batch_over_the_file_size_limit_is_cut_off_whole(tmp_path):
     script = textwrap.dedent(f"""
         import resource, signal
         from optcheck.errors import RecordError
-        from optcheck.report.rundir import RunDir
+        from optcheck.run.rundir import RunDir
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of the signal
         resource.setrlimit(resource.RLIMIT_FSIZE, (70_000, resource.RLIM_INFINITY))
         d = RunDir({str(tmp_path / "run")!r})

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optcheck.snapshot import SchemaError, dumps, loads, read_jsonl, read_snapshots, to_float, validate
+from optcheck.run.snapshot import SchemaError, dumps, loads, read_jsonl, read_snapshots, to_float, validate
 from snapfactory import clean, param
 
 
@@ -44,7 +44,7 @@ def test_non_finite_floats_stay_strict_json():
 
 
 @pytest.mark.parametrize("field,value,needle", [
-    ("schema", "other/2", "^schema: 'optcheck.snapshot/1' was expected"),
+    ("schema", "other/2", "^schema: 'optcheck.run.snapshot/1' was expected"),
     ("backend", "jax", "^backend: 'jax' is not one of"),
     ("step", -1, "^step: -1 is less than the minimum"),
     ("phase", "mid", "^phase: 'mid' is not one of"),

@@ -1,4 +1,4 @@
-"""optcheck.watch on real child processes: escalation of repeated signals, the
+"""optcheck.drivers.watch on real child processes: escalation of repeated signals, the
 grace period, the step timeout, and silence on a healthy child."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from optcheck.watch import Signals, Watchdog
+from optcheck.drivers.watch import Signals, Watchdog
 
 IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
 

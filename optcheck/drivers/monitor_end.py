@@ -1,8 +1,8 @@
 """How an ``optcheck.Monitor``'s run ends when the loop does not reach ``close()``:
 a signal, the death of the thread running the loop, an ``os.fork()`` child.
-Torch-free; the Monitor (``optcheck/monitor.py``) registers itself in :data:`_OPEN`
+Torch-free; the Monitor (``optcheck/drivers/monitor.py``) registers itself in :data:`_OPEN`
 while it is open and offers ``_on_signal``, ``_record_crash``, ``close``,
-``_detach_fork`` and ``rec`` (its ``optcheck.recorder.RunRecorder``).
+``_detach_fork`` and ``rec`` (its ``optcheck.run.recorder.RunRecorder``).
 
 - :class:`SignalChain`: SIGINT/SIGTERM handlers in front of the user's (the run is
   marked interrupted, then the previous handler runs; SIGTERM's default action

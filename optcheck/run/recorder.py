@@ -1,23 +1,23 @@
 """The run recorder: where a run directory is written and its ``summary.json`` filled.
 
-Every driver of a run — the soak supervisor (``optcheck/soak.py``, fed by the
+Every driver of a run — the soak supervisor (``optcheck/drivers/soak.py``, fed by the
 worker's socket), ``optcheck.Monitor`` (in-process), the ``--nproc`` launcher
 (folding each rank's summary, :func:`fold_rank_summaries`) and ``optcheck check``
 (replaying records) — writes through one :class:`RunRecorder`. It is the only
 code that
 
-* creates and locks the run directory (``optcheck.report.rundir.RunDir``: one
+* creates and locks the run directory (``optcheck.run.rundir.RunDir``: one
   writer, no silent overwrite, no symlink followed, no torn line);
 * appends records: snapshots (checked by the run's one rule engine, their
   findings written after them), metrics, events;
-* fills the :class:`~optcheck.session_summary.Summary` from what it recorded
+* fills the :class:`~optcheck.run.summary.Summary` from what it recorded
   (last step, first/last loss, snapshots, peak RSS, findings, costs) plus what
   the driver adds with :meth:`RunRecorder.set`;
 * writes ``summary.json`` atomically — ``running`` at the start and after each
   snapshot, the final one at :meth:`RunRecorder.finish`, from the reserve on a
   full disk;
-* picks the status and the exit code (``optcheck.exitcodes.run_exit_code``, and
-  :func:`optcheck.exitcodes.worst` over several runs).
+* picks the status and the exit code (``optcheck.run.exitcodes.run_exit_code``, and
+  :func:`optcheck.run.exitcodes.worst` over several runs).
 
 A record that cannot be written (disk full, ``ulimit -f``, EIO) either raises
 :class:`~optcheck.errors.RecordError` (``on_record_error="raise"``: the soak stops
@@ -39,13 +39,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from optcheck import exitcodes
+from optcheck.run import exitcodes
 from optcheck.engine import RuleEngine
 from optcheck.errors import RecordError
 from optcheck.findings import Finding, severity_rank
-from optcheck.report.rundir import FATAL_LOG, RunDir, open_record_file
-from optcheck.session import Cost
-from optcheck.session_summary import Checker, Summary, run_status, utc_now
+from optcheck.run.rundir import FATAL_LOG, RunDir, open_record_file
+from optcheck.run.sequencer import Cost
+from optcheck.run.summary import Checker, Summary, run_status, utc_now
 
 #: The rule that owns non-finite values (a NaN/inf loss in the metrics is its finding).
 NONFINITE_RULE = "OC501"
@@ -209,7 +209,7 @@ class RunRecorder:
         """
         for k, v in fields.items():
             if not hasattr(self.summary, k):
-                raise AttributeError(f"summary.json has no field {k!r} (optcheck.session_summary.Summary)")
+                raise AttributeError(f"summary.json has no field {k!r} (optcheck.run.summary.Summary)")
             setattr(self.summary, k, v)
 
     @property
@@ -217,7 +217,7 @@ class RunRecorder:
         return self.checker.findings
 
     def exit_code_now(self, *, crashed: bool = False, interrupted: bool = False) -> int:
-        """The exit code the run would end with now (``optcheck.exitcodes``)."""
+        """The exit code the run would end with now (``optcheck.run.exitcodes``)."""
         return exitcodes.run_exit_code(crashed=crashed, interrupted=interrupted,
                                        worst_rank=self.checker.worst_rank(),
                                        fail_on_rank=severity_rank(self.summary.fail_on),
@@ -346,7 +346,7 @@ def seconds(value) -> float | None:
 
 
 def step_cost(value) -> dict | None:
-    """The worker's ``step_cost`` (``optcheck.session.StepCost.to_dict``) when it has that
+    """The worker's ``step_cost`` (``optcheck.run.sequencer.StepCost.to_dict``) when it has that
     shape (count, total_s, mean_us: numbers >= 0, mean_us may be None), else None."""
     if not isinstance(value, dict):
         return None
@@ -374,12 +374,12 @@ def fold_rank_summaries(out: str | os.PathLike, world: int, merged: dict) -> dic
     """Write a ``--nproc``/torchrun run's merged summary (``optcheck.distributed.merge.merged``)
     to ``out/summary.json`` as every recorder does (atomic, never through a symlink,
     ``summary_version`` and ``schema`` set; from the reserve on a full disk), with its
-    exit code taken by :func:`optcheck.exitcodes.worst` over the ranks'. Returns it.
+    exit code taken by :func:`optcheck.run.exitcodes.worst` over the ranks'. Returns it.
 
     Raises:
         RecordError: it could not be written.
     """
-    from optcheck.report.rundir import RESERVE_NAME, write_summary
+    from optcheck.run.rundir import RESERVE_NAME, write_summary
 
     s = dict(merged)
     codes = [r.get("exit_code") for r in s.get("ranks") or [] if isinstance(r, dict)]

@@ -1,5 +1,5 @@
 """The rule check of a run and its ``summary.json``, shared by the soak supervisor
-(``optcheck/soak.py``) and ``optcheck.Monitor``. Torch-free.
+(``optcheck/drivers/soak.py``) and ``optcheck.Monitor``. Torch-free.
 
 :class:`Checker` is the one rule engine of a run: it writes each snapshot,
 runs the rules on it (timed), writes the new findings and reports them.
@@ -15,10 +15,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from optcheck import exitcodes
+from optcheck.run import exitcodes
 from optcheck.engine import RuleEngine
 from optcheck.findings import Finding, lead_time, severity_rank
-from optcheck.session import Cost, cost_dict
+from optcheck.run.sequencer import Cost, cost_dict
 
 #: ``summary_version`` of what :class:`Summary` writes. 1 (or the field absent):
 #: written before the soak and the Monitor shared this type, each with its own fields.
@@ -35,7 +35,7 @@ class Checker:
 
     Args:
         engine: the run's rule engine (its ``config`` and ``ignore`` are the user's).
-        rundir: an open ``optcheck.report.rundir.RunDir``, or None (nothing written).
+        rundir: an open ``optcheck.run.rundir.RunDir``, or None (nothing written).
         report: ``report(finding)`` for every new finding, after it is written.
         checked: ``checked(snapshot)`` once the rules ran on it, before its findings are written.
     """
@@ -171,7 +171,7 @@ def cost_line(summary: dict) -> str | None:
         parts.append(f"{c.get('count', 0)} {label} {c.get('total_s') or 0:.3f} s"
                      + (f" (median {med:.3f} s)" if med is not None else ""))
     steps = cost.get("steps") or {}
-    if steps.get("mean_us") is not None:  # optcheck.session.StepCost: the hooks' own time, snapshots left out
+    if steps.get("mean_us") is not None:  # optcheck.run.sequencer.StepCost: the hooks' own time, snapshots left out
         parts.append(f"{steps['mean_us']:.0f} µs a step over {steps['count']} steps")
     line = "optcheck cost: " + ", ".join(parts)
     if summary.get("elapsed_s"):

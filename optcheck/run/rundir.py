@@ -41,7 +41,7 @@ Reading a run directory back is :class:`optcheck.report.reader.RunReader`'s job.
 
 The OS facts behind these (flock(2), open(2) ``O_NOFOLLOW``, rename(2), partial
 writes and ``RLIMIT_FSIZE``) are in ``docs/reliability.md``. Who writes through
-:class:`RunDir`: ``optcheck.recorder.RunRecorder``, and nothing else.
+:class:`RunDir`: ``optcheck.run.recorder.RunRecorder``, and nothing else.
 
 (Over 400 lines: the file-system guarantees of a run directory are kept in one place.)
 """
@@ -57,7 +57,7 @@ import stat
 from pathlib import Path
 
 from optcheck.errors import InputError, RecordError
-from optcheck.snapshot import clean_json, dumps
+from optcheck.run.snapshot import clean_json, dumps
 
 SUMMARY_SCHEMA = "optcheck.summary/1"
 FILES = ("snapshots.jsonl", "findings.jsonl", "metrics.jsonl", "events.jsonl")

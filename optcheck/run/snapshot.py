@@ -8,7 +8,7 @@ nor .NET.
 
 Top-level fields (``*`` = required)::
 
-    schema*      "optcheck.snapshot/1"
+    schema*      "optcheck.run.snapshot/1"
     backend*     "pytorch" | "torchsharp"
     run*         run id (str)
     step*        training step the snapshot belongs to (int, 1-based; 0 = before
@@ -124,11 +124,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-SCHEMA = "optcheck.snapshot/1"
+SCHEMA = "optcheck.run.snapshot/1"
 BACKENDS = ("pytorch", "torchsharp")
 PHASES = ("pre-step", "in-step", "post-step")
 
-SCHEMA_DIR = Path(__file__).with_name("schemas")
+SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"  # optcheck/schemas
 #: Published JSON Schemas (draft 2020-12) of the record files, by kind.
 SCHEMA_FILES = {"snapshot": "snapshot-1.json", "finding": "finding-1.json", "metrics": "metrics-1.json",
                 "summary": "summary-1.json"}
@@ -329,14 +329,14 @@ def read_records(path: str | os.PathLike, kind: str, defects: list[StreamDefect]
                  full_lines: int | None = None) -> list[dict]:
     """Every line of a record file (``metrics.jsonl``, ``findings.jsonl``), each
     checked against the published schema of ``kind`` (``full_lines``: only the
-    first that many; the rest by ``optcheck.record_check.ShallowCheck``); unreadable
+    first that many; the rest by ``optcheck.run.record_check.ShallowCheck``); unreadable
     lines go to ``defects`` as in :func:`read_jsonl`.
 
     Raises:
         FileNotFoundError.
         SchemaError: ``"<path>:<line>: <field>: <what is wrong>"``.
     """
-    from optcheck.record_check import read_checked
+    from optcheck.run.record_check import read_checked
 
     return read_checked(path, kind, defects if defects is not None else [], full_lines)
 
@@ -344,7 +344,7 @@ def read_records(path: str | os.PathLike, kind: str, defects: list[StreamDefect]
 def read_snapshots(path: str | os.PathLike, defects: list[StreamDefect] | None = None,
                    full_lines: int | None = None) -> list[dict]:
     """Read a recorded snapshot stream (``snapshots.jsonl``), validating every line
-    (``full_lines``: the first that many, the rest by ``optcheck.record_check.ShallowCheck``)
+    (``full_lines``: the first that many, the rest by ``optcheck.run.record_check.ShallowCheck``)
     against ``optcheck/schemas/snapshot-1.json``.
 
     Lines that are not JSON go to ``defects`` (see :func:`read_jsonl`).
@@ -353,7 +353,7 @@ def read_snapshots(path: str | os.PathLike, defects: list[StreamDefect] | None =
         FileNotFoundError, ValueError (an unreadable line, without ``defects``),
         SchemaError: ``"<path>:<line>: <field>: <what is wrong>"``.
     """
-    from optcheck.record_check import read_checked
+    from optcheck.run.record_check import read_checked
 
     return read_checked(path, "snapshot", defects, full_lines)
 

@@ -16,8 +16,8 @@ optimizer (``register_step_post_hook``); the loss is taken from the tensor
 ``backward()`` is called on (``mon.step(loss)`` records one explicitly).
 
 How it watches (all hooks, nothing copied), in the soak's own order
-(``optcheck/session.py``: pre-step check, cadence, hazard-forced and final
-snapshots; ``optcheck/session_summary.py``: the rule check and ``summary.json``):
+(``optcheck/run/sequencer.py``: pre-step check, cadence, hazard-forced and final
+snapshots; ``optcheck/run/summary.py``: the rule check and ``summary.json``):
 
 - ``optimizer.step()`` pre- and post-hooks (``register_step_pre_hook``): the
   identity check before, a snapshot at once if it changed; after, every
@@ -25,7 +25,7 @@ snapshots; ``optcheck/session_summary.py``: the rule check and ``summary.json``)
 - around forward and backward: the autograd hazard probes
   (``optcheck/pytorch/hazards/``): an in-place write to a saved tensor or a loss
   without ``grad_fn`` is recorded, then raised as
-  :class:`optcheck.worker_loop.StepStopped` (PyTorch would fail at ``backward()``
+  :class:`optcheck.drivers.worker_loop.StepStopped` (PyTorch would fail at ``backward()``
   naming neither module nor line); ``Tensor.backward`` and
   ``torch.autograd.backward`` (a tensor or a sequence, with ``grad_tensors``)
   are wrapped while a monitor is open (``optcheck/pytorch/monitor_hooks.py``);
@@ -43,8 +43,8 @@ process as the run's crash, as ``with`` does.
 Optimizer wrappers (accelerate, Lightning) and DDP/DataParallel models are
 unwrapped (``optcheck/pytorch/unwrap.py``); the Lightning and Trainer callbacks
 are in ``optcheck/integrations/``. How a run that does not reach ``close()`` ends
-(signals, a thread's death, fork) is ``optcheck/monitor_end.py``; what it writes,
-``optcheck/recorder.py``.
+(signals, a thread's death, fork) is ``optcheck/drivers/monitor_end.py``; what it writes,
+``optcheck/run/recorder.py``.
 
 (Over 400 lines: the Monitor object and its hook methods share its state; the rest is already apart: monitor_hooks, monitor_end, pytorch/guard, pytorch/step_hooks, recorder.)
 """
@@ -61,7 +61,9 @@ from pathlib import Path
 
 import torch
 
-from optcheck import distributed, monitor_end
+from optcheck import distributed
+
+from optcheck.drivers import monitor_end
 from optcheck.engine import RuleEngine
 from optcheck.findings import SEVERITIES, Finding, severity_rank
 from optcheck.pytorch import monitor_hooks, step_hooks
@@ -72,10 +74,10 @@ from optcheck.pytorch.monitor_hooks import (ClipNorm, FindingError, OptcheckWarn
                                             backward_loss)
 from optcheck.pytorch.train import NullHazards
 from optcheck.pytorch.unwrap import unwrap_model, unwrap_optimizer
-from optcheck.recorder import RunRecorder
+from optcheck.run.recorder import RunRecorder
 from optcheck.rules import RuleConfig
-from optcheck.session import Sequencer, StepCost, timed_hook
-from optcheck.session_summary import Summary, utc_now
+from optcheck.run.sequencer import Sequencer, StepCost, timed_hook
+from optcheck.run.summary import Summary, utc_now
 from optcheck.suppress import resolve
 from optcheck.userframe import user_stacklevel
 from optcheck.errors import StepStopped
@@ -179,7 +181,7 @@ class Monitor:
         self._started = utc_now()
         base = Summary(run=run_id or (Path(out).name if out is not None else "monitor"), backend="pytorch",
                        source="monitor", fail_on=fail_on, started=self._started)
-        # the run's one writer (optcheck/recorder.py); a full disk is kept, reported, never raised into step()
+        # the run's one writer (optcheck/run/recorder.py); a full disk is kept, reported, never raised into step()
         self.rec = RunRecorder(out, base, engine=self.engine, append=append, report=self._report,
                                checked=self.on_snapshot, on_record_error="keep", on_fill=self._fill_summary,
                                on_failure=self._record_failed,
@@ -278,7 +280,7 @@ class Monitor:
 
     @property
     def exit_code(self) -> int:
-        """``optcheck.exitcodes`` policy: 130 if the loop was interrupted (KeyboardInterrupt,
+        """``optcheck.run.exitcodes`` policy: 130 if the loop was interrupted (KeyboardInterrupt,
         SIGINT, SIGTERM), 4 if the run directory stopped taking writes, 3 if the loop
         died inside the monitor (an exception, its thread's death), 1 if a finding
         reached ``fail_on``, else 0."""
@@ -354,8 +356,8 @@ class Monitor:
             self._may_raise = True
 
     def summary(self) -> dict:
-        """The run so far: ``summary.json``'s fields (``optcheck.session_summary.Summary``,
-        filled by ``optcheck.recorder.RunRecorder``)."""
+        """The run so far: ``summary.json``'s fields (``optcheck.run.summary.Summary``,
+        filled by ``optcheck.run.recorder.RunRecorder``)."""
         if self.closed and self.rec.finished:
             return self.rec.summary.to_dict()
         return self.rec.fill(running=not self.closed, **self._ending())

@@ -10,13 +10,13 @@ type       payload
 =========  ====================================================================
 hello      backend, versions, threads, pid, corpus: what is about to run
 metrics    steps: [int], losses: [float], step_times_s: [float] (batched)
-snapshot   snapshot: a schema-1 snapshot (``optcheck.snapshot``); cost_s: seconds
+snapshot   snapshot: a schema-1 snapshot (``optcheck.run.snapshot``); cost_s: seconds
            its body took; verdict: true when the worker waits for a verdict
 lifecycle  step, kind ("eval", "checkpoint", "resume", "inject"), detail
 crash      step, exc_type, message, stack, where: an exception ended the run
 stopped    step, reason: the worker stopped early on purpose
 done       step, loss_first, loss_last, val_loss_first, val_loss_last, val_step_first,
-           val_step_last, step_cost (``optcheck.session.StepCost``), train_cpu_s
+           val_step_last, step_cost (``optcheck.run.sequencer.StepCost``), train_cpu_s
 =========  ====================================================================
 
 The other way there is one message, the **verdict**: after a snapshot sent
@@ -26,11 +26,11 @@ answers one line ``{"stop": REASON}`` (REASON null: go on). The worker then
 stops before the step, or runs it.
 
 Non-finite numbers travel as the strings ``"nan"``, ``"inf"``, ``"-inf"``
-(``optcheck.snapshot.dumps``: strict JSON has none). :func:`read_messages`
+(``optcheck.run.snapshot.dumps``: strict JSON has none). :func:`read_messages`
 decodes them back to floats once, in the numeric fields of :data:`NUMERIC`, so
 nothing that handles a message sees a string where it expects a number (a
 snapshot's body keeps the recorded form: the rules read it with
-``optcheck.snapshot.to_float``). A numeric field holding anything else
+``optcheck.run.snapshot.to_float``). A numeric field holding anything else
 (a list where a number goes, a bool) is dropped to None: the message is kept.
 
 Torch-free: the TorchSharp worker imports it.
@@ -43,7 +43,7 @@ import math
 import os
 from typing import IO, Iterator
 
-from optcheck.snapshot import dumps
+from optcheck.run.snapshot import dumps
 
 TYPES = ("hello", "metrics", "snapshot", "lifecycle", "crash", "stopped", "done")
 #: The numeric fields of each message type: scalars, and ``[...]`` lists of numbers.

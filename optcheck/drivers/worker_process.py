@@ -1,4 +1,4 @@
-"""The soak worker as a process, seen from the supervisor (``optcheck/soak.py``). Torch-free.
+"""The soak worker as a process, seen from the supervisor (``optcheck/drivers/soak.py``). Torch-free.
 
 Which module a backend's worker runs, its command line and environment, the
 copy of its stderr into ``worker.log``, the name of the signal that ended it,
@@ -86,7 +86,7 @@ def signal_name(returncode: int) -> str | None:
 def worker_command(cfg: SoakConfig, config_path: Path, fd: int) -> list[str]:
     """The worker's command line: ``cfg.extra["python"]`` (``--python``, e.g. another venv's
     interpreter with another torch) or this interpreter, running the backend's worker module;
-    ``fd`` is the worker's end of the stream socket (``optcheck/protocol.py``)."""
+    ``fd`` is the worker's end of the stream socket (``optcheck/drivers/protocol.py``)."""
     return [cfg.extra.get("python") or sys.executable, "-m", WORKER_MODULES[cfg.backend], "--config", str(config_path),
             "--stream-fd", str(fd)]
 
@@ -96,7 +96,7 @@ def worker_env(cfg: SoakConfig) -> dict:
     goes first on PYTHONPATH, so the other interpreter runs this optcheck with its own torch."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if cfg.extra.get("python"):
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[2])  # the folder holding optcheck/
         env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
 

@@ -3,12 +3,12 @@ the rules as snapshots arrive and writes the run directory. Torch-free.
 
 The worker is ``python -m optcheck.<backend>.worker --config FILE --stream-fd N``
 in a new session (so a Ctrl-C reaches optcheck, which then stops the worker
-cleanly: ``optcheck.watch``; a second signal kills it). A crash of the worker —
+cleanly: ``optcheck.drivers.watch``; a second signal kills it). A crash of the worker —
 an exception, SIGKILL, SIGABRT from .NET's ``Environment.FailFast``, a segfault
 in libtorch — or no step for ``--step-timeout`` seconds ends the run with exit
 code 3 and leaves every line written so far readable
-(``optcheck.report.rundir``). A run directory that stops taking writes (disk
-full) stops the worker and ends the run with exit code 4 (``optcheck.exitcodes``).
+(``optcheck.run.rundir``). A run directory that stops taking writes (disk
+full) stops the worker and ends the run with exit code 4 (``optcheck.run.exitcodes``).
 Over 400 lines: the supervisor's every exit path (clean, findings, crash, hang, signal, record failure) writes the same summary; kept together so no path is missed.
 """
 
@@ -24,21 +24,21 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from optcheck import exitcodes
+from optcheck.run import exitcodes
 from optcheck import scenarios as scenario_catalogue
 from optcheck.config import SoakConfig
 from optcheck.data import load_corpus
 from optcheck.engine import RuleEngine
 from optcheck.errors import InputError, RecordError
 from optcheck.findings import Finding, severity_rank
-from optcheck.protocol import read_messages, send_verdict
-from optcheck.recorder import RunRecorder, seconds, step_cost
-from optcheck.report.rundir import check_space
+from optcheck.drivers.protocol import read_messages, send_verdict
+from optcheck.run.recorder import RunRecorder, seconds, step_cost
+from optcheck.run.rundir import check_space
 from optcheck.rules import RuleConfig, warm_up
-from optcheck.session_process import (STDERR_TAIL_LINES, WORKER_MODULES, Progress, drain_stderr, signal_name,
+from optcheck.drivers.worker_process import (STDERR_TAIL_LINES, WORKER_MODULES, Progress, drain_stderr, signal_name,
                                       worker_command, worker_env)
-from optcheck.session_summary import Summary
-from optcheck.watch import GRACE_S, Signals, Watchdog
+from optcheck.run.summary import Summary
+from optcheck.drivers.watch import GRACE_S, Signals, Watchdog
 
 @dataclass
 class SoakResult:
@@ -47,7 +47,7 @@ class SoakResult:
     Attributes:
         summary: the ``summary.json`` content.
         findings: every finding, in order.
-        exit_code: per ``optcheck.exitcodes``.
+        exit_code: per ``optcheck.run.exitcodes``.
         out: the run directory.
     """
 
@@ -218,7 +218,7 @@ def _supervise(cfg: SoakConfig, out: Path, rec: RunRecorder, bar: Progress, sig:
     except OSError as e:
         record_error = RecordError(work, e)
     if record_error is None and not sig.count:
-        ours, theirs = socket.socketpair()  # the stream, and the verdicts back (optcheck/protocol.py)
+        ours, theirs = socket.socketpair()  # the stream, and the verdicts back (optcheck/drivers/protocol.py)
         w = theirs.fileno()
         env = worker_env(cfg)
         try:
@@ -308,7 +308,7 @@ def _supervise(cfg: SoakConfig, out: Path, rec: RunRecorder, bar: Progress, sig:
 
 
 def _handle(msg: dict, st: _State, rec: RunRecorder, bar: Progress) -> str | None:
-    """Record one worker message (decoded by ``optcheck.protocol.read_messages``: its
+    """Record one worker message (decoded by ``optcheck.drivers.protocol.read_messages``: its
     numbers are numbers, non-finite ones floats); for a snapshot, check it. Returns the
     reason to stop the worker (``--stop-on-finding``: the first new finding of a
     snapshot that asks a verdict).

@@ -1,8 +1,8 @@
 """The one sequencer of a run: when a snapshot is taken, and what goes into it. Torch-free.
 
-Both drivers of a run use it: the soak worker loop (``optcheck/worker_loop.py``,
+Both drivers of a run use it: the soak worker loop (``optcheck/drivers/worker_loop.py``,
 one process per backend, PyTorch or TorchSharp) and ``optcheck.Monitor``
-(``optcheck/monitor.py``, inside the user's own PyTorch loop). The order it
+(``optcheck/drivers/monitor.py``, inside the user's own PyTorch loop). The order it
 keeps, per optimizer step ``n`` (1-based):
 
 1. **pre-step check** (:meth:`Sequencer.pre_step`): the probe's fingerprint —
@@ -20,7 +20,7 @@ keeps, per optimizer step ``n`` (1-based):
 :meth:`Sequencer.take` is the one place a snapshot is built (hook it to add
 per-rank fields); it hands the snapshot to the driver's ``emit`` (the worker
 sends it to the supervisor, the Monitor checks and writes it:
-:class:`optcheck.session_summary.Checker`). What a run cost — seconds spent in
+:class:`optcheck.run.summary.Checker`). What a run cost — seconds spent in
 snapshots and in rule checks — is counted in :class:`Cost`, optcheck's own
 work per step outside snapshots in :class:`StepCost`; both land in
 ``summary.json``'s ``cost`` (``docs/summary.md``).
@@ -33,7 +33,7 @@ import statistics
 import time
 from typing import Any, Callable, Protocol
 
-from optcheck.snapshot import assemble
+from optcheck.run.snapshot import assemble
 
 
 class Cost:
@@ -104,7 +104,7 @@ def cost_dict(snapshots: Cost, checks: Cost) -> dict:
 
 
 class Probe(Protocol):
-    """What the sequencer needs from a backend (``optcheck.worker_loop.Backend`` has it)."""
+    """What the sequencer needs from a backend (``optcheck.drivers.worker_loop.Backend`` has it)."""
 
     name: str
 

@@ -2,7 +2,7 @@
 
 A worker process is ``python -m optcheck.pytorch.worker`` or
 ``python -m optcheck.torchsharp_bridge.worker``; each builds a :class:`Backend`
-and calls :func:`run`. The loop drives the run's one sequencer (``optcheck/session.py``, shared with
+and calls :func:`run`. The loop drives the run's one sequencer (``optcheck/run/sequencer.py``, shared with
 ``optcheck.Monitor``):
 
 1. load the corpus; build model and optimizer (``Backend.setup``);
@@ -17,7 +17,7 @@ and calls :func:`run`. The loop drives the run's one sequencer (``optcheck/sessi
 
 The worker runs no rules: the supervisor's engine is the run's only one. With
 ``--stop-on-finding`` a pre-step check snapshot is sent with ``verdict=True``
-and the worker waits for the supervisor's verdict (``optcheck/protocol.py``)
+and the worker waits for the supervisor's verdict (``optcheck/drivers/protocol.py``)
 before the step runs; a finding in it stops the worker at that step.
 
 Metrics are sent in batches (every :data:`METRICS_BATCH` steps or
@@ -45,8 +45,8 @@ from typing import Any, Protocol
 from optcheck.config import SoakConfig
 from optcheck.data import BatchSchedule, Corpus, load_corpus, val_batches
 from optcheck.errors import InputError, StepStopped  # noqa: F401 - StepStopped: caught here, defined there
-from optcheck.protocol import Stream
-from optcheck.session import Sequencer, StepCost
+from optcheck.drivers.protocol import Stream
+from optcheck.run.sequencer import Sequencer, StepCost
 
 METRICS_BATCH = 200
 METRICS_FLUSH_S = 1.0

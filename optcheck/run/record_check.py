@@ -15,7 +15,7 @@ import json
 import os
 from typing import Any, Iterator
 
-from optcheck.snapshot import SCHEMA_DIR, SCHEMA_FILES, LineParser, SchemaError, StreamDefect, inline_refs, validate, \
+from optcheck.run.snapshot import SCHEMA_DIR, SCHEMA_FILES, LineParser, SchemaError, StreamDefect, inline_refs, validate, \
     validate_record
 
 _PY_TYPES = {"integer": (int,), "number": (int, float), "string": (str,), "object": (dict,), "array": (list,),
