@@ -65,7 +65,7 @@ def plain_child(args) -> None:
         batches[step - 1, 0], batches[step - 1, 1] = x, y
     runtime.load(args.runtime)
     runtime.load_assembly(args.dll)
-    from OptCheck.Probe import Bench
+    Bench = runtime.loaded_internal_type("OptCheck.Probe.Bench")  # internal: not importable
     from System import IntPtr
 
     config_json = setup_config(cfg, corpus)
@@ -110,13 +110,14 @@ def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
     the same step from Python as the worker makes it (StepBound + buffer copy + cached fingerprint),
     a fresh fingerprint from Python, a fingerprint inside .NET, and one snapshot (probe + conversion)."""
     from optcheck.data import BatchSchedule, load_corpus
+    from optcheck.torchsharp_bridge import runtime
     from optcheck.torchsharp_bridge.worker import TorchSharpBackend
 
     cfg = soak_config(args, dll, trainer)
     corpus = load_corpus(cfg.data, cfg.vocab_size)
     be = TorchSharpBackend()
     be.setup(cfg, corpus)
-    from OptCheck.Probe import Bench
+    Bench = runtime.loaded_internal_type("OptCheck.Probe.Bench")  # internal: not importable
     from System import IntPtr
 
     sched = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed)
@@ -197,6 +198,7 @@ def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> d
 
     from optcheck.data import BatchSchedule, load_corpus
     from optcheck.protocol import Stream
+    from optcheck.torchsharp_bridge import runtime
     from optcheck.torchsharp_bridge.worker import TorchSharpBackend, setup_config
     from optcheck.worker_loop import Loop
 
@@ -208,7 +210,7 @@ def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> d
     for step in range(1, steps + 1):
         batches[step - 1, 0], batches[step - 1, 1] = sched.batch(corpus.train, step)
     TorchSharpBackend().setup(cfg, corpus)  # loads .NET and the assembly into this process
-    from OptCheck.Probe import Bench
+    Bench = runtime.loaded_internal_type("OptCheck.Probe.Bench")  # internal: not importable
     from System import IntPtr
 
     config_json = setup_config(cfg, corpus)

@@ -37,7 +37,12 @@ using System.Collections.Generic;
 using System.Globalization;
 using System.Linq;
 using System.Runtime.InteropServices;
+using OptCheck.Contract;
 using OptCheck.Probe;
+
+// the C# harnesses (tests/dotnet/guard_check) use the probe, which is internal in any assembly that compiles it in
+[assembly: System.Runtime.CompilerServices.InternalsVisibleTo("GuardCheck")]
+[assembly: System.Runtime.CompilerServices.InternalsVisibleTo("WrappedGuardCheck")]
 
 namespace OptCheckTest
 {
@@ -269,7 +274,7 @@ namespace OptCheckTest
         }
 
         /// <summary>Run before ZeroGrad() and Step() with "zero_grad()" / "step()": the stand-in of
-        /// OptCheck.Worker.GuardedOptimizer (PreStepGuard.Before).</summary>
+        /// OptCheck.Contract.GuardedOptimizer (PreStepGuard.Before).</summary>
         public Action<string> Before;
 
         public void ZeroGrad()
@@ -531,7 +536,7 @@ namespace OptCheckTest
             return Model.Loss(inputs, targets, batch * time, false);
         }
 
-        public IProbeTarget Target { get { return target; } }
+        IProbeTarget ITrainer.Target { get { return target; } }
 
         public string[] Scenarios
         {
@@ -695,7 +700,7 @@ namespace OptCheckTest
     /// Under optcheck's Driver the guard records; run by hand (GuardCheck) it throws PreStepCheckException.</summary>
     public sealed class InStepTrainer : TestTrainer, IGuardedTrainer
     {
-        public InStepTrainer() { InStepGuard = new PreStepGuard(Target); }
-        public PreStepGuard Guard { get { return InStepGuard; } }
+        public InStepTrainer() { InStepGuard = new PreStepGuard(((ITrainer)this).Target); }
+        PreStepGuard IGuardedTrainer.Guard { get { return InStepGuard; } }
     }
 }
