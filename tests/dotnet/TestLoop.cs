@@ -30,7 +30,10 @@
 // temporaries left to the finalizer instead of disposed), failfast (Environment.FailFast: SIGABRT, exit 134). Setup option
 // "extra.failfast_at" = N calls FailFast at the start of step N. "extra.nan_grad_at" = N puts a NaN into
 // lm_head.bias's gradient at step N and skips that step's clipping and optimizer step (as
-// torch.cuda.amp.GradScaler skips a step whose gradients are not finite): the parameters stay finite. NativeTrainer P/Invokes a
+// torch.cuda.amp.GradScaler skips a step whose gradients are not finite): the parameters stay finite.
+// "extra.nan_loss_at" = N: the loss the step returns is NaN from step N on (a model whose loss diverged;
+// its parameters stay finite). In-step bug "nan-weight": the user's own Step writes a NaN into
+// lm_head.weight before optimizer.step(), so every loss after it is NaN. NativeTrainer P/Invokes a
 // native library that does not exist (DllNotFoundException in Setup).
 using System;
 using System.Collections.Generic;
@@ -480,7 +483,8 @@ namespace OptCheckTest
                 keptLosses.Add(kept);
             }
             if (!noDisposeScope) foreach (Temp t in temps) t.Dispose();
-            return loss;
+            double nanFrom = D("extra.nan_loss_at", -1);
+            return nanFrom > 0 && step >= nanFrom ? double.NaN : loss;
         }
 
         /// <summary>The user's own bug, planted inside Step ("extra.bug", at step "extra.bug_at"): to-float64
@@ -504,6 +508,7 @@ namespace OptCheckTest
                     break;
                 }
                 case "dispose": Model.LmHeadBias.Disposed = true; break;
+                case "nan-weight": Model.LmHeadWeight.Data[0] = double.NaN; break;
                 case "throw": throw new InvalidOperationException("the user's own Step failed (no model or optimizer fault)");
                 default: throw new ArgumentException("the test loop has no in-step bug '" + opts.String("extra.bug", "") + "'");
             }
