@@ -226,7 +226,8 @@ class StaticMethods:
     optcheck's C# is ``internal`` in every assembly that compiles it in (``OptCheck.Probe.Driver``,
     ``Bench``, ``ValueStats``: two projects that both compile the sources must not clash, CS0436), so
     pythonnet cannot import it; ``StaticMethods(t).ForType("X")`` calls ``t.ForType("X")`` through
-    ``MethodInfo.Invoke`` (arguments widened by .NET's binder: a Python int reaches a ``long``), and the
+    ``MethodInfo.Invoke`` (a Python int, float or bool is first made the parameter's own primitive type:
+    CoreCLR's pythonnet would pass it boxed as a ``PyInt``, which ``Invoke`` refuses), and the
     objects it returns are called as usual (pythonnet binds the public members of any runtime type). An
     exception the method throws is raised as itself, not as the ``TargetInvocationException`` around it.
     Overloaded names are not supported (none of optcheck's are).
@@ -248,9 +249,14 @@ class StaticMethods:
                 raise AttributeError(f"{self.type.FullName} has no static method {name}")
             self._methods[name] = method
 
+        params = [str(p.ParameterType.FullName) for p in method.GetParameters()]
+
         def call(*args):
+            if len(args) != len(params):
+                raise TypeError(f"{self.type.FullName}.{name} takes {len(params)} arguments ({len(args)} given)")
+            args = [_primitive(a, p) for a, p in zip(args, params)]
             try:
-                return method.Invoke(None, list(args))
+                return method.Invoke(None, args)
             except Exception as e:  # noqa: BLE001 - unwrap TargetInvocationException, keep any other
                 inner = getattr(e, "InnerException", None)
                 if inner is not None and str(e.GetType().FullName) == "System.Reflection.TargetInvocationException":
@@ -258,6 +264,18 @@ class StaticMethods:
                 raise
 
         return call
+
+
+def _primitive(value, type_name: str):
+    """``value`` as the .NET primitive ``type_name`` when it is a Python number or bool, else itself."""
+    if isinstance(value, (bool, int, float)):
+        import System
+
+        conv = {"System.Int32": System.Int32, "System.Int64": System.Int64, "System.Double": System.Double,
+                "System.Single": System.Single, "System.Boolean": System.Boolean}.get(type_name)
+        if conv is not None:
+            return conv(value)
+    return value
 
 
 def internal_type(assembly, full_name: str) -> StaticMethods | None:
