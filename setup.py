@@ -1,9 +1,9 @@
 """Ship the TorchSharp worker's C# sources in the wheel (everything else is in pyproject.toml).
 
 The C# lives once, in the checkout's ``dotnet/`` folder (``dotnet/Probe/*.cs``,
-``dotnet/Worker/*.cs`` and ``OptCheck.Worker.csproj``): the project folder a C# user opens and
+``dotnet/Contract/**/*.cs``, ``dotnet/Worker/*.cs`` and ``OptCheck.Worker.csproj``): the project folder a C# user opens and
 builds by hand. When a wheel is built, ``build_py`` copies those files into the package as
-``optcheck/dotnet_src/{Probe,Worker}/``, where an installed optcheck builds the worker from
+``optcheck/dotnet_src/{Probe,Contract,Worker}/``, where an installed optcheck builds the worker from
 (optcheck/torchsharp_bridge/build.py ``sources_dir``). An editable install skips the copy and
 keeps reading ``dotnet/``, so there is never a second copy in git.
 """
@@ -15,7 +15,8 @@ from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 #: (folder under dotnet/, file patterns) shipped as optcheck/dotnet_src/<folder>/
-CSHARP = (("Probe", ("*.cs",)), ("Worker", ("*.cs", "*.csproj")))
+CSHARP = (("Probe", ("*.cs",)), ("Contract", ("*.cs",)), ("Contract/TorchSharp", ("*.cs",)),
+          ("Worker", ("*.cs", "*.csproj")))
 
 
 def csharp_sources() -> list[tuple[Path, str]]:

@@ -55,6 +55,7 @@ def main() -> None:
 
     from optcheck.config import SoakConfig
     from optcheck.data import BatchSchedule, load_corpus
+    from optcheck.torchsharp_bridge import runtime
     from optcheck.torchsharp_bridge.worker import TorchSharpBackend
 
     dll = build_testloop()
@@ -67,7 +68,7 @@ def main() -> None:
     be.setup(cfg, corpus)
     x, y = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed).batch(corpus.train, 1)
     xc, yc = np.ascontiguousarray(x), np.ascontiguousarray(y)
-    from OptCheck.Probe import Bench
+    Bench = runtime.loaded_internal_type("OptCheck.Probe.Bench")  # internal: not importable
     from System import IntPtr
 
     d, n, k = be.driver, args.steps, args.snapshots

@@ -65,7 +65,7 @@ def plain_child(args) -> None:
         batches[step - 1, 0], batches[step - 1, 1] = x, y
     runtime.load(args.runtime)
     runtime.load_assembly(args.dll)
-    from OptCheck.Probe import Bench
+    Bench = runtime.loaded_internal_type("OptCheck.Probe.Bench")  # internal: not importable
     from System import IntPtr
 
     config_json = setup_config(cfg, corpus)
@@ -110,13 +110,15 @@ def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
     the same step from Python as the worker makes it (StepBound + buffer copy + cached fingerprint),
     a fresh fingerprint from Python, a fingerprint inside .NET, and one snapshot (probe + conversion)."""
     from optcheck.data import BatchSchedule, load_corpus
+    from optcheck.torchsharp_bridge import runtime
     from optcheck.torchsharp_bridge.worker import TorchSharpBackend
+    from optcheck.drivers.worker_loop import Loop
 
     cfg = soak_config(args, dll, trainer)
     corpus = load_corpus(cfg.data, cfg.vocab_size)
     be = TorchSharpBackend()
     be.setup(cfg, corpus)
-    from OptCheck.Probe import Bench
+    Bench = runtime.loaded_internal_type("OptCheck.Probe.Bench")  # internal: not importable
     from System import IntPtr
 
     sched = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed)
@@ -124,7 +126,7 @@ def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
     xc, yc = np.ascontiguousarray(x), np.ascontiguousarray(y)
     d, step = be.driver, 1
     res: dict[str, list[float]] = {k: [] for k in ("net_step", "net_bound", "py_step", "py_fp", "net_fp", "snapshot",
-                                                   "batch")}
+                                                   "batch", "loop_nostep")}
     clock = time.process_time
     for _ in range(3):
         t = clock()
@@ -157,7 +159,29 @@ def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
         for i in range(n):
             sched.batch(corpus.train, i + 1)
         res["batch"].append((clock() - t) / n)
+        # the worker loop alone: Loop.run over this backend with a step that does not reach .NET (the
+        # batch, the pre-step compare, metrics, clocks, the start and final snapshots; no messages)
+        c = soak_config(args, dll, trainer)
+        c.steps, c.every = n, n
+        t = clock()
+        Loop(_NoStep(be), c, _NullStream()).run(corpus)
+        res["loop_nostep"].append((clock() - t) / n)
     return {k: statistics.median(v) * 1e6 for k, v in res.items()}
+
+
+class _NoStep:
+    """A TorchSharpBackend whose train_step returns a constant without calling .NET (its fingerprint stays
+    the cached one, as after a real step): the cost of the worker loop around the step, measured apart."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def train_step(self, step: int, x, y) -> float:
+        self.inner._fp_valid = True
+        return 1.0
 
 
 class _NullStream:
@@ -197,6 +221,7 @@ def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> d
 
     from optcheck.data import BatchSchedule, load_corpus
     from optcheck.drivers.protocol import Stream
+    from optcheck.torchsharp_bridge import runtime
     from optcheck.torchsharp_bridge.worker import TorchSharpBackend, setup_config
     from optcheck.drivers.worker_loop import Loop
 
@@ -208,7 +233,7 @@ def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> d
     for step in range(1, steps + 1):
         batches[step - 1, 0], batches[step - 1, 1] = sched.batch(corpus.train, step)
     TorchSharpBackend().setup(cfg, corpus)  # loads .NET and the assembly into this process
-    from OptCheck.Probe import Bench
+    Bench = runtime.loaded_internal_type("OptCheck.Probe.Bench")  # internal: not importable
     from System import IntPtr
 
     config_json = setup_config(cfg, corpus)
@@ -305,6 +330,28 @@ def print_ladder(lad: dict, steps: int, every: int) -> None:
           f"{1e6 * lad['gc_s'] / steps:.1f} us/step)")
 
 
+def print_independent(b: dict, lad: dict, steps: int, every: int) -> None:
+    """The same difference from components measured apart (:func:`breakdown`), none of them a difference of
+    ladder stages, against the ladder's measured difference: the check that nothing is left unlisted."""
+    diff = 1e6 * (lad["snapshots"] - lad["plain"]) / steps
+    ends = 2 * b["snapshot"] / steps  # the start and final snapshots of a run of `steps` steps
+    parts = {
+        "call": (b["py_step"] - b["net_bound"], "pythonnet call of StepBound + batch copy (Python step - .NET loop of StepBound)"),
+        "fingerprint": (b["net_bound"] - b["net_step"], "fingerprint inside StepBound (.NET StepBound - .NET step)"),
+        "loop": (b["loop_nostep"] - b["batch"] - ends, "worker loop around the step (Loop.run with no .NET step, less "
+                                                       "its batches and start/final snapshots)"),
+        "batch": (b["batch"], "batch generation (BatchSchedule.batch)"),
+        "snapshots": (b["snapshot"] / every + ends, f"one snapshot every {every} steps + start/final snapshot"),
+    }
+    total = sum(v for v, _ in parts.values())
+    print(f"  the same difference from components measured apart (CPU us/step, median of 3; messages not included):")
+    for name, (v, what) in parts.items():
+        print(f"    {name:<12} {v:8.1f} us/step  {what}")
+    gap = (total - diff) / diff if diff else float("nan")
+    print(f"    {'sum':<12} {total:8.1f} us/step  against the measured difference {diff:.1f} us/step: "
+          f"{100 * gap:+.1f}% ({'within' if abs(gap) <= 0.10 else 'NOT within'} 10%)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=2000)
@@ -356,8 +403,9 @@ def main() -> None:
           f"{args.block_size}), snapshot every {args.every}, {args.pairs} interleaved pairs, {args.runtime}, wall time "
           f"of the training loop", flush=True)
     if args.in_process_only:
-        print_ladder(ladder(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds), args.ladder_steps,
-                     args.every)
+        lad = ladder(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds)
+        print_ladder(lad, args.ladder_steps, args.every)
+        print_independent(breakdown(args, dll, trainer), lad, args.ladder_steps, args.every)
         return
     plain_s, soak_s = [], []
     with tempfile.TemporaryDirectory(prefix="bench_torchsharp.") as tmp:
@@ -379,8 +427,9 @@ def main() -> None:
           f"median step plain {1e3 * statistics.median(plain_s) / args.steps:.2f} ms, soak "
           f"{1e3 * statistics.median(soak_s) / args.steps:.2f} ms")
     b = breakdown(args, dll, trainer)  # loads .NET into this process
-    print_ladder(ladder(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds), args.ladder_steps,
-                     args.every)
+    lad = ladder(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds)
+    print_ladder(lad, args.ladder_steps, args.every)
+    print_independent(b, lad, args.ladder_steps, args.every)
     snap_per_step = b["snapshot"] / args.every
     print(f"  where the soak's time goes, per step (CPU time of one process, median of 3): step inside .NET {b['net_step']:.1f} us; "
           f"Driver.StepBound looped inside .NET {b['net_bound']:.1f} us; "

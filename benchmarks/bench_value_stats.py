@@ -35,7 +35,7 @@ def main() -> None:
 
     rt = runtime.load(args.runtime)
     runtime.load_assembly(build_testloop())
-    from OptCheck.Probe import ValueStats
+    ValueStats = runtime.loaded_internal_type("OptCheck.Probe.ValueStats")  # internal: not importable
     from System import IntPtr
 
     a = np.random.default_rng(0).standard_normal(args.values).astype(np.float32)

@@ -4,10 +4,11 @@
 using System;
 using System.Diagnostics;
 using System.Runtime.InteropServices;
+using OptCheck.Contract;
 
 namespace OptCheck.Probe
 {
-    public static class Bench
+    internal static class Bench
     {
         /// <summary>Plain mode: the trainer's own loop, as a user runs it — no probe, no pre-step check,
         /// no Python per step. Constructs the ITrainer named <paramref name="trainerType"/> (as

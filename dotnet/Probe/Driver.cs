@@ -6,10 +6,11 @@
 using System;
 using System.Reflection;
 using System.Runtime.InteropServices;
+using OptCheck.Contract;
 
 namespace OptCheck.Probe
 {
-    public sealed class Driver
+    internal sealed class Driver
     {
         readonly ITrainer trainer;
         ProbeCore probe;
@@ -33,8 +34,8 @@ namespace OptCheck.Probe
                 string[] found = TrainerTypes();
                 if (found.Length != 1)
                     throw new ArgumentException(typeof(Driver).Assembly.GetName().Name + " holds " +
-                                                (found.Length == 0 ? "no trainer type (a public class implementing OptCheck.Probe.ITrainer " +
-                                                                     "with a public parameterless constructor, e.g. one derived from ModuleTrainer)"
+                                                (found.Length == 0 ? "no trainer type (a public class derived from OptCheck.Contract.ModuleTrainer " +
+                                                                     "with a public parameterless constructor)"
                                                                    : found.Length + " trainer types: " + string.Join(", ", found) +
                                                                      "; name one with --dotnet-trainer"));
                 typeName = found[0];

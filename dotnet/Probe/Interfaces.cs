@@ -10,11 +10,12 @@
 // native modules in place).
 using System;
 using System.Collections.Generic;
+using OptCheck.Contract;
 
 namespace OptCheck.Probe
 {
     /// <summary>One tensor as the probe sees it: a model parameter or an optimizer member.</summary>
-    public interface IParameterView
+    internal interface IParameterView
     {
         /// <summary>Name from model.named_parameters(); null for an optimizer member the adapter cannot name.</summary>
         string Name { get; }
@@ -37,7 +38,7 @@ namespace OptCheck.Probe
     }
 
     /// <summary>Optional, next to IParameterView: the parameter's values, read when a snapshot is taken.</summary>
-    public interface IParameterValues
+    internal interface IParameterValues
     {
         /// <summary>L2 norm of the values (<paramref name="valueNorm"/>, NaN = unknown) and the checksum
         /// (ValueStats: the wrapping sum of the values' bit patterns, as optcheck/pytorch/probe.py sums them);
@@ -46,7 +47,7 @@ namespace OptCheck.Probe
     }
 
     /// <summary>One optimizer param group.</summary>
-    public interface IParamGroupView
+    internal interface IParamGroupView
     {
         /// <summary>Option names, e.g. lr, beta1, beta2, eps, weight_decay (parallel to OptionValues).</summary>
         string[] OptionNames { get; }
@@ -58,7 +59,7 @@ namespace OptCheck.Probe
     }
 
     /// <summary>What the probe reads: a model and its optimizer, in their current state.</summary>
-    public interface IProbeTarget
+    internal interface IProbeTarget
     {
         /// <summary>The model's parameters, model.named_parameters() order, read afresh on every call.</summary>
         IList<IParameterView> ModelParameters();
@@ -86,7 +87,7 @@ namespace OptCheck.Probe
     /// (TorchSharp: DisposeScopeManager.Statistics, a per-thread ThreadDisposeScopeStatistics).
     /// Cumulative counts since the thread started; -1 = unknown. Read on the thread that runs
     /// the training step (the probe runs there). Rule OC402 uses created minus disposed.</summary>
-    public interface IDisposeScopeStatistics
+    internal interface IDisposeScopeStatistics
     {
         /// <summary>Tensors created while no DisposeScope was open (CreatedOutsideScopeCount).</summary>
         long TensorsCreatedOutsideScope { get; }
@@ -95,7 +96,7 @@ namespace OptCheck.Probe
     }
 
     /// <summary>One optimizer-state entry, as IProbeTarget.DescribeState reports it.</summary>
-    public sealed class StateView
+    internal sealed class StateView
     {
         /// <summary>The entry's step counter; -1 = none.</summary>
         public long Step = -1;
@@ -116,7 +117,7 @@ namespace OptCheck.Probe
     /// The type must have a public parameterless constructor; its name is given to the worker as
     /// SoakConfig.extra["dotnet_trainer"] and it lives in the assembly SoakConfig.extra["dotnet_assembly"],
     /// which also contains the OptCheck.Probe sources.</summary>
-    public interface ITrainer
+    internal interface ITrainer
     {
         /// <summary>Build model and optimizer from <paramref name="configJson"/>, one JSON object: every scalar
         /// field of optcheck.config.SoakConfig (seed, block_size, batch_size, n_layer, n_head, n_embd, dropout,

@@ -11,6 +11,7 @@ using System;
 using System.Collections.Generic;
 using System.Globalization;
 using System.Text;
+using OptCheck.Contract;
 
 namespace OptCheck.Probe
 {

@@ -8,27 +8,13 @@ using System.Collections.Generic;
 using System.Diagnostics;
 using System.IO;
 using System.Text;
+using OptCheck.Contract;
 
 namespace OptCheck.Probe
 {
-    /// <summary>One problem the pre-step check found: the finding code it is (OC101 stale member, OC102
-    /// untracked parameter, OC103 orphan state key, OC108 member without state, OC109 disposed member), the
-    /// line PreStepGuard shows, the names and handles involved and, for OC108, the exception the next step()
-    /// throws and its key.</summary>
-    public sealed class PreStepProblem
-    {
-        public string Code, Line, PredictedException, PredictedKey;
-        /// <summary>The parameters' names (a disposed member: its name at the last clean check, else "group G member I").</summary>
-        public readonly List<string> Names = new List<string>();
-        /// <summary>Their handles (Tensor.Handle; 0 for a disposed member).</summary>
-        public readonly List<long> Refs = new List<long>();
-        /// <summary>The handles (the same list as Refs).</summary>
-        public List<long> Handles { get { return Refs; } }
-    }
-
     /// <summary>Optional, next to IProbeTarget: lines the snapshot's notes carry about what the target could
     /// not read (e.g. "optimizer state not readable: ... native optimizer").</summary>
-    public interface IProbeNotes
+    internal interface IProbeNotes
     {
         IList<string> Notes { get; }
     }

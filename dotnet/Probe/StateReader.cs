@@ -10,6 +10,7 @@ using System;
 using System.Collections;
 using System.Collections.Generic;
 using System.Reflection;
+using OptCheck.Contract;
 
 namespace OptCheck.Probe
 {

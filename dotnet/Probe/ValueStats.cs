@@ -5,10 +5,11 @@
 // checksums when the values did not move (docs/dotnet.md, "Values").
 using System;
 using System.Runtime.InteropServices;
+using OptCheck.Contract;
 
 namespace OptCheck.Probe
 {
-    public static class ValueStats
+    internal static class ValueStats
     {
         const int Chunk = 16384;
         [ThreadStatic] static float[] f32;

@@ -6,6 +6,7 @@ using System;
 using System.Collections.Generic;
 using System.Globalization;
 using System.Linq;
+using OptCheck.Contract;
 using OptCheck.Probe;
 
 namespace OptCheck.Worker

@@ -19,6 +19,7 @@ using System.Globalization;
 using System.IO;
 using System.Linq;
 using System.Reflection;
+using OptCheck.Contract;
 using OptCheck.Probe;
 using TorchSharp;
 using TorchSharp.Modules;

@@ -1,7 +1,7 @@
 // A user's own TorchSharp model and AdamW loop, soaked by optcheck (README.md beside this file).
 //
 // BigramMlp: token embedding -> Linear -> GELU -> Linear back to the vocabulary, trained on
-// next-byte prediction. OwnTrainer derives from OptCheck.Worker.ModuleTrainer and writes only
+// next-byte prediction. OwnTrainer derives from OptCheck.Contract.ModuleTrainer and writes only
 // Setup (model + optimizer) and Step; optcheck's probe reads the model's named parameters, the
 // AdamW param groups and AdamW's per-parameter state through ModuleTrainer.Model / .Optimizer.
 //
@@ -17,8 +17,7 @@
 // C# 7 (Mono's mcs compiles it); every Tensor null check is ReferenceEquals (Tensor's == is
 // element-wise from TorchSharp 0.10x).
 using System;
-using OptCheck.Probe;
-using OptCheck.Worker;
+using OptCheck.Contract;
 using TorchSharp;
 using TorchSharp.Modules;
 using static TorchSharp.torch;

@@ -156,13 +156,15 @@ def parse_spec(spec: str) -> Spec:
 # -- sources and the cache -------------------------------------------------------------------
 
 def source_files(dotnet_dir: Path = _DOTNET_DIR) -> list[Path]:
-    """The files a build copies: ``Worker/*.csproj``, ``Worker/*.cs``, ``Probe/*.cs``.
+    """The files a build copies: ``Worker/*.csproj``, ``Worker/*.cs``, ``Probe/*.cs`` and the user contract
+    ``Contract/*.cs``, ``Contract/TorchSharp/*.cs``.
 
     Raises:
         InputError: the ``dotnet/`` sources are not there (optcheck not run from a checkout).
     """
     files = sorted((dotnet_dir / "Worker").glob("*.csproj")) + sorted((dotnet_dir / "Worker").glob("*.cs")) \
-        + sorted((dotnet_dir / "Probe").glob("*.cs"))
+        + sorted((dotnet_dir / "Probe").glob("*.cs")) + sorted((dotnet_dir / "Contract").glob("*.cs")) \
+        + sorted((dotnet_dir / "Contract" / "TorchSharp").glob("*.cs"))
     if not any(f.suffix == ".csproj" for f in files):
         raise InputError(f"the TorchSharp worker sources are not at {dotnet_dir}/Worker (an installed optcheck "
                          f"has them in optcheck/dotnet_src, a checkout in dotnet/); reinstall optcheck "

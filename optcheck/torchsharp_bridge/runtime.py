@@ -220,6 +220,85 @@ def load_assembly(path: str | os.PathLike, option: str = "--dotnet-assembly"):
                          f"{str(msg).splitlines()[0]})") from None
 
 
+class StaticMethods:
+    """The static methods of a .NET type that its assembly does not export, called through reflection.
+
+    optcheck's C# is ``internal`` in every assembly that compiles it in (``OptCheck.Probe.Driver``,
+    ``Bench``, ``ValueStats``: two projects that both compile the sources must not clash, CS0436), so
+    pythonnet cannot import it; ``StaticMethods(t).ForType("X")`` calls ``t.ForType("X")`` through
+    ``MethodInfo.Invoke`` (a Python int, float or bool is first made the parameter's own primitive type:
+    CoreCLR's pythonnet would pass it boxed as a ``PyInt``, which ``Invoke`` refuses), and the
+    objects it returns are called as usual (pythonnet binds the public members of any runtime type). An
+    exception the method throws is raised as itself, not as the ``TargetInvocationException`` around it.
+    Overloaded names are not supported (none of optcheck's are).
+    """
+
+    def __init__(self, dotnet_type) -> None:
+        self.type = dotnet_type
+        self._methods: dict[str, object] = {}
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        method = self._methods.get(name)
+        if method is None:
+            from System.Reflection import BindingFlags
+
+            method = self.type.GetMethod(name, BindingFlags.Public | BindingFlags.NonPublic | BindingFlags.Static)
+            if method is None:
+                raise AttributeError(f"{self.type.FullName} has no static method {name}")
+            self._methods[name] = method
+
+        params = [str(p.ParameterType.FullName) for p in method.GetParameters()]
+
+        def call(*args):
+            if len(args) != len(params):
+                raise TypeError(f"{self.type.FullName}.{name} takes {len(params)} arguments ({len(args)} given)")
+            args = [_primitive(a, p) for a, p in zip(args, params)]
+            try:
+                return method.Invoke(None, args)
+            except Exception as e:  # noqa: BLE001 - unwrap TargetInvocationException, keep any other
+                inner = getattr(e, "InnerException", None)
+                if inner is not None and str(e.GetType().FullName) == "System.Reflection.TargetInvocationException":
+                    raise inner from None
+                raise
+
+        return call
+
+
+def _primitive(value, type_name: str):
+    """``value`` as the .NET primitive ``type_name`` when it is a Python number or bool, else itself."""
+    if isinstance(value, (bool, int, float)):
+        import System
+
+        conv = {"System.Int32": System.Int32, "System.Int64": System.Int64, "System.Double": System.Double,
+                "System.Single": System.Single, "System.Boolean": System.Boolean}.get(type_name)
+        if conv is not None:
+            return conv(value)
+    return value
+
+
+def internal_type(assembly, full_name: str) -> StaticMethods | None:
+    """:class:`StaticMethods` of the type ``full_name`` in ``assembly`` (a ``System.Reflection.Assembly``,
+    e.g. what :func:`load_assembly` returned), public or not; None when the assembly has no such type."""
+    t = assembly.GetType(full_name)
+    return None if t is None else StaticMethods(t)
+
+
+def loaded_internal_type(full_name: str) -> StaticMethods:
+    """:func:`internal_type` of ``full_name`` in the first loaded assembly that holds it (benchmarks).
+
+    Raises:
+        InputError: no loaded assembly holds it.
+    """
+    from System import AppDomain
+
+    for assembly in AppDomain.CurrentDomain.GetAssemblies():
+        found = internal_type(assembly, full_name)
+        if found is not None:
+            return found
+    raise InputError(f"no loaded .NET assembly holds {full_name}")
+
 def native_library_hint(message: str) -> str:
     """One line for a ``DllNotFoundException``: which native library and how to make it
     findable with Python as the host (``docs/dotnet.md``)."""

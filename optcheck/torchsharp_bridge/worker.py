@@ -150,15 +150,14 @@ class TorchSharpBackend:
         if problem:
             raise InputError(problem)
         self.rt = runtime.load(kind, extra.get("dotnet_root"), config_dir=cfg.work_dir or None)
-        runtime.load_assembly(asm_path)
+        assembly = runtime.load_assembly(asm_path)
         from System import IntPtr
 
         self._IntPtr = IntPtr
-        try:
-            from OptCheck.Probe import Driver
-        except ImportError:
+        Driver = runtime.internal_type(assembly, "OptCheck.Probe.Driver")  # internal: not importable
+        if Driver is None:
             raise InputError(f"--dotnet-assembly {asm_path}: it does not contain OptCheck.Probe.Driver "
-                             f"(include dotnet/Probe/*.cs in the worker project)") from None
+                             f"(include dotnet/Probe/*.cs in the worker project)")
         trainer = extra.get("dotnet_trainer") or ""
         try:
             self.driver = Driver.ForType(trainer)

@@ -30,14 +30,22 @@
 // temporaries left to the finalizer instead of disposed), failfast (Environment.FailFast: SIGABRT, exit 134). Setup option
 // "extra.failfast_at" = N calls FailFast at the start of step N. "extra.nan_grad_at" = N puts a NaN into
 // lm_head.bias's gradient at step N and skips that step's clipping and optimizer step (as
-// torch.cuda.amp.GradScaler skips a step whose gradients are not finite): the parameters stay finite. NativeTrainer P/Invokes a
+// torch.cuda.amp.GradScaler skips a step whose gradients are not finite): the parameters stay finite.
+// "extra.nan_loss_at" = N: the loss the step returns is NaN from step N on (a model whose loss diverged;
+// its parameters stay finite). In-step bug "nan-weight": the user's own Step writes a NaN into
+// lm_head.weight before optimizer.step(), so every loss after it is NaN. NativeTrainer P/Invokes a
 // native library that does not exist (DllNotFoundException in Setup).
 using System;
 using System.Collections.Generic;
 using System.Globalization;
 using System.Linq;
 using System.Runtime.InteropServices;
+using OptCheck.Contract;
 using OptCheck.Probe;
+
+// the C# harnesses (tests/dotnet/guard_check) use the probe, which is internal in any assembly that compiles it in
+[assembly: System.Runtime.CompilerServices.InternalsVisibleTo("GuardCheck")]
+[assembly: System.Runtime.CompilerServices.InternalsVisibleTo("WrappedGuardCheck")]
 
 namespace OptCheckTest
 {
@@ -269,7 +277,7 @@ namespace OptCheckTest
         }
 
         /// <summary>Run before ZeroGrad() and Step() with "zero_grad()" / "step()": the stand-in of
-        /// OptCheck.Worker.GuardedOptimizer (PreStepGuard.Before).</summary>
+        /// OptCheck.Contract.GuardedOptimizer (PreStepGuard.Before).</summary>
         public Action<string> Before;
 
         public void ZeroGrad()
@@ -475,7 +483,8 @@ namespace OptCheckTest
                 keptLosses.Add(kept);
             }
             if (!noDisposeScope) foreach (Temp t in temps) t.Dispose();
-            return loss;
+            double nanFrom = D("extra.nan_loss_at", -1);
+            return nanFrom > 0 && step >= nanFrom ? double.NaN : loss;
         }
 
         /// <summary>The user's own bug, planted inside Step ("extra.bug", at step "extra.bug_at"): to-float64
@@ -499,6 +508,7 @@ namespace OptCheckTest
                     break;
                 }
                 case "dispose": Model.LmHeadBias.Disposed = true; break;
+                case "nan-weight": Model.LmHeadWeight.Data[0] = double.NaN; break;
                 case "throw": throw new InvalidOperationException("the user's own Step failed (no model or optimizer fault)");
                 default: throw new ArgumentException("the test loop has no in-step bug '" + opts.String("extra.bug", "") + "'");
             }
@@ -531,7 +541,7 @@ namespace OptCheckTest
             return Model.Loss(inputs, targets, batch * time, false);
         }
 
-        public IProbeTarget Target { get { return target; } }
+        IProbeTarget ITrainer.Target { get { return target; } }
 
         public string[] Scenarios
         {
@@ -695,7 +705,7 @@ namespace OptCheckTest
     /// Under optcheck's Driver the guard records; run by hand (GuardCheck) it throws PreStepCheckException.</summary>
     public sealed class InStepTrainer : TestTrainer, IGuardedTrainer
     {
-        public InStepTrainer() { InStepGuard = new PreStepGuard(Target); }
-        public PreStepGuard Guard { get { return InStepGuard; } }
+        public InStepTrainer() { InStepGuard = new PreStepGuard(((ITrainer)this).Target); }
+        PreStepGuard IGuardedTrainer.Guard { get { return InStepGuard; } }
     }
 }

@@ -1,4 +1,4 @@
-"""Build the .NET stand-in training loop for the tests: ``dotnet/Probe/*.cs`` +
+"""Build the .NET stand-in training loop for the tests: ``dotnet/Probe/*.cs``, ``dotnet/Contract/*.cs`` +
 ``tests/dotnet/*.cs`` compiled with Debian's ``mcs`` (C# 7) into one assembly,
 cached by the hash of the sources so that a test session compiles it once.
 
@@ -17,7 +17,13 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCES = sorted((REPO / "dotnet" / "Probe").glob("*.cs")) + sorted((REPO / "tests" / "dotnet").glob("*.cs"))
+#: optcheck's TorchSharp-free C#: the probe (internal) and the user contract's TorchSharp-free part (public)
+PROBE_SOURCES = sorted((REPO / "dotnet" / "Probe").glob("*.cs")) + sorted((REPO / "dotnet" / "Contract").glob("*.cs"))
+#: what a user's TorchSharp project compiles in (examples/torchsharp-own-model/OwnModel.csproj): the above, the
+#: contract's TorchSharp part and the TorchSharp readers
+TORCHSHARP_SOURCES = PROBE_SOURCES + sorted((REPO / "dotnet" / "Contract" / "TorchSharp").glob("*.cs")) \
+    + [REPO / "dotnet" / "Worker" / "TorchSharpProbe.cs"]
+SOURCES = PROBE_SOURCES + sorted((REPO / "tests" / "dotnet").glob("*.cs"))
 
 
 class BuildUnavailable(RuntimeError):

@@ -46,7 +46,7 @@ def test_clean_loop_passes_the_guard_and_checks_in_full_once(guard_exe):
 def test_replaced_parameter_is_named_with_the_key_the_step_would_throw(guard_exe):
     rc, out = run(guard_exe, "OptCheckTest.LazyTrainer", "30", "param-replaced@10")
     assert rc == 3 and out["guard_step"] == ["10"]
-    assert out["guard_type"] == ["OptCheck.Probe.PreStepCheckException"]
+    assert out["guard_type"] == ["OptCheck.Contract.PreStepCheckException"]
     problem = out["guard_problem"][0]
     m = re.fullmatch(r"1 optimizer member\(s\) have no state, the next step\(\) throws KeyNotFoundException for key "
                      r"(\d+): lm_head\.weight \(handle (\d+)\)", problem)

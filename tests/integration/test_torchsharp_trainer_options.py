@@ -64,6 +64,7 @@ def only_dll(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("one") / "OnlyOne.dll"
     res = subprocess.run(["mcs", "-target:library", "-nologo", "-langversion:7", f"-out:{out}",
                           *map(str, sorted((ROOT / "dotnet" / "Probe").glob("*.cs"))),
+                          *map(str, sorted((ROOT / "dotnet" / "Contract").glob("*.cs"))),
                           str(ROOT / "tests" / "dotnet" / "single_trainer" / "OnlyTrainer.cs")],
                          capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stdout + res.stderr

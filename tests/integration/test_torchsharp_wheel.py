@@ -65,7 +65,8 @@ def test_the_installed_package_has_its_csharp_sources(venv, tmp_path):
     assert Path(sources) == Path(pkg).parent / "dotnet_src"
     shipped = sorted(p.relative_to(Path(sources)).as_posix() for p in Path(sources).rglob("*") if p.is_file())
     expected = sorted(p.relative_to(REPO / "dotnet").as_posix() for p in
-                      [*(REPO / "dotnet" / "Probe").glob("*.cs"), *(REPO / "dotnet" / "Worker").glob("*.cs"),
+                      [*(REPO / "dotnet" / "Probe").glob("*.cs"), *(REPO / "dotnet" / "Contract").glob("*.cs"),
+                       *(REPO / "dotnet" / "Contract" / "TorchSharp").glob("*.cs"), *(REPO / "dotnet" / "Worker").glob("*.cs"),
                        *(REPO / "dotnet" / "Worker").glob("*.csproj")])
     assert shipped == expected and int(n) == len(expected)
     for rel in expected:  # the same bytes as the checkout: one source of truth

@@ -23,6 +23,7 @@ def exe(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("json") / "JsonCheck.exe"
     res = subprocess.run(["mcs", "-nologo", "-langversion:7", f"-out:{out}",
                           *map(str, sorted((REPO / "dotnet" / "Probe").glob("*.cs"))),
+                          *map(str, sorted((REPO / "dotnet" / "Contract").glob("*.cs"))),
                           str(REPO / "tests" / "dotnet" / "json_check" / "JsonCheck.cs")],
                          capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stdout + res.stderr

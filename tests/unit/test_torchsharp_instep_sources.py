@@ -37,8 +37,7 @@ _spec.loader.exec_module(dotnet_build)
 
 def user_sources() -> list[Path]:
     """What a user's project compiles in from optcheck (examples/torchsharp-own-model/OwnModel.csproj)."""
-    return [*sorted((REPO / "dotnet" / "Probe").glob("*.cs")), REPO / "dotnet" / "Worker" / "TorchSharpProbe.cs",
-            REPO / "dotnet" / "Worker" / "ModuleTrainer.cs"]
+    return list(dotnet_build.TORCHSHARP_SOURCES)
 
 
 @pytest.fixture(scope="module")

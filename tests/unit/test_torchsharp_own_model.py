@@ -36,13 +36,12 @@ needs_mcs = pytest.mark.skipif(shutil.which("mcs") is None or shutil.which("mono
 
 def optcheck_sources() -> list[Path]:
     """What the example's csproj compiles in from OptCheckSources."""
-    return [*sorted((REPO / "dotnet" / "Probe").glob("*.cs")), REPO / "dotnet" / "Worker" / "TorchSharpProbe.cs",
-            REPO / "dotnet" / "Worker" / "ModuleTrainer.cs"]
+    return list(dotnet_build.TORCHSHARP_SOURCES)
 
 
 def test_example_has_readme_csproj_and_source():
     csproj = (EXAMPLE / "OwnModel.csproj").read_text()
-    for pattern in ("/Probe/*.cs", "/Worker/TorchSharpProbe.cs", "/Worker/ModuleTrainer.cs"):
+    for pattern in ("/Probe/*.cs", "/Worker/TorchSharpProbe.cs", "/Contract/*.cs", "/Contract/TorchSharp/*.cs"):
         assert f"$(OptCheckSources){pattern}" in csproj
     assert 'Version="[$(TorchSharpVersion)]"' in csproj and f">{DEFAULT_VERSION}<" in csproj
     readme = (EXAMPLE / "README.md").read_text()
@@ -78,8 +77,8 @@ def test_what_the_worker_gets_from_a_users_trainer(check_exe):
     res = subprocess.run(["mono", str(check_exe)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
     out = dict(ln.split(" ", 1) for ln in res.stdout.splitlines())
-    assert out["trainer"] == "OwnModel.OwnTrainer : OptCheck.Worker.ModuleTrainer"
-    assert out["target"] == "OptCheck.Worker.TorchSharpTarget"  # the same target GptTrainer uses
+    assert out["trainer"] == "OwnModel.OwnTrainer : OptCheck.Contract.ModuleTrainer"
+    assert out["target"] == "OptCheck.Contract.TorchSharpTarget"  # the same target GptTrainer uses
     assert out["scenarios"] == "module-to-after-optimizer"
     assert out["lifecycle"].startswith("NotSupportedException OwnModel.OwnTrainer has no lifecycle events")
     assert "scenario 'param-replaced' is not implemented by OwnModel.OwnTrainer" in out["inject"]
@@ -103,4 +102,4 @@ def test_build_module_prints_where_the_sources_are():
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     folder = Path(res.stdout.strip())
-    assert (folder / "Worker" / "ModuleTrainer.cs").is_file() and (folder / "Probe" / "PreStepGuard.cs").is_file()
+    assert (folder / "Contract" / "TorchSharp" / "ModuleTrainer.cs").is_file() and (folder / "Contract" / "PreStepGuard.cs").is_file()

@@ -65,7 +65,7 @@ def test_sources_value_is_one_the_dotnet_cli_takes():
     value = sources_value()
     assert value.endswith("/") and not value.endswith("/dotnet")
     folder = Path(value)
-    assert (folder / "Probe" / "PreStepGuard.cs").is_file() and (folder / "Worker" / "ModuleTrainer.cs").is_file()
+    assert (folder / "Contract" / "PreStepGuard.cs").is_file() and (folder / "Contract" / "TorchSharp" / "ModuleTrainer.cs").is_file()
 
 
 def readme_build_command() -> str:

@@ -27,6 +27,7 @@ _spec = importlib.util.spec_from_file_location("optcheck_tests_dotnet_build", RE
 dotnet_build = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(dotnet_build)
 find_torchsharp_ref, mcs_against_ref = dotnet_build.find_torchsharp_ref, dotnet_build.mcs_against_ref
+CONTRACT = [*sorted((REPO / "dotnet" / "Contract").glob("*.cs")), *sorted((REPO / "dotnet" / "Contract" / "TorchSharp").glob("*.cs"))]
 WORKER = REPO / "dotnet" / "Worker"
 PROBE = REPO / "dotnet" / "Probe"
 STUB = REPO / "tests" / "dotnet" / "torchsharp_stub" / "TorchSharpStub.cs"
@@ -42,7 +43,7 @@ def mcs(out: Path, sources: list[Path], *extra: str) -> subprocess.CompletedProc
 
 
 def worker_sources(folder: Path = WORKER) -> list[Path]:
-    return [STUB, *sorted(PROBE.glob("*.cs")), *sorted(folder.glob("*.cs"))]
+    return [STUB, *sorted(PROBE.glob("*.cs")), *CONTRACT, *sorted(folder.glob("*.cs"))]
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +77,7 @@ def test_worker_compiles_against_the_torchsharp_signatures(tmp_path):
 def test_worker_compiles_against_the_real_torchsharp_api(tmp_path, torchsharp_ref):
     """dotnet/Worker + dotnet/Probe against TorchSharp's own TorchSharp.dll (0.107.0: Tensor's == / !=
     are element-wise, so every null check must be ReferenceEquals, and every API used must exist)."""
-    sources = [*sorted(PROBE.glob("*.cs")), *sorted(WORKER.glob("*.cs"))]
+    sources = [*sorted(PROBE.glob("*.cs")), *CONTRACT, *sorted(WORKER.glob("*.cs"))]
     res = mcs_against_ref(torchsharp_ref, tmp_path / "w.dll", sources)
     assert res.returncode == 0, res.stdout + res.stderr
     assert (tmp_path / "w.dll").is_file()
@@ -96,7 +97,7 @@ def test_a_tensor_null_check_with_operators_fails_against_the_real_api(tmp_path,
             f.write_text(text.replace(old, new))
             planted += 1
     assert planted == 1, old
-    res = mcs_against_ref(torchsharp_ref, tmp_path / "w.dll", [*sorted(PROBE.glob("*.cs")), *sorted(bad.glob("*.cs"))])
+    res = mcs_against_ref(torchsharp_ref, tmp_path / "w.dll", [*sorted(PROBE.glob("*.cs")), *CONTRACT, *sorted(bad.glob("*.cs"))])
     out = res.stdout + res.stderr
     assert res.returncode != 0
     assert errors <= set(re.findall(r"error (CS\d+)", out)), out
@@ -154,7 +155,7 @@ def test_fault_list_and_state_lookup(check_exe):
     assert out["state_field"] == "TorchSharp.Modules.OptimizerHelper._state"
     assert out["state_owner"] == "none _state"
     # the built-in GPT takes the user path: a ModuleTrainer, its optimizer calls guarded
-    assert out["base"] == "OptCheck.Worker.ModuleTrainer guarded True"
+    assert out["base"] == "OptCheck.Contract.ModuleTrainer guarded True"
     # read through Keys + indexer, in insertion order (TorchSharp's OrderedDict cannot be enumerated untyped)
     assert out["state_read"] == "True 42,41 7,8"
 

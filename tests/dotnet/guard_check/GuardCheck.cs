@@ -6,6 +6,7 @@
 using System;
 using System.Collections.Generic;
 using System.Globalization;
+using OptCheck.Contract;
 using OptCheck.Probe;
 using OptCheckTest;
 
@@ -21,7 +22,7 @@ public static class GuardCheck
             fault = f[0]; faultAt = long.Parse(f[1], CultureInfo.InvariantCulture);
         }
         trainer.Setup("{\"seed\": 1337, \"vocab_size\": 32, \"n_embd\": 8, \"lr\": 0.01}");
-        var guard = new PreStepGuard(trainer.Target);
+        var guard = new PreStepGuard(((ITrainer)trainer).Target);
         const int B = 2, T = 8;
         var x = new long[B * T]; var y = new long[B * T];
         double first = double.NaN, last = double.NaN;

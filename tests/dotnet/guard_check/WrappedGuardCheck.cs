@@ -6,6 +6,7 @@
 //   WrappedGuardCheck.exe STEPS [BUG@STEP]
 using System;
 using System.Globalization;
+using OptCheck.Contract;
 using OptCheck.Probe;
 using OptCheckTest;
 

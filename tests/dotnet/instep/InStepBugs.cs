@@ -1,6 +1,6 @@
 // A user's own TorchSharp trainer with the five identity bugs planted INSIDE its Step, before its own
 // optimizer calls (tests/unit/test_torchsharp_instep_sources.py compiles it with dotnet/Probe,
-// Worker/TorchSharpProbe.cs and Worker/ModuleTrainer.cs against TorchSharp 0.107.0's own reference
+// Worker/TorchSharpProbe.cs and Contract/** against TorchSharp 0.107.0's own reference
 // assembly and against the signature stub). Under optcheck, ModuleTrainer.Optimizer is a
 // GuardedOptimizer: each bug is named at its step, phase in-step, before TorchSharp throws. The same
 // loop without optcheck (PlainLoop) wraps its optimizer once with TorchSharpGuard.Wrap and gets
@@ -8,6 +8,7 @@
 //   extra.bug: to-float64 | param-replaced | register-late | eager-to-float64 | dispose; extra.bug_at: step
 using System;
 using System.Linq;
+using OptCheck.Contract;
 using OptCheck.Probe;
 using OptCheck.Worker;
 using TorchSharp;

@@ -9,6 +9,7 @@ using System.Collections.Generic;
 using System.Globalization;
 using System.IO;
 using System.Runtime.InteropServices;
+using OptCheck.Contract;
 using OptCheck.Probe;
 
 /// <summary>A parameter of the probe target below; no TorchSharp.</summary>

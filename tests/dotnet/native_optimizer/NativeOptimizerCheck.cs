@@ -13,6 +13,7 @@ using System;
 using System.Collections.Generic;
 using System.Reflection;
 using System.Runtime.InteropServices;
+using OptCheck.Contract;
 using OptCheck.Probe;
 using OptCheck.Worker;
 using TorchSharp;
@@ -59,10 +60,10 @@ public sealed class NativeTrainer : ModuleTrainer
 }
 
 /// <summary>TorchSharpTarget's optimizer side, with a model of no parameters (a Module needs the native library).</summary>
-public sealed class NoModel : IProbeTarget, IProbeNotes
+sealed class NoModel : IProbeTarget, IProbeNotes
 {
-    readonly TorchSharpTarget t;
-    public NoModel(TorchSharpTarget t) { this.t = t; }
+    readonly IProbeTarget t;
+    public NoModel(IProbeTarget t) { this.t = t; }
     public IList<IParameterView> ModelParameters() { return new List<IParameterView>(); }
     public IList<IParamGroupView> ParamGroups() { return t.ParamGroups(); }
     public object StateOwner { get { return t.StateOwner; } }
@@ -71,7 +72,7 @@ public sealed class NoModel : IProbeTarget, IProbeNotes
     public string OptimizerType { get { return t.OptimizerType; } }
     public long LiveTensors { get { return -1; } }
     public long PeakTensors { get { return -1; } }
-    public IList<string> Notes { get { return t.Notes; } }
+    public IList<string> Notes { get { return ((IProbeNotes)t).Notes; } }
 }
 
 public static class NativeOptimizerCheck
@@ -83,11 +84,11 @@ public static class NativeOptimizerCheck
         FakeNative fake = trainer.Fake;
         Console.WriteLine("wrapped " + trainer.Optimizer.GetType().Name + " " + ReferenceEquals(trainer.UnguardedOptimizer, fake));
         Console.WriteLine("native " + TorchSharpTarget.IsNative(fake) + " " + TorchSharpTarget.IsNative(trainer.Optimizer));
-        var target = (TorchSharpTarget)trainer.Target;
+        IProbeTarget target = trainer.Target;
         IList<IParamGroupView> gs = target.ParamGroups();
         Console.WriteLine("groups " + gs.Count + " lr " + gs[0].OptionValues[0] + " members " + (gs[0].Members() == null ? "unreadable" : "read"));
         Console.WriteLine("state_owner " + (target.StateOwner == null ? "none" : target.StateOwner.GetType().Name));
-        Console.WriteLine("note " + target.Notes[0]);
+        Console.WriteLine("note " + ((IProbeNotes)target).Notes[0]);
         var core = new ProbeCore(new NoModel(target));
         Console.WriteLine("problems " + core.PreStepProblems().Count);
         long fp1 = core.Fingerprint(), fp2 = core.Fingerprint();

@@ -5,6 +5,7 @@
 using System;
 using System.Collections.Generic;
 using System.Globalization;
+using OptCheck.Contract;
 using OptCheck.Probe;
 
 namespace OnlyOne
@@ -25,7 +26,7 @@ namespace OnlyOne
 
         public double Step(long step, long[] inputs, long[] targets, int batch, int time) { return 5.0 / (1 + step); }
         public double EvalLoss(long[] inputs, long[] targets, int batch, int time) { return double.NaN; }
-        public IProbeTarget Target { get { return this; } }
+        IProbeTarget ITrainer.Target { get { return this; } }  // ITrainer, IProbeTarget: internal to the assembly
         public string[] Scenarios { get { return new string[0]; } }
         public string Inject(string name) { throw new ArgumentException("no faults"); }
         public string Lifecycle(string kind) { throw new NotSupportedException("no lifecycle events"); }
@@ -38,11 +39,11 @@ namespace OnlyOne
         public int Threads { get { return 1; } }
 
         // IProbeTarget: a model without parameters, an optimizer without groups
-        public IList<IParameterView> ModelParameters() { return new List<IParameterView>(); }
-        public IList<IParamGroupView> ParamGroups() { return new List<IParamGroupView>(); }
+        IList<IParameterView> IProbeTarget.ModelParameters() { return new List<IParameterView>(); }
+        IList<IParamGroupView> IProbeTarget.ParamGroups() { return new List<IParamGroupView>(); }
         public object StateOwner { get { return null; } }
         public string StateFieldName { get { return null; } }
-        public StateView DescribeState(object key, object value) { return null; }
+        StateView IProbeTarget.DescribeState(object key, object value) { return null; }
         public string OptimizerType { get { return "none"; } }
         public long LiveTensors { get { return -1; } }
         public long PeakTensors { get { return -1; } }

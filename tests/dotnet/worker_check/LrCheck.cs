@@ -5,6 +5,7 @@
 using System;
 using System.Collections.Generic;
 using System.Globalization;
+using OptCheck.Contract;
 using OptCheck.Probe;
 using OptCheck.Worker;
 using TorchSharp.Modules;
@@ -30,7 +31,8 @@ public static class LrCheck
         }
         Console.WriteLine("scenarios " + string.Join(",", t.Scenarios));
         Console.WriteLine("state_field " + (TorchSharpTarget.StateField == null ? "none" : TorchSharpTarget.StateField.DeclaringType.FullName + "." + TorchSharpTarget.StateField.Name));
-        Console.WriteLine("state_owner " + (t.Target.StateOwner == null ? "none" : t.Target.StateOwner.GetType().FullName) + " " + t.Target.StateFieldName);
+        IProbeTarget target = t.Target;  // the probe reads TorchSharpTarget through the internal IProbeTarget
+        Console.WriteLine("state_owner " + (target.StateOwner == null ? "none" : target.StateOwner.GetType().FullName) + " " + target.StateFieldName);
         Console.WriteLine("base " + t.GetType().BaseType.FullName + " guarded " + (t is IGuardedTrainer));
         // the probe's read of an OptimizerHelper._state-shaped dictionary (the stub's OrderedDict has
         // TorchSharp's enumerators: the non-generic one throws)
@@ -41,7 +43,7 @@ public static class LrCheck
         var keys = new List<object>(); var values = new List<object>(); var handles = new List<long>();
         bool ok = reader.Entries(keys, values) && reader.Keys(handles);
         var steps = new List<string>();
-        foreach (object v in values) steps.Add(t.Target.DescribeState(null, v).Step.ToString(CultureInfo.InvariantCulture));
+        foreach (object v in values) steps.Add(target.DescribeState(null, v).Step.ToString(CultureInfo.InvariantCulture));
         Console.WriteLine("state_read " + ok + " " + string.Join(",", handles) + " " + string.Join(",", steps));
         return 0;
     }

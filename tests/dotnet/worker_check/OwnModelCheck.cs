@@ -6,6 +6,7 @@
 // target's option and state readers over TorchSharp's AdamW / SGD types. One "key value" per line.
 using System;
 using System.Collections.Generic;
+using OptCheck.Contract;
 using OptCheck.Probe;
 using OptCheck.Worker;
 using TorchSharp.Modules;

@@ -2,7 +2,7 @@
 // late-registered Parameter, a disposed tensor) sits inside their step, before their own
 // optimizer.zero_grad() / step(), so a check that runs only between steps cannot see it before
 // TorchSharp throws. PreStepGuard.Before(call) is run by a wrapped optimizer at each of those calls
-// (TorchSharp: OptCheck.Worker.GuardedOptimizer; the stand-in: tests/dotnet/TestLoop.cs), and by
+// (TorchSharp: GuardedOptimizer, Contract/TorchSharp/ModuleTrainer.cs; the stand-in: tests/dotnet/TestLoop.cs), and by
 // Check() in loops that call it by hand. It is the worker's own check (ProbeCore.PreStepProblems)
 // run the way the worker runs it: a fingerprint per call, the full comparison only when the
 // fingerprint changed since the last clean check.
@@ -13,9 +13,25 @@
 // own exception, when one follows, is reported after the findings.
 using System;
 using System.Collections.Generic;
+using OptCheck.Probe;
 
-namespace OptCheck.Probe
+namespace OptCheck.Contract
 {
+    /// <summary>One problem the pre-step check found: the finding code it is (OC101 stale member, OC102
+    /// untracked parameter, OC103 orphan state key, OC108 member without state, OC109 disposed member), the
+    /// line PreStepGuard shows, the names and handles involved and, for OC108, the exception the next step()
+    /// throws and its key.</summary>
+    public sealed class PreStepProblem
+    {
+        public string Code, Line, PredictedException, PredictedKey;
+        /// <summary>The parameters' names (a disposed member: its name at the last clean check, else "group G member I").</summary>
+        public readonly List<string> Names = new List<string>();
+        /// <summary>Their handles (Tensor.Handle; 0 for a disposed member).</summary>
+        public readonly List<long> Refs = new List<long>();
+        /// <summary>The handles (the same list as Refs).</summary>
+        public List<long> Handles { get { return Refs; } }
+    }
+
     /// <summary>What PreStepGuard throws in a loop run without optcheck: the problems ProbeCore.PreStepProblems
     /// found (code, names, handles, predicted exception and key), and the optimizer call it stopped.</summary>
     public sealed class PreStepCheckException : InvalidOperationException
@@ -72,7 +88,7 @@ namespace OptCheck.Probe
         bool haveClean, haveReported;
 
         /// <exception cref="ArgumentNullException">target is null.</exception>
-        public PreStepGuard(IProbeTarget target)
+        internal PreStepGuard(IProbeTarget target)
         {
             core = new ProbeCore(target);
         }
@@ -166,7 +182,7 @@ namespace OptCheck.Probe
 
     /// <summary>Implemented by a trainer whose optimizer calls run PreStepGuard.Before (ModuleTrainer):
     /// the Driver switches the guard to recording and reports what it found inside each step.</summary>
-    public interface IGuardedTrainer
+    internal interface IGuardedTrainer
     {
         /// <summary>The guard the trainer's optimizer runs; null = none.</summary>
         PreStepGuard Guard { get; }

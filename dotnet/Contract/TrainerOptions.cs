@@ -5,8 +5,9 @@ using System;
 using System.Collections.Generic;
 using System.Globalization;
 using System.Text;
+using OptCheck.Probe;
 
-namespace OptCheck.Probe
+namespace OptCheck.Contract
 {
     /// <summary>The options ITrainer.Setup receives, parsed from the configuration JSON.</summary>
     public sealed class TrainerOptions

@@ -12,18 +12,19 @@
 using System;
 using System.Collections.Generic;
 using OptCheck.Probe;
+using OptCheck.Worker;
 using TorchSharp;
 using TorchSharp.Modules;
 using static TorchSharp.torch;
 
-namespace OptCheck.Worker
+namespace OptCheck.Contract
 {
     /// <summary>A user's own TorchSharp training loop for optcheck: implement Setup (build the model and
     /// optimizer, assign Model and Optimizer) and Step (one training step, optimizer.step() included).
     /// Optional: EvalLoss (held-out loss; default none), Inject / Scenarios (faults; default
     /// module-to-after-optimizer), Lifecycle (default none). The type needs a public parameterless
-    /// constructor; its assembly must also compile in dotnet/Probe/*.cs and dotnet/Worker/TorchSharpProbe.cs
-    /// and ModuleTrainer.cs (examples/torchsharp-own-model/*.csproj shows how).</summary>
+    /// constructor; its assembly must also compile in dotnet/Probe/*.cs, dotnet/Contract/**.cs and dotnet/Worker/TorchSharpProbe.cs
+    /// (examples/torchsharp-own-model/*.csproj shows how).</summary>
     public abstract class ModuleTrainer : ITrainer, IGuardedTrainer
     {
         readonly TorchSharpTarget target;
@@ -77,7 +78,10 @@ namespace OptCheck.Worker
         /// <summary>Held-out loss; NaN (the default) = this trainer has none, and the report shows no held-out loss.</summary>
         public virtual double EvalLoss(long[] inputs, long[] targets, int batch, int time) { return double.NaN; }
 
-        public IProbeTarget Target { get { return target; } }
+        IProbeTarget ITrainer.Target { get { return target; } }
+
+        /// <summary>What the probe reads: Model and the unwrapped Optimizer, read live.</summary>
+        public TorchSharpTarget Target { get { return target; } }
 
         public virtual string[] Scenarios { get { return new[] { "module-to-after-optimizer" }; } }
 
@@ -115,7 +119,7 @@ namespace OptCheck.Worker
     /// <summary>An optimizer that runs a check before each zero_grad() and step() of the optimizer it wraps, and
     /// forwards everything else (parameters(), ParamGroups, add_param_group) to it. It owns no native handle;
     /// disposing it disposes the wrapped optimizer.</summary>
-    public sealed class GuardedOptimizer : optim.Optimizer
+    internal sealed class GuardedOptimizer : optim.Optimizer
     {
         readonly optim.Optimizer inner;
         readonly Action<string> before;
