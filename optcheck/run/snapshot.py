@@ -8,7 +8,7 @@ nor .NET.
 
 Top-level fields (``*`` = required)::
 
-    schema*      "optcheck.run.snapshot/1"
+    schema*      "optcheck.snapshot/1"
     backend*     "pytorch" | "torchsharp"
     run*         run id (str)
     step*        training step the snapshot belongs to (int, 1-based; 0 = before
@@ -124,7 +124,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-SCHEMA = "optcheck.run.snapshot/1"
+SCHEMA = "optcheck.snapshot/1"
 BACKENDS = ("pytorch", "torchsharp")
 PHASES = ("pre-step", "in-step", "post-step")
 

@@ -138,9 +138,9 @@ def test_a_newer_schema_is_refused_in_one_line(tmp_path):
     err = one_line_error(["compare", str(OLD / "param-rebind"), str(run)])
     assert "written by a newer optcheck (optcheck.summary/2); this one reads optcheck.summary/1 at most" in err
     snaps = run / "snapshots.jsonl"
-    snaps.write_text(snaps.read_text().replace('"schema":"optcheck.run.snapshot/1"', '"schema":"optcheck.run.snapshot/7"'))
+    snaps.write_text(snaps.read_text().replace('"schema":"optcheck.snapshot/1"', '"schema":"optcheck.snapshot/7"'))
     err = one_line_error(["check", str(snaps)])
-    assert f"{snaps}: written by a newer optcheck (optcheck.run.snapshot/7)" in err
+    assert f"{snaps}: written by a newer optcheck (optcheck.snapshot/7)" in err
 
 
 def test_what_is_not_a_run_directory_is_said(tmp_path):

@@ -44,7 +44,7 @@ def test_non_finite_floats_stay_strict_json():
 
 
 @pytest.mark.parametrize("field,value,needle", [
-    ("schema", "other/2", "^schema: 'optcheck.run.snapshot/1' was expected"),
+    ("schema", "other/2", "^schema: 'optcheck.snapshot/1' was expected"),
     ("backend", "jax", "^backend: 'jax' is not one of"),
     ("step", -1, "^step: -1 is less than the minimum"),
     ("phase", "mid", "^phase: 'mid' is not one of"),

@@ -97,7 +97,7 @@ def test_a_snapshot_never_raises_whatever_the_state_holds(per_param, extra_keys)
     state.update(extra_keys)  # SPAM/MADGRAD-style counters under keys that are not parameters
     opt = Bag(model.parameters(), state)
     body = probe.snapshot_body(model, opt, census=False, norms=probe.Norms())
-    snap = validate({"schema": "optcheck.run.snapshot/1", "backend": "pytorch", "run": "r", "step": 1,
+    snap = validate({"schema": "optcheck.snapshot/1", "backend": "pytorch", "run": "r", "step": 1,
                      "phase": "post-step", "trigger": "cadence", **body, "events": []})
     refs = {id(p) for p in params}
     assert {s["ref"] for s in snap["state"]} <= refs  # keys that are not parameters are no state records
