@@ -127,7 +127,7 @@ def test_memory_and_speed_regressions_are_named_in_the_verdict(tmp_path):
     site.mkdir()
     (site / "sitecustomize.py").write_text(
         "import sys\n_BALLAST = b'x' * (600 << 20)\n"
-        "def _hook(frame, event, arg):\n    for _ in range(20):\n        pass\n"
+        "def _hook(frame, event, arg):\n    for _ in range(200):\n        pass\n"
         "sys.setprofile(_hook)\n")
     py = _wrapper(tmp_path / "bin" / "python", f'PYTHONPATH="$PYTHONPATH:{site}"; export PYTHONPATH\n')
     xml = tmp_path / "upgrade.xml"
