@@ -238,9 +238,13 @@ class RankWatch:
         self._sigterm = None
 
 
-class LauncherStopped(RuntimeError):
-    """``torch.distributed.run`` sent SIGTERM (another rank failed): raised in the main
-    thread so the Monitor records it as this rank's crash and writes its summary."""
+class LauncherStopped(BaseException):
+    """``torch.distributed.run`` sent SIGTERM (another rank failed, or optcheck was
+    stopped): raised in the main thread so the rank's loop ends and its Monitor writes
+    its summary (``interrupted``). A ``BaseException``, as ``KeyboardInterrupt`` is: it
+    may land in any line of the loop or of optcheck's hooks, and no ``except Exception``
+    on the way may swallow it (a swallowed one left the rank training into a collective
+    its peer had left, killed 30 s later with its summary ``running``)."""
 
 
 _stopping = False  # a LauncherStopped was raised: later SIGTERMs must not break the Monitor's closing writes
