@@ -187,7 +187,10 @@ class RankWatch:
             return
         if self.rank == 0:
             merge.write_merged(self.out, self.world)  # at once: the launcher may stop this rank any moment now
-            stopped = (summary.get("crash") or {}).get("exc_type") == LauncherStopped.__name__
+            # stopped by the launcher's SIGTERM (recorded as an interruption by the Monitor's signal
+            # handler, or as a crash where no handler ran): every rank is being stopped
+            stopped = (_stopping or bool(summary.get("interrupted_by"))
+                       or (summary.get("crash") or {}).get("exc_type") == LauncherStopped.__name__)
             # no wait after a lost rank, nor when the launcher stops every rank: a peer blocked in a
             # collective with this rank writes its summary only once this one has gone
             deadline = time.monotonic() + (0 if self.lost or stopped else MERGE_WAIT_S)
