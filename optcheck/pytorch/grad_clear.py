@@ -93,8 +93,6 @@ class GradClearProbe:
         # place (same object) at the first forward, and are adopted then (:meth:`adopt_materialized`)
         self._pending = [p for p in members if _uninitialized(p)]
         self._params: list[torch.Tensor] = []
-        if not members:
-            return
         self._add([p for p in members if not _uninitialized(p)])
         self._handles += step_hooks.register(optimizer, self._before_step, self._after_step)
 
@@ -115,6 +113,16 @@ class GradClearProbe:
             self._small_i, self._small = small_i, self._params[small_i]
             self._small_handle = self._small.register_hook(self._small_hook)
             self._handles.append(self._small_handle)
+
+    def adopt(self, optimizer) -> None:
+        """Watch the param-group members of ``optimizer`` not watched yet (an optimizer
+        swapped in mid-run over new parameters as well: ``optcheck/pytorch/step_hooks.py``);
+        those already watched keep their hooks."""
+        have = set(map(id, self._params)) | set(map(id, self._pending))
+        new = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in have and p.requires_grad
+               and p.is_leaf and not hasattr(p, "to_local")]
+        self._pending += [p for p in new if _uninitialized(p)]
+        self._add([p for p in new if not _uninitialized(p)])
 
     def adopt_materialized(self) -> None:
         """Hook the lazy parameters that have materialised since (call before a backward
