@@ -191,7 +191,7 @@ class Monitor:
                                         mode="always" if hazards == "always" else "auto", ledger=self._ledger,
                                         grad_check_every=0)  # gradients: before the step writes them (_pre_step)
             self.hazards.on_stop = self._on_stop
-        self.grad_clear = GradClearProbe(optimizer, ledger=self._ledger)
+        self.grad_clear = GradClearProbe(optimizer, ledger=self._ledger, per_backward=True)  # told by _before_backward
         self.clip_norm = ClipNorm()  # the user's clip_grad_norm_ total (monitor_hooks): the NaN check's shortcut
         self.seq = Sequencer(TorchProbe(model, optimizer, self.hazards, self.grad_clear, self.notes), run_id=self.run_id,
                              every=every, emit=self._emit, flush=self._flush_losses)
@@ -422,6 +422,7 @@ class Monitor:
         ``grad_tensors``, else 1), kept on the device until the next snapshot."""
         self.clip_norm.clear()
         self.grad_clear.adopt_materialized()  # lazy modules materialise in their first forward
+        self.grad_clear.before_backward()
         for t in roots:
             self.hazards.check_loss(t, self.step_count + 1)
         if self._dist is not None and self._dist.before_backward(self.step_count):  # optcheck.distributed hook
@@ -433,6 +434,7 @@ class Monitor:
     @guarded(FindingError, StepStopped)
     @timed_hook()
     def _after_backward(self) -> None:
+        self.grad_clear.after_backward()
         self.hazards.after_backward(self.step_count + 1)
         self._backwards += 1
         if self._dist is not None and (ev := self._dist.after_backward(self.step_count + 1)) is not None:  # optcheck.distributed hook
