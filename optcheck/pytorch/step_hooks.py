@@ -80,6 +80,23 @@ class _Subscription:
         self.watch._unsubscribe(self.pair)
 
 
+class _Following:
+    """What :meth:`StepWatch.follow` returns: ``remove()`` stops this follower's
+    following (the global hooks go with the last follower); ``stepping`` as the watch's."""
+
+    __slots__ = ("watch", "on_switch")
+
+    def __init__(self, watch: "StepWatch", on_switch: Callable):
+        self.watch, self.on_switch = watch, on_switch
+
+    @property
+    def stepping(self) -> bool:
+        return self.watch.stepping
+
+    def remove(self) -> None:
+        self.watch._unfollow(self.on_switch)
+
+
 class StepWatch:
     """The outermost ``step()`` calls of one watched optimizer (module docstring);
     subscribers' ``pre(optimizer, args, kwargs)`` / ``post(...)`` are called once per
@@ -99,7 +116,7 @@ class StepWatch:
         self._retired: set[int] = set()  # ids of optimizers switched away from
         self._switched_from = None  # the optimizer switched away from at the step under way
         self._may_switch = True
-        self.on_switch: Callable | None = None
+        self._followers: list[Callable] = []  # on_switch(new, old) of each follower (a Monitor each)
         self._hook_own()
 
     # -- subscribers -------------------------------------------------------------
@@ -113,7 +130,7 @@ class StepWatch:
         if pair in self._pairs:
             self._pairs.remove(pair)
             self._rebuild()
-        if not self._pairs and self.on_switch is None:
+        if not self._pairs and not self._followers:
             self.close()
 
     def _rebuild(self) -> None:
@@ -126,21 +143,24 @@ class StepWatch:
         return self._stepping is not None
 
     # -- following -----------------------------------------------------------------
-    def follow(self, on_switch: Callable) -> "StepWatch":
+    def follow(self, on_switch: Callable) -> _Following:
         """Follow other optimizers over the watched parameters (module docstring);
-        ``on_switch(new, old)`` when the watched optimizer changes. Returns self,
-        whose :meth:`remove` stops following."""
-        self.on_switch = on_switch
+        ``on_switch(new, old)`` is called when the watched optimizer changes. Returns a
+        handle whose ``remove()`` stops it (following ends with the last follower)."""
+        self._followers.append(on_switch)
         if not self._global:
             self._global = [register_optimizer_step_pre_hook(self._global_pre),
                             register_optimizer_step_post_hook(self._global_post)]
-        return self
+        return _Following(self, on_switch)
 
-    def remove(self) -> None:
-        """Stop following; with no subscriber left, remove every hook."""
+    def _unfollow(self, on_switch: Callable) -> None:
+        if on_switch in self._followers:
+            self._followers.remove(on_switch)
+        if self._followers:
+            return
         for h in self._global:
             h.remove()
-        self._global, self.on_switch = [], None
+        self._global = []
         if not self._pairs:
             self.close()
 
@@ -176,8 +196,8 @@ class StepWatch:
         self._retired.discard(id(new))
         self._retired.add(id(old))
         self._hook_own()
-        if self.on_switch is not None:
-            self.on_switch(new, old)
+        for on_switch in list(self._followers):
+            on_switch(new, old)
 
     # -- the hooks -------------------------------------------------------------------
     def _nested(self, opt, caller) -> bool:
@@ -226,11 +246,11 @@ class StepWatch:
             return  # (its own hooks, after these, decide)
         if id(opt) in self._wrappers or not self._moves_watched(opt):
             return
-        if opt.param_groups is not self.optimizer.param_groups:  # not SAM's base optimizer: a swap
+        if self._may_switch and opt.param_groups is not self.optimizer.param_groups:  # not SAM's base: a swap
             if id(opt) in self._retired:  # two optimizers in turn: watch this one again, switch no more
                 self._may_switch = False
                 self._switch(opt)
-            elif self._may_switch:
+            else:
                 self._switched_from = self.optimizer
                 self._switch(opt)
         self._start(opt, caller, args, kwargs)
