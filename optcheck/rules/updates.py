@@ -329,7 +329,7 @@ class OptimizerSwitched(Rule):
     parameters (a fine-tuning recipe: AdamW, then SGD) moves them while the watched one
     stops stepping. Recorded by the Monitor's global step hooks
     (``torch.optim.optimizer.register_optimizer_step_post_hook``,
-    ``optcheck/pytorch/monitor_hooks.py`` ``StepFollower``): the new optimizer's steps
+    ``optcheck/pytorch/step_hooks.py`` ``StepWatch``): the new optimizer's steps
     are counted as the training steps (snapshots, the identity check before each step,
     the gradient-flow checks), so nothing reports "no optimizer step", and from its first
     step on it is the watched optimizer: snapshots read its param groups and state, so
