@@ -70,8 +70,7 @@ from optcheck.pytorch import monitor_hooks, step_hooks
 from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.guard import Notes, guarded
-from optcheck.pytorch.monitor_hooks import (ClipNorm, FindingError, OptcheckWarning, StepFollower, TorchProbe,
-                                            backward_loss)
+from optcheck.pytorch.monitor_hooks import ClipNorm, FindingError, OptcheckWarning, TorchProbe, backward_loss
 from optcheck.pytorch.train import NullHazards
 from optcheck.pytorch.unwrap import unwrap_model, unwrap_optimizer
 from optcheck.run.recorder import RunRecorder
@@ -200,6 +199,8 @@ class Monitor:
         self._backwards = 0  # backward() calls since the last optimizer step
         self._no_step_reported = False
         self._urgent = False  # an event of the Monitor's own wants a snapshot at this step
+        self._switches = {id(optimizer)}  # ids of the optimizers watched so far (step_hooks: a swap)
+        self._switch_event: tuple | None = None  # (old, new) switched at the step under way
         self.step_cost = StepCost()  # the hooks' own time per step, snapshots left out (summary cost.steps)
         self.notes = Notes()  # what could not be read, and optcheck's own errors (summary not_checked)
         self.hazards = NullHazards()
@@ -212,15 +213,14 @@ class Monitor:
                                         mode="always" if hazards == "always" else "auto", ledger=self._ledger,
                                         grad_check_every=0)  # gradients: before the step writes them (_pre_step)
             self.hazards.on_stop = self._on_stop
-        self.grad_clear = GradClearProbe(optimizer, ledger=self._ledger)
+        self.grad_clear = GradClearProbe(optimizer, ledger=self._ledger, per_backward=True)  # told by _before_backward
         self.clip_norm = ClipNorm()  # the user's clip_grad_norm_ total (monitor_hooks): the NaN check's shortcut
         self.seq = Sequencer(TorchProbe(model, optimizer, self.hazards, self.grad_clear, self.notes), run_id=self.run_id,
                              every=every, emit=self._emit, flush=self._flush_losses)
-        self._handles = step_hooks.register(optimizer, self._pre_step, self._post_step)  # once per outer step()
-        # another optimizer's step() over these parameters is the training step too (SAM's second_step, a swap)
-        self.follow = StepFollower(optimizer, [self.grad_clear._before_step, self._pre_step], [
-            h for h in (getattr(self.hazards, "_after_step", None), self.grad_clear._after_step, self._foreign_step,
-                        self._post_step) if h is not None])
+        self._handles = step_hooks.register(optimizer, self._pre_step, self._post_step)  # once per training step
+        # another optimizer's step() over these parameters is the training step too (SAM's second_step); one
+        # swapped in mid-run becomes the watched optimizer (optcheck/pytorch/step_hooks.py)
+        self.follow = step_hooks.watch(optimizer).follow(self._switched)
         self._handles.append(self.follow)
         monitor_hooks.install(self)
         self._ctx = None
@@ -446,6 +446,7 @@ class Monitor:
         ``grad_tensors``, else 1), kept on the device until the next snapshot."""
         self.clip_norm.clear()
         self.grad_clear.adopt_materialized()  # lazy modules materialise in their first forward
+        self.grad_clear.before_backward()
         for t in roots:
             self.hazards.check_loss(t, self.step_count + 1)
         if self._dist is not None and self._dist.before_backward(self.step_count):  # optcheck.distributed hook
@@ -457,6 +458,7 @@ class Monitor:
     @guarded(FindingError, StepStopped)
     @timed_hook()
     def _after_backward(self) -> None:
+        self.grad_clear.after_backward()
         self.hazards.after_backward(self.step_count + 1)
         self._backwards += 1
         if self._dist is not None and (ev := self._dist.after_backward(self.step_count + 1)) is not None:  # optcheck.distributed hook
@@ -506,19 +508,31 @@ class Monitor:
         self.hazards.check_grads_before_step(self.step_count + 1, kwargs, self.clip_norm)
         self.seq.pre_step(self.step_count + 1)
 
-    def _foreign_step(self, optimizer, args, kwargs) -> None:
-        """Another optimizer's step() moved the watched parameters (``StepFollower``): an event
-        the first time one that is not the watched optimizer's own inner optimizer does."""
-        f = self.follow.foreign
-        f["steps"] += 1
-        if f["first_step"] is None:
-            f["first_step"] = self.step_count + 1
-            if optimizer.param_groups is not self.optimizer.param_groups:  # (SAM's base optimizer shares them)
-                n = len({id(p) for g in optimizer.param_groups for p in g["params"]})
-                self.seq.event({"kind": "optimizer_switched", "step": self.step_count + 1, "where": None, "count": 1,
-                                "detail": {"watched": type(self.optimizer).__name__, "stepping": f["optimizer"],
-                                           "params": n, "steps_before": self.step_count}})
-                self._urgent = True  # a snapshot at this step
+    @guarded(FindingError, StepStopped)
+    def _switched(self, new, old) -> None:
+        """The watched optimizer changed (``step_hooks.StepWatch``: ``new``, built mid-run
+        over the watched parameters, steps them): snapshots, probes and rules read ``new``
+        from this step on. The event (OC209) is recorded at the end of the step, unless the
+        switch was undone within it (``new`` turned out to be a wrapper calling ``old``)."""
+        self.optimizer = self.seq.probe.optimizer = new
+        if hasattr(self.hazards, "optimizer"):
+            self.hazards.optimizer = new
+        self.grad_clear.adopt(new)
+        first = id(new) not in self._switches  # else: back to one watched before (two used in turn, or undone)
+        self._switches.add(id(new))
+        self._switch_event = (old, new) if first else None
+
+    def _switch_done(self) -> None:
+        """At the end of the step that switched optimizers: the event, and a snapshot at once."""
+        old, new = self._switch_event
+        self._switch_event = None
+        if new is not self.optimizer:
+            return
+        n = len({id(p) for g in new.param_groups for p in g["params"]})
+        self.seq.event({"kind": "optimizer_switched", "step": self.step_count, "where": None, "count": 1,
+                        "detail": {"watched": type(old).__name__, "stepping": type(new).__name__,
+                                   "params": n, "steps_before": self.step_count - 1}})
+        self._urgent = True
 
     def _post_step(self, optimizer, args, kwargs) -> None:
         self._step_done()
@@ -536,6 +550,8 @@ class Monitor:
             self._losses.append((step, self._loss))
             self._loss = None
         try:
+            if self._switch_event is not None:
+                self._switch_done()
             urgent, self._urgent = self._urgent, False
             self.seq.post_step(step, hazard=self.hazards.has_events() or self.grad_clear.has_events() or urgent)
         finally:  # a FindingError caught by the user: the next step is still watched

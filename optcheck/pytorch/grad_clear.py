@@ -35,6 +35,18 @@ Optimizer step pre/post hooks (torch >= 2.0) look at the record once per step:
   ``torch.autograd.grad`` assigned by hand, which ``AccumulateGrad`` never
   sees) is a fresh gradient, not a stale one.
 
+With ``per_backward=True`` (``optcheck.Monitor``, whose ``backward`` wrappers call
+:meth:`GradClearProbe.before_backward` / :meth:`GradClearProbe.after_backward`
+around each outermost backward pass) no per-parameter hook is registered: a
+parameter got a fresh gradient when its ``.grad`` is a new tensor after the pass,
+or the same tensor with a moved version counter (``AccumulateGrad`` replaces a
+missing gradient or adds in place). Two C-level maps over the parameters per pass
+instead of one hook call per parameter (issue 25: 6 parameters, a tiny MLP,
+60 µs a step less; ``docs/guide/cost.md``). A gradient that reaches the smallest
+parameter outside such a pass (a ``backward`` imported by name before the Monitor,
+a second Monitor's loop) makes that step's arrival unknown: no OC207/OC208 check
+and no ``grad_arrived`` for it (the rules fall back to ``.grad``).
+
 Gradient accumulation over micro-batches and closures (LBFGS) stay silent. No
 host sync per step (docs/gpu.md): the two ``any()`` checks are made on the device and
 read at the driver's next snapshot or metrics batch (``optcheck.pytorch.deferred``),
@@ -55,11 +67,15 @@ from __future__ import annotations
 import functools
 import operator
 import weakref
+from itertools import compress, repeat
 
 import torch
 
 from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.pytorch import step_hooks
+
+
+_GRAD = operator.attrgetter("grad")
 
 
 def _uninitialized(p: torch.Tensor) -> bool:
@@ -74,8 +90,13 @@ class GradClearProbe:
         optimizer: the optimizer whose ``step()`` delimits training steps.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, ledger: DeviceLedger | None = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, ledger: DeviceLedger | None = None,
+                 per_backward: bool = False):
         self.ledger = ledger if ledger is not None else DeviceLedger()
+        self._per_backward = per_backward  # arrival from before/after_backward, no per-parameter hook
+        self._gb: tuple | None = None  # (.grad of each parameter, their versions) before the pass under way
+        self._in_pass = False
+        self._bypassed = False  # a gradient arrived outside a pass this probe was told of: arrival unknown
         self.events: list[dict] = []  # kinds first seen since the last drain()
         self._by_kind: dict[str, dict] = {}  # every kind seen, with running numbers
         self._fresh: dict[int, torch.Tensor] = {}  # index -> parameter, for each accumulated into since the last step
@@ -93,8 +114,6 @@ class GradClearProbe:
         # place (same object) at the first forward, and are adopted then (:meth:`adopt_materialized`)
         self._pending = [p for p in members if _uninitialized(p)]
         self._params: list[torch.Tensor] = []
-        if not members:
-            return
         self._add([p for p in members if not _uninitialized(p)])
         self._handles += step_hooks.register(optimizer, self._before_step, self._after_step)
 
@@ -105,8 +124,9 @@ class GradClearProbe:
         start = len(self._params)
         self._params.extend(params)
         for i, p in enumerate(params, start):  # C-level: no Python frame per parameter per backward()
-            self._handles.append(p.register_post_accumulate_grad_hook(functools.partial(operator.setitem,
-                                                                                        self._fresh, i)))
+            if not self._per_backward:
+                self._handles.append(p.register_post_accumulate_grad_hook(functools.partial(operator.setitem,
+                                                                                            self._fresh, i)))
         self._large_i = max(range(len(self._params)), key=lambda i: self._params[i].numel())
         small_i = min(range(len(self._params)), key=lambda i: self._params[i].numel())
         if self._small_handle is None or small_i != self._small_i:
@@ -115,6 +135,16 @@ class GradClearProbe:
             self._small_i, self._small = small_i, self._params[small_i]
             self._small_handle = self._small.register_hook(self._small_hook)
             self._handles.append(self._small_handle)
+
+    def adopt(self, optimizer) -> None:
+        """Watch the param-group members of ``optimizer`` not watched yet (an optimizer
+        swapped in mid-run over new parameters as well: ``optcheck/pytorch/step_hooks.py``);
+        those already watched keep their hooks."""
+        have = set(map(id, self._params)) | set(map(id, self._pending))
+        new = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in have and p.requires_grad
+               and p.is_leaf and not hasattr(p, "to_local")]
+        self._pending += [p for p in new if _uninitialized(p)]
+        self._add([p for p in new if not _uninitialized(p)])
 
     def adopt_materialized(self) -> None:
         """Hook the lazy parameters that have materialised since (call before a backward
@@ -126,8 +156,41 @@ class GradClearProbe:
                 self._pending = [p for p in self._pending if _uninitialized(p)]
                 self._add(ready)
 
+    def before_backward(self) -> None:
+        """Before an outermost backward pass (``per_backward``): each parameter's ``.grad``
+        and its version counter."""
+        if not self._per_backward:
+            return
+        self._in_pass = True
+        gb = list(map(_GRAD, self._params))
+        self._gb = (gb, None if not any(map(operator.is_not, gb, repeat(None)))
+                    else [g._version if g is not None else -1 for g in gb])
+
+    def after_backward(self) -> None:
+        """After it: the parameters whose ``.grad`` is new or was added to are fresh."""
+        if not self._per_backward:
+            return
+        self._in_pass = False
+        before, self._gb = self._gb, None
+        ps = self._params
+        ga = list(map(_GRAD, ps))
+        if before is None or len(before[0]) != len(ga):  # not told before the pass (or parameters adopted in it)
+            self._bypassed = True
+            return
+        gb, vb = before
+        fresh = self._fresh
+        if vb is None:  # no gradient before the pass (zero_grad(set_to_none=True)): those set now
+            for i in compress(range(len(ga)), map(operator.is_not, ga, repeat(None))):
+                fresh[i] = ps[i]
+            return
+        for i, a in enumerate(ga):
+            if a is not None and (a is not gb[i] or a._version != vb[i]):
+                fresh[i] = ps[i]
+
     def _small_hook(self, grad: torch.Tensor) -> None:
         """The smallest parameter's tensor hook, before its gradient is accumulated (OC204)."""
+        if self._per_backward and not self._in_pass:
+            self._bypassed = True
         if self._first or self._stale is not None:
             g = self._small.grad
             held = g.detach().any() if g is not None else None  # on the device: read at the ledger's read
@@ -141,7 +204,7 @@ class GradClearProbe:
 
     def _before_step(self, optimizer, args, kwargs) -> None:
         self.adopt_materialized()
-        if not self._fresh:
+        if not self._fresh or self._bypassed:
             return
         # (torch's step wrapper hands the hooks step's whole args: the optimizer, then the closure)
         if any(callable(a) for a in args or ()) or callable((kwargs or {}).get("closure")):
@@ -170,11 +233,12 @@ class GradClearProbe:
             self.ledger.add(self._stale, lambda v, step=self._steps + 1, shape=list(self._small.shape): v[0] and
                             self._record("grad_not_cleared", step=step, shape=shape))
         g = self._small.grad
-        if not self._fresh and self._steps > 0 and g is not None and self._after is not None \
+        bypassed, self._bypassed = self._bypassed, False
+        if not self._fresh and not bypassed and self._steps > 0 and g is not None and self._after is not None \
                 and self._after() is g:
             self._record("stale_grad_step")
         self._after = weakref.ref(g) if g is not None else None
-        self._arrived = list(self._fresh)
+        self._arrived = None if bypassed else list(self._fresh)
         self._fresh.clear()  # cleared in place: the hooks hold this dict
         self._first, self._stale = True, None
         self._steps += 1
@@ -187,6 +251,8 @@ class GradClearProbe:
         optimizer steps. The snapshot's ``grad_arrived`` (OC202): optimizers that consume
         ``.grad`` inside ``step()`` and set it to None (heavyball) leave nothing to see
         after the step, yet their parameters got a gradient."""
+        if self._arrived is None:  # unknown at the last step (a gradient arrived outside a watched pass)
+            return set(), set()
         return set(map(id, self._params)), {id(self._params[i]) for i in self._arrived}
 
     def _record(self, kind: str, step: int | None = None, **detail) -> None:

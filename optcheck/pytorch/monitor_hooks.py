@@ -25,7 +25,6 @@ import sys
 from typing import Any
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from optcheck.findings import Finding
 from optcheck.pytorch import census, probe
@@ -260,77 +259,3 @@ def remove(mon) -> None:
         prev = _PREV_EXCEPTHOOK.pop()
         if sys.excepthook is _excepthook:  # someone chained after us: leave theirs (ours passes through)
             sys.excepthook = prev
-
-
-class StepFollower:
-    """Which ``step()`` calls are the watched training step: the watched optimizer's, and
-    any other optimizer's whose param groups hold a parameter of the watched optimizer
-    (``torch.optim.optimizer.register_optimizer_step_pre_hook`` / ``..._post_hook``: global
-    hooks, called for every ``torch.optim.Optimizer`` subclass's ``step()``).
-
-    - Two-step optimizers (pytorch-optimizer's SAM, GSAM, ASAM, WSAM: ``first_step()``
-      perturbs the weights, ``second_step()`` calls ``base_optimizer.step()`` over the same
-      param groups) move the parameters without calling the watched object's ``step()``:
-      the inner step is the training step.
-    - An optimizer swapped in mid-run (AdamW, then SGD over ``model.parameters()``) moves
-      the parameters while the watched one stops: its steps are the training steps, and
-      :attr:`foreign` names it (``{"optimizer": class name, "first_step": n, "steps": k}``).
-
-    An optimizer's ``step()`` called inside another watched step (SAM's
-    ``step(closure)`` calling its base optimizer; Lookahead's inner step) is part of
-    that step; an optimizer whose ``step()`` turns out to call the watched one's (a
-    wrapper that is an ``Optimizer`` subclass) is ignored from then on. The watched optimizer's own hooks stay what they are; for another
-    optimizer's step, ``pre`` and ``post`` (the watched optimizer's hooks of the
-    Monitor and its probes, each ``f(optimizer, args, kwargs)``) are called in their
-    place. Cost: one Python call per ``step()`` of any optimizer, and one scan of an
-    optimizer's param groups the first time it steps (cached by ``id``; rescanned when
-    its groups' sizes change)."""
-
-    def __init__(self, optimizer, pre: list, post: list):
-        self.optimizer, self._pre, self._post = optimizer, pre, post
-        self._stepping = None  # the optimizer whose step() is under way (outermost)
-        self._known: dict[int, tuple] = {}  # id(optimizer) -> (group sizes, steps watched parameters)
-        self.foreign: dict | None = None  # the last other optimizer that stepped the watched parameters
-        self._wrappers: set[int] = set()  # ids of optimizers whose step() calls the watched one's
-        self._handles = [register_optimizer_step_pre_hook(self._before), register_optimizer_step_post_hook(self._after)]
-
-    @property
-    def stepping(self) -> bool:
-        """True inside the training step (its ``step()`` call)."""
-        return self._stepping is not None
-
-    def _moves_watched(self, opt) -> bool:
-        groups = getattr(opt, "param_groups", None) or []
-        sizes = tuple(len(g.get("params", ())) for g in groups)
-        known = self._known.get(id(opt))
-        if known is None or known[0] != sizes:
-            watched = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
-            known = self._known[id(opt)] = (sizes, any(id(p) in watched for g in groups for p in g["params"]))
-        return known[1]
-
-    def _before(self, opt, args, kwargs) -> None:
-        if opt is self.optimizer or (opt is self._stepping):  # (the same object again: its last step raised)
-            if self._stepping is not None and self._stepping is not opt:
-                self._wrappers.add(id(self._stepping))  # it calls the watched step(): a wrapper, not a stepper
-            self._stepping = opt
-            return
-        if self._stepping is not None or id(opt) in self._wrappers or not self._moves_watched(opt):
-            return
-        self._stepping = opt
-        if self.foreign is None or self.foreign["id"] != id(opt):
-            self.foreign = {"id": id(opt), "optimizer": type(opt).__name__, "steps": 0, "first_step": None}
-        for h in self._pre:
-            h(opt, args, kwargs)
-
-    def _after(self, opt, args, kwargs) -> None:
-        if opt is not self._stepping:
-            return
-        self._stepping = None
-        if opt is not self.optimizer:
-            for h in self._post:
-                h(opt, args, kwargs)
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []

@@ -16,6 +16,7 @@ from typing import Iterable
 from optcheck.findings import Finding
 from optcheck.rules._fixtures import (Invalid, Valid, at, cases, clean, disposed_after_to_dtype, edit, member, param,
                                       state_of, steps, with_dtype)
+from optcheck.rules._events import events
 from optcheck.rules._identity import factored, lazy_state, name_of, prestep_finding, state_keys
 from optcheck.rules.base import Rule, RuleContext, listing, register
 from optcheck.run.snapshot import disposed_members, live_members
@@ -113,6 +114,9 @@ class StateMismatch(Rule):
     floating tensor of the parameter's shape and another floating dtype, or of its
     rank and another shape that does not broadcast to it.
 
+    An optimizer swapped in mid-run (OC209) starts its state's history afresh: its
+    state is judged against itself, not against the old optimizer's keys.
+
     Fix: convert or resize the model before building the optimizer, or rebuild
     it; load optimizer state that belongs to this model.
     """
@@ -151,6 +155,8 @@ class StateMismatch(Rule):
         memo = ctx.memo.setdefault(self.code, {})
         first_seen = memo.setdefault("members", {})  # ref -> (shape, dtype) when first seen with a shape
         like = memo.setdefault("like", set())  # (ref, state key) once shaped and typed like its member
+        if events(snap, "optimizer_switched"):  # another optimizer's state from here on (OC209): its own history
+            like.clear()
         fresh = not memo.get("checked")  # no earlier snapshot: judge by the state's shape alone
         memo["checked"] = True
         by_ref = {m["ref"]: m for _, m in live_members(snap)}

@@ -329,20 +329,20 @@ class OptimizerSwitched(Rule):
     parameters (a fine-tuning recipe: AdamW, then SGD) moves them while the watched one
     stops stepping. Recorded by the Monitor's global step hooks
     (``torch.optim.optimizer.register_optimizer_step_post_hook``,
-    ``optcheck/pytorch/monitor_hooks.py`` ``StepFollower``): the new optimizer's steps
+    ``optcheck/pytorch/step_hooks.py`` ``StepWatch``): the new optimizer's steps
     are counted as the training steps (snapshots, the identity check before each step,
-    the gradient-flow checks), so nothing reports "no optimizer step". Snapshots still
-    read the watched optimizer's param groups and state. Not reported for an inner
-    optimizer sharing the watched one's param groups (SAM's ``base_optimizer``).
+    the gradient-flow checks), so nothing reports "no optimizer step", and from its first
+    step on it is the watched optimizer: snapshots read its param groups and state, so
+    the reference and state rules judge the optimizer that trains the model
+    (``optcheck/pytorch/step_hooks.py``). Not reported for an inner optimizer sharing
+    the watched one's param groups (SAM's ``base_optimizer``).
 
-    Fix: nothing, when the swap is meant; to watch the new optimizer's state too,
-    close the Monitor and open one on it (``Monitor(..., append=True,
-    state=old.state_dict())`` continues the run directory).
+    Fix: nothing, when the swap is meant.
     """
 
     code, symbol, severity, family = "OC209", "optimizer-switched", "info", "updates"
     message = ("the watched {watched} stopped stepping after step {before}; {stepping} moves {n} of its "
-               "parameters from step {step}: its steps are followed as the training steps")
+               "parameters from step {step}: it is watched from then on")
 
     @cases
     def VALID():
@@ -367,6 +367,6 @@ class OptimizerSwitched(Rule):
                                           stepping=d.get("stepping", "?"), n=d.get("params", "?"),
                                           step=e.get("step")),
                 key=f"{d.get('stepping')}", first_step=e.get("step"),
-                next_failure="none from the swap; snapshots read the watched optimizer's state, which no "
-                             "longer changes", **{k: d.get(k) for k in ("watched", "stepping", "params")}))
+                next_failure="none from the swap; snapshots read the new optimizer's param groups and state "
+                             "from this step on", **{k: d.get(k) for k in ("watched", "stepping", "params")}))
         return out

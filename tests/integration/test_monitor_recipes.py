@@ -255,3 +255,45 @@ def test_monitor_made_before_torch_compile_adds_no_recompile():
     assert _codes(mon) == [] and watched.get("graph_break", {}) == {}
     assert watched["stats"]["unique_graphs"] == plain["stats"]["unique_graphs"] == 1, watched
     assert watched.get("recompiles", {}) == plain.get("recompiles", {})
+
+
+# -- the swapped-in optimizer is the watched one from its first step (OC101/OC102 read its groups) ---
+def _finetune_swap_loop(replace_after=None, steps=40, swap_at=21):
+    """The fine-tuning recipe: at ``swap_at`` the head is replaced and a new optimizer built over
+    ``model.parameters()``; the planted bug: a layer replaced at ``replace_after`` without
+    rebuilding the optimizer."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = _data()
+    mon = _monitor(model, opt, every=10)
+    for step in range(1, steps + 1):
+        if step == swap_at:
+            model.fc2 = nn.Linear(32, 3)  # a new head, then the new optimizer over the whole model
+            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        if step == replace_after:
+            model.fc1 = nn.Linear(8, 32)  # the bug: the new optimizer still holds the old fc1
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    mon.close()
+    return mon, opt
+
+
+def test_a_swap_with_a_new_head_is_silent_and_the_new_optimizer_is_read():
+    mon, opt = _finetune_swap_loop()
+    assert _codes(mon) == [("OC209", 21)], mon.findings  # not OC101/OC102: the old AdamW's stale head
+    assert mon.optimizer is opt
+    summary = mon.summary()
+    assert summary["last_step"] == 40
+    # the snapshots read SGD's state (momentum_buffer), not AdamW's (exp_avg)
+    snap = mon.seq.probe.snapshot_body()
+    keys = {k for s in snap["state"] for k in s["tensors"]}
+    assert "momentum_buffer" in keys and "exp_avg" not in keys, keys
+
+
+def test_a_layer_replaced_after_the_swap_is_found_against_the_new_optimizer():
+    mon, _ = _finetune_swap_loop(replace_after=31)
+    codes = _codes(mon)
+    assert [c for c in codes if c[1] < 31] == [("OC209", 21)], mon.findings
+    assert {c for c, s in codes if s == 31} >= {"OC101", "OC102"}, mon.findings

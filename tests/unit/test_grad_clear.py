@@ -126,3 +126,62 @@ def test_backward_without_step_keeps_a_bounded_record():
     model(torch.randn(4, 8)).pow(2).mean().backward()
     opt.step()
     assert gp.drain() == []  # removed: no hook runs
+
+
+# -- per_backward=True (the Monitor): arrival from .grad around each pass, no hook per parameter --
+def _told(gp, loss) -> None:
+    """A backward pass the probe is told of, as the Monitor's backward wrapper does."""
+    gp.before_backward()
+    loss.backward()
+    gp.after_backward()
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_per_backward_arrival_names_what_got_a_gradient(set_to_none):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    unused = torch.nn.Linear(8, 1)  # in the optimizer, never in the loss
+    opt = torch.optim.SGD([*model.parameters(), *unused.parameters()], lr=0.01)
+    gp = GradClearProbe(opt, per_backward=True)
+    n = sum(len(g["params"]) for g in opt.param_groups)
+    hooked = GradClearProbe(opt)
+    assert len(hooked._handles) - len(gp._handles) == n  # no hook per parameter
+    hooked.remove()
+    for _ in range(3):
+        opt.zero_grad(set_to_none=set_to_none)
+        _told(gp, model(torch.randn(4, 8)).pow(2).mean())
+        opt.step()
+    watched, arrived = gp.arrival()
+    assert watched == {id(p) for g in opt.param_groups for p in g["params"]}
+    assert arrived == {id(p) for p in model.parameters()}  # not unused's: OC202 can name it
+    assert gp.drain() == []
+
+
+def test_per_backward_finds_the_double_step_and_the_cleared_gradients():
+    model, opt, _ = _mlp()
+    gp = GradClearProbe(opt, per_backward=True)
+
+    def body(step):
+        opt.zero_grad()
+        _told(gp, model(torch.randn(4, 8)).pow(2).mean())
+        if step == 3:
+            opt.zero_grad(set_to_none=False)  # OC207: cleared between backward() and step()
+        opt.step()
+        if step == 5:
+            opt.step()  # OC208: the same gradients applied twice
+
+    assert set(_codes(model, opt, gp, body)) >= {"OC207", "OC208"}
+
+
+def test_per_backward_a_pass_it_was_not_told_of_leaves_arrival_unknown():
+    """A backward that bypasses the Monitor's wrapper: no OC208 and no grad_arrived (not a guess)."""
+    model, opt, _ = _mlp()
+    gp = GradClearProbe(opt, per_backward=True)
+
+    def body(step):
+        opt.zero_grad()
+        model(torch.randn(4, 8)).pow(2).mean().backward()  # not told
+        opt.step()
+
+    assert _codes(model, opt, gp, body) == []
+    assert gp.arrival() == (set(), set())

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from operator import attrgetter, itemgetter
 
 import torch
 
@@ -18,6 +19,9 @@ def _norms64(grads: list[torch.Tensor]) -> list[torch.Tensor]:
         return list(torch._foreach_norm(grads, 2, dtype=torch.float64))
     except (TypeError, RuntimeError):
         return [torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads]
+
+
+_NAME, _PARAM, _GRAD = itemgetter(0), itemgetter(1), attrgetter("grad")
 
 
 class NonfiniteProbe:
@@ -48,10 +52,17 @@ class NonfiniteProbe:
         ``torch._foreach_norm`` in float64 (a finite float32/16 gradient cannot overflow it,
         so a non-finite norm is a non-finite element), read later."""
         if force or (self.grad_check_every and step % self.grad_check_every == 0):
-            have = [(n, p) for n, p in trainable if p.grad is not None]
+            have = [(n, g) for n, g in zip(map(_NAME, trainable), map(_GRAD, map(_PARAM, trainable)))
+                    if g is not None]
             if have:
-                grads = [_dense(p.grad.detach()) for _, p in have]
-                norms = torch.stack([n.to(grads[0].device) for n in _norms64(grads)])
+                # (per step: no detach per gradient, no device move unless they are on several devices)
+                grads = [g if type(g) is torch.Tensor and not g.is_sparse else _dense(g) for _, g in have]
+                with torch.no_grad():
+                    norms = _norms64(grads)
+                    try:
+                        norms = torch.stack(norms)
+                    except RuntimeError:  # on several devices
+                        norms = torch.stack([n.to(grads[0].device) for n in norms])
                 self.check_grad_norms(step, [n for n, _ in have], norms)
 
     def check_grad_norms(self, step: int, names: list[str], norms: torch.Tensor) -> None:
