@@ -25,7 +25,7 @@ snapshots; ``optcheck/run/summary.py``: the rule check and ``summary.json``):
 - around forward and backward: the autograd hazard probes
   (``optcheck/pytorch/hazards/``): an in-place write to a saved tensor or a loss
   without ``grad_fn`` is recorded, then raised as
-  :class:`optcheck.drivers.worker_loop.StepStopped` (PyTorch would fail at ``backward()``
+  :class:`optcheck.errors.StepStopped` (PyTorch would fail at ``backward()``
   naming neither module nor line); ``Tensor.backward`` and
   ``torch.autograd.backward`` (a tensor or a sequence, with ``grad_tensors``)
   are wrapped while a monitor is open (``optcheck/pytorch/monitor_hooks.py``);

@@ -39,6 +39,8 @@ import weakref
 
 import torch
 
+from optcheck.pytorch.guard import raised_by_signal_handler
+
 
 class Census:
     """(count, bytes) of live tensors; see the module docstring for how."""
@@ -111,7 +113,9 @@ def _count(tensors: list) -> tuple[int, int]:
             if ptr not in seen:
                 seen.add(ptr)
                 nbytes += st.nbytes()
-        except Exception:  # noqa: BLE001 - no storage: a wrapper subclass, a lazy module's UninitializedParameter
+        except Exception as caught:  # noqa: BLE001 - no storage: a wrapper subclass, a lazy module's UninitializedParameter
+            if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
+                raise
             pass
     return len(tensors), nbytes
 

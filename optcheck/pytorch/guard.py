@@ -6,7 +6,7 @@ optcheck's own code there must not come out of them.
 (``optcheck`` logger, warning, with its traceback) and kept as a note
 (:class:`Notes`, the summary's ``not_checked``), and the user's call goes on. What
 optcheck raises on purpose passes through: :class:`~optcheck.pytorch.monitor_hooks.FindingError`
-(``on_finding="raise"``), :class:`~optcheck.drivers.worker_loop.StepStopped` (a hazard that
+(``on_finding="raise"``), :class:`~optcheck.errors.StepStopped` (a hazard that
 stops a step before harm is done), ``KeyboardInterrupt``/``SystemExit`` (not
 ``Exception`` subclasses), and any exception raised by a signal handler that ran while
 the hook did (:func:`raised_by_signal_handler`): a handler that raises to stop the loop

@@ -32,7 +32,7 @@ import psutil
 import torch
 
 from optcheck import heap
-from optcheck.pytorch import state_read
+from optcheck.pytorch import other_optimizers, state_read
 from optcheck.pytorch.guard import raised_by_signal_handler
 from optcheck.pytorch.census import CENSUS
 from optcheck.pytorch.shards import local  # FSDP2: a DTensor's shard on this rank
@@ -49,7 +49,9 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         try:
             return value.item() if value.numel() == 1 else value.tolist()
-        except Exception:  # noqa: BLE001 - a tensor subclass without the op
+        except Exception as caught:  # noqa: BLE001 - a tensor subclass without the op
+            if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
+                raise
             return f"<{type(value).__name__} {list(value.shape)}>"
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
@@ -132,7 +134,9 @@ def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tup
                   [p for g in optimizer.param_groups for p in g["params"]])
     try:
         return layout.key, tuple(map(_data_ptr, layout.tensors)), tuple(map(_data_ptr, layout.outside))
-    except Exception:  # noqa: BLE001 - a lazy module's UninitializedParameter (no data yet): 0
+    except Exception as caught:  # noqa: BLE001 - a lazy module's UninitializedParameter (no data yet): 0
+        if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
+            raise
         return layout.key, tuple(map(data_ptr, layout.tensors)), tuple(map(data_ptr, layout.outside))
 
 
@@ -146,7 +150,9 @@ def data_ptr(p: torch.Tensor) -> int:
     """``p.data_ptr()``, 0 where ``p`` has no data (uninitialised, or a subclass without it)."""
     try:
         return _data_ptr(p)
-    except Exception:  # noqa: BLE001
+    except Exception as caught:  # noqa: BLE001
+        if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
+            raise
         return 0
 
 
@@ -210,7 +216,9 @@ def _norm_or_none(t: torch.Tensor, acc: torch.dtype | None) -> torch.Tensor | No
     """``t``'s L2 norm, or None when ``t`` (a tensor subclass) lacks the ops."""
     try:
         return torch.linalg.vector_norm(t.detach(), dtype=acc)
-    except Exception:  # noqa: BLE001
+    except Exception as caught:  # noqa: BLE001
+        if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
+            raise
         return None
 
 
@@ -369,7 +377,9 @@ def state(optimizer: torch.optim.Optimizer, view: state_read.StateView | None = 
         tensors, step = {}, ps.step
         try:
             pdev = str(ps.key.device)
-        except Exception:  # noqa: BLE001
+        except Exception as caught:  # noqa: BLE001
+            if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
+                raise
             pdev = None
         for st in ps.tensors:
             rec = {"shape": st.shape, "dtype": None if st.dtype is None else dtype_name(st.dtype)}
@@ -475,9 +485,42 @@ def snapshot_body(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cens
     be read, the first time (:func:`notes`)."""
     view = state_read.read(optimizer)
     st, state_bytes = state(optimizer, view)
+    recs = params(model, {r["ref"]: r["step"] for r in st}, optimizer, norms, view)
+    said = notes(optimizer, view) + trained_elsewhere(model, optimizer, recs)
     return {
-        "params": params(model, {r["ref"]: r["step"] for r in st}, optimizer, norms, view),
-        "groups": groups(optimizer), "state": st,
+        "params": recs, "groups": groups(optimizer), "state": st,
         "optimizer": {"type": type(optimizer).__name__, "state_init": "lazy", "identity": "ref"},
-        "memory": memory(state_bytes, census, model), "notes": notes(optimizer, view),
+        "memory": memory(state_bytes, census, model), "notes": said,
     }
+
+
+def trained_elsewhere(model: torch.nn.Module, optimizer: object, recs: list[dict]) -> list[str]:
+    """Mark each param record that another live optimizer trains (``trained_by``: its
+    class name; :mod:`optcheck.pytorch.other_optimizers`): a trainable parameter in no
+    param group of ``optimizer``. Returns the note saying so (once per set of classes),
+    or []. Never raises."""
+    try:
+        members = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        cand = {id(p): p for _, p in model.named_parameters() if p.requires_grad and id(p) not in members}
+        if not cand:
+            return []
+        try:
+            finder = _OTHERS.setdefault(optimizer, other_optimizers.OtherOptimizers())
+        except TypeError:  # not weakly referenceable
+            finder = other_optimizers.OtherOptimizers()
+        owners = finder.owners(list(cand.values()), optimizer)
+    except Exception as e:  # noqa: BLE001 - a model or optimizer we cannot list: nothing marked
+        if raised_by_signal_handler(e):
+            raise
+        return []
+    for r in recs:
+        if r["ref"] in owners:
+            r["trained_by"] = owners[r["ref"]]
+    if not owners:
+        return []
+    classes = ", ".join(sorted(set(owners.values())))
+    return [f"{len(owners)} parameter(s) are trained by another optimizer ({classes}): this Monitor reads "
+            f"{type(optimizer).__name__}'s param groups and state only; watch the other with a Monitor of its own"]
+
+
+_OTHERS: "weakref.WeakKeyDictionary[object, other_optimizers.OtherOptimizers]" = weakref.WeakKeyDictionary()

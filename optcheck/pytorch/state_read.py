@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from optcheck.pytorch.shards import local  # FSDP2: a DTensor's shard on this rank
+from optcheck.pytorch.guard import raised_by_signal_handler
 
 #: levels of dicts/lists descended below ``optimizer.state[p]``
 MAX_DEPTH = 6
@@ -116,7 +117,9 @@ def _items(obj: Any) -> list | None:
     """``obj.items()`` as a list, or None when that fails."""
     try:
         return list(obj.items())
-    except Exception:  # noqa: BLE001 - a state we cannot list is skipped, never raised
+    except Exception as caught:  # noqa: BLE001 - a state we cannot list is skipped, never raised
+        if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
+            raise
         return None
 
 
@@ -147,6 +150,8 @@ def _values(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
     try:
         out = t.dequantize()
     except Exception as e:  # noqa: BLE001
+        if raised_by_signal_handler(e):  # a signal handler's exception is the user's
+            raise
         return None, f"values not read, shape and dtype only: {type(t).__name__}.dequantize() raised " \
                      f"{type(e).__name__}"
     if not isinstance(out, torch.Tensor) or not plain(out):
@@ -161,6 +166,8 @@ def _tensor(path: str, t: torch.Tensor, skipped: list) -> StateTensor | None:
         shape, dtype, device = list(t.shape), t.dtype, str(t.device)
         nbytes = _nbytes(t)
     except Exception as e:  # noqa: BLE001
+        if raised_by_signal_handler(e):  # a signal handler's exception is the user's
+            raise
         skipped.append((path, f"not read: a {type(t).__name__} whose shape, dtype or size could not be read "
                               f"({type(e).__name__})"))
         return None

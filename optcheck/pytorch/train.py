@@ -190,7 +190,7 @@ class Trainer:
         probes' next-step confirmation applies then.
 
         Raises:
-            optcheck.drivers.worker_loop.StepStopped: a hazard stopped the step.
+            optcheck.errors.StepStopped: a hazard stopped the step.
             RuntimeError: PyTorch's own failure that no probe explains.
         """
         xb, yb = self.batch(x, y)

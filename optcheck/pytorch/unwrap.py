@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import torch
 
+from optcheck.pytorch.guard import raised_by_signal_handler
+
 _MAX_DEPTH = 8  # wrappers of wrappers (e.g. Lightning around accelerate) are a few deep at most
 #: where wrappers keep the optimizer they drive: accelerate/Lightning/pytorch-optimizer's Lookahead
 #: (``optimizer``), SAM-style two-step optimizers (``base_optimizer``), schedule-free's
@@ -39,7 +41,9 @@ DUCK = ("param_groups", "state", "step")
 def _get(obj: object, name: str) -> object:
     try:
         return getattr(obj, name, None)
-    except Exception:  # noqa: BLE001 - a property that raises: nothing there
+    except Exception as caught:  # noqa: BLE001 - a property that raises: nothing there
+        if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
+            raise
         return None
 
 

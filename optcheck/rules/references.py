@@ -135,6 +135,8 @@ class UntrackedParam(Rule):
         return [
             Valid(steps(clean(), 200), "every trainable parameter in a group"),
             Valid((edit(clean(), add_params=[param("frozen.w", 7778, rg=False)]),), "a frozen parameter in no group"),
+            Valid((edit(clean(), add_params=[{**param("head.w", 7779), "trained_by": "Adam"}]),),
+                  "a parameter another optimizer trains (Muon + AdamW, a GAN's two optimizers)"),
         ]
 
     @cases
@@ -154,7 +156,8 @@ class UntrackedParam(Rule):
             mrefs = {m["ref"] for _, m in live_members(snap)}
             mptrs = {m["data_ptr"] for _, m in live_members(snap) if nonempty(m.get("data_ptr"))}
             lost = [p for p in snap["params"] if p["requires_grad"] and p["ref"] not in mrefs
-                    and not (nonempty(p["data_ptr"]) and p["data_ptr"] in mptrs)]
+                    and not (nonempty(p["data_ptr"]) and p["data_ptr"] in mptrs)
+                    and not p.get("trained_by")]  # another optimizer's (optcheck/pytorch/other_optimizers.py)
         if not lost or not snap["groups"]:
             return []
         names = [p["name"] for p in lost]

@@ -24,7 +24,11 @@ class Stop(Exception):
     """The user's own 'stop now' exception, raised by their SIGALRM handler."""
 
 
+LANDED: list = []  # where the last signal landed: (file, line, function) innermost last
+
+
 def _handler(signum, frame):
+    LANDED[:] = [(f.filename.rsplit("/", 2)[-2:], f.lineno, f.name) for f in traceback.extract_stack(frame)[-6:]]
     raise Stop("SIGALRM")
 
 
@@ -51,6 +55,9 @@ def _loop(mon_dir, delay_s: float, max_steps: int = 400) -> tuple[int, bool, opt
         return step, in_optcheck, mon
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        # an exception raised inside torch.no_grad().__enter__ (torch's, or the optimizer's own) leaves
+        # autograd off, with or without optcheck: the next trial starts as a fresh loop would
+        torch.set_grad_enabled(True)
     return step, in_optcheck, mon
 
 
@@ -60,7 +67,7 @@ def test_a_handlers_exception_always_reaches_the_loop(tmp_path):
         landed_inside = 0
         for i in range(40):
             step, inside, mon = _loop(tmp_path / f"r{i}", 0.02 + 0.0037 * i)
-            assert step < 400, f"trial {i}: the handler's Stop was swallowed; the loop ran to its end"
+            assert step < 400, f"trial {i}: the handler's Stop was swallowed; the loop ran to its end; it landed in {LANDED}"
             assert not any("internal error" in n for n in mon.notes), mon.notes
             landed_inside += inside
             if landed_inside >= 3 and i >= 10:

@@ -37,7 +37,7 @@ What is recorded (event ``kind`` → rule):
     tensor), which brackets the write between two module boundaries; the module
     whose own code ran in that window, its frame and the nearest in-place-looking
     line of its source name it. By default the step stops there with
-    :class:`optcheck.drivers.worker_loop.StepStopped` (the forward is aborted; no wrong
+    :class:`optcheck.errors.StepStopped` (the forward is aborted; no wrong
     gradient is ever computed). With ``allow_inplace=True`` the event is recorded
     and the run continues: backward then uses the *written* values (what PyTorch
     would have refused with "one of the variables needed for gradient computation

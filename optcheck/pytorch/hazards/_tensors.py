@@ -8,6 +8,7 @@ from typing import Iterable
 import torch
 
 from optcheck.pytorch.shards import local
+from optcheck.pytorch.guard import raised_by_signal_handler
 
 _VERSION = attrgetter("_version")
 MAX_SAMPLES = 8  # per-event lists (parameter names, modules) are cut to this many in "detail"
@@ -70,21 +71,27 @@ def _grad_fns(out) -> list:
 def _ptr(t: torch.Tensor) -> int:
     try:
         return t.data_ptr()
-    except Exception:  # noqa: BLE001 - sparse, meta, tensor subclasses without storage
+    except Exception as caught:  # noqa: BLE001 - sparse, meta, tensor subclasses without storage
+        if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
+            raise
         return 0
 
 
 def _storage_ptr(t: torch.Tensor) -> int:
     try:
         return t.untyped_storage().data_ptr()
-    except Exception:  # noqa: BLE001 - sparse, meta, tensor subclasses without storage
+    except Exception as caught:  # noqa: BLE001 - sparse, meta, tensor subclasses without storage
+        if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
+            raise
         return 0
 
 
 def _safe(fn):
     try:
         return fn()
-    except Exception:  # noqa: BLE001
+    except Exception as caught:  # noqa: BLE001
+        if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
+            raise
         return None
 
 

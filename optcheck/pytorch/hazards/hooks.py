@@ -56,7 +56,7 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
             :meth:`drain`.
 
     Raises (from the hooks):
-        optcheck.drivers.worker_loop.StepStopped: an in-place write to a saved tensor
+        optcheck.errors.StepStopped: an in-place write to a saved tensor
             (unless ``allow_inplace``), or a loss without ``grad_fn``; ``.event``
             is the schema-1 event (it is *not* also returned by :meth:`drain`).
         ValueError: ``mode`` is not one of :data:`MODES`.

@@ -15,6 +15,7 @@ from optcheck.pytorch.hazards._tensors import _VERSION, _parameter_like, _ptr, _
 from optcheck.pytorch.hazards.source import (_aliases, _code_of, _function_span, _inplace_candidates, _internal,
                                              _line_text, _targets, _user_frame, _where)
 from optcheck.wording import describe_inplace
+from optcheck.pytorch.guard import raised_by_signal_handler
 
 _top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 
@@ -23,7 +24,9 @@ def _pytorch_inplace_message(t: torch.Tensor, saved_version: int) -> str:
     """The text PyTorch's version check raises for ``t`` (``saved_variable.cpp``)."""
     try:
         tname = t.type()
-    except Exception:  # noqa: BLE001 - meta / exotic tensors
+    except Exception as caught:  # noqa: BLE001 - meta / exotic tensors
+        if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
+            raise
         tname = f"torch.{t.dtype}"
     shape = ", ".join(str(s) for s in t.shape)
     which = ""
@@ -231,7 +234,9 @@ class InplaceProbe:
                         continue
                     try:
                         val = getattr(node, attr)
-                    except Exception:  # noqa: BLE001 - freed buffers, unsupported types
+                    except Exception as caught:  # noqa: BLE001 - freed buffers, unsupported types
+                        if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
+                            raise
                         continue
                     vals = val if isinstance(val, (tuple, list)) else (val,)
                     if any(same(v) for v in vals):

@@ -11,6 +11,7 @@ import sys
 import torch
 
 from optcheck.pytorch.hazards._tensors import _ptr
+from optcheck.pytorch.guard import raised_by_signal_handler
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PKG_DIR = os.path.dirname(__file__) + os.sep  # optcheck/pytorch/hazards/: the probes' own frames
@@ -70,7 +71,9 @@ def _aliases(frame, t: torch.Tensor) -> set[str]:
     """Local names of ``frame`` bound to tensors sharing ``t``'s storage (rare path)."""
     try:
         ptr = t.untyped_storage().data_ptr()
-    except Exception:  # noqa: BLE001
+    except Exception as caught:  # noqa: BLE001
+        if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
+            raise
         return set()
     out = set()
     for name, val in frame.f_locals.items():
@@ -78,7 +81,9 @@ def _aliases(frame, t: torch.Tensor) -> set[str]:
             try:
                 if val.untyped_storage().data_ptr() == ptr:
                     out.add(name)
-            except Exception:  # noqa: BLE001
+            except Exception as caught:  # noqa: BLE001
+                if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
+                    raise
                 pass
         elif isinstance(val, (tuple, list)) and len(val) < 16:
             for v in val:
