@@ -110,3 +110,9 @@ def test_the_layering_check_fires_on_a_planted_import():
     assert [m for m, _ in _imports(planted, text) if m.startswith(RUN_FORBIDDEN)] == [
         "optcheck.drivers.monitor", "optcheck.pytorch.probe"]
     assert [m for m, _ in _imports(planted, text) if m.startswith(LOWER_FORBIDDEN)] == ["optcheck.drivers.monitor"]
+
+
+def test_the_readme_is_a_guide_of_at_most_250_lines():
+    """README.md is the user's guide (issue 26): measurements and design live in docs/."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; move detail to docs/"
