@@ -121,8 +121,6 @@ def register(group: click.Group) -> None:
         Exit codes: 0 clean, 1 findings at or above --fail-on, 2 bad input.
         """
         from optcheck.commands._paths import check_output_file
-        from optcheck.run.snapshot import dumps
-
         from optcheck.commands.soak import ignore_entries
 
         if junit:
@@ -130,65 +128,53 @@ def register(group: click.Group) -> None:
         if summary_md:
             check_output_file(summary_md, "--summary-md")
         if rank_dirs(stream):
-            return _check_ranks(stream, ignore_entries(ignores), fail_on, junit, summary_md, as_json)
+            findings, notes, n, code = replay_ranks(stream, ignore_entries(ignores), fail_on)
+            ranks = len(rank_dirs(stream))
+            by_code: dict = {}
+            for f in findings:
+                by_code[f["code"]] = by_code.get(f["code"], 0) + 1
+            summary = {"command": "check", "run": str(stream), "status": "findings" if code else "clean",
+                       "exit_code": code, "snapshots": n, "findings": len(findings), "findings_by_code": by_code,
+                       "world": ranks}
+            _report(stream, findings, notes, f"{ranks} ranks, {n} snapshots", summary, fail_on, junit, summary_md,
+                    as_json)
+            return code
         rec, notes = replay(stream, ignore_entries(ignores), fail_on)
-        findings, n = rec.findings, rec.summary.snapshots
-        for note in notes:
-            click.echo(f"optcheck: note: {note}", err=True)
-        for f in findings:
-            if as_json:
-                click.echo(dumps(f.to_dict()))
-            else:
-                click.echo(f"step {f.step} ({f.phase}) {f.code} {f.symbol} [{f.severity}]: {f.message}")
-                if f.next_failure:
-                    click.echo(f"  next: {f.next_failure}")
-        if not as_json:
-            click.echo(f"{n} snapshots, {len(findings)} finding(s)")
-        if junit:
-            from optcheck.report.junit import write_junit
-
-            write_junit([f.to_dict() for f in findings], junit, suite_name=f"optcheck check {stream}", fail_on=fail_on)
+        findings, n = [f.to_dict() for f in rec.findings], rec.summary.snapshots
         replayed = rec.finish()  # status and exit code by the one policy (optcheck.run.exitcodes)
         code = replayed["exit_code"]
-        if summary_md:
-            from optcheck.report.markdown import write_markdown
-
-            dicts = [f.to_dict() for f in findings]
-            summary = {"command": "check", "run": str(stream), "status": replayed["status"], "exit_code": code,
-                       "snapshots": n, "findings": len(dicts), "findings_by_code": replayed["findings_by_code"]}
-            if Path(stream).is_dir() and (Path(stream) / "summary.json").exists():
-                recorded = RunReader(stream).summary
-                summary = {**{k: recorded.get(k) for k in ("backend", "steps_requested", "last_step", "loss_first",
-                                                           "loss_last", "val_loss_first", "val_loss_last",
-                                                           "val_step_first", "val_step_last", "steps_per_s",
-                                                           "peak_rss_bytes", "versions")}, **summary}
-            try:
-                write_markdown(summary_md, [(summary, dicts)])
-            except OSError as e:
-                from optcheck.errors import RecordError
-
-                raise RecordError(summary_md, e) from None
+        summary = {"command": "check", "run": str(stream), "status": replayed["status"], "exit_code": code,
+                   "snapshots": n, "findings": len(findings), "findings_by_code": replayed["findings_by_code"]}
+        if summary_md and Path(stream).is_dir() and (Path(stream) / "summary.json").exists():
+            recorded = RunReader(stream).summary
+            summary = {**{k: recorded.get(k) for k in ("backend", "steps_requested", "last_step", "loss_first",
+                                                       "loss_last", "val_loss_first", "val_loss_last",
+                                                       "val_step_first", "val_step_last", "steps_per_s",
+                                                       "peak_rss_bytes", "versions")}, **summary}
+        _report(stream, findings, notes, f"{n} snapshots", summary, fail_on, junit, summary_md, as_json)
         return code
 
 
-def _check_ranks(stream, ignore, fail_on, junit, summary_md, as_json) -> int:
-    """``optcheck check`` of a distributed run directory (:func:`replay_ranks`)."""
+def _report(stream, findings: list[dict], notes: list[str], counted: str, summary: dict, fail_on: str, junit,
+            summary_md, as_json: bool) -> None:
+    """What ``optcheck check`` prints and writes, for one run or every rank of one
+    (a finding with a ``rank`` is printed with it): notes on stderr, one line per
+    finding (or JSON lines), the count line, JUnit XML and the Markdown report."""
     from optcheck.run.snapshot import dumps
 
-    findings, notes, n, code = replay_ranks(stream, ignore, fail_on)
     for note in notes:
         click.echo(f"optcheck: note: {note}", err=True)
     for f in findings:
         if as_json:
             click.echo(dumps(f))
         else:
-            click.echo(f"rank {f['rank']} step {f['step']} ({f['phase']}) {f['code']} {f['symbol']} "
-                       f"[{f['severity']}]: {f['message']}")
+            rank = f"rank {f['rank']} " if "rank" in f else ""
+            click.echo(f"{rank}step {f['step']} ({f['phase']}) {f['code']} {f['symbol']} [{f['severity']}]: "
+                       f"{f['message']}")
             if f.get("next_failure"):
                 click.echo(f"  next: {f['next_failure']}")
-    ranks = len(rank_dirs(stream))
     if not as_json:
-        click.echo(f"{ranks} ranks, {n} snapshots, {len(findings)} finding(s)")
+        click.echo(f"{counted}, {len(findings)} finding(s)")
     try:
         if junit:
             from optcheck.report.junit import write_junit
@@ -197,15 +183,8 @@ def _check_ranks(stream, ignore, fail_on, junit, summary_md, as_json) -> int:
         if summary_md:
             from optcheck.report.markdown import write_markdown
 
-            by_code: dict = {}
-            for f in findings:
-                by_code[f["code"]] = by_code.get(f["code"], 0) + 1
-            status = "findings" if code else "clean"  # a replay's own outcomes (optcheck.run.recorder)
-            summary = {"command": "check", "run": str(stream), "status": status, "exit_code": code,
-                       "snapshots": n, "findings": len(findings), "findings_by_code": by_code, "world": ranks}
             write_markdown(summary_md, [(summary, findings)])
     except OSError as e:
         from optcheck.errors import RecordError
 
         raise RecordError(e.filename or junit or summary_md, e) from None
-    return code

@@ -116,7 +116,6 @@ def _count(tensors: list) -> tuple[int, int]:
         except Exception as caught:  # noqa: BLE001 - no storage: a wrapper subclass, a lazy module's UninitializedParameter
             if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
                 raise
-            pass
     return len(tensors), nbytes
 
 

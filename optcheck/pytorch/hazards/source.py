@@ -84,7 +84,6 @@ def _aliases(frame, t: torch.Tensor) -> set[str]:
             except Exception as caught:  # noqa: BLE001
                 if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
                     raise
-                pass
         elif isinstance(val, (tuple, list)) and len(val) < 16:
             for v in val:
                 if isinstance(v, torch.Tensor) and _ptr(v) and v.untyped_storage().data_ptr() == ptr:
