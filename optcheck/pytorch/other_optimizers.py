@@ -64,6 +64,13 @@ def _watch_steps() -> None:
         _HOOK.append(register_optimizer_step_post_hook(_stepped))
 
 
+def _remember(optimizer: object) -> None:
+    try:
+        _SEEN.add(optimizer)
+    except TypeError:  # not weakly referenceable
+        pass
+
+
 class OtherOptimizers:
     """Per watched optimizer: which other optimizers train its model's parameters."""
 
@@ -74,10 +81,7 @@ class OtherOptimizers:
         """``{id(param): optimizer class name}`` for each of ``candidates`` held in a param
         group of a live optimizer other than ``watched`` (nor an object wrapping it, whose
         groups are the watched optimizer's own list). {} when there are no candidates."""
-        try:
-            _SEEN.add(watched)
-        except TypeError:  # not weakly referenceable
-            pass
+        _remember(watched)
         if not candidates:
             self._last_scan = None
             return {}
@@ -86,19 +90,15 @@ class OtherOptimizers:
         # (one built over the new parameters and never stepped is the bug, not the explanation)
         stepping = watched in _STEPPED
         want = {id(p) for p in candidates}
-        found = self._search([o for o in list(_SEEN) if not stepping or o in _STEPPED], want, watched)
+        found = self._search(list(_SEEN), want, watched, stepping)
         missing = frozenset(want - set(found))
         if missing:
             last = self._last_scan
             if last is None or last[0] != missing or last[1] >= RESCAN_EVERY:
                 others = self._live(watched)
                 for o in others:
-                    try:
-                        _SEEN.add(o)
-                    except TypeError:
-                        pass
-                found.update(self._search([o for o in others if not stepping or o in _STEPPED], set(missing),
-                                          watched))
+                    _remember(o)
+                found.update(self._search(others, set(missing), watched, stepping))
                 self._last_scan = (frozenset(want - set(found)), 0)
             else:
                 self._last_scan = (last[0], last[1] + 1)
@@ -115,10 +115,12 @@ class OtherOptimizers:
             return []
 
     @staticmethod
-    def _search(optimizers: list, want: set[int], watched: object) -> dict[int, str]:
+    def _search(optimizers: list, want: set[int], watched: object, stepping: bool) -> dict[int, str]:
         mine = getattr(watched, "param_groups", None)
         found: dict[int, str] = {}
         for o in optimizers:
+            if stepping and o not in _STEPPED:
+                continue
             try:
                 groups = o.param_groups
                 if groups is mine:  # a wrapper sharing the watched optimizer's groups (SAM, Lookahead)

@@ -155,3 +155,15 @@ def test_without_optcheck_rank_1s_learning_rate_trains_on_silently_into_differen
         o = json.loads((tmp_path / f"rank-{rank}" / "outcome.json").read_text())
         assert o["steps"] == 20 and o["replicas_equal"] is False
     assert not (tmp_path / "rank-0" / "findings.jsonl").exists()  # no Monitor, no records
+
+
+def test_a_clean_nproc_run_checks_clean_rank_by_rank(tmp_path):
+    """``optcheck check OUT`` of a clean ``--nproc 2`` run: silent, exit 0, both ranks replayed."""
+    out = tmp_path / "run"
+    proc = soak("--nproc", "2", "--steps", "12", "--every", "4", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    chk = subprocess.run([sys.executable, "-m", "optcheck", "check", str(out)], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         capture_output=True, text=True, timeout=120)
+    snaps = sum(len(lines(out / f"rank-{r}" / "snapshots.jsonl")) for r in (0, 1))
+    assert chk.returncode == 0 and chk.stdout.strip().splitlines() == [f"2 ranks, {snaps} snapshots, 0 finding(s)"], \
+        chk.stdout + chk.stderr
