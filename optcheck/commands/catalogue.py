@@ -1,4 +1,4 @@
-"""``optcheck rules``, ``optcheck explain CODE``, ``optcheck scenarios``: the catalogues."""
+"""``optcheck rules``, ``optcheck explain CODE``, ``optcheck scenarios``, ``optcheck schema KIND``: the catalogues."""
 
 from __future__ import annotations
 
@@ -15,6 +15,17 @@ def register(group: click.Group) -> None:
         """List every rule: code, symbol, severity, message."""
         for cls in rules.catalogue():
             click.echo(f"{cls.code}  {cls.symbol:<25} {cls.severity:<8} {cls.doc().splitlines()[0] if cls.doc() else ''}")
+
+    @group.command()
+    @click.argument("kind", type=click.Choice(["summary", "snapshot", "finding", "metrics"]))
+    def schema(kind):
+        """Print the JSON Schema (draft 2020-12) of a run directory's record file:
+        summary (summary.json), snapshot (snapshots.jsonl lines), finding, metrics."""
+        import json
+
+        from optcheck.run.snapshot import schema_document
+
+        click.echo(json.dumps(schema_document(kind), indent=2))
 
     @group.command()
     @click.argument("code")

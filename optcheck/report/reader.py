@@ -282,9 +282,9 @@ class _LooseSummary:
     def __init__(self):
         import jsonschema
 
-        from optcheck.run.snapshot import SCHEMA_FILES, inline_refs
+        from optcheck.run.snapshot import inline_refs, schema_document
 
-        schema = json.loads((SCHEMA_DIR / SCHEMA_FILES["summary"]).read_text(encoding="utf-8"))
+        schema = schema_document("summary")
         props = inline_refs(schema["then"]["properties"], schema.get("$defs", {}))
         loose = {"type": "object", "properties": {k: _loosen(v, top=True) for k, v in props.items()
                                                   if k != "summary_version"}}

@@ -15,7 +15,7 @@ import json
 import os
 from typing import Any, Iterator
 
-from optcheck.run.snapshot import SCHEMA_DIR, SCHEMA_FILES, LineParser, SchemaError, StreamDefect, inline_refs, validate, \
+from optcheck.run.snapshot import LineParser, SchemaError, StreamDefect, inline_refs, schema_document, validate, \
     validate_record
 
 _PY_TYPES = {"integer": (int,), "number": (int, float), "string": (str,), "object": (dict,), "array": (list,),
@@ -33,7 +33,7 @@ class ShallowCheck:
     """
 
     def __init__(self, kind: str):
-        raw = json.loads((SCHEMA_DIR / SCHEMA_FILES[kind]).read_text(encoding="utf-8"))
+        raw = schema_document(kind)
         schema = inline_refs(raw, raw.get("$defs", {}))
         self.required = tuple(schema.get("required", ()))
         props = schema.get("properties", {})

@@ -138,13 +138,25 @@ class SchemaError(ValueError):
     """A record does not follow its published schema; the message names the field."""
 
 
+def schema_document(kind: str) -> dict:
+    """The published JSON Schema of record ``kind`` (a key of :data:`SCHEMA_FILES`), a new
+    dict each call: the file in ``optcheck/schemas/``; for ``summary``, that file's frame
+    with the per-field part built from ``optcheck.run.summary.Summary``
+    (:func:`optcheck.run.summary.summary_schema`)."""
+    if kind == "summary":
+        from optcheck.run.summary import summary_schema
+
+        return summary_schema()
+    return json.loads((SCHEMA_DIR / SCHEMA_FILES[kind]).read_text(encoding="utf-8"))
+
+
 @functools.lru_cache(maxsize=None)
 def schema_validator(kind: str = "snapshot"):
     """A ``jsonschema`` validator for record ``kind`` (a key of :data:`SCHEMA_FILES`),
     loaded from ``optcheck/schemas/``."""
     import jsonschema
 
-    schema = json.loads((SCHEMA_DIR / SCHEMA_FILES[kind]).read_text(encoding="utf-8"))
+    schema = schema_document(kind)
     cls = jsonschema.validators.validator_for(schema)
     # the schemas themselves are checked against their meta-schema by tests/unit/test_schemas_valid.py,
     # not here: that check alone took a second of every command that reads a run

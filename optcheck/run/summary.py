@@ -4,15 +4,17 @@
 :class:`Checker` is the one rule engine of a run: it writes each snapshot,
 runs the rules on it (timed), writes the new findings and reports them.
 :class:`Summary` is the one ``summary.json`` both fill; its fields are
-documented in ``docs/summary.md`` and validated by
-``optcheck/schemas/summary-1.json`` (``summary_version`` 2).
+documented in ``docs/summary.md`` and validated by :func:`summary_schema`
+(the frame ``optcheck/schemas/summary-1.json``, and each field's type declared
+on the field itself: adding a field is a change to this file).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Callable
 
 from optcheck.run import exitcodes
@@ -83,6 +85,38 @@ def run_status(*, running: bool = False, interrupted: bool = False, record_faile
             else "findings" if exit_code == exitcodes.FINDINGS else "clean")
 
 
+def json_type(*types: str, **more) -> dict:
+    """A JSON Schema fragment: ``{"type": ...}`` of one or more JSON types, plus ``more``."""
+    return {"type": types[0] if len(types) == 1 else list(types), **more}
+
+
+def summary_field(schema: dict | None, default=MISSING, *, factory=MISSING, required: bool = True):
+    """A :class:`Summary` field with its JSON Schema fragment (``schema``, None: typed only by
+    the frame in ``optcheck/schemas/summary-1.json``) and whether a version-2 summary must carry it."""
+    return field(default=default, default_factory=factory, metadata={"schema": schema, "required": required})
+
+
+_FLOAT = {"$ref": "#/$defs/float"}  # a float, or "nan"/"inf"/"-inf", or null
+_COUNT = json_type("integer", minimum=0)
+_COUNTS = json_type("object", additionalProperties=json_type("integer", minimum=1))  # {code: count}
+_SECONDS = json_type("number", minimum=0)
+_TIMED = json_type(  # optcheck.run.sequencer.cost_dict
+    "object", required=["count", "total_s", "median_s"],
+    properties={"count": _COUNT, "total_s": _SECONDS, "median_s": json_type("number", "null", minimum=0)})
+_COST = json_type("object", required=["snapshots", "checks"], properties={
+    "snapshots": _TIMED, "checks": _TIMED,
+    "steps": json_type("object", "null", required=["count", "total_s", "mean_us"],
+                       properties={"count": _COUNT, "total_s": _SECONDS,
+                                   "mean_us": json_type("number", "null", minimum=0)}),
+    "train_cpu_s": json_type("number", "null", minimum=0)})
+_HAZARDS = json_type(
+    "object", "null", description="the autograd hazard probes' arming (docs/hazards.md); null when they are off",
+    required=["mode", "armed_steps", "steps"],
+    properties={"mode": {"enum": ["auto", "always"]}, "armed_steps": _COUNT, "steps": _COUNT,
+                "reasons": json_type("object", additionalProperties=_COUNT), "stays_armed": json_type("string", "null")})
+STATUSES = ("running", "clean", "findings", "stopped", "crashed", "interrupted", "record-failed")
+
+
 @dataclass
 class Summary:
     """``summary.json`` of a run directory, soak or Monitor (``docs/summary.md``).
@@ -90,49 +124,54 @@ class Summary:
     Units: seconds (``*_s``), bytes (``*_bytes``), steps are optimizer steps
     (1-based; 0 is before the first). Fields a source does not have stay None
     (e.g. ``steps_requested`` of a Monitor, ``not_checked`` of a soak is []).
+
+    Each field carries its JSON Schema fragment: :func:`summary_schema` builds the
+    version-2 part of the published schema from them, so a new field is one line here
+    (and its row in ``docs/summary.md``).
     """
 
-    run: str
-    backend: str
-    source: str                          # "soak" | "monitor"
-    status: str = "running"
-    exit_code: int | None = None
-    fail_on: str = "warning"
-    steps_requested: int | None = None
-    last_step: int = 0
-    snapshots: int = 0
-    findings: int = 0
-    findings_by_code: dict = field(default_factory=dict)
-    suppressed: dict = field(default_factory=dict)
-    first_finding: dict | None = None
-    loss_first: float | None = None
-    loss_last: float | None = None
-    val_loss_first: float | None = None
-    val_loss_last: float | None = None
-    val_step_first: int | None = None
-    val_step_last: int | None = None
-    elapsed_s: float | None = None
-    steps_per_s: float | None = None
-    peak_rss_bytes: int = 0
-    versions: dict = field(default_factory=dict)
-    threads: int | None = None
-    crash: dict | None = None
-    stopped: dict | None = None
-    lead_time: dict | None = None
-    cost: dict = field(default_factory=lambda: cost_dict(Cost(), Cost()))
-    out: str | None = None
-    started: str = field(default_factory=utc_now)
-    finished: str | None = None
-    corpus: dict | None = None
-    config: dict | None = None
-    inject: list = field(default_factory=list)
-    interrupted_by: str | None = None
-    signals: int = 0
-    record_error: str | None = None
-    garbled_lines: int = 0
-    not_checked: list = field(default_factory=list)
-    hazards: dict | None = None          # the hazard probes' arming (docs/summary.md); None when off
-    summary_version: int = SUMMARY_VERSION
+    run: str = summary_field(json_type("string"))
+    backend: str = summary_field(None, required=False)  # typed in the frame (version 1 has it too)
+    source: str = summary_field({"enum": ["soak", "monitor"]})
+    status: str = summary_field({"enum": list(STATUSES)}, "running")
+    exit_code: int | None = summary_field(json_type("integer", "null"), None)
+    fail_on: str = summary_field({"enum": ["info", "warning", "error"]}, "warning")
+    steps_requested: int | None = summary_field(json_type("integer", "null", minimum=0), None)
+    last_step: int = summary_field(_COUNT, 0)
+    snapshots: int = summary_field(_COUNT, 0)
+    findings: int = summary_field(_COUNT, 0)
+    findings_by_code: dict = summary_field(_COUNTS, factory=dict)
+    suppressed: dict = summary_field(_COUNTS, factory=dict)
+    first_finding: dict | None = summary_field(json_type("object", "null"), None)
+    loss_first: float | None = summary_field(_FLOAT, None)
+    loss_last: float | None = summary_field(_FLOAT, None)
+    val_loss_first: float | None = summary_field(_FLOAT, None)
+    val_loss_last: float | None = summary_field(_FLOAT, None)
+    val_step_first: int | None = summary_field(json_type("integer", "null"), None)
+    val_step_last: int | None = summary_field(json_type("integer", "null"), None)
+    elapsed_s: float | None = summary_field(json_type("number", "null"), None)
+    steps_per_s: float | None = summary_field(json_type("number", "null"), None)
+    peak_rss_bytes: int = summary_field(_COUNT, 0)
+    versions: dict = summary_field(json_type("object", additionalProperties=json_type("string", "null")), factory=dict)
+    threads: int | None = summary_field(json_type("integer", "null"), None)
+    crash: dict | None = summary_field(json_type("object", "null"), None)
+    stopped: dict | None = summary_field(json_type("object", "null"), None)
+    lead_time: dict | None = summary_field(json_type("object", "null"), None)
+    cost: dict = summary_field(_COST, factory=lambda: cost_dict(Cost(), Cost()))
+    out: str | None = summary_field(json_type("string", "null"), None)
+    started: str = summary_field(json_type("string"), factory=utc_now)
+    finished: str | None = summary_field(json_type("string", "null"), None)
+    corpus: dict | None = summary_field(json_type("object", "null"), None)
+    config: dict | None = summary_field(json_type("object", "null"), None)
+    inject: list = summary_field(json_type("array", items=json_type("string")), factory=list)
+    interrupted_by: str | None = summary_field(json_type("string", "null"), None)
+    signals: int = summary_field(_COUNT, 0)
+    record_error: str | None = summary_field(json_type("string", "null"), None)
+    garbled_lines: int = summary_field(_COUNT, 0)
+    not_checked: list = summary_field(json_type("array"), factory=list)
+    # added after version 2 was first written: optional, so those summaries stay valid
+    hazards: dict | None = summary_field(_HAZARDS, None, required=False)
+    summary_version: int = summary_field({"const": SUMMARY_VERSION}, SUMMARY_VERSION)
 
     def fill_findings(self, checker: Checker) -> None:
         """``findings``, ``findings_by_code``, ``suppressed``, ``first_finding``, ``lead_time``
@@ -154,6 +193,24 @@ class Summary:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def summary_schema() -> dict:
+    """The published JSON Schema (draft 2020-12) of ``summary.json``, a new dict each call.
+
+    The frame — version 1's typed fields, ``$defs`` and the ``if summary_version``
+    switch — is ``optcheck/schemas/summary-1.json``; its ``then`` (version 2: which
+    fields are required, and each one's type) is built here from :class:`Summary`'s
+    fields. ``optcheck schema summary`` prints it.
+    """
+    from optcheck.run.snapshot import SCHEMA_DIR
+
+    schema = json.loads((SCHEMA_DIR / "summary-1.json").read_text(encoding="utf-8"))
+    own = [f for f in fields(Summary)]
+    schema["then"] = json.loads(json.dumps({
+        "required": sorted(f.name for f in own if f.metadata["required"]),
+        "properties": {f.name: f.metadata["schema"] for f in own if f.metadata["schema"] is not None}}))
+    return schema
 
 
 def cost_line(summary: dict) -> str | None:

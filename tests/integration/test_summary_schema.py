@@ -1,6 +1,7 @@
 """One ``summary.json`` for the soak and the Monitor (issue 17): a real soak's and a real
 Monitor run's summary validate against the one published schema
-(``optcheck/schemas/summary-1.json``, ``summary_version`` 2: every field present),
+(``optcheck schema summary``: the frame ``optcheck/schemas/summary-1.json`` and, for
+``summary_version`` 2, every field of ``Summary`` present and typed),
 carry what optcheck cost the run, and a summary written before the shared type (no
 ``summary_version``) still validates. Also ``--val-every 0``: no held-out loss anywhere."""
 
@@ -16,9 +17,9 @@ from conftest import SMALL, run_cli
 from optcheck.run import exitcodes
 from optcheck.report.reader import read_summary
 from optcheck.run.summary import SUMMARY_VERSION, Summary
-from optcheck.run.snapshot import read_jsonl, read_snapshots
+from optcheck.run.snapshot import read_jsonl, read_snapshots, schema_document
 
-SCHEMA = json.loads((Path(__file__).parents[2] / "optcheck" / "schemas" / "summary-1.json").read_text())
+SCHEMA = schema_document("summary")
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "torchsharp" / "0.107.0-runs"
 
 

@@ -5,19 +5,17 @@ never passes what the full schema refuses at the top level, nor refuses a valid 
 
 from __future__ import annotations
 
-import json
-
 import jsonschema
 import pytest
 
 from optcheck.run.record_check import shallow_check
-from optcheck.run.snapshot import SCHEMA_DIR, SCHEMA_FILES, SchemaError, read_jsonl, validate_record
+from optcheck.run.snapshot import SCHEMA_FILES, SchemaError, read_jsonl, schema_document, validate_record
 from snapfactory import clean
 
 
 @pytest.mark.parametrize("kind", sorted(SCHEMA_FILES))
 def test_schema_is_valid_for_its_draft(kind):
-    schema = json.loads((SCHEMA_DIR / SCHEMA_FILES[kind]).read_text())
+    schema = schema_document(kind)
     jsonschema.validators.validator_for(schema).check_schema(schema)
 
 
