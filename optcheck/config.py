@@ -338,7 +338,7 @@ class SoakConfig:
         """A deep copy (a seed's, a side's or a backend's config changes its own)."""
         return copy.deepcopy(self)
 
-    def extra(self) -> dict:
+    def wire_extra(self) -> dict:
         """The wire's ``extra``: the trainer options, then optcheck's own keys (:data:`EXTRA`)."""
         out = dict(self.trainer_options)
         for key, (section, name) in EXTRA.items():
@@ -359,7 +359,7 @@ class SoakConfig:
             elif key == "hazard_mode":
                 value = "always" if value == "always" else "auto"
             out[key] = value
-        out["extra"] = self.extra()
+        out["extra"] = self.wire_extra()
         return out
 
     @classmethod
