@@ -62,7 +62,8 @@ def main() -> None:
     cfg = SoakConfig(model=ModelConfig(n_embd=args.n_embd, n_head=2, block_size=args.block_size),
                      optimizer=OptimizerConfig(lr=1e-2), data=DataConfig(batch_size=args.batch_size),
                      run=RunConfig(backend="torchsharp"),
-                     torchsharp=TorchSharpConfig(runtime=args.runtime, assembly=str(dll), trainer="OptCheckTest.LazyTrainer"))
+                     torchsharp=TorchSharpConfig(runtime=args.runtime, assembly=str(dll),
+                                                 trainer="OptCheckTest.LazyTrainer"))
     corpus = load_corpus(None)
     be = TorchSharpBackend()
     be.setup(cfg, corpus)

@@ -44,9 +44,11 @@ STAND_IN_TRAINER = "OptCheckTest.LazyTrainer"
 def soak_config(args, dll: str, trainer: str):
     from optcheck.config import DataConfig, ModelConfig, RunConfig, SoakConfig, TorchSharpConfig
 
-    return SoakConfig(model=ModelConfig(n_embd=args.n_embd, n_head=args.n_head, n_layer=args.n_layer, block_size=args.block_size),
+    return SoakConfig(model=ModelConfig(n_embd=args.n_embd, n_head=args.n_head, n_layer=args.n_layer,
+                                        block_size=args.block_size),
                       data=DataConfig(batch_size=args.batch_size, val_every=0),
-                      run=RunConfig(backend="torchsharp", steps=args.steps, every=args.every, seed=args.seed, threads=1),
+                      run=RunConfig(backend="torchsharp", steps=args.steps, every=args.every, seed=args.seed,
+                                    threads=1),
                       torchsharp=TorchSharpConfig(runtime=args.runtime, assembly=dll, trainer=trainer))
 
 

@@ -260,9 +260,10 @@ class Plain:
         self.sched = BatchSchedule(self.corpus.train.size, c.model.block_size, c.data.batch_size, c.run.seed)
         self.device = torch.device(args.device)
         torch.manual_seed(c.run.seed)
-        self.model = GPT(GPTConfig(block_size=c.model.block_size, vocab_size=self.corpus.vocab_size, n_layer=c.model.n_layer,
+        m, o = c.model, c.optimizer
+        self.model = GPT(GPTConfig(block_size=m.block_size, vocab_size=self.corpus.vocab_size, n_layer=m.n_layer,
                                    n_head=c.model.n_head, n_embd=c.model.n_embd)).to(self.device)
-        self.opt = self.model.configure_optimizers(c.optimizer.lr, c.optimizer.weight_decay, (c.optimizer.beta1, c.optimizer.beta2), c.optimizer.eps,
+        self.opt = self.model.configure_optimizers(o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps,
                                                    fused=self.device.type == "cuda")
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
 

@@ -40,8 +40,8 @@ def soak_loop(steps=120, **kw):
     return Loop(be, cfg, stream), corpus, stream
 
 
-@pytest.mark.parametrize("kw", [{}, {"checks": ChecksConfig(hazards="always")}, {"optimizer": OptimizerConfig(grad_clip=0.0)},
-                                {"checks": ChecksConfig(hazards="off")}],
+@pytest.mark.parametrize("kw", [{}, {"checks": ChecksConfig(hazards="always")},
+                                {"optimizer": OptimizerConfig(grad_clip=0.0)}, {"checks": ChecksConfig(hazards="off")}],
                          ids=["auto", "always", "no-clip", "no-hazards"])
 def test_the_soak_worker_reads_nothing_between_snapshots(kw):
     loop, corpus, stream = soak_loop(**kw)

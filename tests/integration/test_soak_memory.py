@@ -65,7 +65,8 @@ def standin_soak(tmp_path, inject: list[str], kind: str = "coreclr", steps: int 
                      data=DataConfig(batch_size=4, val_every=100),
                      run=RunConfig(backend="torchsharp", steps=steps, every=20),
                      checks=ChecksConfig(inject=[Injection.parse(i) for i in inject]),
-                     torchsharp=TorchSharpConfig(runtime=kind, assembly=str(dll), trainer="OptCheckTest.LazyTrainer"))
+                     torchsharp=TorchSharpConfig(runtime=kind, assembly=str(dll),
+                                                 trainer="OptCheckTest.LazyTrainer"))
     out = tmp_path / "run"
     run_soak(cfg, out, progress=False)
     return list(read_jsonl(out / "findings.jsonl")), list(read_jsonl(out / "snapshots.jsonl"))

@@ -267,7 +267,8 @@ def test_torchsharp_sides_through_the_stand_in(tmp_path):
     cfg = SoakConfig(model=ModelConfig(n_embd=16, n_head=2, block_size=16), optimizer=OptimizerConfig(lr=1e-2),
                      data=DataConfig(batch_size=4, val_every=0),
                      run=RunConfig(backend="torchsharp", steps=30, every=10),
-                     torchsharp=TorchSharpConfig(runtime="coreclr", assembly=str(dll), trainer="OptCheckTest.LazyTrainer"))
+                     torchsharp=TorchSharpConfig(runtime="coreclr", assembly=str(dll),
+                                                 trainer="OptCheckTest.LazyTrainer"))
     sides = [Side("baseline", "torchsharp"), Side("candidate", "torchsharp")]
     res = run_upgrade(cfg, *sides, tmp_path / "u")
     assert res.exit_code == exitcodes.CLEAN and res.compare.verdict.kind == IDENTICAL

@@ -94,3 +94,14 @@ def test_copy_is_deep():
     c = cfg.copy()
     c.run.steps, c.trainer_options["a"] = 1, "2"
     assert cfg.run.steps == 20_000 and cfg.trainer_options == {"a": "1"}
+
+
+def test_the_cli_defaults_are_the_sections_defaults():
+    """``optcheck soak`` with no option builds SoakConfig() (so its config.json is DEFAULT_WIRE)."""
+    from types import SimpleNamespace
+
+    from optcheck.cli import cli
+    from optcheck.commands.soak import soak_config
+
+    ctx = cli.commands["soak"].make_context("soak", [])
+    assert soak_config(SimpleNamespace(**ctx.params), "pytorch") == SoakConfig()
