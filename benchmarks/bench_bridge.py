@@ -53,20 +53,21 @@ def main() -> None:
 
     from build import build_testloop
 
-    from optcheck.config import SoakConfig
+    from optcheck.config import DataConfig, ModelConfig, OptimizerConfig, RunConfig, SoakConfig, TorchSharpConfig
     from optcheck.data import BatchSchedule, load_corpus
     from optcheck.torchsharp_bridge import runtime
     from optcheck.torchsharp_bridge.worker import TorchSharpBackend
 
     dll = build_testloop()
-    cfg = SoakConfig(backend="torchsharp", n_embd=args.n_embd, n_head=2, batch_size=args.batch_size,
-                     block_size=args.block_size, lr=1e-2,
-                     extra={"dotnet_runtime": args.runtime, "dotnet_assembly": str(dll),
-                            "dotnet_trainer": "OptCheckTest.LazyTrainer"})
+    cfg = SoakConfig(model=ModelConfig(n_embd=args.n_embd, n_head=2, block_size=args.block_size),
+                     optimizer=OptimizerConfig(lr=1e-2), data=DataConfig(batch_size=args.batch_size),
+                     run=RunConfig(backend="torchsharp"),
+                     torchsharp=TorchSharpConfig(runtime=args.runtime, assembly=str(dll),
+                                                 trainer="OptCheckTest.LazyTrainer"))
     corpus = load_corpus(None)
     be = TorchSharpBackend()
     be.setup(cfg, corpus)
-    x, y = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed).batch(corpus.train, 1)
+    x, y = BatchSchedule(corpus.train.size, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed).batch(corpus.train, 1)
     xc, yc = np.ascontiguousarray(x), np.ascontiguousarray(y)
     Bench = runtime.loaded_internal_type("OptCheck.Probe.Bench")  # internal: not importable
     from System import IntPtr

@@ -48,21 +48,22 @@ def rank_main(a) -> int:
     import torch.distributed as dist
 
     import optcheck
-    from optcheck.config import SoakConfig
+    from optcheck.config import RunConfig, SoakConfig
     from optcheck.data import BatchSchedule, load_corpus
     from optcheck.pytorch.gpt import GPT, GPTConfig
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    cfg = SoakConfig(steps=a.steps, every=a.every)
+    cfg = SoakConfig(run=RunConfig(steps=a.steps, every=a.every))
     corpus = load_corpus(None)
-    torch.manual_seed(cfg.seed)
-    gpt = GPT(GPTConfig(block_size=cfg.block_size, vocab_size=corpus.vocab_size, n_layer=cfg.n_layer,
-                        n_head=cfg.n_head, n_embd=cfg.n_embd))
+    torch.manual_seed(cfg.run.seed)
+    gpt = GPT(GPTConfig(block_size=cfg.model.block_size, vocab_size=corpus.vocab_size, n_layer=cfg.model.n_layer,
+                        n_head=cfg.model.n_head, n_embd=cfg.model.n_embd))
     model = torch.nn.parallel.DistributedDataParallel(gpt)
-    opt = gpt.configure_optimizers(cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.eps)
-    batches = BatchSchedule(len(corpus.train), cfg.block_size, cfg.batch_size, cfg.seed + 7919 * rank)
+    opt = gpt.configure_optimizers(cfg.optimizer.lr, cfg.optimizer.weight_decay,
+                                   (cfg.optimizer.beta1, cfg.optimizer.beta2), cfg.optimizer.eps)
+    batches = BatchSchedule(len(corpus.train), cfg.model.block_size, cfg.data.batch_size, cfg.run.seed + 7919 * rank)
     with tempfile.TemporaryDirectory() as tmp:
         mon = optcheck.Monitor(model, opt, every=a.every, out=tmp, on_finding="log")
         watch = mon._dist

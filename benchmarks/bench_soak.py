@@ -60,19 +60,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PLAIN = r"""
 import sys, time, torch
-from optcheck.config import SoakConfig
+from optcheck.config import RunConfig, SoakConfig
 from optcheck.data import BatchSchedule, load_corpus
 from optcheck.pytorch.gpt import GPT, GPTConfig
 from optcheck.pytorch.train import lr_at
 steps, threads = int(sys.argv[1]), int(sys.argv[2])
 torch.set_num_threads(threads)
-cfg = SoakConfig(steps=steps)
+cfg = SoakConfig(run=RunConfig(steps=steps))
 corpus = load_corpus()
-sched = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed)
-torch.manual_seed(cfg.seed)
-model = GPT(GPTConfig(block_size=cfg.block_size, vocab_size=corpus.vocab_size, n_layer=cfg.n_layer,
-                      n_head=cfg.n_head, n_embd=cfg.n_embd))
-opt = model.configure_optimizers(cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.eps)
+sched = BatchSchedule(corpus.train.size, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed)
+torch.manual_seed(cfg.run.seed)
+model = GPT(GPTConfig(block_size=cfg.model.block_size, vocab_size=corpus.vocab_size, n_layer=cfg.model.n_layer,
+                      n_head=cfg.model.n_head, n_embd=cfg.model.n_embd))
+opt = model.configure_optimizers(cfg.optimizer.lr, cfg.optimizer.weight_decay,
+                                 (cfg.optimizer.beta1, cfg.optimizer.beta2), cfg.optimizer.eps)
 t0, c0 = time.perf_counter(), time.process_time()
 times = []
 for step in range(1, steps + 1):
@@ -83,7 +84,7 @@ for step in range(1, steps + 1):
     opt.zero_grad(set_to_none=True)
     _, loss = model(torch.from_numpy(x), torch.from_numpy(y))
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optimizer.grad_clip)
     opt.step()
     last = loss.item()
     times.append(time.perf_counter() - ts)

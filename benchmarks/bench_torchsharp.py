@@ -42,12 +42,14 @@ STAND_IN_TRAINER = "OptCheckTest.LazyTrainer"
 
 
 def soak_config(args, dll: str, trainer: str):
-    from optcheck.config import SoakConfig
+    from optcheck.config import DataConfig, ModelConfig, RunConfig, SoakConfig, TorchSharpConfig
 
-    return SoakConfig(backend="torchsharp", steps=args.steps, every=args.every, seed=args.seed, n_embd=args.n_embd,
-                      n_head=args.n_head, n_layer=args.n_layer, batch_size=args.batch_size,
-                      block_size=args.block_size, val_every=0, threads=1,
-                      extra={"dotnet_runtime": args.runtime, "dotnet_assembly": dll, "dotnet_trainer": trainer})
+    return SoakConfig(model=ModelConfig(n_embd=args.n_embd, n_head=args.n_head, n_layer=args.n_layer,
+                                        block_size=args.block_size),
+                      data=DataConfig(batch_size=args.batch_size, val_every=0),
+                      run=RunConfig(backend="torchsharp", steps=args.steps, every=args.every, seed=args.seed,
+                                    threads=1),
+                      torchsharp=TorchSharpConfig(runtime=args.runtime, assembly=dll, trainer=trainer))
 
 
 def plain_child(args) -> None:
@@ -57,10 +59,10 @@ def plain_child(args) -> None:
     from optcheck.torchsharp_bridge.worker import setup_config
 
     cfg = soak_config(args, args.dll, args.trainer)
-    corpus = load_corpus(cfg.data, cfg.vocab_size)
-    sched = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed)
-    batches = np.empty((cfg.steps, 2, cfg.batch_size, cfg.block_size), dtype=np.int64)
-    for step in range(1, cfg.steps + 1):  # the soak's batches, made before the timed loop
+    corpus = load_corpus(cfg.data.path, cfg.model.vocab_size)
+    sched = BatchSchedule(corpus.train.size, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed)
+    batches = np.empty((cfg.run.steps, 2, cfg.data.batch_size, cfg.model.block_size), dtype=np.int64)
+    for step in range(1, cfg.run.steps + 1):  # the soak's batches, made before the timed loop
         x, y = sched.batch(corpus.train, step)
         batches[step - 1, 0], batches[step - 1, 1] = x, y
     runtime.load(args.runtime)
@@ -69,8 +71,8 @@ def plain_child(args) -> None:
     from System import IntPtr
 
     config_json = setup_config(cfg, corpus)
-    secs, first, last = Bench.PlainLoop(args.trainer, config_json, IntPtr(batches.ctypes.data), cfg.steps,
-                                        cfg.batch_size, cfg.block_size)
+    secs, first, last = Bench.PlainLoop(args.trainer, config_json, IntPtr(batches.ctypes.data), cfg.run.steps,
+                                        cfg.data.batch_size, cfg.model.block_size)
     print(json.dumps({"seconds": secs, "loss_first": first, "loss_last": last}))
 
 
@@ -115,13 +117,13 @@ def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
     from optcheck.drivers.worker_loop import Loop
 
     cfg = soak_config(args, dll, trainer)
-    corpus = load_corpus(cfg.data, cfg.vocab_size)
+    corpus = load_corpus(cfg.data.path, cfg.model.vocab_size)
     be = TorchSharpBackend()
     be.setup(cfg, corpus)
     Bench = runtime.loaded_internal_type("OptCheck.Probe.Bench")  # internal: not importable
     from System import IntPtr
 
-    sched = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed)
+    sched = BatchSchedule(corpus.train.size, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed)
     x, y = sched.batch(corpus.train, 1)
     xc, yc = np.ascontiguousarray(x), np.ascontiguousarray(y)
     d, step = be.driver, 1
@@ -162,7 +164,7 @@ def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
         # the worker loop alone: Loop.run over this backend with a step that does not reach .NET (the
         # batch, the pre-step compare, metrics, clocks, the start and final snapshots; no messages)
         c = soak_config(args, dll, trainer)
-        c.steps, c.every = n, n
+        c.run.steps, c.run.every = n, n
         t = clock()
         Loop(_NoStep(be), c, _NullStream()).run(corpus)
         res["loop_nostep"].append((clock() - t) / n)
@@ -226,10 +228,10 @@ def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> d
     from optcheck.drivers.worker_loop import Loop
 
     cfg = soak_config(args, dll, trainer)
-    cfg.steps = steps
-    corpus = load_corpus(cfg.data, cfg.vocab_size)
-    sched = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed)
-    batches = np.empty((steps, 2, cfg.batch_size, cfg.block_size), dtype=np.int64)
+    cfg.run.steps = steps
+    corpus = load_corpus(cfg.data.path, cfg.model.vocab_size)
+    sched = BatchSchedule(corpus.train.size, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed)
+    batches = np.empty((steps, 2, cfg.data.batch_size, cfg.model.block_size), dtype=np.int64)
     for step in range(1, steps + 1):
         batches[step - 1, 0], batches[step - 1, 1] = sched.batch(corpus.train, step)
     TorchSharpBackend().setup(cfg, corpus)  # loads .NET and the assembly into this process
@@ -238,7 +240,7 @@ def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> d
 
     config_json = setup_config(cfg, corpus)
     clock = time.process_time
-    b, t = cfg.batch_size, cfg.block_size
+    b, t = cfg.data.batch_size, cfg.model.block_size
     n = b * t
     gc_ns = [0]
     gc_t0 = [0]
@@ -269,7 +271,7 @@ def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> d
 
     def loop(stage: str) -> float:
         c = soak_config(args, dll, trainer)
-        c.steps, c.every = steps, (steps if stage in ("loop", "messages") else args.every)
+        c.run.steps, c.run.every = steps, (steps if stage in ("loop", "messages") else args.every)
         be = TorchSharpBackend()
         be.setup(c, corpus)
         stream = _NullStream() if stage == "loop" else Stream(os.open(os.devnull, os.O_WRONLY))

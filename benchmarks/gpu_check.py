@@ -137,14 +137,15 @@ def part_tests(args) -> dict:
 
 # -- 3. syncs -------------------------------------------------------------------------------
 def _soak_loop(device: str, steps: int = 120):
-    from optcheck.config import SoakConfig
+    from optcheck.config import DataConfig, ModelConfig, RunConfig, SoakConfig
     from optcheck.data import load_corpus
     from optcheck.drivers.protocol import Stream
     from optcheck.pytorch.train import TorchBackend
     from optcheck.drivers.worker_loop import Loop
 
-    cfg = SoakConfig(steps=steps, every=50, val_every=40, n_layer=2, n_embd=64, n_head=2, block_size=64,
-                     batch_size=8, run_id="sync", device=device)
+    cfg = SoakConfig(model=ModelConfig(n_layer=2, n_embd=64, n_head=2, block_size=64),
+                     data=DataConfig(val_every=40, batch_size=8),
+                     run=RunConfig(steps=steps, every=50, run_id="sync", device=device))
     be = TorchBackend()
     corpus = load_corpus(None, None)
     be.setup(cfg, corpus)
@@ -233,12 +234,15 @@ def _corpus(args, tmp: Path):
 
 
 def _soak_cfg(args, data: Path, hazards: bool = True):
-    from optcheck.config import SoakConfig
+    from optcheck.config import ChecksConfig, DataConfig, ModelConfig, OptimizerConfig, RunConfig, SoakConfig
 
-    return SoakConfig(steps=args.steps, every=args.every, val_every=0, n_layer=args.n_layer, n_head=args.n_head,
-                      n_embd=args.n_embd, block_size=args.block, batch_size=args.batch, data=str(data),
-                      vocab_size=args.vocab, warmup_steps=10, run_id="bench", device=args.device, hazards=hazards,
-                      extra={"autocast": args.precision, "fused": args.device.startswith("cuda")})
+    return SoakConfig(model=ModelConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                                        block_size=args.block, vocab_size=args.vocab),
+                      optimizer=OptimizerConfig(warmup_steps=10, fused=args.device.startswith("cuda")),
+                      data=DataConfig(val_every=0, batch_size=args.batch, path=str(data)),
+                      run=RunConfig(steps=args.steps, every=args.every, run_id="bench", device=args.device,
+                                    autocast=args.precision),
+                      checks=ChecksConfig(hazards="auto" if hazards else "off"))
 
 
 class Plain:
@@ -252,13 +256,14 @@ class Plain:
 
         self.cfg = _soak_cfg(args, data, hazards=False)
         c = self.cfg
-        self.corpus = load_corpus(c.data, c.vocab_size)
-        self.sched = BatchSchedule(self.corpus.train.size, c.block_size, c.batch_size, c.seed)
+        self.corpus = load_corpus(c.data.path, c.model.vocab_size)
+        self.sched = BatchSchedule(self.corpus.train.size, c.model.block_size, c.data.batch_size, c.run.seed)
         self.device = torch.device(args.device)
-        torch.manual_seed(c.seed)
-        self.model = GPT(GPTConfig(block_size=c.block_size, vocab_size=self.corpus.vocab_size, n_layer=c.n_layer,
-                                   n_head=c.n_head, n_embd=c.n_embd)).to(self.device)
-        self.opt = self.model.configure_optimizers(c.lr, c.weight_decay, (c.beta1, c.beta2), c.eps,
+        torch.manual_seed(c.run.seed)
+        m, o = c.model, c.optimizer
+        self.model = GPT(GPTConfig(block_size=m.block_size, vocab_size=self.corpus.vocab_size, n_layer=m.n_layer,
+                                   n_head=c.model.n_head, n_embd=c.model.n_embd)).to(self.device)
+        self.opt = self.model.configure_optimizers(o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps,
                                                    fused=self.device.type == "cuda")
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
 
@@ -282,7 +287,7 @@ class Plain:
         else:
             _, loss = self.model(xb, yb)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optimizer.grad_clip)
         self.opt.step()
         return loss.detach()
 
@@ -312,7 +317,7 @@ def _soak_run(args, data: Path, clock: Clock) -> tuple[float, dict]:
 
     cfg = _soak_cfg(args, data)
     be = TorchBackend()
-    corpus = load_corpus(cfg.data, cfg.vocab_size)
+    corpus = load_corpus(cfg.data.path, cfg.model.vocab_size)
     be.setup(cfg, corpus)
     loop = Loop(be, cfg, Stream(None))
     marks = []

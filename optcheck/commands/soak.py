@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import click
 
-from optcheck.config import Injection, SoakConfig
+from optcheck.config import (ChecksConfig, DataConfig, Injection, ModelConfig, OptimizerConfig, RunConfig, SoakConfig,
+                             TorchSharpConfig)
 from optcheck.findings import SEVERITIES
 from optcheck.rules import RuleConfig
 
@@ -108,6 +111,46 @@ def _compare(run_a, run_b) -> int:
     return res.exit_code
 
 
+def backends_of(o: SimpleNamespace) -> list[str]:
+    """``--backend``'s list, checked with the options that depend on how many it names
+    (InputError, exit 2)."""
+    from optcheck.errors import InputError
+
+    backends = [b.strip() for b in o.backend.split(",") if b.strip()]
+    if not backends or any(b not in ("pytorch", "torchsharp") for b in backends) or len(set(backends)) < len(backends):
+        raise InputError(f"--backend {o.backend!r}: pytorch, torchsharp or pytorch,torchsharp")
+    if o.same_init and len(backends) < 2:
+        raise InputError("--same-init needs two backends: --backend pytorch,torchsharp")
+    if (len(backends) > 1 or o.seeds is not None) and (o.junit or o.plot):
+        option = "--junit" if o.junit else "--plot"
+        many = f"--backend {o.backend} makes two" if len(backends) > 1 else f"--seeds {o.seeds} makes one per seed"
+        raise InputError(f"{option} writes one run's report, and {many}: run each with its own {option}, "
+                         f"or use --summary-md (it covers every run)")
+    return backends
+
+
+def soak_config(o: SimpleNamespace, backend: str) -> SoakConfig:
+    """``optcheck soak``'s options as a :class:`SoakConfig` for ``backend`` (the first of
+    ``--backend``), validated: InputError (exit 2) names the first bad option."""
+    from optcheck.torchsharp_bridge.options import parse_trainer_options
+
+    return SoakConfig(
+        model=ModelConfig(n_layer=o.n_layer, n_head=o.n_head, n_embd=o.n_embd, block_size=o.block_size,
+                          vocab_size=o.vocab_size),
+        optimizer=OptimizerConfig(name=o.optimizer, lr=o.lr),
+        data=DataConfig(path=o.data, batch_size=o.batch_size, val_every=o.val_every),
+        run=RunConfig(backend=backend, steps=o.steps, every=o.every, seed=o.seed, threads=o.threads, device=o.device,
+                      step_timeout_s=o.step_timeout, eval_every=o.eval_every, checkpoint_every=o.checkpoint_every,
+                      resume_at=o.resume_at, python=o.python or None),
+        checks=ChecksConfig(inject=[Injection.parse(i) for i in o.injects], stop_on_finding=o.stop_on_finding,
+                            hazards="off" if o.no_hazards else o.hazard_mode, allow_inplace=o.allow_inplace),
+        torchsharp=TorchSharpConfig(version=o.torchsharp or None, assembly=o.dotnet_assembly or None,
+                                    trainer=o.dotnet_trainer or None, runtime=o.dotnet_runtime,
+                                    dotnet_root=o.dotnet_root or None),
+        trainer_options=parse_trainer_options(o.trainer_options),
+    ).validate()
+
+
 def register(group: click.Group) -> None:
     @group.command()
     @click.option("--steps", type=INT, default=20_000, show_default=True, help="Training steps to run.")
@@ -190,10 +233,7 @@ def register(group: click.Group) -> None:
     @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
                   help="Ranks: >= 2 runs the GPT under DDP with torch.distributed.run (gloo), one run "
                        "directory per rank in --out/rank-K (optcheck/distributed/).")
-    def soak(steps, every, seed, seeds, python, data, vocab_size, out, injects, fail_on, backend, same_init, device, threads, stop_on_finding,
-             no_hazards, hazard_mode, allow_inplace, val_every, eval_every, checkpoint_every, resume_at, memory_budget, lr,
-             optimizer, n_layer, n_embd, n_head, block_size, batch_size, dotnet_runtime, torchsharp,
-             dotnet_assembly, dotnet_trainer, trainer_options, dotnet_root, force, step_timeout, ignores, junit, plot, summary_md, baseline, speed_tolerance, memory_tolerance, quiet, nproc):
+    def soak(**options):
         """Soak-test a GPT training run and flag inconsistencies at the step they happen.
 
         Runs the training in a worker process, takes a snapshot every --every steps
@@ -207,97 +247,75 @@ def register(group: click.Group) -> None:
         from optcheck.drivers.soak import run_backends, run_soak
         from optcheck.drivers.watch import Signals
 
-        backends = [b.strip() for b in backend.split(",") if b.strip()]
-        if not backends or any(b not in ("pytorch", "torchsharp") for b in backends) or len(set(backends)) < len(backends):
-            raise InputError(f"--backend {backend!r}: pytorch, torchsharp or pytorch,torchsharp")
-        if same_init and len(backends) < 2:
-            raise InputError("--same-init needs two backends: --backend pytorch,torchsharp")
-        if (len(backends) > 1 or seeds is not None) and (junit or plot):
-            option = "--junit" if junit else "--plot"
-            many = f"--backend {backend} makes two" if len(backends) > 1 else f"--seeds {seeds} makes one per seed"
-            raise InputError(f"{option} writes one run's report, and {many}: run each with its own {option}, "
-                             f"or use --summary-md (it covers every run)")
-
-        from optcheck.torchsharp_bridge.options import parse_trainer_options
-
-        extra = {**parse_trainer_options(trainer_options), "optimizer": optimizer, "dotnet_runtime": dotnet_runtime}
-        for key, value in (("python", python), ("torchsharp", torchsharp), ("dotnet_assembly", dotnet_assembly),
-                           ("dotnet_trainer", dotnet_trainer), ("dotnet_root", dotnet_root)):
-            if value:
-                extra[key] = value
-        cfg = SoakConfig(
-            backend=backends[0], steps=steps, every=every, seed=seed, data=data, vocab_size=vocab_size,
-            inject=[Injection.parse(i) for i in injects], threads=threads, stop_on_finding=stop_on_finding,
-            hazards=not no_hazards, hazard_mode=hazard_mode, allow_inplace=allow_inplace, val_every=val_every, eval_every=eval_every,
-            checkpoint_every=checkpoint_every, resume_at=resume_at, lr=lr, n_layer=n_layer, n_embd=n_embd,
-            n_head=n_head, block_size=block_size, batch_size=batch_size, step_timeout_s=step_timeout, device=device,
-            extra=extra)
-        cfg.validate()  # every option before anything is created
+        o = SimpleNamespace(**options)
+        backends = backends_of(o)
+        cfg = soak_config(o, backends[0])  # every option before anything is created
         from optcheck.distributed.cli import dispatch  # optcheck.distributed hook: --nproc
 
-        if (code := dispatch(cfg, nproc, out, fail_on=fail_on, quiet=quiet, force=force, print_summary=_print_summary,
-                             other_options=bool(seeds or len(backends) > 1 or junit or plot or summary_md or baseline
-                                                 or ignores or memory_budget))) is not None:
+        if (code := dispatch(cfg, o.nproc, o.out, fail_on=o.fail_on, quiet=o.quiet, force=o.force,
+                             print_summary=_print_summary,
+                             other_options=bool(o.seeds or len(backends) > 1 or o.junit or o.plot or o.summary_md
+                                                 or o.baseline or o.ignores or o.memory_budget))) is not None:
             return code
 
         from optcheck.judge.baseline import after_soak, prepare
         from optcheck.commands._paths import same_dir
 
-        if baseline is not None and same_dir(baseline, out if out is not None else "runs"):
-            raise InputError(f"--baseline {baseline}: is the --out of this soak; the run would replace its own "
+        if o.baseline is not None and same_dir(o.baseline, o.out if o.out is not None else "runs"):
+            raise InputError(f"--baseline {o.baseline}: is the --out of this soak; the run would replace its own "
                              f"baseline and be judged against itself (give the baseline another folder)")
-        prepared = prepare(baseline, cfg.to_json(), seeds=seeds, backends=backends, speed=speed_tolerance,
-                           memory=memory_tolerance, fail_on=fail_on)
-        for option, target in (("--junit", junit), ("--plot", plot), ("--summary-md", summary_md)):
+        prepared = prepare(o.baseline, cfg.to_json(), seeds=o.seeds, backends=backends, speed=o.speed_tolerance,
+                           memory=o.memory_tolerance, fail_on=o.fail_on)
+        for option, target in (("--junit", o.junit), ("--plot", o.plot), ("--summary-md", o.summary_md)):
             if target:
-                check_output_file(target, option, created_dir=out)
-        rule_config = rule_config_for(memory_budget)
-        ignore = ignore_entries(ignores)
-        if seeds is not None:
+                check_output_file(target, option, created_dir=o.out)
+        rule_config = rule_config_for(o.memory_budget)
+        ignore = ignore_entries(o.ignores)
+        if o.seeds is not None:
             from optcheck.judge.upgrade import parse_seeds, run_seeds
 
             if len(backends) > 1:
                 raise InputError("--seeds runs one backend: give --backend pytorch or torchsharp")
-            results, code = run_seeds(cfg, parse_seeds(seeds), out, fail_on=fail_on, rule_config=rule_config,
-                                      progress=not quiet, force=force, signals=Signals(restore=_embedded()),
+            results, code = run_seeds(cfg, parse_seeds(o.seeds), o.out, fail_on=o.fail_on, rule_config=rule_config,
+                                      progress=not o.quiet, force=o.force, signals=Signals(restore=_embedded()),
                                       ignore=ignore)
             for r in results:
                 _print_summary(r.summary, r.findings)
                 _say_record_error(r.summary)
-            if summary_md:
-                _write_md(summary_md, [(r.summary, r.findings) for r in results], None)
+            if o.summary_md:
+                _write_md(o.summary_md, [(r.summary, r.findings) for r in results], None)
             return code
         if len(backends) > 1:
-            results, code = run_backends(cfg, backends, out, same_init=same_init, fail_on=fail_on,
-                                         rule_config=rule_config, progress=not quiet, force=force,
+            results, code = run_backends(cfg, backends, o.out, same_init=o.same_init, fail_on=o.fail_on,
+                                         rule_config=rule_config, progress=not o.quiet, force=o.force,
                                          signals=Signals(restore=_embedded()), ignore=ignore)
             for r in results:
                 _print_summary(r.summary, r.findings)
                 _say_record_error(r.summary)
-            if summary_md:
-                _write_md(summary_md, [(r.summary, r.findings) for r in results], None)
+            if o.summary_md:
+                _write_md(o.summary_md, [(r.summary, r.findings) for r in results], None)
             if all(r.summary["status"] in ("clean", "findings") for r in results):
                 code = max(code, _compare(results[0].out, results[1].out))
             return code
-        result = run_soak(cfg, out, fail_on=fail_on, rule_config=rule_config, progress=not quiet, force=force,
+        result = run_soak(cfg, o.out, fail_on=o.fail_on, rule_config=rule_config, progress=not o.quiet, force=o.force,
                           signals=Signals(restore=_embedded()), ignore=ignore)
         _print_summary(result.summary, result.findings)
         if _say_record_error(result.summary):
             return result.exit_code
         against, code = after_soak(result.out, prepared, result.exit_code, click.echo) if prepared else (None, None)
         try:
-            if junit:
+            if o.junit:
                 from optcheck.report.junit import write_junit
 
-                write_junit([f.to_dict() for f in result.findings], junit, suite_name=f"optcheck soak {result.out}",
-                            summary=result.summary, crash=result.summary.get("crash"), fail_on=fail_on,
+                write_junit([f.to_dict() for f in result.findings], o.junit, suite_name=f"optcheck soak {result.out}",
+                            summary=result.summary, crash=result.summary.get("crash"), fail_on=o.fail_on,
                             time_s=result.summary.get("elapsed_s"), baseline=against)
-            if plot:
+            if o.plot:
                 from optcheck.report.plot import plot_run
 
-                plot_run(result.out, plot)
-            if summary_md:
-                _write_md(summary_md, [(result.summary, result.findings)], plot, against)
+                plot_run(result.out, o.plot)
+            if o.summary_md:
+                _write_md(o.summary_md, [(result.summary, result.findings)], o.plot, against)
         except OSError as e:
-            raise RecordError(e.filename or junit or plot or summary_md, e) from None
+            raise RecordError(e.filename or o.junit or o.plot or o.summary_md, e) from None
         return result.exit_code if code is None else code

@@ -82,7 +82,7 @@ def register(group: click.Group) -> None:
         """
         from optcheck.commands._paths import check_output_file
         from optcheck.commands.soak import ignore_entries, rule_config_for
-        from optcheck.config import SoakConfig
+        from optcheck.config import DataConfig, ModelConfig, OptimizerConfig, RunConfig, SoakConfig
         from optcheck.errors import InputError
         from optcheck.judge.baseline import Tolerances, parse_fraction
         from optcheck.judge.upgrade import Side, check_python, render, run_upgrade
@@ -102,10 +102,9 @@ def register(group: click.Group) -> None:
             check_output_file(junit, "--junit", created_dir=out)
         # every option that shapes a side's findings reaches both sides' soaks and scenario runs
         shaping = {"fail_on": fail_on, "rule_config": rule_config_for(memory_budget), "ignore": ignore_entries(ignores)}
-        cfg = SoakConfig(steps=steps, every=every, seed=seed, lr=lr, threads=threads, data=data, n_layer=n_layer,
-                         n_embd=n_embd, batch_size=batch_size, val_every=0,
-                         extra={"optimizer": "adamw", "dotnet_runtime": "coreclr"})
-        cfg.validate()
+        cfg = SoakConfig(model=ModelConfig(n_layer=n_layer, n_embd=n_embd), optimizer=OptimizerConfig(lr=lr),
+                         data=DataConfig(path=data, batch_size=batch_size, val_every=0),
+                         run=RunConfig(steps=steps, every=every, seed=seed, threads=threads)).validate()
         tol = Tolerances(speed=parse_fraction(speed_tolerance, "--speed-tolerance"),
                          memory=parse_fraction(memory_tolerance, "--memory-tolerance"), fail_on=fail_on)
         names = (list(only) or "all") if with_scenarios else None

@@ -31,20 +31,20 @@ def dispatch(cfg: SoakConfig, nproc: int, out, *, fail_on: str, quiet: bool, for
     ordinary soak goes on). InputError (exit 2) for a distributed scenario without
     ``--nproc``, or options ``--nproc`` does not take (several backends or seeds,
     TorchSharp, --junit/--plot/--summary-md/--baseline/--ignore/--memory-budget, lifecycle events)."""
-    dist_only = [i.name for i in cfg.inject if i.name in DIST_SCENARIOS]
+    dist_only = [i.name for i in cfg.checks.inject if i.name in DIST_SCENARIOS]
     if nproc < 2:
         if dist_only:
             raise InputError(f"--inject {dist_only[0]}: a distributed scenario, needs --nproc 2 or more")
         return None
-    if cfg.backend != "pytorch" or other_options:
+    if cfg.run.backend != "pytorch" or other_options:
         raise InputError("--nproc runs the PyTorch GPT under DDP only: without --backend torchsharp, --seeds, "
                          "--junit, --plot, --summary-md, --baseline, --ignore or --memory-budget")
-    if cfg.device != "cpu":  # the ranks train on the CPU over gloo (optcheck/distributed/worker.py)
-        raise InputError(f"--nproc with --device {cfg.device}: the distributed soak runs its ranks on the CPU "
-                         f"over gloo; leave --device out (or use a one-process soak on {cfg.device})")
-    if cfg.eval_every or cfg.checkpoint_every or cfg.resume_at or cfg.extra.get("python"):
+    if cfg.run.device != "cpu":  # the ranks train on the CPU over gloo (optcheck/distributed/worker.py)
+        raise InputError(f"--nproc with --device {cfg.run.device}: the distributed soak runs its ranks on the CPU "
+                         f"over gloo; leave --device out (or use a one-process soak on {cfg.run.device})")
+    if cfg.run.eval_every or cfg.run.checkpoint_every or cfg.run.resume_at or cfg.run.python:
         raise InputError("--nproc: --eval-every, --checkpoint-every, --resume-at and --python are one-process only")
-    other = [i.name for i in cfg.inject if i.name not in DIST_SCENARIOS]
+    other = [i.name for i in cfg.checks.inject if i.name not in DIST_SCENARIOS]
     if other:
         raise InputError(f"--inject {other[0]}: with --nproc only the distributed scenarios: {', '.join(DIST_SCENARIOS)}")
     env_timeout_s()
@@ -91,7 +91,8 @@ def rank_bytes(cfg: SoakConfig) -> int:
     """Memory one rank of the built-in GPT of ``cfg`` needs, roughly (bytes):
     :data:`RANK_BASE_BYTES` + :data:`RANK_BYTES_PER_PARAM` per parameter (GPT-2 count:
     12·n_layer·n_embd² + (vocab + block)·n_embd; vocabulary 50,304 when not given)."""
-    params = 12 * cfg.n_layer * cfg.n_embd ** 2 + ((cfg.vocab_size or 50_304) + cfg.block_size) * cfg.n_embd
+    m = cfg.model
+    params = 12 * m.n_layer * m.n_embd ** 2 + ((m.vocab_size or 50_304) + m.block_size) * m.n_embd
     return RANK_BASE_BYTES + RANK_BYTES_PER_PARAM * params
 
 
@@ -106,10 +107,10 @@ def check_capacity(cfg: SoakConfig, nproc: int) -> None:
     from optcheck.units import format_bytes
 
     cores = usable_cores()
-    fits = max(1, RANKS_PER_CORE * cores // cfg.threads)
+    fits = max(1, RANKS_PER_CORE * cores // cfg.run.threads)
     if nproc > fits:
         raise InputError(f"--nproc {nproc}: this machine has {cores} usable core(s), which take at most {fits} "
-                         f"ranks of --threads {cfg.threads} ({RANKS_PER_CORE} threads per core); give --nproc {fits} "
+                         f"ranks of --threads {cfg.run.threads} ({RANKS_PER_CORE} threads per core); give --nproc {fits} "
                          f"or fewer")
     import psutil
 

@@ -224,13 +224,13 @@ def _supervise(cfg: SoakConfig, nproc: int, claim: _Claim, sig, fail_on: str, pr
     cfg_path = claim.fresh("config.json")
     cfg_path.write_text(cfg.to_json(), encoding="utf-8")
     started = utc_now()
-    rd.write_summary(out, {**Summary(run=out.name, backend="pytorch", source="soak", steps_requested=cfg.steps,
+    rd.write_summary(out, {**Summary(run=out.name, backend="pytorch", source="soak", steps_requested=cfg.run.steps,
                                      fail_on=fail_on, started=started, out=str(out)).to_dict(), "world": nproc})
     cmd = [sys.executable, "-m", "optcheck.distributed.launch", "--nproc-per-node", str(nproc),
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "optcheck.distributed.worker",
            "--config", str(cfg_path), "--out", str(out), "--fail-on", fail_on, "--timeout", str(timeout_s)]
-    env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads))
-    bar = Progress(cfg.steps, progress, f"soak pytorch x{nproc} (DDP)")
+    env = dict(os.environ, OMP_NUM_THREADS=str(cfg.run.threads))
+    bar = Progress(cfg.run.steps, progress, f"soak pytorch x{nproc} (DDP)")
     live = _Live(out, nproc, bar)
     hung = None
     t0 = time.perf_counter()
@@ -251,7 +251,7 @@ def _supervise(cfg: SoakConfig, nproc: int, claim: _Claim, sig, fail_on: str, pr
                 steps = {r: (b.step, b.stage) for r, b in beats.items()}
                 if steps != last or len(beats) < nproc or any(b.stage == STARTING for b in beats.values()):
                     last, last_t = steps, time.monotonic()  # the clock starts once every rank has begun step 1
-                elif cfg.step_timeout_s and time.monotonic() - last_t > cfg.step_timeout_s:
+                elif cfg.run.step_timeout_s and time.monotonic() - last_t > cfg.run.step_timeout_s:
                     hung = _hung_rank(beats, nproc)
                     break
         finally:
@@ -278,7 +278,7 @@ def _summarise(cfg: SoakConfig, nproc: int, out: Path, proc, sig, hung: dict | N
     if hung is not None:
         how = "was stopped (SIGSTOP)" if hung["stopped"] else "made no progress"
         fault = {"rank": hung["rank"], "step": hung["step"] + 1, "exc_type": "Hang",
-                 "message": f"rank {hung['rank']} {how} for {cfg.step_timeout_s:g} s (--step-timeout) after step "
+                 "message": f"rank {hung['rank']} {how} for {cfg.run.step_timeout_s:g} s (--step-timeout) after step "
                             f"{hung['step']}; every rank was stopped"}
     elif not sig.count and returncode not in (0, None):
         cause = root_cause(text)
@@ -298,9 +298,9 @@ def _summarise(cfg: SoakConfig, nproc: int, out: Path, proc, sig, hung: dict | N
     summary["lead_time"] = lead_time(sorted(folded, key=lambda f: (f.get("step", 0), f.get("rank", 0))),
                                      summary.get("crash"))
     rank0 = merge.read_rank(out, 0) or {}
-    summary.update(steps_requested=cfg.steps, fail_on=rank0.get("fail_on", summary.get("fail_on")),
-                   config={k: v for k, v in vars(cfg).items() if k != "inject"}, started=started,
-                   finished=utc_now(), nproc=nproc, inject=[f"{i.name}@{i.step}" for i in cfg.inject],
+    summary.update(steps_requested=cfg.run.steps, fail_on=rank0.get("fail_on", summary.get("fail_on")),
+                   config={k: v for k, v in cfg.to_wire().items() if k != "inject"}, started=started,
+                   finished=utc_now(), nproc=nproc, inject=[f"{i.name}@{i.step}" for i in cfg.checks.inject],
                    interrupted_by=sig.name, signals=sig.count, elapsed_s=round(elapsed, 3),
                    steps_per_s=round(summary["last_step"] / elapsed, 2) if elapsed else None)
     rd.write_summary(out, summary)

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(cfg.run.threads)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.timeout))
     try:
         code = _train(cfg, Path(a.out), a.fail_on, torch, dist, monitor=not a.no_monitor)
@@ -101,20 +101,21 @@ def _train(cfg: SoakConfig, out: Path, fail_on: str, torch, dist, monitor: bool 
     from optcheck.pytorch.train import lr_at
 
     rank = dist.get_rank()
-    corpus = load_corpus(cfg.data, cfg.vocab_size)
-    torch.manual_seed(cfg.seed)
-    gpt = GPT(GPTConfig(block_size=cfg.block_size, vocab_size=corpus.vocab_size, n_layer=cfg.n_layer,
-                        n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout))
+    corpus = load_corpus(cfg.data.path, cfg.model.vocab_size)
+    torch.manual_seed(cfg.run.seed)
+    gpt = GPT(GPTConfig(block_size=cfg.model.block_size, vocab_size=corpus.vocab_size, n_layer=cfg.model.n_layer,
+                        n_head=cfg.model.n_head, n_embd=cfg.model.n_embd, dropout=cfg.model.dropout))
     model = torch.nn.parallel.DistributedDataParallel(gpt)
-    opt = gpt.configure_optimizers(cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.eps)
-    batches = BatchSchedule(len(corpus.train), cfg.block_size, cfg.batch_size, cfg.seed + 7919 * rank)
-    inject = {i.name: i.step for i in cfg.inject}
+    o = cfg.optimizer
+    opt = gpt.configure_optimizers(o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps)
+    batches = BatchSchedule(len(corpus.train), cfg.model.block_size, cfg.data.batch_size, cfg.run.seed + 7919 * rank)
+    inject = {i.name: i.step for i in cfg.checks.inject}
     beat = _Heartbeat(out / f"rank-{rank}" / "heartbeat")
     beat.beat(0, STARTING)  # this rank's PID for the supervisor, before the Monitor (collective) is built
     lr_factor = 1.0
-    with (optcheck.Monitor(model, opt, every=cfg.every, out=str(out), on_finding="log", fail_on=fail_on,
-                           hazards=cfg.hazards) if monitor else contextlib.nullcontext()):
-        for step in range(1, cfg.steps + 1):
+    with (optcheck.Monitor(model, opt, every=cfg.run.every, out=str(out), on_finding="log", fail_on=fail_on,
+                           hazards=cfg.checks.hazards != "off") if monitor else contextlib.nullcontext()):
+        for step in range(1, cfg.run.steps + 1):
             beat.beat(step - 1, 1)
             at = {name for name, s in inject.items() if s == step}
             if rank == 1 and "rank1-kill" in at:
@@ -137,8 +138,8 @@ def _train(cfg: SoakConfig, out: Path, fail_on: str, torch, dist, monitor: bool 
             if rank == 1 and "rank1-param-replaced" in at:
                 w = gpt.h[0].mlp.c_fc.weight
                 gpt.h[0].mlp.c_fc.weight = torch.nn.Parameter(w.detach().clone())
-            if cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(gpt.parameters(), cfg.grad_clip)
+            if cfg.optimizer.grad_clip:
+                torch.nn.utils.clip_grad_norm_(gpt.parameters(), cfg.optimizer.grad_clip)
             if not (rank == 1 and "rank1-skip-step" in at):
                 opt.step()
             beat.beat(step, 0)

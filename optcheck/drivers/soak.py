@@ -80,29 +80,30 @@ def validate(cfg: SoakConfig) -> dict:
     Raises:
         InputError: bad option value, unknown scenario, missing/empty/corrupt data.
     """
-    if cfg.backend not in WORKER_MODULES:
-        raise InputError(f"--backend {cfg.backend!r}: one of {', '.join(WORKER_MODULES)}")
+    if cfg.run.backend not in WORKER_MODULES:
+        raise InputError(f"--backend {cfg.run.backend!r}: one of {', '.join(WORKER_MODULES)}")
     cfg.validate()
-    for inj in cfg.inject:
-        scenario_catalogue.get(inj.name, cfg.backend)
-    python = cfg.extra.get("python")
+    for inj in cfg.checks.inject:
+        scenario_catalogue.get(inj.name, cfg.run.backend)
+    python = cfg.run.python
     if python is not None and not (os.path.isfile(python) and os.access(python, os.X_OK)):
         raise InputError(f"--python {python}: not an executable file (give a venv's bin/python)")
-    if cfg.backend == "pytorch":
+    if cfg.run.backend == "pytorch":
         from optcheck import torch_version
 
         if python is None:
             torch_version.require()  # torch >= 2.1, read from its metadata: torch is not imported here
         else:
             _require_torch_in(python)
-    if cfg.backend == "torchsharp" and not cfg.extra.get("dotnet_assembly"):
+    ts = cfg.torchsharp
+    if cfg.run.backend == "torchsharp" and not ts.assembly:
         # builds (or reuses) the TorchSharp worker for --torchsharp VERSION|PATH; InputError names the fix
-        from optcheck.torchsharp_bridge.build import worker_extra
+        from optcheck.torchsharp_bridge.build import built_worker
 
-        cfg.extra.update(worker_extra(cfg.extra.get("torchsharp")))
-    corpus = load_corpus(cfg.data, cfg.vocab_size)
-    if corpus.train.size <= cfg.block_size + 1 or corpus.val.size <= cfg.block_size + 1:
-        raise InputError(f"--data {corpus.source}: too short for --block-size {cfg.block_size}")
+        ts.version, ts.assembly, ts.trainer = built_worker(ts.version)
+    corpus = load_corpus(cfg.data.path, cfg.model.vocab_size)
+    if corpus.train.size <= cfg.model.block_size + 1 or corpus.val.size <= cfg.model.block_size + 1:
+        raise InputError(f"--data {corpus.source}: too short for --block-size {cfg.model.block_size}")
     return corpus.describe()
 
 
@@ -139,9 +140,9 @@ def estimate_bytes(cfg: SoakConfig) -> int:
     """What a soak of ``cfg`` writes to its run directory, roughly (bytes): ~75 per
     metrics line and ~0.65 KB per parameter tensor per snapshot (measured on the
     built-in GPT: 4 + 12 x n_layer tensors)."""
-    tensors = 4 + 12 * cfg.n_layer
-    snapshots = cfg.steps // cfg.every + 2 + 2 * len(cfg.inject)
-    return cfg.steps * 75 + snapshots * (2_000 + 650 * tensors) + 64 * 1024
+    tensors = 4 + 12 * cfg.model.n_layer
+    snapshots = cfg.run.steps // cfg.run.every + 2 + 2 * len(cfg.checks.inject)
+    return cfg.run.steps * 75 + snapshots * (2_000 + 650 * tensors) + 64 * 1024
 
 
 def run_soak(cfg: SoakConfig, out: str | os.PathLike | None = None, *, fail_on: str = "warning",
@@ -181,12 +182,12 @@ def run_soak(cfg: SoakConfig, out: str | os.PathLike | None = None, *, fail_on: 
         warning = check_space(out, estimate_bytes(cfg))
         if warning:
             print(f"optcheck: warning: {warning}", file=sys.stderr)
-        cfg.run_id = cfg.run_id or out.name
-        base = Summary(run=cfg.run_id, backend=cfg.backend, source="soak", fail_on=fail_on,
-                       steps_requested=cfg.steps, corpus=corpus,
-                       config={k: v for k, v in vars(cfg).items() if k not in ("inject",)},
-                       inject=[f"{i.name}@{i.step}" for i in cfg.inject], out=str(out))
-        bar = Progress(cfg.steps, progress and not sig.count, f"soak {cfg.backend}")
+        cfg.run.run_id = cfg.run.run_id or out.name
+        base = Summary(run=cfg.run.run_id, backend=cfg.run.backend, source="soak", fail_on=fail_on,
+                       steps_requested=cfg.run.steps, corpus=corpus,
+                       config={k: v for k, v in cfg.to_wire().items() if k != "inject"},
+                       inject=[f"{i.name}@{i.step}" for i in cfg.checks.inject], out=str(out))
+        bar = Progress(cfg.run.steps, progress and not sig.count, f"soak {cfg.run.backend}")
         # the run's one rule engine (ignore: accepted findings, optcheck.suppress); the worker runs none
         rec = RunRecorder(out, base, engine=RuleEngine(rule_config, ignore=ignore), force=force,
                           report=lambda f: _report(f, bar, on_finding))
@@ -209,9 +210,9 @@ def _supervise(cfg: SoakConfig, out: Path, rec: RunRecorder, bar: Progress, sig:
     watchdog = None
     try:
         work.mkdir(exist_ok=True)
-        cfg.work_dir = str(work)
+        cfg.run.work_dir = str(work)
         config_path = rec.write_file("config.json", cfg.to_json())
-        base.config["work_dir"] = cfg.work_dir
+        base.config["work_dir"] = cfg.run.work_dir
         rec.rundir.summary(rec.fill(running=True), final=False)
     except RecordError as e:
         record_error = e
@@ -231,7 +232,7 @@ def _supervise(cfg: SoakConfig, out: Path, rec: RunRecorder, bar: Progress, sig:
         threading.Thread(target=warm_up, name="optcheck-warm-up", daemon=True).start()  # while the worker starts
         err_thread = threading.Thread(target=drain_stderr, args=(proc.stderr, rec.worker_log, tail), daemon=True)
         err_thread.start()
-        watchdog = Watchdog(proc, sig, cfg.step_timeout_s)
+        watchdog = Watchdog(proc, sig, cfg.run.step_timeout_s)
         watchdog.start()
         try:
             with ours, os.fdopen(os.dup(ours.fileno()), encoding="utf-8", errors="replace") as stream:
@@ -278,7 +279,7 @@ def _supervise(cfg: SoakConfig, out: Path, rec: RunRecorder, bar: Progress, sig:
         if hung:
             crash["exc_type"] = "StepTimeout"
             crash["message"] = (f"no step for {watchdog.hung_after:.0f} s after step {base.last_step} "
-                                f"(--step-timeout {cfg.step_timeout_s:g}): the worker was killed")
+                                f"(--step-timeout {cfg.run.step_timeout_s:g}): the worker was killed")
         elif not st.crash:
             crash["exc_type"] = crash["signal"] or f"exit code {returncode}"
             crash["message"] = "the worker died without reporting an exception"
@@ -395,13 +396,13 @@ def run_backends(cfg: SoakConfig, backends: list[str], out: str | os.PathLike | 
         for b in backends:
             c = _for_backend(cfg, b)
             if init is not None and b == "torchsharp":
-                c.extra["same_init"] = str(init)
-            c.run_id = f"{out.name}-{b}"
+                c.torchsharp.same_init = str(init)
+            c.run.run_id = f"{out.name}-{b}"
             results.append(run_soak(c, out / b, signals=sig, **kwargs))
     return results, exitcodes.worst(r.exit_code for r in results)
 
 
 def _for_backend(cfg: SoakConfig, backend: str) -> SoakConfig:
-    c = SoakConfig.from_json(cfg.to_json())
-    c.backend = backend
+    c = cfg.copy()
+    c.run.backend = backend
     return c

@@ -150,7 +150,8 @@ class Loop:
 
     def __init__(self, backend: Backend, cfg: SoakConfig, stream: Stream):
         self.backend, self.cfg, self.stream = backend, cfg, stream
-        self.seq = Sequencer(backend, run_id=cfg.run_id, every=cfg.every, emit=self._emit, flush=self.flush_metrics)
+        self.seq = Sequencer(backend, run_id=cfg.run.run_id, every=cfg.run.every, emit=self._emit,
+                             flush=self.flush_metrics)
         self.val_first: float | None = None
         self.val_last: float | None = None
         self.val_steps: list[int] = []   # steps at which the held-out loss was evaluated
@@ -164,7 +165,7 @@ class Loop:
     def _emit(self, snap: dict, seconds: float) -> str | None:
         """Send a snapshot; with ``--stop-on-finding``, a pre-step check snapshot waits for the
         supervisor's verdict (its rule engine is the run's only one) and returns its reason to stop."""
-        ask = self.cfg.stop_on_finding and snap["trigger"] == "check"
+        ask = self.cfg.checks.stop_on_finding and snap["trigger"] == "check"
         self.stream.send("snapshot", snapshot=snap, cost_s=round(seconds, 6), verdict=ask)
         return self.stream.verdict().get("stop") if ask else None
 
@@ -201,7 +202,7 @@ class Loop:
 
     # -- the loop ----------------------------------------------------------
     def due_lifecycle(self, step: int) -> list[str]:
-        c, due = self.cfg, []
+        c, due = self.cfg.run, []
         if c.eval_every and step % c.eval_every == 0:
             due.append("eval")
         if c.checkpoint_every and step % c.checkpoint_every == 0:
@@ -212,20 +213,21 @@ class Loop:
 
     def run(self, corpus: Corpus) -> int:
         cfg, be, seq = self.cfg, self.backend, self.seq
-        sched = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed)
+        sched = BatchSchedule(corpus.train.size, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed)
         # --val-every 0: no held-out loss at all (nor its batches)
-        val = val_batches(corpus, cfg.block_size, cfg.batch_size, cfg.seed, max(1, cfg.val_batches)) \
-            if cfg.val_every else None
+        val = val_batches(corpus, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed,
+                          max(1, cfg.data.val_batches)) if cfg.data.val_every else None
         self.stream.send("hello", backend=be.name, versions=be.versions(), threads=be.threads(),
-                         pid=os.getpid(), corpus=corpus.describe(), config=dict(steps=cfg.steps, every=cfg.every))
+                         pid=os.getpid(), corpus=corpus.describe(),
+                         config=dict(steps=cfg.run.steps, every=cfg.run.every))
         seq.start(0)
         seq.restart_clock()  # elapsed_s counts training, not set-up
         cpu0, now = time.process_time(), time.perf_counter_ns
         cost = self.step_cost
         injections = {}
-        for inj in cfg.inject:
+        for inj in cfg.checks.inject:
             injections.setdefault(inj.step, []).append(inj.name)
-        for step in range(1, cfg.steps + 1):
+        for step in range(1, cfg.run.steps + 1):
             self.step = step
             for name in injections.get(step, ()):
                 self.event("inject", step, name=name, **be.inject(name, step))
@@ -255,7 +257,7 @@ class Loop:
             self.metrics["steps"].append(step)
             self.metrics["losses"].append(loss)
             self.metrics["step_times_s"].append(round((te - ts) / 1e9, 6))
-            if val is not None and (step % cfg.val_every == 0 or step == cfg.steps):
+            if val is not None and (step % cfg.data.val_every == 0 or step == cfg.run.steps):
                 # the last step too, so that "held-out first -> last" spans the whole run
                 tv = now()
                 self.val_pending.append(be.val_loss(val))  # read with the next metrics batch
@@ -264,14 +266,14 @@ class Loop:
             if (len(self.metrics["steps"]) >= METRICS_BATCH
                     or time.perf_counter() - self.last_flush_t >= METRICS_FLUSH_S):
                 self.flush_metrics()  # before the post-step: a device check read now can force its snapshot
-            seq.post_step(step, hazard=be.has_events(), last=step == cfg.steps)
+            seq.post_step(step, hazard=be.has_events(), last=step == cfg.run.steps)
             # own work: the pre-step check, and the bookkeeping after the step (metrics sends included;
             # snapshots, their sends and the held-out pass left out)
             cost.ns += (t1 - t0) + (now() - te) - (seq.busy_ns - busy)
             cost.steps += 1
         self.cpu_s = time.process_time() - cpu0
         self.flush_metrics()
-        self.stream.send("done", step=cfg.steps, loss_first=seq.loss_first, loss_last=seq.last_loss,
+        self.stream.send("done", step=cfg.run.steps, loss_first=seq.loss_first, loss_last=seq.last_loss,
                          val_loss_first=self.val_first, val_loss_last=self.val_last,
                          val_step_first=self.val_steps[0] if self.val_steps else None,
                          val_step_last=self.val_steps[-1] if self.val_steps else None,
@@ -325,7 +327,7 @@ def run(backend: Backend, cfg: SoakConfig, stream: Stream) -> int:
     if threading.current_thread() is threading.main_thread():
         old = signal.signal(signal.SIGTERM, guarded.on_sigterm)
     try:
-        corpus = load_corpus(cfg.data, cfg.vocab_size)
+        corpus = load_corpus(cfg.data.path, cfg.model.vocab_size)
         backend.setup(cfg, corpus)
         return loop.run(corpus)
     except Terminated:

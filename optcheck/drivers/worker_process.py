@@ -84,10 +84,10 @@ def signal_name(returncode: int) -> str | None:
 
 
 def worker_command(cfg: SoakConfig, config_path: Path, fd: int) -> list[str]:
-    """The worker's command line: ``cfg.extra["python"]`` (``--python``, e.g. another venv's
+    """The worker's command line: ``cfg.run.python`` (``--python``, e.g. another venv's
     interpreter with another torch) or this interpreter, running the backend's worker module;
     ``fd`` is the worker's end of the stream socket (``optcheck/drivers/protocol.py``)."""
-    return [cfg.extra.get("python") or sys.executable, "-m", WORKER_MODULES[cfg.backend], "--config", str(config_path),
+    return [cfg.run.python or sys.executable, "-m", WORKER_MODULES[cfg.run.backend], "--config", str(config_path),
             "--stream-fd", str(fd)]
 
 
@@ -95,7 +95,7 @@ def worker_env(cfg: SoakConfig) -> dict:
     """The worker's environment. With ``--python`` the folder holding this ``optcheck`` package
     goes first on PYTHONPATH, so the other interpreter runs this optcheck with its own torch."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if cfg.extra.get("python"):
+    if cfg.run.python:
         root = str(Path(__file__).resolve().parents[2])  # the folder holding optcheck/
         env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env

@@ -62,8 +62,8 @@ def run_seeds(cfg: SoakConfig, seeds: list[int], out, **kwargs):
     out = Path(out) if out is not None else default_out_dir()
     cfgs = []
     for s in seeds:
-        c = SoakConfig.from_json(cfg.to_json())
-        c.seed, c.run_id = s, f"{out.name}-seed-{s}"
+        c = cfg.copy()
+        c.run.seed, c.run.run_id = s, f"{out.name}-seed-{s}"
         c.validate()
         cfgs.append(c)
     validate(cfgs[0])
@@ -72,7 +72,7 @@ def run_seeds(cfg: SoakConfig, seeds: list[int], out, **kwargs):
         for c in cfgs:
             if sig.count:
                 break
-            results.append(run_soak(c, out / f"seed-{c.seed}", signals=sig, **kwargs))
+            results.append(run_soak(c, out / f"seed-{c.run.seed}", signals=sig, **kwargs))
     return results, worst(r.exit_code for r in results)
 
 
@@ -93,12 +93,9 @@ class Side:
     torchsharp: str | None = None
 
     def config(self, cfg: SoakConfig) -> SoakConfig:
-        c = SoakConfig.from_json(cfg.to_json())
-        c.backend = self.backend
-        for key in ("python", "torchsharp"):
-            c.extra.pop(key, None)
-            if getattr(self, key):
-                c.extra[key] = getattr(self, key)
+        c = cfg.copy()
+        c.run.backend = self.backend
+        c.run.python, c.torchsharp.version = self.python or None, self.torchsharp or None
         return c
 
     def text(self) -> str:
@@ -233,14 +230,17 @@ def probe_python(path: str, option: str, timeout: float = 120.0) -> dict:
     return info
 
 
-def _same_init(cfg: SoakConfig, sides: list[Side], out: Path) -> None:
+def _same_init(cfg: SoakConfig, sides: list[Side], out: Path) -> str | None:
+    """The PyTorch GPT's initial weights exported for the TorchSharp side when the sides'
+    backends differ (its folder), else None."""
     if len({s.backend for s in sides}) > 1:
         from optcheck.drivers.soak import export_same_init
 
-        cfg.extra["same_init_dir"] = str(export_same_init(cfg, out))
+        return str(export_same_init(cfg, out))
+    return None
 
 
-def _run_pair(cfg: SoakConfig, sides: list[Side], out: Path, sig, **kwargs) -> list:
+def _run_pair(cfg: SoakConfig, sides: list[Side], out: Path, sig, init: str | None, **kwargs) -> list:
     from optcheck.drivers.soak import run_soak
 
     results = []
@@ -248,10 +248,8 @@ def _run_pair(cfg: SoakConfig, sides: list[Side], out: Path, sig, **kwargs) -> l
         if sig.count:
             break
         c = side.config(cfg)
-        if c.extra.get("same_init_dir") and side.backend == "torchsharp":
-            c.extra["same_init"] = c.extra["same_init_dir"]
-        c.extra.pop("same_init_dir", None)
-        c.run_id = f"{out.name}-{side.name}"
+        c.torchsharp.same_init = init if side.backend == "torchsharp" else None
+        c.run.run_id = f"{out.name}-{side.name}"
         results.append(run_soak(c, out / side.name, signals=sig, **kwargs))
     return results
 
@@ -295,14 +293,14 @@ def run_upgrade(cfg: SoakConfig, baseline: Side, candidate: Side, out, *, scenar
     if names and scenario_steps < 2:
         raise InputError(f"--scenario-steps {scenario_steps}: must be at least 2")
     if echo is not None:
-        echo(f"optcheck upgrade: {cfg.steps:,}-step soak on each side"
+        echo(f"optcheck upgrade: {cfg.run.steps:,}-step soak on each side"
              + (f", then {len(names)} scenario(s) of {scenario_steps} steps on each side: {', '.join(names)}"
                 if names else ""))
     kwargs.update(progress=progress, force=force)
     rows: list[ScenarioRow] = []
     with signals or Signals() as sig:
-        _same_init(cfg, sides, out)
-        results = _run_pair(cfg, sides, out, sig, **kwargs)
+        init = _same_init(cfg, sides, out)
+        results = _run_pair(cfg, sides, out, sig, init, **kwargs)
         res = against = None
         if len(results) == 2 and all(r.summary["status"] in ("clean", "findings") for r in results):
             from optcheck.judge.baseline import compare_with_baseline
@@ -310,12 +308,12 @@ def run_upgrade(cfg: SoakConfig, baseline: Side, candidate: Side, out, *, scenar
             res = compare_runs(results[0].out, results[1].out, policy=policy)
             against = compare_with_baseline(results[1].out, results[0].out, tolerances, policy=policy)
         for n in names:
-            sc = SoakConfig.from_json(cfg.to_json())
+            sc = cfg.copy()
             step = max(1, scenario_steps // 2)
-            sc.steps, sc.every, sc.val_every = scenario_steps, max(1, scenario_steps // 4), 0
-            sc.inject = [Injection(n, step)]
+            sc.run.steps, sc.run.every, sc.data.val_every = scenario_steps, max(1, scenario_steps // 4), 0
+            sc.checks.inject = [Injection(n, step)]
             ts = time.time()
-            pair = _run_pair(sc, sides, out / "scenarios" / n, sig, **kwargs)
+            pair = _run_pair(sc, sides, out / "scenarios" / n, sig, init, **kwargs)
             if len(pair) < 2:
                 break
             rows.append(ScenarioRow(n, step, outcome(pair[0].summary), outcome(pair[1].summary),

@@ -103,12 +103,13 @@ def load_export(out_dir: str | Path) -> dict[str, np.ndarray]:
 
 def initial_model(cfg: SoakConfig, vocab_size: int) -> torch.nn.Module:
     """The GPT a PyTorch soak with ``cfg`` starts from: built as ``optcheck.pytorch.train.Trainer``
-    builds it (``torch.manual_seed(cfg.seed)``, then ``GPT``), weights tied (TorchSharp's GPT ties too)."""
+    builds it (``torch.manual_seed(cfg.run.seed)``, then ``GPT``), weights tied (TorchSharp's GPT ties too)."""
     from optcheck.pytorch.gpt import GPT, GPTConfig
 
-    torch.manual_seed(cfg.seed)
-    return GPT(GPTConfig(block_size=cfg.block_size, vocab_size=vocab_size, n_layer=cfg.n_layer, n_head=cfg.n_head,
-                         n_embd=cfg.n_embd, dropout=cfg.dropout, tie_weights=True))
+    m = cfg.model
+    torch.manual_seed(cfg.run.seed)
+    return GPT(GPTConfig(block_size=m.block_size, vocab_size=vocab_size, n_layer=m.n_layer, n_head=m.n_head,
+                         n_embd=m.n_embd, dropout=m.dropout, tie_weights=True))
 
 
 def export_for_config(cfg: SoakConfig, out_dir: str | Path) -> Path:
@@ -119,10 +120,11 @@ def export_for_config(cfg: SoakConfig, out_dir: str | Path) -> Path:
     """
     from optcheck.data import load_corpus
 
-    corpus = load_corpus(cfg.data, cfg.vocab_size)
+    corpus = load_corpus(cfg.data.path, cfg.model.vocab_size)
     model = initial_model(cfg, corpus.vocab_size)
-    meta = {"seed": cfg.seed, "vocab_size": corpus.vocab_size, "block_size": cfg.block_size, "n_layer": cfg.n_layer,
-            "n_head": cfg.n_head, "n_embd": cfg.n_embd, "torch": torch.__version__, "corpus_sha256": corpus.sha256}
+    m = cfg.model
+    meta = {"seed": cfg.run.seed, "vocab_size": corpus.vocab_size, "block_size": m.block_size, "n_layer": m.n_layer,
+            "n_head": m.n_head, "n_embd": m.n_embd, "torch": torch.__version__, "corpus_sha256": corpus.sha256}
     return export_model(model, out_dir, meta)
 
 

@@ -88,17 +88,18 @@ class NullHazards:
 
 def make_hazards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: SoakConfig,
                  ledger: DeviceLedger | None = None):
-    """The hazard probes of ``optcheck/pytorch/hazards/`` when ``cfg.hazards``, else a NullHazards;
-    their device checks go to ``ledger``."""
-    if not cfg.hazards:
+    """The hazard probes of ``optcheck/pytorch/hazards/`` unless ``cfg.checks.hazards`` is "off" (then
+    a NullHazards); their device checks go to ``ledger``."""
+    checks = cfg.checks
+    if checks.hazards == "off":
         return NullHazards()
     from optcheck.pytorch.hazards import HazardProbes
 
     # with clipping, the gradients' NaN/Inf check reads clip_grad_norm_'s total norm (Trainer.train_step)
     # instead of a second pass over every gradient
-    every = int(cfg.extra.get("grad_check_every", 0 if cfg.grad_clip else 1))
-    return HazardProbes(model, optimizer, allow_inplace=cfg.allow_inplace, grad_check_every=every,
-                        mode=cfg.hazard_mode, ledger=ledger)
+    every = checks.grad_check_every if checks.grad_check_every is not None else 0 if cfg.optimizer.grad_clip else 1
+    return HazardProbes(model, optimizer, allow_inplace=checks.allow_inplace, grad_check_every=every,
+                        mode=checks.hazards, ledger=ledger)
 
 
 def soak_device(name: str) -> torch.device:
@@ -126,10 +127,11 @@ def soak_device(name: str) -> torch.device:
 
 def lr_at(cfg: SoakConfig, step: int) -> float:
     """Linear warm-up for ``warmup_steps``, then cosine decay to ``min_lr`` at ``steps``."""
-    if step <= cfg.warmup_steps:
-        return cfg.lr * step / max(1, cfg.warmup_steps)
-    frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * min(1.0, frac))) * (cfg.lr - cfg.min_lr)
+    o = cfg.optimizer
+    if step <= o.warmup_steps:
+        return o.lr * step / max(1, o.warmup_steps)
+    frac = (step - o.warmup_steps) / max(1, cfg.run.steps - o.warmup_steps)
+    return o.min_lr + 0.5 * (1 + math.cos(math.pi * min(1.0, frac))) * (o.lr - o.min_lr)
 
 
 class Trainer:
@@ -144,11 +146,11 @@ class Trainer:
 
     def __init__(self, cfg: SoakConfig, vocab_size: int, tie_weights: bool = True):
         self.cfg = cfg
-        torch.manual_seed(cfg.seed)
-        self.gpt_config = GPTConfig(block_size=cfg.block_size, vocab_size=vocab_size, n_layer=cfg.n_layer,
-                                    n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout,
+        torch.manual_seed(cfg.run.seed)
+        self.gpt_config = GPTConfig(block_size=cfg.model.block_size, vocab_size=vocab_size, n_layer=cfg.model.n_layer,
+                                    n_head=cfg.model.n_head, n_embd=cfg.model.n_embd, dropout=cfg.model.dropout,
                                     tie_weights=tie_weights)
-        self.device = soak_device(getattr(cfg, "device", "cpu") or "cpu")
+        self.device = soak_device(cfg.run.device or "cpu")
         self.model = GPT(self.gpt_config).to(self.device)  # initialised on the CPU: the same weights everywhere
         self.optimizer = self.build_optimizer(self.model)
         self.ledger = DeviceLedger()  # the step's device checks, read with the losses (TorchBackend.settle)
@@ -156,15 +158,15 @@ class Trainer:
         self.grad_clear = GradClearProbe(self.optimizer, ledger=self.ledger)
         self.zero_grad = True  # the no-zero-grad scenario turns it off
         self.extra_forward = []  # scenario hooks called as f(trainer, logits, loss) -> loss
-        self.work_dir = Path(cfg.work_dir or ".")
+        self.work_dir = Path(cfg.run.work_dir or ".")
 
     def build_optimizer(self, model: GPT) -> torch.optim.AdamW:
-        c = self.cfg
-        if c.extra.get("optimizer", "adamw") == "sgd":
-            return torch.optim.SGD(model.parameters(), lr=c.lr, momentum=0.9)
-        # on CUDA, its fused AdamW kernel (``extra["fused"]`` False: the per-tensor loop of the CPU)
-        fused = self.device.type == "cuda" and bool(c.extra.get("fused", True))
-        return model.configure_optimizers(c.lr, c.weight_decay, (c.beta1, c.beta2), c.eps, fused=fused)
+        o = self.cfg.optimizer
+        if o.name == "sgd":
+            return torch.optim.SGD(model.parameters(), lr=o.lr, momentum=0.9)
+        # on CUDA, its fused AdamW kernel (``fused`` False: the per-tensor loop of the CPU)
+        fused = self.device.type == "cuda" and o.fused is not False
+        return model.configure_optimizers(o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps, fused=fused)
 
     def batch(self, x, y) -> tuple[torch.Tensor, torch.Tensor]:
         """int64 arrays ``x``, ``y`` as tensors on the soak's device (CUDA: copied from pinned
@@ -216,7 +218,7 @@ class Trainer:
             replay, first = True, e
         if replay:
             loss = self._replay(step, xb, yb, rng, first)
-        if self.cfg.grad_clip:
+        if self.cfg.optimizer.grad_clip:
             self.clip(step)
         self.optimizer.step()
         return loss.detach()
@@ -231,7 +233,7 @@ class Trainer:
         if not params:
             return
         if not hasattr(torch.nn.utils, "clip_grads_with_norm_"):
-            norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
+            norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.optimizer.grad_clip)
             if not math.isfinite(norm):
                 self.hazards.check_grads_now(step)
             return
@@ -242,13 +244,13 @@ class Trainer:
         except RuntimeError:  # parameters on several devices
             norms = torch.stack([n.to(grads[0].device) for n in norms])
         total = torch.linalg.vector_norm(norms)
-        torch.nn.utils.clip_grads_with_norm_(params, self.cfg.grad_clip, total)
+        torch.nn.utils.clip_grads_with_norm_(params, self.cfg.optimizer.grad_clip, total)
         self.hazards.check_grad_norms(step, [self._names.get(id(p), "?") for p in params], norms)
 
     def _autocast(self):
-        """``extra["autocast"]`` "bf16"/"fp16": the forward under ``torch.autocast`` (the GPU
+        """``cfg.run.autocast`` "bf16"/"fp16": the forward under ``torch.autocast`` (the GPU
         benchmark's GPT-2 small, ``benchmarks/gpu_check.py``); else nothing."""
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.extra.get("autocast"))
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.run.autocast)
         return torch.autocast(self.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
     def _forward_backward(self, step: int, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
@@ -361,17 +363,18 @@ class TorchBackend:
     def setup(self, cfg: SoakConfig, corpus: Corpus) -> None:
         from optcheck.pytorch import scenarios
 
-        torch.set_num_threads(cfg.threads)
-        for inj in cfg.inject:
+        torch.set_num_threads(cfg.run.threads)
+        for inj in cfg.checks.inject:
             scenarios.check(inj.name)
-        tie = not any(scenarios.needs_untied(i.name) for i in cfg.inject)
+        tie = not any(scenarios.needs_untied(i.name) for i in cfg.checks.inject)
         self.trainer = Trainer(cfg, corpus.vocab_size, tie_weights=tie)
-        if cfg.val_every:
-            self.val_batches = val_batches(corpus, cfg.block_size, cfg.batch_size, cfg.seed, max(1, cfg.val_batches))
+        if cfg.data.val_every:
+            self.val_batches = val_batches(corpus, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed,
+                                           max(1, cfg.data.val_batches))
         else:  # --val-every 0: no held-out data at all; the eval event's forward runs on step 1's batch
-            sched = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed)
+            sched = BatchSchedule(corpus.train.size, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed)
             self.val_batches = [sched.batch(corpus.train, 1)]
-        self.report_val = bool(cfg.val_every)
+        self.report_val = bool(cfg.data.val_every)
 
     def versions(self) -> dict[str, str]:
         """Library versions and the device (``optcheck.pytorch.device.describe``)."""

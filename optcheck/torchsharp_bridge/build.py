@@ -24,7 +24,7 @@ without an SDK or with one older than 8, a version NuGet does not have (NuGet's 
 NU1102: the line names the version asked for and what each source offers), a restore without network (NU1301), a compile error (the first ``error`` line of
 MSBuild's output, with the log's path and the command to re-run it by hand).
 
-Public: :func:`ensure_worker_assembly`, :func:`worker_extra`, :func:`cached_builds`,
+Public: :func:`ensure_worker_assembly`, :func:`built_worker`, :func:`cached_builds`,
 :func:`parse_spec`, :data:`TRAINER_TYPE`, :data:`DEFAULT_VERSION`.
 """
 
@@ -340,15 +340,15 @@ def ensure_worker_assembly(spec: str | None = None, *, rebuild: bool = False, do
         return dll
 
 
-def worker_extra(spec: str | None = None) -> dict:
-    """The ``SoakConfig.extra`` entries a TorchSharp soak needs for ``spec`` (building the worker
-    if needed): ``torchsharp``, ``dotnet_assembly``, ``dotnet_trainer``.
+def built_worker(spec: str | None = None) -> tuple[str, str, str]:
+    """What a TorchSharp soak's :class:`optcheck.config.TorchSharpConfig` needs for ``spec``
+    (building the worker if needed): its ``version``, ``assembly`` and ``trainer``.
 
     Raises:
         InputError: as :func:`ensure_worker_assembly`.
     """
     text = spec or default_spec()
-    return {"torchsharp": text, "dotnet_assembly": str(ensure_worker_assembly(text)), "dotnet_trainer": TRAINER_TYPE}
+    return text, str(ensure_worker_assembly(text)), TRAINER_TYPE
 
 
 def cached_builds(dotnet_dir: Path | None = None) -> list[dict]:

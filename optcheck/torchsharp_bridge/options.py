@@ -2,20 +2,20 @@
 
 Each option reaches the trainer's ``Setup`` as ``extra.KEY`` in ``TrainerOptions``
 (dotnet/Probe/TrainerOptions.cs: ``o.Long("extra.width", 64)``, ``o.String("extra.data", "")``,
-``o.Bool("extra.flag", false)``), through ``SoakConfig.extra`` (every value is text; the trainer
-parses it). Torch-free.
+``o.Bool("extra.flag", false)``), through ``SoakConfig.trainer_options`` (written into the wire's
+``extra`` beside optcheck's own keys; every value is text, the trainer parses it). Torch-free.
 """
 
 from __future__ import annotations
 
 import re
 
+from optcheck.config import EXTRA
 from optcheck.errors import InputError
 
-#: ``SoakConfig.extra`` keys optcheck itself sets (command-line options of their own): not a trainer option.
-RESERVED = frozenset({"optimizer", "python", "torchsharp", "dotnet_runtime", "dotnet_assembly", "dotnet_trainer",
-                      "dotnet_root", "same_init", "same_init_dir", "grad_check_every", "memory_device_budget_bytes",
-                      "corpus_vocab_size"})
+#: Keys under the wire's ``extra`` that optcheck itself sets (``optcheck.config.EXTRA``: fields of its own
+#: config sections) or once set: not a trainer option.
+RESERVED = frozenset(EXTRA) | {"same_init_dir", "memory_device_budget_bytes", "corpus_vocab_size"}
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 

@@ -3,24 +3,25 @@
 (PyTorch's libtorch and TorchSharp's share sonames, ``docs/dotnet.md``).
 
 It loads a .NET runtime with pythonnet (:mod:`optcheck.torchsharp_bridge.runtime`),
-the worker assembly ``SoakConfig.extra["dotnet_assembly"]`` (which contains the
+the worker assembly ``cfg.torchsharp.assembly`` (which contains the
 ``OptCheck.Probe`` sources, ``dotnet/Probe/``), constructs the trainer
-``extra["dotnet_trainer"]`` through ``OptCheck.Probe.Driver.ForType`` and runs
+``cfg.torchsharp.trainer`` through ``OptCheck.Probe.Driver.ForType`` and runs
 :func:`optcheck.drivers.worker_loop.run` with :class:`TorchSharpBackend`: one .NET call
 per step (``Driver.StepBound``: the batch is copied into buffers bound once with
 ``Driver.Bind``, and the step writes the next pre-step fingerprint beside them, so
 the per-step pre-step check costs no second call), one per snapshot (``Driver.Probe``:
 the snapshot body as one JSON string, pre-step check included, ``docs/dotnet.md``).
 
-``SoakConfig.extra`` keys read here:
+:class:`optcheck.config.TorchSharpConfig` fields read here:
 
-- ``dotnet_runtime``: "coreclr" (default; newest installed, rolled forward) or "mono"
+- ``runtime``: "coreclr" (default; newest installed, rolled forward) or "mono"
 - ``dotnet_root``: look for CoreCLR only in this dotnet root
-- ``dotnet_assembly``: path of the worker assembly (required)
-- ``dotnet_trainer``: full type name of the ``ITrainer`` (default: the one trainer type the
+- ``assembly``: path of the worker assembly (required)
+- ``trainer``: full type name of the ``ITrainer`` (default: the one trainer type the
   assembly holds, ``Driver.TrainerTypes``; the built-in worker's is :data:`DEFAULT_TRAINER`)
-- every key reaches the trainer's ``Setup`` JSON under ``extra`` (``extra.KEY`` in
-  ``TrainerOptions``, dotnet/Probe/TrainerOptions.cs).
+- the wire's ``extra`` (``SoakConfig.wire_extra()``: the trainer options and optcheck's own keys,
+  ``dotnet_assembly``...) reaches the trainer's ``Setup`` JSON under ``extra`` (``extra.KEY``
+  in ``TrainerOptions``, dotnet/Probe/TrainerOptions.cs).
 
 **In-step check.** A trainer whose optimizer calls run the pre-step guard
 (``ModuleTrainer``: its ``Optimizer`` is a ``GuardedOptimizer``; ``IGuardedTrainer``)
@@ -96,11 +97,12 @@ def target_framework(path: Path) -> str | None:
 
 def setup_config(cfg: SoakConfig, corpus: Corpus) -> str:
     """The JSON object ``ITrainer.Setup`` receives (dotnet/Probe/Interfaces.cs): SoakConfig's
-    scalar fields, ``vocab_size`` from the corpus, and ``extra`` (SoakConfig.extra; a value
-    JSON cannot hold is written as its ``str``)."""
-    doc: dict[str, Any] = {k: getattr(cfg, k) for k in _SCALAR_FIELDS}
+    scalar fields under their flat wire names, ``vocab_size`` from the corpus, and ``extra``
+    (``SoakConfig.wire_extra()``; a value JSON cannot hold is written as its ``str``)."""
+    wire = cfg.to_wire()
+    doc: dict[str, Any] = {k: wire[k] for k in _SCALAR_FIELDS}
     doc["vocab_size"] = corpus.vocab_size
-    doc["extra"] = dict(sorted((cfg.extra or {}).items()))
+    doc["extra"] = dict(sorted(wire["extra"].items()))
     return json.dumps(doc, default=str)
 
 
@@ -126,12 +128,12 @@ class TorchSharpBackend:
 
     # -- setup ---------------------------------------------------------------------------
     def setup(self, cfg: SoakConfig, corpus: Corpus) -> None:
-        extra = cfg.extra or {}
-        kind = extra.get("dotnet_runtime") or "coreclr"
-        asm_path = extra.get("dotnet_assembly")
+        ts = cfg.torchsharp
+        kind = ts.runtime or "coreclr"
+        asm_path = ts.assembly
         if not asm_path:
-            if extra.get("torchsharp"):
-                raise InputError(f"--torchsharp {extra['torchsharp']}: no worker assembly was built for it "
+            if ts.version:
+                raise InputError(f"--torchsharp {ts.version}: no worker assembly was built for it "
                                  f"(pass --dotnet-assembly PATH to a built worker, see dotnet/README.md)")
             raise InputError("the TorchSharp backend needs its .NET worker assembly: pass --torchsharp VERSION "
                              "or --dotnet-assembly PATH (see dotnet/README.md)")
@@ -149,7 +151,7 @@ class TorchSharpBackend:
         _lib, problem = native.check_folder(Path(asm_path).expanduser().resolve().parent)
         if problem:
             raise InputError(problem)
-        self.rt = runtime.load(kind, extra.get("dotnet_root"), config_dir=cfg.work_dir or None)
+        self.rt = runtime.load(kind, ts.dotnet_root, config_dir=cfg.run.work_dir or None)
         assembly = runtime.load_assembly(asm_path)
         from System import IntPtr
 
@@ -158,7 +160,7 @@ class TorchSharpBackend:
         if Driver is None:
             raise InputError(f"--dotnet-assembly {asm_path}: it does not contain OptCheck.Probe.Driver "
                              f"(include dotnet/Probe/*.cs in the worker project)")
-        trainer = extra.get("dotnet_trainer") or ""
+        trainer = ts.trainer or ""
         try:
             self.driver = Driver.ForType(trainer)
         except Exception as e:  # noqa: BLE001 - .NET exceptions become one line

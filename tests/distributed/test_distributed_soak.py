@@ -138,10 +138,11 @@ def test_scenarios_lists_the_distributed_ones():
 def test_without_optcheck_rank_1s_learning_rate_trains_on_silently_into_different_replicas(tmp_path):
     """The measured outcome ``optcheck scenarios`` shows for rank1-lr (and, the same way, no-sync-forever and
     rank1-skip-step): the job ends normally and nothing says the replicas differ."""
-    from optcheck.config import Injection, SoakConfig
+    from optcheck.config import ChecksConfig, DataConfig, Injection, ModelConfig, RunConfig, SoakConfig
 
-    cfg = SoakConfig(steps=20, every=10, n_layer=1, n_embd=32, n_head=2, block_size=32, batch_size=8, val_every=0,
-                     inject=[Injection("rank1-lr", 5)])
+    cfg = SoakConfig(model=ModelConfig(n_layer=1, n_embd=32, n_head=2, block_size=32),
+                     data=DataConfig(batch_size=8, val_every=0), run=RunConfig(steps=20, every=10),
+                     checks=ChecksConfig(inject=[Injection("rank1-lr", 5)]))
     (tmp_path / "config.json").write_text(cfg.to_json())
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     from test_distributed_monitor import free_port

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
 import cuda_loop  # noqa: E402
 from test_seeds_pytorch import run as run_seed  # noqa: E402  (the CPU seed tests' loop)
 
-from optcheck.config import SoakConfig  # noqa: E402
+from optcheck.config import ChecksConfig, DataConfig, ModelConfig, OptimizerConfig, RunConfig, SoakConfig  # noqa: E402
 from optcheck.data import load_corpus  # noqa: E402
 from optcheck.pytorch import hazard_scenarios  # noqa: E402
 from optcheck.pytorch.train import TorchBackend, Trainer  # noqa: E402
@@ -50,8 +50,9 @@ INJECT = 3
 
 
 def trainer(hazards: bool, n_layer: int = 2) -> Trainer:
-    cfg = SoakConfig(n_layer=n_layer, n_embd=32, n_head=2, block_size=32, batch_size=4, steps=10,
-                     warmup_steps=1, hazards=hazards, device="cuda")
+    cfg = SoakConfig(model=ModelConfig(n_layer=n_layer, n_embd=32, n_head=2, block_size=32),
+                     optimizer=OptimizerConfig(warmup_steps=1), data=DataConfig(batch_size=4),
+                     run=RunConfig(steps=10, device="cuda"), checks=ChecksConfig(hazards="auto" if hazards else "off"))
     return Trainer(cfg, vocab_size=256)
 
 
@@ -166,8 +167,9 @@ class _SyncWatch:
 
 
 def test_no_sync_between_snapshots_in_the_soak_worker():
-    cfg = SoakConfig(steps=120, every=50, val_every=40, n_layer=2, n_embd=64, n_head=2, block_size=64,
-                     batch_size=8, run_id="t", device="cuda")
+    cfg = SoakConfig(model=ModelConfig(n_layer=2, n_embd=64, n_head=2, block_size=64),
+                     data=DataConfig(val_every=40, batch_size=8),
+                     run=RunConfig(steps=120, every=50, run_id="t", device="cuda"))
     be = TorchBackend()
     corpus = load_corpus(None, None)
     be.setup(cfg, corpus)

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from optcheck.config import Injection, SoakConfig
+from optcheck.config import (ChecksConfig, DataConfig, Injection, ModelConfig, OptimizerConfig, RunConfig, SoakConfig,
+
+                             TorchSharpConfig)
 from optcheck.errors import InputError
 from optcheck.drivers.protocol import read_messages
 from optcheck.run.snapshot import read_snapshots, validate
@@ -44,11 +46,14 @@ def need(kind: str) -> str:
 
 
 def config(dll: Path, kind: str = "coreclr", trainer: str = "OptCheckTest.LazyTrainer", steps: int = 300,
-           inject: list[str] = (), **extra) -> SoakConfig:
+           inject: list[str] = (), **trainer_options) -> SoakConfig:
     """A small soak of the stand-in: 16-wide embedding, 4 x 16 tokens a batch, lr 1e-2."""
-    return SoakConfig(backend="torchsharp", steps=steps, every=100, n_embd=16, n_head=2, batch_size=4,
-                      block_size=16, lr=1e-2, val_every=100, inject=[Injection.parse(i) for i in inject],
-                      extra={"dotnet_runtime": kind, "dotnet_assembly": str(dll), "dotnet_trainer": trainer, **extra})
+    return SoakConfig(model=ModelConfig(n_embd=16, n_head=2, block_size=16), optimizer=OptimizerConfig(lr=1e-2),
+                      data=DataConfig(batch_size=4, val_every=100),
+                      run=RunConfig(backend="torchsharp", steps=steps, every=100),
+                      checks=ChecksConfig(inject=[Injection.parse(i) for i in inject]),
+                      torchsharp=TorchSharpConfig(runtime=kind, assembly=str(dll), trainer=trainer),
+                      trainer_options=trainer_options)
 
 
 def soak(cfg: SoakConfig, out: Path):
@@ -62,7 +67,7 @@ def test_worker_over_a_pipe(dll, tmp_path):
     """The worker spawned by hand, as the supervisor does: hello, snapshots, metrics, done."""
     need("coreclr")
     cfg = config(dll)
-    cfg.run_id, cfg.work_dir = "pipe", str(tmp_path)
+    cfg.run.run_id, cfg.run.work_dir = "pipe", str(tmp_path)
     (tmp_path / "config.json").write_text(cfg.to_json())
     r, w = os.pipe()
     proc = subprocess.Popen([sys.executable, "-m", "optcheck.torchsharp_bridge.worker", "--config",
@@ -239,9 +244,9 @@ def test_a_nan_gradient_is_oc501_at_its_step(dll, tmp_path, kind):
 
 
 @pytest.mark.parametrize("change, expect", [
-    ({"dotnet_trainer": "OptCheckTest.NativeTrainer"},
+    ({"trainer": "OptCheckTest.NativeTrainer"},
      r"^the \.NET worker could not load native library LibOptcheckMissingNative: .* LD_LIBRARY_PATH"),
-    pytest.param({"dotnet_trainer": "OptCheckTest.NoSuchTrainer"},
+    pytest.param({"trainer": "OptCheckTest.NoSuchTrainer"},
                  r"^--dotnet-trainer OptCheckTest.NoSuchTrainer: no trainer type 'OptCheckTest.NoSuchTrainer'",
                  marks=pytest.mark.slow),
     ({"dotnet_root": "/nonexistent/dotnet"}, r"^--dotnet-root /nonexistent/dotnet: no such directory; install"),
@@ -249,7 +254,8 @@ def test_a_nan_gradient_is_oc501_at_its_step(dll, tmp_path, kind):
 def test_what_cannot_be_loaded_is_one_line(dll, tmp_path, change, expect):
     need("coreclr")
     cfg = config(dll, steps=10)
-    cfg.extra.update(change)
+    for key, value in change.items():  # a TorchSharpConfig field
+        setattr(cfg.torchsharp, key, value)
     with pytest.raises(InputError) as e:
         soak(cfg, tmp_path / "run")
     assert re.search(expect, str(e.value)), str(e.value)
@@ -270,14 +276,14 @@ _FINGERPRINT_SCRIPT = r"""
 import json, sys
 from optcheck.data import BatchSchedule, load_corpus
 from optcheck.torchsharp_bridge.worker import TorchSharpBackend
-from optcheck.config import SoakConfig
-cfg = SoakConfig(backend="torchsharp", n_embd=16, n_head=2, batch_size=4, block_size=16,
-                 extra={"dotnet_runtime": "coreclr", "dotnet_assembly": sys.argv[1],
-                        "dotnet_trainer": sys.argv[2]})
+from optcheck.config import DataConfig, ModelConfig, RunConfig, SoakConfig, TorchSharpConfig
+cfg = SoakConfig(model=ModelConfig(n_embd=16, n_head=2, block_size=16), data=DataConfig(batch_size=4),
+                 run=RunConfig(backend="torchsharp"),
+                 torchsharp=TorchSharpConfig(runtime="coreclr", assembly=sys.argv[1], trainer=sys.argv[2]))
 corpus = load_corpus(None)
 be = TorchSharpBackend()
 be.setup(cfg, corpus)
-sched = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed)
+sched = BatchSchedule(corpus.train.size, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed)
 out = {"before": be.fingerprint()}
 for step in (1, 2, 3):
     be.train_step(step, *sched.batch(corpus.train, step))

@@ -16,7 +16,7 @@ nn, F = torch.nn, torch.nn.functional
 
 import optcheck  # noqa: E402
 from conftest import SMALL, run_clis  # noqa: E402
-from optcheck.config import SoakConfig  # noqa: E402
+from optcheck.config import ChecksConfig, DataConfig, ModelConfig, OptimizerConfig, RunConfig, SoakConfig  # noqa: E402
 from optcheck.pytorch.train import Trainer  # noqa: E402
 from optcheck.run.snapshot import read_jsonl  # noqa: E402
 from optcheck.drivers.worker_loop import StepStopped  # noqa: E402
@@ -233,8 +233,9 @@ def test_a_non_reentrant_checkpoint_keeps_the_probes_armed_and_finds_a_later_sil
 
 # --------------------------------------------------------------------------- the soak's replay
 def soak_trainer(mode="auto"):
-    cfg = SoakConfig(n_layer=1, n_embd=32, n_head=2, block_size=32, batch_size=4, steps=20, warmup_steps=1,
-                     hazard_mode=mode)
+    cfg = SoakConfig(model=ModelConfig(n_layer=1, n_embd=32, n_head=2, block_size=32),
+                     optimizer=OptimizerConfig(warmup_steps=1), data=DataConfig(batch_size=4), run=RunConfig(steps=20),
+                     checks=ChecksConfig(hazards=mode))
     return Trainer(cfg, vocab_size=256)
 
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import optcheck
-from optcheck.config import SoakConfig
+from optcheck.config import ChecksConfig, DataConfig, ModelConfig, OptimizerConfig, RunConfig, SoakConfig
 from optcheck.data import load_corpus
 from optcheck.pytorch import probe
 from optcheck.pytorch.hostreads import HostReadCounter
@@ -30,8 +30,9 @@ from recording_stream import RecordingStream
 
 def soak_loop(steps=120, **kw):
     torch.set_num_threads(1)
-    cfg = SoakConfig(steps=steps, every=50, val_every=40, n_layer=1, n_embd=32, n_head=2, block_size=32,
-                     batch_size=4, run_id="t", **kw)
+    cfg = SoakConfig(model=ModelConfig(n_layer=1, n_embd=32, n_head=2, block_size=32),
+                     data=DataConfig(val_every=40, batch_size=4), run=RunConfig(steps=steps, every=50, run_id="t"),
+                     **kw)  # a section
     be = TorchBackend()
     corpus = load_corpus(None, None)
     be.setup(cfg, corpus)
@@ -39,7 +40,8 @@ def soak_loop(steps=120, **kw):
     return Loop(be, cfg, stream), corpus, stream
 
 
-@pytest.mark.parametrize("kw", [{}, {"hazard_mode": "always"}, {"grad_clip": 0.0}, {"hazards": False}],
+@pytest.mark.parametrize("kw", [{}, {"checks": ChecksConfig(hazards="always")},
+                                {"optimizer": OptimizerConfig(grad_clip=0.0)}, {"checks": ChecksConfig(hazards="off")}],
                          ids=["auto", "always", "no-clip", "no-hazards"])
 def test_the_soak_worker_reads_nothing_between_snapshots(kw):
     loop, corpus, stream = soak_loop(**kw)
@@ -140,8 +142,8 @@ def test_a_nan_read_at_a_crash_goes_out_before_it():
 
     torch.set_num_threads(1)
     stream = RecordingStream()
-    cfg = SoakConfig(steps=60, every=50, val_every=0, n_layer=1, n_embd=32, n_head=2, block_size=32, batch_size=4,
-                     run_id="t")
+    cfg = SoakConfig(model=ModelConfig(n_layer=1, n_embd=32, n_head=2, block_size=32),
+                     data=DataConfig(val_every=0, batch_size=4), run=RunConfig(steps=60, every=50, run_id="t"))
     import optcheck.drivers.worker_loop as wl
 
     old, wl.METRICS_FLUSH_S = wl.METRICS_FLUSH_S, 1e9  # no time-based metrics batch in between

@@ -339,11 +339,12 @@ def test_step_timeout_is_silent_on_a_healthy_run(tmp_path):
 def test_worker_flushes_held_metrics_on_sigterm(tmp_path):
     """The worker itself, on its protocol pipe: after SIGTERM it sends the steps it
     held (up to 200 or 1 s of them) and exits 143."""
-    from optcheck.config import SoakConfig
+    from optcheck.config import DataConfig, ModelConfig, RunConfig, SoakConfig
     from optcheck.drivers.protocol import read_messages
 
-    cfg = SoakConfig(steps=100_000, every=100_000, val_every=0, n_layer=1, n_embd=32, n_head=2, block_size=32,
-                     batch_size=8, work_dir=str(tmp_path))
+    cfg = SoakConfig(model=ModelConfig(n_layer=1, n_embd=32, n_head=2, block_size=32),
+                     data=DataConfig(val_every=0, batch_size=8),
+                     run=RunConfig(steps=100_000, every=100_000, work_dir=str(tmp_path)))
     (tmp_path / "config.json").write_text(cfg.to_json())
     r, w = os.pipe()
     proc = subprocess.Popen([sys.executable, "-m", "optcheck.pytorch.worker", "--config", str(tmp_path / "config.json"),

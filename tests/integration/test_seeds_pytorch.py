@@ -18,7 +18,7 @@ import torch
 
 from conftest import SMALL, run_clis
 from optcheck.run import exitcodes
-from optcheck.config import SoakConfig
+from optcheck.config import ChecksConfig, DataConfig, ModelConfig, OptimizerConfig, RunConfig, SoakConfig
 from optcheck.engine import check_stream
 from optcheck.pytorch import hazard_scenarios, scenarios
 from optcheck.pytorch.train import Trainer
@@ -30,8 +30,9 @@ INJECT = 3
 
 
 def trainer(hazards: bool, n_layer: int = 2) -> Trainer:
-    cfg = SoakConfig(n_layer=n_layer, n_embd=32, n_head=2, block_size=32, batch_size=4, steps=10,
-                     warmup_steps=1, hazards=hazards)
+    cfg = SoakConfig(model=ModelConfig(n_layer=n_layer, n_embd=32, n_head=2, block_size=32),
+                     optimizer=OptimizerConfig(warmup_steps=1), data=DataConfig(batch_size=4), run=RunConfig(steps=10),
+                     checks=ChecksConfig(hazards="auto" if hazards else "off"))
     return Trainer(cfg, vocab_size=256)
 
 

@@ -18,7 +18,7 @@ import torch
 
 from conftest import SMALL, run_cli
 from optcheck.run import exitcodes
-from optcheck.config import SoakConfig
+from optcheck.config import DataConfig, ModelConfig, RunConfig, SoakConfig
 from optcheck.pytorch.train import TorchBackend
 from optcheck.drivers.worker_loop import run as run_worker
 from recording_stream import RecordingStream
@@ -73,8 +73,8 @@ class OutOfMemoryAt(TorchBackend):
 
 def test_an_out_of_memory_step_ends_the_run_with_what_was_held_and_what_rose():
     torch.set_num_threads(1)
-    cfg = SoakConfig(steps=60, every=10, val_every=0, n_layer=1, n_embd=32, n_head=2, block_size=32, batch_size=16,
-                     run_id="oom")
+    cfg = SoakConfig(model=ModelConfig(n_layer=1, n_embd=32, n_head=2, block_size=32),
+                     data=DataConfig(val_every=0, batch_size=16), run=RunConfig(steps=60, every=10, run_id="oom"))
     stream = RecordingStream()
     code = run_worker(OutOfMemoryAt(45), cfg, stream)
     assert code == 1  # a crash of the training code: the supervisor makes it exit 3
@@ -96,6 +96,7 @@ def test_the_torchsharp_worker_is_handed_the_device():
     from optcheck.data import load_corpus
     from optcheck.torchsharp_bridge.worker import setup_config
 
-    doc = json.loads(setup_config(SoakConfig(backend="torchsharp", device="cuda:1"), load_corpus(None)))
+    doc = json.loads(setup_config(SoakConfig(run=RunConfig(backend="torchsharp", device="cuda:1")), load_corpus(None)))
     assert doc["device"] == "cuda:1"
-    assert json.loads(setup_config(SoakConfig(backend="torchsharp"), load_corpus(None)))["device"] == "cpu"
+    doc = json.loads(setup_config(SoakConfig(run=RunConfig(backend="torchsharp")), load_corpus(None)))
+    assert doc["device"] == "cpu"

@@ -46,7 +46,9 @@ def standin_soak(tmp_path, inject: list[str], kind: str = "coreclr", steps: int 
     import sys
     from pathlib import Path
 
-    from optcheck.config import Injection, SoakConfig
+    from optcheck.config import (ChecksConfig, DataConfig, Injection, ModelConfig, OptimizerConfig, RunConfig,
+
+                                 SoakConfig, TorchSharpConfig)
     from optcheck.errors import InputError
     from optcheck.drivers.soak import run_soak
     from optcheck.torchsharp_bridge import runtime
@@ -59,10 +61,12 @@ def standin_soak(tmp_path, inject: list[str], kind: str = "coreclr", steps: int 
         runtime.select(kind)
     except (BuildUnavailable, InputError) as e:
         pytest.skip(str(e))
-    cfg = SoakConfig(backend="torchsharp", steps=steps, every=20, n_embd=16, n_head=2, batch_size=4, block_size=16,
-                     lr=1e-2, val_every=100, inject=[Injection.parse(i) for i in inject],
-                     extra={"dotnet_runtime": kind, "dotnet_assembly": str(dll),
-                            "dotnet_trainer": "OptCheckTest.LazyTrainer"})
+    cfg = SoakConfig(model=ModelConfig(n_embd=16, n_head=2, block_size=16), optimizer=OptimizerConfig(lr=1e-2),
+                     data=DataConfig(batch_size=4, val_every=100),
+                     run=RunConfig(backend="torchsharp", steps=steps, every=20),
+                     checks=ChecksConfig(inject=[Injection.parse(i) for i in inject]),
+                     torchsharp=TorchSharpConfig(runtime=kind, assembly=str(dll),
+                                                 trainer="OptCheckTest.LazyTrainer"))
     out = tmp_path / "run"
     run_soak(cfg, out, progress=False)
     return list(read_jsonl(out / "findings.jsonl")), list(read_jsonl(out / "snapshots.jsonl"))

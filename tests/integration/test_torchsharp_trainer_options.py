@@ -96,7 +96,7 @@ def test_a_trainer_option_the_trainer_rejects_is_one_line(only_dll, tmp_path):
 def test_without_dotnet_trainer_an_assembly_of_several_trainers_names_them(dll, tmp_path):  # noqa: F811
     need("coreclr")
     cfg = config(dll, steps=5)
-    del cfg.extra["dotnet_trainer"]
+    cfg.torchsharp.trainer = None
     with pytest.raises(InputError) as e:
         soak(cfg, tmp_path / "run")
     msg = str(e.value)

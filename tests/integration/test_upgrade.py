@@ -255,7 +255,7 @@ def test_torchsharp_sides_through_the_stand_in(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dotnet"))
     from build import BuildUnavailable, build_testloop
 
-    from optcheck.config import SoakConfig
+    from optcheck.config import DataConfig, ModelConfig, OptimizerConfig, RunConfig, SoakConfig, TorchSharpConfig
     from optcheck.torchsharp_bridge import runtime
     from optcheck.judge.upgrade import Side, render, run_upgrade
 
@@ -264,9 +264,11 @@ def test_torchsharp_sides_through_the_stand_in(tmp_path):
         runtime.select("coreclr")
     except (BuildUnavailable, Exception) as e:  # no mcs / no CoreCLR here: nothing to run
         pytest.skip(str(e))
-    cfg = SoakConfig(backend="torchsharp", steps=30, every=10, n_embd=16, n_head=2, batch_size=4, block_size=16,
-                     lr=1e-2, val_every=0, extra={"dotnet_runtime": "coreclr", "dotnet_assembly": str(dll),
-                                                 "dotnet_trainer": "OptCheckTest.LazyTrainer"})
+    cfg = SoakConfig(model=ModelConfig(n_embd=16, n_head=2, block_size=16), optimizer=OptimizerConfig(lr=1e-2),
+                     data=DataConfig(batch_size=4, val_every=0),
+                     run=RunConfig(backend="torchsharp", steps=30, every=10),
+                     torchsharp=TorchSharpConfig(runtime="coreclr", assembly=str(dll),
+                                                 trainer="OptCheckTest.LazyTrainer"))
     sides = [Side("baseline", "torchsharp"), Side("candidate", "torchsharp")]
     res = run_upgrade(cfg, *sides, tmp_path / "u")
     assert res.exit_code == exitcodes.CLEAN and res.compare.verdict.kind == IDENTICAL

@@ -50,12 +50,13 @@ def test_writer_output_is_what_json_loads_reads(exe):
 
 
 def test_reader_round_trips_a_soak_configuration(exe, tmp_path):
-    from optcheck.config import SoakConfig
+    from optcheck.config import OptimizerConfig, RunConfig, SoakConfig, TorchSharpConfig
     from optcheck.data import load_corpus
     from optcheck.torchsharp_bridge.worker import setup_config
 
-    cfg = SoakConfig(backend="torchsharp", lr=3e-4, eps=1e-8, extra={"tie": "obvious", "same_init": 'a "b"\\c',
-                                                                     "failfast_at": 7, "flag": True})
+    cfg = SoakConfig(optimizer=OptimizerConfig(lr=3e-4, eps=1e-8), run=RunConfig(backend="torchsharp"),
+                     torchsharp=TorchSharpConfig(same_init='a "b"\\c'),
+                     trainer_options={'tie': "obvious", 'failfast_at': 7, 'flag': True})
     text = setup_config(cfg, load_corpus(None))
     f = tmp_path / "cfg.json"
     f.write_text(text, encoding="utf-8")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from optcheck.config import SoakConfig
+from optcheck.config import ChecksConfig, DataConfig, ModelConfig, RunConfig, SoakConfig
 from optcheck.errors import InputError
 from optcheck.pytorch import export_init
 from optcheck.pytorch.gpt import GPT, GPTConfig
@@ -58,8 +58,8 @@ def test_export_for_config_is_the_model_a_pytorch_soak_starts_from(tmp_path):
 
     data = tmp_path / "text.txt"
     data.write_bytes(bytes(range(32, 127)) * 40)
-    cfg = SoakConfig(seed=11, data=str(data), block_size=16, n_layer=1, n_head=2, n_embd=16, steps=10,
-                     hazards=False, work_dir=str(tmp_path))
+    cfg = SoakConfig(model=ModelConfig(block_size=16, n_layer=1, n_head=2, n_embd=16), data=DataConfig(path=str(data)),
+                     run=RunConfig(seed=11, steps=10, work_dir=str(tmp_path)), checks=ChecksConfig(hazards="off"))
     out = export_init.export_for_config(cfg, tmp_path / "init")
     back = export_init.load_export(out)
     trainer = Trainer(cfg, 256)
@@ -72,12 +72,13 @@ def test_cli_writes_and_rejects_bad_input_with_one_line(tmp_path):
     data = tmp_path / "text.txt"
     data.write_bytes(b"abcdefgh" * 200)
     cfg = tmp_path / "cfg.json"
-    cfg.write_text(SoakConfig(data=str(data), block_size=16, n_layer=1, n_embd=16, n_head=2).to_json())
+    cfg.write_text(SoakConfig(model=ModelConfig(block_size=16, n_layer=1, n_embd=16, n_head=2),
+                              data=DataConfig(path=str(data))).to_json())
     ok = subprocess.run([sys.executable, "-m", "optcheck.pytorch.export_init", "--config", str(cfg),
                          "--out", str(tmp_path / "init")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert (tmp_path / "init" / "manifest.txt").is_file()
-    cfg.write_text(SoakConfig(data=str(tmp_path / "missing.txt")).to_json())
+    cfg.write_text(SoakConfig(data=DataConfig(path=str(tmp_path / "missing.txt"))).to_json())
     bad = subprocess.run([sys.executable, "-m", "optcheck.pytorch.export_init", "--config", str(cfg),
                           "--out", str(tmp_path / "x")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no such file" in bad.stderr

@@ -99,16 +99,17 @@ torch = pytest.importorskip("torch")
 
 
 def _real(inject: str | None):
-    from optcheck.config import SoakConfig
+    from optcheck.config import ChecksConfig, DataConfig, ModelConfig, RunConfig, SoakConfig
     from optcheck.data import load_corpus, BatchSchedule
     from optcheck.pytorch import probe, scenarios
     from optcheck.pytorch.train import Trainer
     from optcheck.run.snapshot import SCHEMA
 
     torch.set_num_threads(1)
-    cfg = SoakConfig(steps=10, n_layer=1, n_embd=32, block_size=32, batch_size=4, hazards=False)
+    cfg = SoakConfig(model=ModelConfig(n_layer=1, n_embd=32, block_size=32), data=DataConfig(batch_size=4),
+                     run=RunConfig(steps=10), checks=ChecksConfig(hazards="off"))
     corpus = load_corpus()
-    sched = BatchSchedule(corpus.train.size, cfg.block_size, cfg.batch_size, cfg.seed)
+    sched = BatchSchedule(corpus.train.size, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed)
     tr = Trainer(cfg, corpus.vocab_size, tie_weights=not (inject and scenarios.needs_untied(inject)))
 
     def snap(step, phase):

@@ -240,8 +240,8 @@ def test_default_spec_from_environment(monkeypatch):
     assert build.default_spec() == "0.105.0"
 
 
-def test_worker_extra_names_the_trainer(cache, fake):
-    extra = build.worker_extra("0.105.0")
-    assert extra["dotnet_trainer"] == "OptCheck.Worker.GptTrainer"
-    assert Path(extra["dotnet_assembly"]).is_file() and extra["torchsharp"] == "0.105.0"
+def test_built_worker_names_the_trainer(cache, fake):
+    version, assembly, trainer = build.built_worker("0.105.0")
+    assert trainer == "OptCheck.Worker.GptTrainer"
+    assert Path(assembly).is_file() and version == "0.105.0"
     assert "class GptTrainer" in (REPO / "dotnet" / "Worker" / "Trainer.cs").read_text()

@@ -87,7 +87,7 @@ def test_what_the_worker_gets_from_a_users_trainer(check_exe):
     assert out["badoptions"] == "ArgumentException Setup: the configuration must be a JSON object"
     assert out["options"] == "0.003 2000 absent"
     assert out["badlong"] == "seed: expected an integer, got 'abc'"
-    # SoakConfig.extra arrives as "extra.KEY", JSON escapes decoded, booleans readable
+    # SoakConfig.trainer_options arrive as "extra.KEY", JSON escapes decoded, booleans readable
     assert out["extra"] == 'obvious|a "b"A|True'
     assert out["badjson"] == "Setup: the configuration is not JSON: JSON: expected a member name at character 11"
     # any optimizer's options by reflection (AdamW's, in TorchSharp's field order), lr first
