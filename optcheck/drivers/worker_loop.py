@@ -34,6 +34,7 @@ so the run's last step is the last step trained.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -50,6 +51,8 @@ from optcheck.run.sequencer import Sequencer, StepCost
 
 METRICS_BATCH = 200
 METRICS_FLUSH_S = 1.0
+#: Longest stretch of steps one backend call may take (``Backend.train_block``): SIGTERM is acted on after it.
+BLOCK_MAX_S = 0.25
 #: Exit code of a worker stopped by SIGTERM (128 + 15, as a shell reports it).
 TERMINATED = 143
 
@@ -82,6 +85,24 @@ class _GuardedStream:
 
     def verdict(self) -> dict:
         return self._stream.verdict()
+
+    @contextlib.contextmanager
+    def held(self):
+        """SIGTERM held off as during ``send``: acted on when the block ends, unless an exception leaves it
+        (the crash report is then what the run sends)."""
+        if self.sending:  # nested: the outer one acts on it
+            yield
+            return
+        self.sending = True
+        try:
+            yield
+        except BaseException:
+            self.sending = False
+            raise
+        self.sending = False
+        if self.pending and not self.terminating:
+            self.terminating = True
+            raise Terminated()
 
     def close(self) -> None:
         self._stream.close()
@@ -225,7 +246,9 @@ class Loop:
         injections = {}
         for inj in cfg.inject:
             injections.setdefault(inj.step, []).append(inj.name)
-        for step in range(1, cfg.steps + 1):
+        max_block = getattr(be, "max_block", lambda _b, _t: 0)(cfg.batch_size, cfg.block_size)
+        step = 1
+        while step <= cfg.steps:
             self.step = step
             for name in injections.get(step, ()):
                 self.event("inject", step, name=name, **be.inject(name, step))
@@ -237,24 +260,32 @@ class Loop:
                 self.stream.send("stopped", step=step, reason=stop)
                 return 0
             t1 = now()
-            x, y = sched.batch(corpus.train, step)
-            ts = now()
-            try:
-                loss = be.train_step(step, x, y)
-            except StepStopped as e:
-                seq.stopped(step, e.event)
-                self.stream.send("stopped", step=step, reason=str(e), **self.hazard_stats())
-                return 0
-            except BaseException:
-                self.in_step_snapshot(step)  # what the in-step check saw before the step's exception
-                raise
-            te = now()
-            if (stop := self.in_step_snapshot(step)) is not None:
-                self.stream.send("stopped", step=step, reason=stop)
-                return 0
-            self.metrics["steps"].append(step)
-            self.metrics["losses"].append(loss)
-            self.metrics["step_times_s"].append(round((te - ts) / 1e9, 6))
+            if max_block:
+                last = self.block_end(step, max_block, injections, val is not None)
+                ts = now()
+                step, stop = self.train_block(sched, corpus, step, last)
+                if stop is not None:
+                    return 0
+                te = now()
+            else:
+                x, y = sched.batch(corpus.train, step)
+                ts = now()
+                try:
+                    loss = be.train_step(step, x, y)
+                except StepStopped as e:
+                    seq.stopped(step, e.event)
+                    self.stream.send("stopped", step=step, reason=str(e), **self.hazard_stats())
+                    return 0
+                except BaseException:
+                    self.in_step_snapshot(step)  # what the in-step check saw before the step's exception
+                    raise
+                te = now()
+                if (stop := self.in_step_snapshot(step)) is not None:
+                    self.stream.send("stopped", step=step, reason=stop)
+                    return 0
+                self.metrics["steps"].append(step)
+                self.metrics["losses"].append(loss)
+                self.metrics["step_times_s"].append(round((te - ts) / 1e9, 6))
             if val is not None and (step % cfg.val_every == 0 or step == cfg.steps):
                 # the last step too, so that "held-out first -> last" spans the whole run
                 tv = now()
@@ -266,9 +297,10 @@ class Loop:
                 self.flush_metrics()  # before the post-step: a device check read now can force its snapshot
             seq.post_step(step, hazard=be.has_events(), last=step == cfg.steps)
             # own work: the pre-step check, and the bookkeeping after the step (metrics sends included;
-            # snapshots, their sends and the held-out pass left out)
+            # snapshots, their sends and the held-out pass left out); a block's batches are in its step time
             cost.ns += (t1 - t0) + (now() - te) - (seq.busy_ns - busy)
             cost.steps += 1
+            step += 1
         self.cpu_s = time.process_time() - cpu0
         self.flush_metrics()
         self.stream.send("done", step=cfg.steps, loss_first=seq.loss_first, loss_last=seq.last_loss,
@@ -277,6 +309,69 @@ class Loop:
                          val_step_last=self.val_steps[-1] if self.val_steps else None,
                          step_cost=self.step_cost.to_dict(), train_cpu_s=round(self.cpu_s, 3), **self.hazard_stats())
         return 0
+
+    def block_end(self, step: int, max_block: int, injections: dict, val: bool) -> int:
+        """The last step of the block that starts at ``step``: the steps after ``step`` up to it have nothing
+        due before them (injection, lifecycle event) and the steps before it nothing after them (cadence or
+        final snapshot, held-out evaluation, a full metrics batch); at most ``max_block`` steps."""
+        c, every = self.cfg, self.seq.every
+        last = min(c.steps, step + max_block - 1, step + max(0, METRICS_BATCH - len(self.metrics["steps"]) - 1),
+                   -(-step // every) * every)
+        if val:
+            last = min(last, -(-step // c.val_every) * c.val_every)
+        for n in (c.eval_every, c.checkpoint_every):
+            if n:
+                last = min(last, (step // n + 1) * n - 1)
+        if c.resume_at and c.resume_at > step:
+            last = min(last, c.resume_at - 1)
+        for s in injections:
+            if step < s <= last:
+                last = s - 1
+        return last
+
+    def train_block(self, sched: BatchSchedule, corpus: Corpus, first: int, last: int) -> tuple[int, str | None]:
+        """Steps ``first``..``last`` in one backend call (``Backend.train_block``): they end early after a step
+        whose fingerprint moved from the last snapshot's (the next step's pre-step check then fires), after a
+        step with an in-step finding, or after the time left to the next metrics batch, so that progress keeps
+        arriving within ``METRICS_FLUSH_S`` (``--step-timeout``). Records every step done as a step of its own
+        (metrics: loss and step time); SIGTERM during the block is acted on once they are recorded. A step's
+        exception propagates with the steps before it recorded and :attr:`step` set to it. Returns (the last
+        step done, the supervisor's reason to stop at it or None)."""
+        be, cfg = self.backend, self.cfg
+        count = last - first + 1
+        xs, ys = be.block_inputs(count, cfg.batch_size, cfg.block_size)
+        sched.fill(corpus.train, first, xs, ys)
+        budget = max(0.0, min(BLOCK_MAX_S, METRICS_FLUSH_S - (time.perf_counter() - self.last_flush_t)))
+        ref = self.seq.reference
+        try:
+            with getattr(self.stream, "held", contextlib.nullcontext)():
+                try:
+                    done = be.train_block(first, count, cfg.batch_size, cfg.block_size,
+                                          ref if ref is not None else 0, budget)
+                except BaseException:
+                    done = be.block_done()
+                    self.record_block(first, done)
+                    self.step = first + done
+                    raise
+                self.record_block(first, done)
+        except Terminated:
+            raise
+        except BaseException:
+            self.in_step_snapshot(self.step)  # what the in-step check saw before the step's exception
+            raise
+        step = self.step = first + done - 1
+        if (stop := self.in_step_snapshot(step)) is not None:
+            self.stream.send("stopped", step=step, reason=stop)
+        return step, stop
+
+    def record_block(self, first: int, done: int) -> None:
+        """The metrics of the first ``done`` steps of a block that started at ``first``."""
+        if done:
+            losses, seconds = self.backend.block_results(done)
+            m = self.metrics
+            m["steps"].extend(range(first, first + done))
+            m["losses"].extend(losses)
+            m["step_times_s"].extend(round(v, 6) for v in seconds)
 
     def in_step_snapshot(self, step: int) -> str | None:
         """When the backend's in-step check found something inside step ``step`` (TorchSharp: the
