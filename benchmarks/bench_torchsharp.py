@@ -168,7 +168,8 @@ def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
     ``call`` (a one-step StepBlock from Python less the same looped in .NET, per block, + handing a block its
     batches), ``batch`` (BatchSchedule.fill), ``loop`` (Loop.run over a backend whose blocks do not reach .NET,
     without snapshots or messages, less its batches), ``messages`` (a metrics message of a block's steps written
-    to /dev/null, per step) and ``snapshot`` (one snapshot taken and sent to /dev/null), plus ``net_step`` (the
+    to /dev/null, per step) and ``snapshot`` (one snapshot taken and sent to /dev/null after a block's steps, less
+    those steps: its forced .NET collections cost more there than back to back), plus ``net_step`` (the
     trainer's step) for scale."""
     import os
 
@@ -225,11 +226,19 @@ def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
         for _ in range(n // block):
             devnull.send("metrics", **metrics)
         res["messages"].append((clock() - t0) / (n // block * block))
-        loop = Loop(be, c, devnull)
+        # a snapshot where the worker takes it, after `every` steps: what it adds to them (its forced .NET
+        # collections cost more after steps than back to back)
+        seq = Loop(be, c, devnull).seq
+        k = max(1, n // block)
         t0 = clock()
-        for _ in range(20):
-            loop.seq.take(1, "post-step", "cadence")
-        res["snapshot"].append((clock() - t0) / 20)
+        for _ in range(k):
+            Bench.TimeSteps(d, 1, px, py, b, t, block)
+        plain = clock() - t0
+        t0 = clock()
+        for _ in range(k):
+            Bench.TimeSteps(d, 1, px, py, b, t, block)
+            seq.take(1, "post-step", "cadence")
+        res["snapshot"].append((clock() - t0 - plain) / k)
     devnull.close()
     return {k: statistics.median(v) * 1e6 for k, v in res.items()}
 
@@ -398,7 +407,7 @@ def print_independent(b: dict, lad: dict, steps: int, every: int) -> None:
         "batch": (b["batch"], "batch generation (BatchSchedule.fill)"),
         "loop": (b["loop"], "worker loop with blocks that do not reach .NET, no snapshots or messages, less batches"),
         "messages": (b["messages"], "one metrics message of a block's steps to /dev/null, per step"),
-        "snapshots": (b["snapshot"] * n_snap / steps, f"one snapshot ({b['snapshot']:.0f} us) x {n_snap} in {steps} steps"),
+        "snapshots": (b["snapshot"] * n_snap / steps, f"one snapshot after a block's steps ({b['snapshot']:.0f} us) x {n_snap} in {steps} steps"),
     }
     total = sum(v for v, _ in parts.values())
     print(f"  the same difference from components measured apart (CPU us/step, median of 3):")
