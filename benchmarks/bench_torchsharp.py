@@ -10,13 +10,17 @@ For each of ``--pairs`` rounds (order alternating) it runs, each in its own proc
   every probe on (pre-step check every step, a snapshot every ``--every`` steps). Time: training
   time, the ``elapsed_s`` of the last snapshot (set-up and the runtime's start are left out of both).
 
-It prints both times per round, the median ratio soak/plain, a breakdown of the soak's extra cost
-per step measured in the same process as the bridge (pythonnet call of a step, the pre-step
-fingerprint, one snapshot), and the in-process ladder: plain loop and the worker's loop in one
-process, CPU time, with the stages in between (pythonnet call, fingerprint, batch generation, the
-loop around the step, messages, snapshots), so that the components add up to the measured
-difference (``--in-process-only`` runs just the ladder). By default the trainer is the TorchSharp STAND-IN
-(tests/dotnet/TestLoop.cs compiled with mcs: a ~2 ms step with no libtorch), because TorchSharp
+It prints both times per round, the median ratio soak/plain, and the in-process ladder: the plain loop
+and the worker's loop in one process, CPU time, with the stages in between, each the previous one plus
+one component — ``blocks`` (Driver.StepBlock looped inside .NET: the fingerprint after each step and the
+block's bookkeeping), ``call`` (the pythonnet call per block, the block's batches handed over), ``batch``
+(batch generation), ``loop`` (the worker loop, snapshots left out), ``messages`` (metrics messages to
+/dev/null), ``snapshots`` (the whole worker loop) — so that the components add up to the measured
+difference by construction; then the same components measured apart (a fingerprint looped in .NET, a
+one-step block's pythonnet call, ``BatchSchedule.fill``, the loop over blocks that do not reach .NET, a
+metrics message, a snapshot taken after a block's steps) and their sum against the ladder's difference
+(``--in-process-only`` runs just these two). By default the trainer is the TorchSharp STAND-IN
+(tests/dotnet/TestLoop.cs compiled with mcs: a ~1 ms step at its sizes here, no libtorch), because TorchSharp
 cannot be installed here; the output says so. On a machine with TorchSharp:
 ``--torchsharp 0.107.0`` (builds the worker with the .NET SDK) or ``--dotnet-assembly DLL
 --dotnet-trainer TYPE``.

@@ -12,7 +12,12 @@ and calls :func:`run`. The loop drives the run's one sequencer (``optcheck/run/s
    since the last snapshot, a snapshot (``phase="pre-step"``,
    ``trigger="check"``) *before* the step runs, so a finding names the cause at
    the step it happened, ahead of whatever the step then throws;
-3. the training step; hazard events force a snapshot at once;
+3. the training step; hazard events force a snapshot at once. A backend with blocks
+   (TorchSharp: ``Backend.train_block``) runs the steps up to the next thing the loop
+   must do (snapshot, injection, lifecycle event, held-out evaluation, metrics batch) in
+   one call that takes the pre-step check after each step itself and ends at the step
+   it fires (or an in-step check found something, or :data:`BLOCK_MAX_S` passed); each
+   step is still recorded as its own (:meth:`Loop.train_block`);
 4. every ``--every`` steps a cadence snapshot, and one at the end.
 
 The worker runs no rules: the supervisor's engine is the run's only one. With
@@ -154,6 +159,9 @@ class Backend(Protocol):
     # losses ``train_step`` and ``val_loss`` returned (and the probes' pending checks) in one
     # transfer; ``step_times() -> list[float] | None`` the device time of the steps since its
     # last call. A backend without them returns floats (TorchSharp).
+    # optional, blocks (TorchSharp): ``max_block(B, T) -> int`` (0: none), ``block_inputs(count, B, T)`` the
+    # (count, B, T) input and target arrays to fill, ``train_block(first, count, B, T, reference, budget_s) -> int``
+    # steps done, ``block_done()`` steps done when a step threw, ``block_results(n)`` their losses and seconds.
 
     def has_events(self) -> bool:
         """True when a hazard probe recorded events since the last snapshot."""

@@ -7,10 +7,14 @@ the worker assembly ``SoakConfig.extra["dotnet_assembly"]`` (which contains the
 ``OptCheck.Probe`` sources, ``dotnet/Probe/``), constructs the trainer
 ``extra["dotnet_trainer"]`` through ``OptCheck.Probe.Driver.ForType`` and runs
 :func:`optcheck.drivers.worker_loop.run` with :class:`TorchSharpBackend`: one .NET call
-per step (``Driver.StepBound``: the batch is copied into buffers bound once with
-``Driver.Bind``, and the step writes the next pre-step fingerprint beside them, so
-the per-step pre-step check costs no second call), one per snapshot (``Driver.Probe``:
-the snapshot body as one JSON string, pre-step check included, ``docs/dotnet.md``).
+per block of steps (``Driver.StepBlock``: the block's batches generated straight into
+buffers bound with ``Driver.Bind``; after each step .NET takes the next pre-step
+fingerprint and compares it with the last snapshot's, and writes the step's loss and
+time beside the batches; the block ends after a step whose check fires, so the loop
+snapshots before the next one as it would between single steps), one per snapshot
+(``Driver.Probe``: the snapshot body as one JSON string, pre-step check included,
+``docs/dotnet.md``). An assembly built from Probe sources without ``StepBlock`` is
+stepped one call a step (``Driver.StepBound``).
 
 ``SoakConfig.extra`` keys read here:
 
