@@ -263,16 +263,21 @@ class TorchSharpBackend:
             self._bind(n)
         self._xb[:n] = np.ravel(x)  # into the bound buffers: no IntPtr objects, no array marshalling per step
         self._yb[:n] = np.ravel(y)
+        return float(self._stepping(self.driver.StepBound, step, b, t))
+
+    def _stepping(self, call, *args):
+        """``call(*args)`` (StepBound, StepBlock): the sink's fingerprint is valid after it; what the in-step check
+        found during it is taken, also when it throws."""
         self._fp_valid = False
         try:
-            loss = float(self.driver.StepBound(step, b, t))
+            out = call(*args)
         except BaseException:
             self._take_in_step()
             raise
         self._fp_valid = True
         if self._fp[1]:
             self._take_in_step()
-        return loss
+        return out
 
     def max_block(self, b: int, t: int) -> int:
         """Steps one :meth:`train_block` call may take with (B, T) batches: up to :data:`BLOCK_STEPS`, fewer when
@@ -301,17 +306,8 @@ class TorchSharpBackend:
         next step's pre-step check fires), after a step in which the in-step check found something, after
         ``budget_s`` seconds, or after ``count`` steps. Returns the steps done; their losses and seconds are
         :meth:`block_results`. A step's exception propagates with :meth:`block_done` steps done before it."""
-        self._fp_valid = False
         self._fp[2] = 0
-        try:
-            done = int(self.driver.StepBlock(first, count, b, t, reference, budget_s))
-        except BaseException:
-            self._take_in_step()
-            raise
-        self._fp_valid = True
-        if self._fp[1]:
-            self._take_in_step()
-        return done
+        return int(self._stepping(self.driver.StepBlock, first, count, b, t, reference, budget_s))
 
     def block_done(self) -> int:
         """Steps the last :meth:`train_block` finished (also when one of its steps threw)."""
