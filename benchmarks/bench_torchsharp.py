@@ -10,13 +10,17 @@ For each of ``--pairs`` rounds (order alternating) it runs, each in its own proc
   every probe on (pre-step check every step, a snapshot every ``--every`` steps). Time: training
   time, the ``elapsed_s`` of the last snapshot (set-up and the runtime's start are left out of both).
 
-It prints both times per round, the median ratio soak/plain, a breakdown of the soak's extra cost
-per step measured in the same process as the bridge (pythonnet call of a step, the pre-step
-fingerprint, one snapshot), and the in-process ladder: plain loop and the worker's loop in one
-process, CPU time, with the stages in between (pythonnet call, fingerprint, batch generation, the
-loop around the step, messages, snapshots), so that the components add up to the measured
-difference (``--in-process-only`` runs just the ladder). By default the trainer is the TorchSharp STAND-IN
-(tests/dotnet/TestLoop.cs compiled with mcs: a ~2 ms step with no libtorch), because TorchSharp
+It prints both times per round, the median ratio soak/plain, and the in-process ladder: the plain loop
+and the worker's loop in one process, CPU time, with the stages in between, each the previous one plus
+one component — ``blocks`` (Driver.StepBlock looped inside .NET: the fingerprint after each step and the
+block's bookkeeping), ``call`` (the pythonnet call per block, the block's batches handed over), ``batch``
+(batch generation), ``loop`` (the worker loop, snapshots left out), ``messages`` (metrics messages to
+/dev/null), ``snapshots`` (the whole worker loop) — so that the components add up to the measured
+difference by construction; then the same components measured apart (a fingerprint looped in .NET, a
+one-step block's pythonnet call, ``BatchSchedule.fill``, the loop over blocks that do not reach .NET, a
+metrics message, a snapshot taken after a block's steps) and their sum against the ladder's difference
+(``--in-process-only`` runs just these two). By default the trainer is the TorchSharp STAND-IN
+(tests/dotnet/TestLoop.cs compiled with mcs: a ~1 ms step at its sizes here, no libtorch), because TorchSharp
 cannot be installed here; the output says so. On a machine with TorchSharp:
 ``--torchsharp 0.107.0`` (builds the worker with the .NET SDK) or ``--dotnet-assembly DLL
 --dotnet-trainer TYPE``.
@@ -105,75 +109,149 @@ def common_flags(args) -> list[str]:
             "--batch-size", str(args.batch_size), "--block-size", str(args.block_size), "--runtime", args.runtime]
 
 
-def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
-    """Per-step costs in this process, CPU microseconds of this process (``time.process_time``, less
-    disturbed by other processes than wall time; median of 3): the trainer's step inside .NET,
-    Driver.StepBound looped inside .NET (the step + its fingerprint, no pythonnet call),
-    the same step from Python as the worker makes it (StepBound + buffer copy + cached fingerprint),
-    a fresh fingerprint from Python, a fingerprint inside .NET, and one snapshot (probe + conversion)."""
+def _setup(args, dll: str, trainer: str, steps: int):
+    """The soak's configuration for ``steps`` steps, its corpus and schedule, .NET and the assembly loaded into
+    this process; and the first ``steps`` batches generated in one go: inputs and targets, (steps, B, T) each."""
     from optcheck.data import BatchSchedule, load_corpus
-    from optcheck.torchsharp_bridge import runtime
     from optcheck.torchsharp_bridge.worker import TorchSharpBackend
-    from optcheck.drivers.worker_loop import Loop
 
     cfg = soak_config(args, dll, trainer)
+    cfg.run.steps = steps
     corpus = load_corpus(cfg.data.path, cfg.model.vocab_size)
+    sched = BatchSchedule(corpus.train.size, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed)
+    xs = np.empty((steps, cfg.data.batch_size, cfg.model.block_size), dtype=np.int64)
+    ys = np.empty_like(xs)
+    sched.fill(corpus.train, 1, xs, ys)
+    TorchSharpBackend().setup(cfg, corpus)  # loads .NET and the assembly into this process
+    return cfg, corpus, sched, xs, ys
+
+
+def _block(args) -> int:
+    """Steps per block as the worker cuts them on the stand-in's short steps: up to the next snapshot."""
+    from optcheck.drivers.worker_loop import METRICS_BATCH
+
+    return min(args.every, METRICS_BATCH)
+
+
+def _no_snapshots(loop):
+    """``loop`` with its sequencer's snapshots left out: ``take`` flushes the metrics and takes the fingerprint
+    to compare against (so that blocks and metrics batches are cut where a real snapshot cuts them) and builds,
+    reads and sends nothing."""
+    seq = loop.seq
+
+    def take(step: int, phase: str, trigger: str):
+        if seq.flush is not None:
+            seq.flush()
+        seq._fp = seq.probe.fingerprint()
+        seq.last_snap_step = step
+
+    seq.take = take
+    return loop
+
+
+def _py_blocks(be, cfg, xs, ys, sched, corpus, block: int, fill: bool) -> None:
+    """Steps 1..cfg.run.steps through ``TorchSharpBackend.train_block`` in the worker's blocks, the batches copied
+    from ``xs``/``ys`` into the bound buffers or (``fill``) generated there by ``BatchSchedule.fill``."""
+    from optcheck.drivers.worker_loop import BLOCK_MAX_S
+
+    b, t = cfg.data.batch_size, cfg.model.block_size
+    ref = be.fingerprint()
+    first = 1
+    while first <= cfg.run.steps:
+        count = min(block - (first - 1) % block, cfg.run.steps - first + 1)
+        bx, by = be.block_inputs(count, b, t)
+        if fill:
+            sched.fill(corpus.train, first, bx, by)
+        else:
+            bx[...] = xs[first - 1:first - 1 + count]
+            by[...] = ys[first - 1:first - 1 + count]
+        first += be.train_block(first, count, b, t, ref, BLOCK_MAX_S)
+
+
+def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
+    """The per-step components, each measured on its own (none a difference of ladder stages), CPU microseconds
+    of this process (``time.process_time``), median of 3: ``fingerprint`` (ProbeCore.Fingerprint looped in .NET),
+    ``call`` (a one-step StepBlock from Python less the same looped in .NET, per block, + handing a block its
+    batches), ``batch`` (BatchSchedule.fill), ``loop`` (Loop.run over a backend whose blocks do not reach .NET,
+    without snapshots or messages, less its batches), ``messages`` (a metrics message of a block's steps written
+    to /dev/null, per step) and ``snapshot`` (one snapshot taken and sent to /dev/null after a block's steps, less
+    those steps: its forced .NET collections cost more there than back to back), plus ``net_step`` (the
+    trainer's step) for scale."""
+    import os
+
+    from optcheck.drivers.protocol import Stream
+    from optcheck.drivers.worker_loop import BLOCK_MAX_S, Loop
+    from optcheck.torchsharp_bridge import runtime
+    from optcheck.torchsharp_bridge.worker import TorchSharpBackend
+
+    cfg, corpus, sched, xs, ys = _setup(args, dll, trainer, n)
     be = TorchSharpBackend()
     be.setup(cfg, corpus)
     Bench = runtime.loaded_internal_type("OptCheck.Probe.Bench")  # internal: not importable
     from System import IntPtr
 
-    sched = BatchSchedule(corpus.train.size, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed)
-    x, y = sched.batch(corpus.train, 1)
-    xc, yc = np.ascontiguousarray(x), np.ascontiguousarray(y)
-    d, step = be.driver, 1
-    res: dict[str, list[float]] = {k: [] for k in ("net_step", "net_bound", "py_step", "py_fp", "net_fp", "snapshot",
-                                                   "batch", "loop_nostep")}
+    net = TorchSharpBackend()  # its own driver: Bench.StepBlocks binds it to buffers that the others never see
+    net.setup(cfg, corpus)
+    d, b, t, block = net.driver, cfg.data.batch_size, cfg.model.block_size, _block(args)
+    px, py = IntPtr(xs.ctypes.data), IntPtr(ys.ctypes.data)
+    devnull = Stream(os.open(os.devnull, os.O_WRONLY))
+    res: dict[str, list[float]] = {k: [] for k in ("net_step", "fingerprint", "call", "batch", "loop", "messages",
+                                                   "snapshot")}
     clock = time.process_time
+    metrics = {"steps": list(range(1, block + 1)), "losses": [float(v) for v in np.linspace(4.2, 4.1, block)],
+               "step_times_s": [0.000987] * block}
     for _ in range(3):
-        t = clock()
-        Bench.TimeSteps(d, step, IntPtr(xc.ctypes.data), IntPtr(yc.ctypes.data), xc.shape[0], xc.shape[1], n)
-        res["net_step"].append((clock() - t) / n)
-        step += n
-        be.train_step(step, x, y)  # binds the buffers (and holds this batch)
-        t = clock()
-        Bench.TimeStepBound(d, step, xc.shape[0], xc.shape[1], n)
-        res["net_bound"].append((clock() - t) / n)
-        step += n
-        t = clock()
-        for i in range(n):
-            be.fingerprint()
-            be.train_step(step + i, x, y)
-        res["py_step"].append((clock() - t) / n)
-        step += n
-        t = clock()
-        for _ in range(n):
-            d.Fingerprint()
-        res["py_fp"].append((clock() - t) / n)
-        t = clock()
+        t0 = clock()
+        Bench.TimeSteps(d, 1, px, py, b, t, n)
+        res["net_step"].append((clock() - t0) / n)
+        t0 = clock()
         Bench.TimeFingerprints(d, n)
-        res["net_fp"].append((clock() - t) / n)
-        t = clock()
-        for _ in range(20):
-            be.snapshot_body()
-        res["snapshot"].append((clock() - t) / 20)
-        t = clock()
+        res["fingerprint"].append((clock() - t0) / n)
+        t0 = clock()
+        Bench.StepBlocks(d, px, py, n, b, t, 1, BLOCK_MAX_S)
+        net1 = clock() - t0
+        ref = be.fingerprint()
+        t0 = clock()
         for i in range(n):
-            sched.batch(corpus.train, i + 1)
-        res["batch"].append((clock() - t) / n)
-        # the worker loop alone: Loop.run over this backend with a step that does not reach .NET (the
-        # batch, the pre-step compare, metrics, clocks, the start and final snapshots; no messages)
+            bx, by = be.block_inputs(1, b, t)
+            bx[...] = xs[i:i + 1]
+            by[...] = ys[i:i + 1]
+            be.train_block(i + 1, 1, b, t, ref, BLOCK_MAX_S)
+        res["call"].append((clock() - t0 - net1) / n / block)
+        bx, by = be.block_inputs(block, b, t)
+        t0 = clock()
+        for i in range(0, n, block):
+            sched.fill(corpus.train, i + 1, bx, by)
+        res["batch"].append((clock() - t0) / (-(-n // block) * block))
         c = soak_config(args, dll, trainer)
-        c.run.steps, c.run.every = n, n
-        t = clock()
-        Loop(_NoStep(be), c, _NullStream()).run(corpus)
-        res["loop_nostep"].append((clock() - t) / n)
+        c.steps = n
+        t0 = clock()
+        _no_snapshots(Loop(_NoStep(be), c, _NullStream())).run(corpus)
+        res["loop"].append((clock() - t0) / n - res["batch"][-1])
+        t0 = clock()
+        for _ in range(n // block):
+            devnull.send("metrics", **metrics)
+        res["messages"].append((clock() - t0) / (n // block * block))
+        # a snapshot where the worker takes it, after `every` steps: what it adds to them (its forced .NET
+        # collections cost more after steps than back to back)
+        seq = Loop(be, c, devnull).seq
+        k = max(1, n // block)
+        t0 = clock()
+        for _ in range(k):
+            Bench.TimeSteps(d, 1, px, py, b, t, block)
+        plain = clock() - t0
+        t0 = clock()
+        for _ in range(k):
+            Bench.TimeSteps(d, 1, px, py, b, t, block)
+            seq.take(1, "post-step", "cadence")
+        res["snapshot"].append((clock() - t0 - plain) / k)
+    devnull.close()
     return {k: statistics.median(v) * 1e6 for k, v in res.items()}
 
 
 class _NoStep:
-    """A TorchSharpBackend whose train_step returns a constant without calling .NET (its fingerprint stays
-    the cached one, as after a real step): the cost of the worker loop around the step, measured apart."""
+    """A TorchSharpBackend whose blocks return at once without calling .NET, every step done with a constant loss
+    (its fingerprint stays the cached one, as after real steps): the worker loop around the steps, measured apart."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
@@ -181,9 +259,13 @@ class _NoStep:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def train_step(self, step: int, x, y) -> float:
+    def train_block(self, first: int, count: int, b: int, t: int, reference: int, budget_s: float) -> int:
         self.inner._fp_valid = True
-        return 1.0
+        self.count = count
+        return count
+
+    def block_results(self, n: int) -> tuple[list[float], list[float]]:
+        return [1.0] * n, [0.001] * n
 
 
 class _NullStream:
@@ -200,14 +282,14 @@ class _NullStream:
 
 
 #: The ladder's stages, each the previous one plus one component of the worker's per-step cost.
-STAGES = ("plain", "call", "fingerprint", "batch", "loop", "messages", "snapshots")
+STAGES = ("plain", "blocks", "call", "batch", "loop", "messages", "snapshots")
 COMPONENTS = {
-    "call": "pythonnet call of the step + copying the batch into the bound buffers",
-    "fingerprint": "the pre-step fingerprint StepBound computes after the step",
-    "batch": "batch generation (BatchSchedule) in Python",
-    "loop": "the worker loop around the step (pre-step compare, metrics lists, clocks, start/final snapshot)",
-    "messages": "messages (metrics batches, start/final snapshot JSON) written to the pipe (/dev/null here)",
-    "snapshots": "cadence snapshots (probe, JSON, conversion) every --every steps",
+    "blocks": "Driver.StepBlock looped in .NET: the fingerprint after each step, losses/step times written",
+    "call": "the pythonnet call of StepBlock per block + handing the block its batches",
+    "batch": "batch generation (BatchSchedule.fill) in Python",
+    "loop": "the worker loop around the blocks (pre-step compare, metrics lists, clocks)",
+    "messages": "metrics messages encoded and written to /dev/null",
+    "snapshots": "snapshots (start, cadence every --every, final: probe, JSON, conversion, message)",
 }
 
 
@@ -215,33 +297,28 @@ def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> d
     """The in-process difference, worker loop against plain loop, taken apart: the same ``steps`` steps over
     the same batches in this one process, each stage the previous one plus one component (:data:`STAGES`),
     CPU time of the process (``time.process_time``), stages alternating in order and reverse order, median
-    of ``rounds``. Returns ``{stage: seconds}`` plus ``"gc_s"`` (Python's own collections during the full
-    stage, measured with gc.callbacks; .NET's GC runs inside the step and is in every stage alike). The
-    components are differences of consecutive medians, so they add up to median(snapshots) - median(plain)."""
+    of ``rounds``. ``blocks`` and ``call`` cut the steps into the blocks the worker's loop makes (up to the next
+    snapshot); ``loop`` and ``messages`` are the worker's loop (optcheck.drivers.worker_loop.Loop) with its
+    snapshots left out (the fingerprint to compare against still taken where they are), ``snapshots`` the whole
+    loop. Returns ``{stage: seconds}`` plus ``"gc_s"`` (Python's own collections during the full stage,
+    measured with gc.callbacks; .NET's GC runs inside the step and is in every stage alike). The components are
+    differences of consecutive medians, so they add up to median(snapshots) - median(plain)."""
     import gc
     import os
 
-    from optcheck.data import BatchSchedule, load_corpus
     from optcheck.drivers.protocol import Stream
+    from optcheck.drivers.worker_loop import BLOCK_MAX_S, Loop
     from optcheck.torchsharp_bridge import runtime
     from optcheck.torchsharp_bridge.worker import TorchSharpBackend, setup_config
-    from optcheck.drivers.worker_loop import Loop
 
-    cfg = soak_config(args, dll, trainer)
-    cfg.run.steps = steps
-    corpus = load_corpus(cfg.data.path, cfg.model.vocab_size)
-    sched = BatchSchedule(corpus.train.size, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed)
-    batches = np.empty((steps, 2, cfg.data.batch_size, cfg.model.block_size), dtype=np.int64)
-    for step in range(1, steps + 1):
-        batches[step - 1, 0], batches[step - 1, 1] = sched.batch(corpus.train, step)
-    TorchSharpBackend().setup(cfg, corpus)  # loads .NET and the assembly into this process
+    cfg, corpus, sched, xs, ys = _setup(args, dll, trainer, steps)
+    batches = np.ascontiguousarray(np.stack([xs, ys], axis=1))  # (steps, 2, B, T): PlainLoop's layout
     Bench = runtime.loaded_internal_type("OptCheck.Probe.Bench")  # internal: not importable
     from System import IntPtr
 
     config_json = setup_config(cfg, corpus)
     clock = time.process_time
-    b, t = cfg.data.batch_size, cfg.model.block_size
-    n = b * t
+    b, t, block = cfg.data.batch_size, cfg.model.block_size, _block(args)
     gc_ns = [0]
     gc_t0 = [0]
 
@@ -251,35 +328,31 @@ def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> d
         else:
             gc_ns[0] += time.perf_counter_ns() - gc_t0[0]
 
-    def python_steps(stage: str) -> float:
+    def blocks(stage: str) -> float:
         be = TorchSharpBackend()
         be.setup(cfg, corpus)
-        d = be.driver
-        xb, yb, fp = np.empty(n, np.int64), np.empty(n, np.int64), np.zeros(2, np.int64)
-        d.Bind(IntPtr(xb.ctypes.data), IntPtr(yb.ctypes.data), n,
-               IntPtr(fp.ctypes.data) if stage != "call" else IntPtr.Zero)
+        if stage == "blocks":
+            t0 = clock()
+            Bench.StepBlocks(be.driver, IntPtr(xs.ctypes.data), IntPtr(ys.ctypes.data), steps, b, t, block, BLOCK_MAX_S)
+            return clock() - t0
         t0 = clock()
-        for step in range(1, steps + 1):
-            if stage == "batch":
-                x, y = sched.batch(corpus.train, step)
-            else:
-                x, y = batches[step - 1, 0], batches[step - 1, 1]
-            xb[:] = np.ravel(x)
-            yb[:] = np.ravel(y)
-            d.StepBound(step, b, t)
+        _py_blocks(be, cfg, xs, ys, sched, corpus, block, fill=stage == "batch")
         return clock() - t0
 
     def loop(stage: str) -> float:
         c = soak_config(args, dll, trainer)
-        c.run.steps, c.run.every = steps, (steps if stage in ("loop", "messages") else args.every)
+        c.steps = steps
         be = TorchSharpBackend()
         be.setup(c, corpus)
         stream = _NullStream() if stage == "loop" else Stream(os.open(os.devnull, os.O_WRONLY))
-        if stage == "snapshots":
+        lp = Loop(be, c, stream)
+        if stage != "snapshots":
+            _no_snapshots(lp)
+        else:
             gc.callbacks.append(gc_cb)
         t0 = clock()
         try:
-            Loop(be, c, stream).run(corpus)
+            lp.run(corpus)
         finally:
             if stage == "snapshots":
                 gc.callbacks.remove(gc_cb)
@@ -295,8 +368,8 @@ def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> d
                 t0 = clock()
                 Bench.PlainLoop(trainer, config_json, IntPtr(batches.ctypes.data), steps, b, t)
                 times[stage].append(clock() - t0)
-            elif stage in ("call", "fingerprint", "batch"):
-                times[stage].append(python_steps(stage))
+            elif stage in ("blocks", "call", "batch"):
+                times[stage].append(blocks(stage))
             else:
                 gc_ns[0] = 0
                 times[stage].append(loop(stage))
@@ -307,13 +380,9 @@ def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> d
     return out
 
 
-def in_process(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> tuple[float, float]:
-    """The worker's whole loop (optcheck.drivers.worker_loop: batches, pre-step check, step, metrics, snapshots
-    every --every, messages serialised to /dev/null) against Bench.PlainLoop over the same batches, both in
-    this one process and timed in its CPU time: the ladder's first and last stages. Returns the medians
-    (plain s, worker s). No supervisor, no second process: what is left is the worker's own cost."""
-    lad = ladder(args, dll, trainer, steps, rounds)
-    return lad["plain"], lad["snapshots"]
+def snapshots_in(steps: int, every: int) -> int:
+    """Snapshots a clean run of ``steps`` steps takes: the start, one every ``every`` steps, the final."""
+    return 1 + steps // every + (1 if steps % every else 0)
 
 
 def print_ladder(lad: dict, steps: int, every: int) -> None:
@@ -322,7 +391,8 @@ def print_ladder(lad: dict, steps: int, every: int) -> None:
     diff = us["snapshots"] - us["plain"]
     print(f"  one process, CPU time, {steps} steps, median of the rounds, stages alternating: plain {us['plain'] / 1e3:.3f} ms/step, "
           f"the worker's loop with every probe (snapshot every {every}) {us['snapshots'] / 1e3:.3f} ms/step, ratio "
-          f"{lad['snapshots'] / lad['plain']:.3f}; difference {diff:.1f} us/step, by component:", flush=True)
+          f"{lad['snapshots'] / lad['plain']:.3f}; difference {diff:.1f} us/step, by stage (each the one before plus one component):",
+          flush=True)
     total = 0.0
     for prev, stage in zip(STAGES, STAGES[1:]):
         c = us[stage] - us[prev]
@@ -336,17 +406,17 @@ def print_independent(b: dict, lad: dict, steps: int, every: int) -> None:
     """The same difference from components measured apart (:func:`breakdown`), none of them a difference of
     ladder stages, against the ladder's measured difference: the check that nothing is left unlisted."""
     diff = 1e6 * (lad["snapshots"] - lad["plain"]) / steps
-    ends = 2 * b["snapshot"] / steps  # the start and final snapshots of a run of `steps` steps
+    n_snap = snapshots_in(steps, every)
     parts = {
-        "call": (b["py_step"] - b["net_bound"], "pythonnet call of StepBound + batch copy (Python step - .NET loop of StepBound)"),
-        "fingerprint": (b["net_bound"] - b["net_step"], "fingerprint inside StepBound (.NET StepBound - .NET step)"),
-        "loop": (b["loop_nostep"] - b["batch"] - ends, "worker loop around the step (Loop.run with no .NET step, less "
-                                                       "its batches and start/final snapshots)"),
-        "batch": (b["batch"], "batch generation (BatchSchedule.batch)"),
-        "snapshots": (b["snapshot"] / every + ends, f"one snapshot every {every} steps + start/final snapshot"),
+        "fingerprint": (b["fingerprint"], "ProbeCore.Fingerprint, looped in .NET"),
+        "call": (b["call"], "pythonnet call of StepBlock + a block's batches handed over, per block / block steps"),
+        "batch": (b["batch"], "batch generation (BatchSchedule.fill)"),
+        "loop": (b["loop"], "worker loop with blocks that do not reach .NET, no snapshots or messages, less batches"),
+        "messages": (b["messages"], "one metrics message of a block's steps to /dev/null, per step"),
+        "snapshots": (b["snapshot"] * n_snap / steps, f"one snapshot after a block's steps ({b['snapshot']:.0f} us) x {n_snap} in {steps} steps"),
     }
     total = sum(v for v, _ in parts.values())
-    print(f"  the same difference from components measured apart (CPU us/step, median of 3; messages not included):")
+    print(f"  the same difference from components measured apart (CPU us/step, median of 3):")
     for name, (v, what) in parts.items():
         print(f"    {name:<12} {v:8.1f} us/step  {what}")
     gap = (total - diff) / diff if diff else float("nan")
@@ -432,14 +502,7 @@ def main() -> None:
     lad = ladder(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds)
     print_ladder(lad, args.ladder_steps, args.every)
     print_independent(b, lad, args.ladder_steps, args.every)
-    snap_per_step = b["snapshot"] / args.every
-    print(f"  where the soak's time goes, per step (CPU time of one process, median of 3): step inside .NET {b['net_step']:.1f} us; "
-          f"Driver.StepBound looped inside .NET {b['net_bound']:.1f} us; "
-          f"the worker's step from Python (StepBound + batch copy + the pre-step fingerprint it returns) "
-          f"{b['py_step']:.1f} us (+{b['py_step'] - b['net_step']:.1f}); a separate fingerprint call would cost "
-          f"{b['py_fp']:.1f} us ({b['net_fp']:.1f} of it inside .NET); batch generation {b['batch']:.1f} us; "
-          f"one snapshot {b['snapshot']:.0f} us = {snap_per_step:.1f} us/step at --every {args.every}")
-
+    print(f"  for scale: the trainer's step looped inside .NET {b['net_step']:.1f} us (CPU, this process)")
 
 if __name__ == "__main__":
     main()

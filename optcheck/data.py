@@ -186,6 +186,14 @@ class BatchSchedule:
         chunk = tokens[idx].astype(np.int64)
         return np.ascontiguousarray(chunk[:, :-1]), np.ascontiguousarray(chunk[:, 1:])
 
+    def fill(self, tokens: np.ndarray, first: int, xs: np.ndarray, ys: np.ndarray) -> None:
+        """The batches of steps ``first``, ``first + 1``, ... written into ``xs`` and ``ys`` ((count, B, T)
+        int64): ``xs[i], ys[i]`` are :meth:`batch` of step ``first + i``, cut from the tokens in one go."""
+        offs = np.stack([self.offsets(first + i) for i in range(xs.shape[0])])
+        chunk = tokens[offs[:, :, None] + np.arange(self.block_size + 1)]
+        xs[...] = chunk[:, :, :-1]
+        ys[...] = chunk[:, :, 1:]
+
 
 def val_batches(corpus: Corpus, block_size: int, batch_size: int, seed: int, n: int) -> list:
     """The ``n`` held-out batches every validation pass uses: [(x, y)], each (B, T) int64."""

@@ -54,6 +54,33 @@ namespace OptCheck.Probe
             return sw.Elapsed.TotalSeconds;
         }
 
+        /// <summary>Steps 1..<paramref name="n"/> of the driver's trainer through Driver.StepBlock by a loop inside
+        /// .NET, in blocks of <paramref name="block"/> steps as the worker's cadence cuts them (a block that ends
+        /// early goes on from its next step), on the batches at <paramref name="xs"/> and <paramref name="ys"/>:
+        /// int64 (n, batch, time) each, bound block by block (no copy). What StepBlock adds to the trainer's
+        /// steps — the fingerprint after each step, the in-step flag, the losses and step times — without
+        /// the pythonnet call; wall seconds.</summary>
+        public static double StepBlocks(Driver d, IntPtr xs, IntPtr ys, int n, int batch, int time, int block, double budgetSeconds)
+        {
+            int bt = checked(batch * time);
+            IntPtr sink = Marshal.AllocHGlobal(24), results = Marshal.AllocHGlobal(16 * block);
+            try {
+                d.BindBlock(results, results + 8 * block, block);
+                long reference = d.Fingerprint();
+                var sw = Stopwatch.StartNew();
+                for (int first = 1; first <= n; ) {
+                    int count = Math.Min(block - (first - 1) % block, n - first + 1);
+                    long offset = (long)(first - 1) * bt * 8;
+                    d.Bind(new IntPtr(xs.ToInt64() + offset), new IntPtr(ys.ToInt64() + offset), count * bt, sink);
+                    first += d.StepBlock(first, count, batch, time, reference, budgetSeconds);
+                }
+                return sw.Elapsed.TotalSeconds;
+            } finally {
+                Marshal.FreeHGlobal(sink);
+                Marshal.FreeHGlobal(results);
+            }
+        }
+
         /// <summary><paramref name="n"/> pre-step fingerprints (ProbeCore.Fingerprint) inside .NET; wall seconds.</summary>
         public static double TimeFingerprints(Driver d, int n)
         {

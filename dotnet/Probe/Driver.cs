@@ -1,9 +1,11 @@
-// What the Python worker (optcheck/torchsharp_bridge/worker.py) calls: one call per step
-// (StepBound: the batch already in the bound buffers, the next pre-step fingerprint computed
-// after the step and written beside it), one per snapshot. Batches arrive as int64 row-major
+// What the Python worker (optcheck/torchsharp_bridge/worker.py) calls: one call per block of
+// steps between two things Python must do (StepBlock: the batches already in the bound buffers,
+// each step's pre-step fingerprint computed after it and compared here, losses and step times
+// written beside them; StepBound: one step, for an assembly without StepBlock), one per snapshot. Batches arrive as int64 row-major
 // (batch, time) arrays owned by Python (numpy), copied here into reused long[] buffers.
 // Benchmark-only loops are in Bench.cs.
 using System;
+using System.Diagnostics;
 using System.Reflection;
 using System.Runtime.InteropServices;
 using OptCheck.Contract;
@@ -109,8 +111,10 @@ namespace OptCheck.Probe
         int boundCapacity;
 
         /// <summary>Bind two int64 buffers of <paramref name="capacity"/> elements (Python keeps them alive and
-        /// writes each step's inputs/targets there) and a one-int64 sink that StepBound fills with the
-        /// fingerprint after the step: then a step is one call with three integers.</summary>
+        /// writes the inputs/targets there: one step's for StepBound, a block's one after the other for StepBlock)
+        /// and a sink of int64s that StepBound fills with the fingerprint after the step and the in-step flag
+        /// (two), StepBlock with those and the steps done (three): then a step, or a block of steps, is one
+        /// call with a few integers.</summary>
         public void Bind(IntPtr x, IntPtr y, int capacity, IntPtr fingerprintSink)
         {
             if (capacity < 0) throw new ArgumentOutOfRangeException("capacity");
@@ -138,6 +142,58 @@ namespace OptCheck.Probe
                 Marshal.WriteInt64(fpSink, 8, guard != null && guard.Pending != null ? 1 : 0);
             }
             return loss;
+        }
+
+        IntPtr blockLoss, blockSeconds;
+        int blockSteps;
+
+        /// <summary>Bind two float64 buffers of <paramref name="steps"/> elements that StepBlock fills with each
+        /// step's loss and its seconds (Stopwatch, the trainer's Step alone).</summary>
+        public void BindBlock(IntPtr losses, IntPtr seconds, int steps)
+        {
+            if (steps < 0) throw new ArgumentOutOfRangeException("steps");
+            blockLoss = losses; blockSeconds = seconds; blockSteps = steps;
+        }
+
+        /// <summary>Up to <paramref name="count"/> steps first..first+count-1 in one call, step i on the i-th
+        /// batch*time block of the bound buffers (Bind), each step followed by what StepBound writes (the
+        /// fingerprint, the in-step flag) and then by its loss and seconds (BindBlock) and the number of steps
+        /// done so far in the sink's third int64. The block ends early, after the step, when the fingerprint
+        /// is not <paramref name="reference"/> (the next step's pre-step check fires: the caller snapshots
+        /// before it), when the in-step check found something during the step (TakeInStep), or when
+        /// <paramref name="budgetSeconds"/> have passed (so that progress is reported); at least one step
+        /// runs. Returns the steps done. Whatever a step throws propagates, with the steps before it done
+        /// and counted in the sink (the step that threw is first + that count).</summary>
+        /// <exception cref="InvalidOperationException">Bind or BindBlock was not called, or the block does not fit.</exception>
+        public int StepBlock(long first, int count, int batch, int time, long reference, double budgetSeconds)
+        {
+            int bt = checked(batch * time);
+            if (boundX == IntPtr.Zero || fpSink == IntPtr.Zero || blockLoss == IntPtr.Zero || count < 1 ||
+                count > blockSteps || checked(count * bt) > boundCapacity)
+                throw new InvalidOperationException("Driver.StepBlock: bind buffers of at least count*batch*time elements " +
+                                                    "and count results first (Driver.Bind, Driver.BindBlock)");
+            if (xbuf.Length != bt) { xbuf = new long[bt]; ybuf = new long[bt]; }
+            Marshal.WriteInt64(fpSink, 16, 0);
+            long budget = (long)(budgetSeconds * Stopwatch.Frequency);
+            long start = Stopwatch.GetTimestamp();
+            for (int i = 0; i < count; i++) {
+                long offset = (long)i * bt * 8;
+                Marshal.Copy(new IntPtr(boundX.ToInt64() + offset), xbuf, 0, bt);
+                Marshal.Copy(new IntPtr(boundY.ToInt64() + offset), ybuf, 0, bt);
+                if (guard != null) { guard.Step = first + i; guard.HaveStepFingerprint = false; }
+                long t0 = Stopwatch.GetTimestamp();
+                double loss = trainer.Step(first + i, xbuf, ybuf, batch, time);
+                long t1 = Stopwatch.GetTimestamp();
+                long fp = guard != null && guard.HaveStepFingerprint ? guard.StepFingerprint : P.Fingerprint();
+                bool pending = guard != null && guard.Pending != null;
+                Marshal.WriteInt64(fpSink, fp);
+                Marshal.WriteInt64(fpSink, 8, pending ? 1 : 0);
+                Marshal.WriteInt64(blockLoss, 8 * i, BitConverter.DoubleToInt64Bits(loss));
+                Marshal.WriteInt64(blockSeconds, 8 * i, BitConverter.DoubleToInt64Bits((t1 - t0) / (double)Stopwatch.Frequency));
+                Marshal.WriteInt64(fpSink, 16, i + 1);
+                if (pending || fp != reference || t1 - start >= budget) return i + 1;
+            }
+            return count;
         }
 
         /// <summary>What the in-step check found inside the last step, before the optimizer call it guards, as one

@@ -12,7 +12,12 @@ and calls :func:`run`. The loop drives the run's one sequencer (``optcheck/run/s
    since the last snapshot, a snapshot (``phase="pre-step"``,
    ``trigger="check"``) *before* the step runs, so a finding names the cause at
    the step it happened, ahead of whatever the step then throws;
-3. the training step; hazard events force a snapshot at once;
+3. the training step; hazard events force a snapshot at once. A backend with blocks
+   (TorchSharp: ``Backend.train_block``) runs the steps up to the next thing the loop
+   must do (snapshot, injection, lifecycle event, held-out evaluation, metrics batch) in
+   one call that takes the pre-step check after each step itself and ends at the step
+   it fires (or an in-step check found something, or :data:`BLOCK_MAX_S` passed); each
+   step is still recorded as its own (:meth:`Loop.train_block`);
 4. every ``--every`` steps a cadence snapshot, and one at the end.
 
 The worker runs no rules: the supervisor's engine is the run's only one. With
@@ -34,6 +39,7 @@ so the run's last step is the last step trained.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -50,6 +56,8 @@ from optcheck.run.sequencer import Sequencer, StepCost
 
 METRICS_BATCH = 200
 METRICS_FLUSH_S = 1.0
+#: Longest stretch of steps one backend call may take (``Backend.train_block``): SIGTERM is acted on after it.
+BLOCK_MAX_S = 0.25
 #: Exit code of a worker stopped by SIGTERM (128 + 15, as a shell reports it).
 TERMINATED = 143
 
@@ -82,6 +90,24 @@ class _GuardedStream:
 
     def verdict(self) -> dict:
         return self._stream.verdict()
+
+    @contextlib.contextmanager
+    def held(self):
+        """SIGTERM held off as during ``send``: acted on when the block ends, unless an exception leaves it
+        (the crash report is then what the run sends)."""
+        if self.sending:  # nested: the outer one acts on it
+            yield
+            return
+        self.sending = True
+        try:
+            yield
+        except BaseException:
+            self.sending = False
+            raise
+        self.sending = False
+        if self.pending and not self.terminating:
+            self.terminating = True
+            raise Terminated()
 
     def close(self) -> None:
         self._stream.close()
@@ -133,6 +159,9 @@ class Backend(Protocol):
     # losses ``train_step`` and ``val_loss`` returned (and the probes' pending checks) in one
     # transfer; ``step_times() -> list[float] | None`` the device time of the steps since its
     # last call. A backend without them returns floats (TorchSharp).
+    # optional, blocks (TorchSharp): ``max_block(B, T) -> int`` (0: none), ``block_inputs(count, B, T)`` the
+    # (count, B, T) input and target arrays to fill, ``train_block(first, count, B, T, reference, budget_s) -> int``
+    # steps done, ``block_done()`` steps done when a step threw, ``block_results(n)`` their losses and seconds.
 
     def has_events(self) -> bool:
         """True when a hazard probe recorded events since the last snapshot."""
@@ -150,8 +179,7 @@ class Loop:
 
     def __init__(self, backend: Backend, cfg: SoakConfig, stream: Stream):
         self.backend, self.cfg, self.stream = backend, cfg, stream
-        self.seq = Sequencer(backend, run_id=cfg.run.run_id, every=cfg.run.every, emit=self._emit,
-                             flush=self.flush_metrics)
+        self.seq = Sequencer(backend, run_id=cfg.run.run_id, every=cfg.run.every, emit=self._emit, flush=self.flush_metrics)
         self.val_first: float | None = None
         self.val_last: float | None = None
         self.val_steps: list[int] = []   # steps at which the held-out loss was evaluated
@@ -215,11 +243,10 @@ class Loop:
         cfg, be, seq = self.cfg, self.backend, self.seq
         sched = BatchSchedule(corpus.train.size, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed)
         # --val-every 0: no held-out loss at all (nor its batches)
-        val = val_batches(corpus, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed,
-                          max(1, cfg.data.val_batches)) if cfg.data.val_every else None
+        val = val_batches(corpus, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed, max(1, cfg.data.val_batches)) \
+            if cfg.data.val_every else None
         self.stream.send("hello", backend=be.name, versions=be.versions(), threads=be.threads(),
-                         pid=os.getpid(), corpus=corpus.describe(),
-                         config=dict(steps=cfg.run.steps, every=cfg.run.every))
+                         pid=os.getpid(), corpus=corpus.describe(), config=dict(steps=cfg.run.steps, every=cfg.run.every))
         seq.start(0)
         seq.restart_clock()  # elapsed_s counts training, not set-up
         cpu0, now = time.process_time(), time.perf_counter_ns
@@ -227,8 +254,10 @@ class Loop:
         injections = {}
         for inj in cfg.checks.inject:
             injections.setdefault(inj.step, []).append(inj.name)
-        for step in range(1, cfg.run.steps + 1):
-            self.step = step
+        max_block = getattr(be, "max_block", lambda _b, _t: 0)(cfg.data.batch_size, cfg.model.block_size)
+        step = 1
+        while step <= cfg.run.steps:
+            self.step = first = step
             for name in injections.get(step, ()):
                 self.event("inject", step, name=name, **be.inject(name, step))
             for kind in self.due_lifecycle(step):
@@ -239,24 +268,32 @@ class Loop:
                 self.stream.send("stopped", step=step, reason=stop)
                 return 0
             t1 = now()
-            x, y = sched.batch(corpus.train, step)
-            ts = now()
-            try:
-                loss = be.train_step(step, x, y)
-            except StepStopped as e:
-                seq.stopped(step, e.event)
-                self.stream.send("stopped", step=step, reason=str(e), **self.hazard_stats())
-                return 0
-            except BaseException:
-                self.in_step_snapshot(step)  # what the in-step check saw before the step's exception
-                raise
-            te = now()
-            if (stop := self.in_step_snapshot(step)) is not None:
-                self.stream.send("stopped", step=step, reason=stop)
-                return 0
-            self.metrics["steps"].append(step)
-            self.metrics["losses"].append(loss)
-            self.metrics["step_times_s"].append(round((te - ts) / 1e9, 6))
+            if max_block:
+                last = self.block_end(step, max_block, injections, val is not None)
+                ts = now()
+                step, stop = self.train_block(sched, corpus, step, last)
+                if stop is not None:
+                    return 0
+                te = now()
+            else:
+                x, y = sched.batch(corpus.train, step)
+                ts = now()
+                try:
+                    loss = be.train_step(step, x, y)
+                except StepStopped as e:
+                    seq.stopped(step, e.event)
+                    self.stream.send("stopped", step=step, reason=str(e), **self.hazard_stats())
+                    return 0
+                except BaseException:
+                    self.in_step_snapshot(step)  # what the in-step check saw before the step's exception
+                    raise
+                te = now()
+                if (stop := self.in_step_snapshot(step)) is not None:
+                    self.stream.send("stopped", step=step, reason=stop)
+                    return 0
+                self.metrics["steps"].append(step)
+                self.metrics["losses"].append(loss)
+                self.metrics["step_times_s"].append(round((te - ts) / 1e9, 6))
             if val is not None and (step % cfg.data.val_every == 0 or step == cfg.run.steps):
                 # the last step too, so that "held-out first -> last" spans the whole run
                 tv = now()
@@ -268,9 +305,10 @@ class Loop:
                 self.flush_metrics()  # before the post-step: a device check read now can force its snapshot
             seq.post_step(step, hazard=be.has_events(), last=step == cfg.run.steps)
             # own work: the pre-step check, and the bookkeeping after the step (metrics sends included;
-            # snapshots, their sends and the held-out pass left out)
+            # snapshots, their sends and the held-out pass left out); a block's batches are in its step time
             cost.ns += (t1 - t0) + (now() - te) - (seq.busy_ns - busy)
-            cost.steps += 1
+            cost.steps += step - first + 1  # a block's steps each count
+            step += 1
         self.cpu_s = time.process_time() - cpu0
         self.flush_metrics()
         self.stream.send("done", step=cfg.run.steps, loss_first=seq.loss_first, loss_last=seq.last_loss,
@@ -279,6 +317,69 @@ class Loop:
                          val_step_last=self.val_steps[-1] if self.val_steps else None,
                          step_cost=self.step_cost.to_dict(), train_cpu_s=round(self.cpu_s, 3), **self.hazard_stats())
         return 0
+
+    def block_end(self, step: int, max_block: int, injections: dict, val: bool) -> int:
+        """The last step of the block that starts at ``step``: the steps after ``step`` up to it have nothing
+        due before them (injection, lifecycle event) and the steps before it nothing after them (cadence or
+        final snapshot, held-out evaluation, a full metrics batch); at most ``max_block`` steps."""
+        c, every = self.cfg.run, self.seq.every
+        last = min(c.steps, step + max_block - 1, step + max(0, METRICS_BATCH - len(self.metrics["steps"]) - 1),
+                   -(-step // every) * every)
+        if val:
+            last = min(last, -(-step // self.cfg.data.val_every) * self.cfg.data.val_every)
+        for n in (c.eval_every, c.checkpoint_every):
+            if n:
+                last = min(last, (step // n + 1) * n - 1)
+        if c.resume_at and c.resume_at > step:
+            last = min(last, c.resume_at - 1)
+        for s in injections:
+            if step < s <= last:
+                last = s - 1
+        return last
+
+    def train_block(self, sched: BatchSchedule, corpus: Corpus, first: int, last: int) -> tuple[int, str | None]:
+        """Steps ``first``..``last`` in one backend call (``Backend.train_block``): they end early after a step
+        whose fingerprint moved from the last snapshot's (the next step's pre-step check then fires), after a
+        step with an in-step finding, or after the time left to the next metrics batch, so that progress keeps
+        arriving within ``METRICS_FLUSH_S`` (``--step-timeout``). Records every step done as a step of its own
+        (metrics: loss and step time); SIGTERM during the block is acted on once they are recorded. A step's
+        exception propagates with the steps before it recorded and :attr:`step` set to it. Returns (the last
+        step done, the supervisor's reason to stop at it or None)."""
+        be, cfg = self.backend, self.cfg
+        count = last - first + 1
+        xs, ys = be.block_inputs(count, cfg.data.batch_size, cfg.model.block_size)
+        sched.fill(corpus.train, first, xs, ys)
+        budget = max(0.0, min(BLOCK_MAX_S, METRICS_FLUSH_S - (time.perf_counter() - self.last_flush_t)))
+        ref = self.seq.reference
+        try:
+            with getattr(self.stream, "held", contextlib.nullcontext)():
+                try:
+                    done = be.train_block(first, count, cfg.data.batch_size, cfg.model.block_size,
+                                          ref if ref is not None else 0, budget)
+                except BaseException:
+                    done = be.block_done()
+                    self.record_block(first, done)
+                    self.step = first + done
+                    raise
+                self.record_block(first, done)
+        except Terminated:
+            raise
+        except BaseException:
+            self.in_step_snapshot(self.step)  # what the in-step check saw before the step's exception
+            raise
+        step = self.step = first + done - 1
+        if (stop := self.in_step_snapshot(step)) is not None:
+            self.stream.send("stopped", step=step, reason=stop)
+        return step, stop
+
+    def record_block(self, first: int, done: int) -> None:
+        """The metrics of the first ``done`` steps of a block that started at ``first``."""
+        if done:
+            losses, seconds = self.backend.block_results(done)
+            m = self.metrics
+            m["steps"].extend(range(first, first + done))
+            m["losses"].extend(losses)
+            m["step_times_s"].extend(round(v, 6) for v in seconds)
 
     def in_step_snapshot(self, step: int) -> str | None:
         """When the backend's in-step check found something inside step ``step`` (TorchSharp: the

@@ -175,6 +175,11 @@ class Sequencer:
         """The pre-step check: True when the fingerprint moved since the last snapshot."""
         return self.probe.fingerprint() != self._fp
 
+    @property
+    def reference(self) -> Any:
+        """The fingerprint the pre-step check compares against (taken with the last snapshot; None before it)."""
+        return self._fp
+
     def pre_step(self, step: int) -> tuple[bool, Any]:
         """Before step ``step`` runs: ``(True, emit's result)`` when the check fired a snapshot."""
         if self.changed():

@@ -7,10 +7,14 @@ the worker assembly ``cfg.torchsharp.assembly`` (which contains the
 ``OptCheck.Probe`` sources, ``dotnet/Probe/``), constructs the trainer
 ``cfg.torchsharp.trainer`` through ``OptCheck.Probe.Driver.ForType`` and runs
 :func:`optcheck.drivers.worker_loop.run` with :class:`TorchSharpBackend`: one .NET call
-per step (``Driver.StepBound``: the batch is copied into buffers bound once with
-``Driver.Bind``, and the step writes the next pre-step fingerprint beside them, so
-the per-step pre-step check costs no second call), one per snapshot (``Driver.Probe``:
-the snapshot body as one JSON string, pre-step check included, ``docs/dotnet.md``).
+per block of steps (``Driver.StepBlock``: the block's batches generated straight into
+buffers bound with ``Driver.Bind``; after each step .NET takes the next pre-step
+fingerprint and compares it with the last snapshot's, and writes the step's loss and
+time beside the batches; the block ends after a step whose check fires, so the loop
+snapshots before the next one as it would between single steps), one per snapshot
+(``Driver.Probe``: the snapshot body as one JSON string, pre-step check included,
+``docs/dotnet.md``). An assembly built from Probe sources without ``StepBlock`` is
+stepped one call a step (``Driver.StepBound``).
 
 :class:`optcheck.config.TorchSharpConfig` fields read here:
 
@@ -61,6 +65,10 @@ from optcheck.torchsharp_bridge.convert import body_from_json, name_members
 from optcheck.drivers.worker_loop import run
 
 DEFAULT_TRAINER = "OptCheck.Worker.GptTrainer"
+#: Most steps in one ``Driver.StepBlock`` call (the loop's metrics batch; a block also ends at the next snapshot,
+#: injection, lifecycle event or held-out evaluation), and most bytes of its bound input buffers.
+BLOCK_STEPS = 200
+BLOCK_BYTES = 32 << 20
 _SCALAR_FIELDS = ("steps", "every", "seed", "batch_size", "block_size", "n_layer", "n_head", "n_embd", "dropout",
                   "lr", "min_lr", "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "threads",
                   "run_id", "work_dir", "data", "device")
@@ -118,10 +126,13 @@ class TorchSharpBackend:
         self._threads = 1
         self._known: dict[int, str] = {}
         self._IntPtr = None
-        # Driver.Bind buffers: inputs, targets (int64, capacity elements) and the sink: the fingerprint after
-        # the step, and 1 when the in-step check found something during it
+        # Driver.Bind buffers: inputs, targets (int64, capacity elements)
         self._xb = self._yb = None
-        self._fp = np.zeros(2, dtype=np.int64)
+        # the sink: the fingerprint after the last step, 1 when the in-step check found something during it, and
+        # the steps the last StepBlock finished; and StepBlock's per-step losses and seconds
+        self._fp = np.zeros(3, dtype=np.int64)
+        self._losses = self._seconds = np.zeros(0)
+        self._block_cap = 0
         self._in_step: dict | None = None  # {"step", "call", "body"} from Driver.TakeInStep, until in_step() takes it
         self._cap = 0
         self._fp_valid = False  # _fp holds the fingerprint after the last step and nothing has run since
@@ -254,16 +265,59 @@ class TorchSharpBackend:
             self._bind(n)
         self._xb[:n] = np.ravel(x)  # into the bound buffers: no IntPtr objects, no array marshalling per step
         self._yb[:n] = np.ravel(y)
+        return float(self._stepping(self.driver.StepBound, step, b, t))
+
+    def _stepping(self, call, *args):
+        """``call(*args)`` (StepBound, StepBlock): the sink's fingerprint is valid after it; what the in-step check
+        found during it is taken, also when it throws."""
         self._fp_valid = False
         try:
-            loss = float(self.driver.StepBound(step, b, t))
+            out = call(*args)
         except BaseException:
             self._take_in_step()
             raise
         self._fp_valid = True
         if self._fp[1]:
             self._take_in_step()
-        return loss
+        return out
+
+    def max_block(self, b: int, t: int) -> int:
+        """Steps one :meth:`train_block` call may take with (B, T) batches: up to :data:`BLOCK_STEPS`, fewer when
+        their buffers would pass :data:`BLOCK_BYTES`; 0 when the assembly's Driver has no ``StepBlock`` (Probe
+        sources older than it: the loop then calls :meth:`train_step` per step)."""
+        if not hasattr(self.driver, "StepBlock"):
+            return 0
+        return max(1, min(BLOCK_STEPS, BLOCK_BYTES // (16 * b * t)))
+
+    def block_inputs(self, count: int, b: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """(inputs, targets): two (count, B, T) int64 arrays over the bound buffers, for the caller to fill
+        with the batches of the next :meth:`train_block`."""
+        n = count * b * t
+        if n > self._cap or count > self._block_cap:
+            self._bind(max(n, self._cap))
+            self._losses = np.empty(max(count, self._block_cap), dtype=np.float64)
+            self._seconds = np.empty_like(self._losses)
+            self._block_cap = self._losses.size
+            self.driver.BindBlock(self._IntPtr(self._losses.ctypes.data), self._IntPtr(self._seconds.ctypes.data),
+                                  self._block_cap)
+        return self._xb[:n].reshape(count, b, t), self._yb[:n].reshape(count, b, t)
+
+    def train_block(self, first: int, count: int, b: int, t: int, reference: int, budget_s: float) -> int:
+        """Steps ``first``.. on the batches :meth:`block_inputs` holds, in one .NET call (``Driver.StepBlock``):
+        it stops after a step whose fingerprint is not ``reference`` (the fingerprint of the last snapshot: the
+        next step's pre-step check fires), after a step in which the in-step check found something, after
+        ``budget_s`` seconds, or after ``count`` steps. Returns the steps done; their losses and seconds are
+        :meth:`block_results`. A step's exception propagates with :meth:`block_done` steps done before it."""
+        self._fp[2] = 0
+        return int(self._stepping(self.driver.StepBlock, first, count, b, t, reference, budget_s))
+
+    def block_done(self) -> int:
+        """Steps the last :meth:`train_block` finished (also when one of its steps threw)."""
+        return int(self._fp[2])
+
+    def block_results(self, n: int) -> tuple[list[float], list[float]]:
+        """Losses and step seconds of the first ``n`` steps of the last :meth:`train_block`."""
+        return self._losses[:n].tolist(), self._seconds[:n].tolist()
 
     def _take_in_step(self) -> None:
         try:

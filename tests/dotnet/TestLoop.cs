@@ -28,7 +28,9 @@
 // Faults (Inject): param-replaced, module-to-after-optimizer, param-registered-late,
 // eager-param-list, state-leak (a Storage kept per step), no-dispose-scope (the step's 24 native
 // temporaries left to the finalizer instead of disposed), failfast (Environment.FailFast: SIGABRT, exit 134). Setup option
-// "extra.failfast_at" = N calls FailFast at the start of step N. "extra.nan_grad_at" = N puts a NaN into
+// "extra.failfast_at" = N calls FailFast at the start of step N; "extra.hang_at" = N sleeps "extra.hang_s" seconds
+// (default 60) there (a hung step); "extra.bug_after_at" = N plants "extra.bug" at the end of step N, after the
+// optimizer step (the step completes; the check between steps N and N+1 sees it). "extra.nan_grad_at" = N puts a NaN into
 // lm_head.bias's gradient at step N and skips that step's clipping and optimizer step (as
 // torch.cuda.amp.GradScaler skips a step whose gradients are not finite): the parameters stay finite.
 // "extra.nan_loss_at" = N: the loss the step returns is NaN from step N on (a model whose loss diverged;
@@ -460,6 +462,7 @@ namespace OptCheckTest
         public double Step(long step, long[] inputs, long[] targets, int batch, int time)
         {
             if (D("extra.failfast_at", -1) == step) Environment.FailFast("optcheck test loop: FailFast at step " + step);
+            if (D("extra.hang_at", -1) == step) System.Threading.Thread.Sleep((int)(1000 * D("extra.hang_s", 60)));
             if (D("extra.bug_at", -1) == step && BugBeforeZeroGrad) PlantBug();
             foreach (var p in Model.Parameters()) {
                 if (p.Storage.Grad == null) p.Storage.Grad = new double[p.Data.Length];
@@ -483,6 +486,7 @@ namespace OptCheckTest
                 keptLosses.Add(kept);
             }
             if (!noDisposeScope) foreach (Temp t in temps) t.Dispose();
+            if (D("extra.bug_after_at", -1) == step) PlantBug();  // after the optimizer: the next step meets it
             double nanFrom = D("extra.nan_loss_at", -1);
             return nanFrom > 0 && step >= nanFrom ? double.NaN : loss;
         }
