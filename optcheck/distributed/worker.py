@@ -114,7 +114,8 @@ def _train(cfg: SoakConfig, out: Path, fail_on: str, torch, dist, monitor: bool 
     beat.beat(0, STARTING)  # this rank's PID for the supervisor, before the Monitor (collective) is built
     lr_factor = 1.0
     with (optcheck.Monitor(model, opt, every=cfg.run.every, out=str(out), on_finding="log", fail_on=fail_on,
-                           hazards=cfg.checks.hazards != "off") if monitor else contextlib.nullcontext()):
+                           hazards=False if cfg.checks.hazards == "off" else cfg.checks.hazards,
+                           allow_inplace=cfg.checks.allow_inplace) if monitor else contextlib.nullcontext()):
         for step in range(1, cfg.run.steps + 1):
             beat.beat(step - 1, 1)
             at = {name for name, s in inject.items() if s == step}

@@ -168,3 +168,13 @@ def test_a_clean_nproc_run_checks_clean_rank_by_rank(tmp_path):
     snaps = sum(len(lines(out / f"rank-{r}" / "snapshots.jsonl")) for r in (0, 1))
     assert chk.returncode == 0 and chk.stdout.strip().splitlines() == [f"2 ranks, {snaps} snapshots, 0 finding(s)"], \
         chk.stdout + chk.stderr
+
+
+def test_soak_nproc_2_hazards_always_arms_every_step_on_every_rank(tmp_path):
+    """``--hazards always`` reaches each rank's Monitor as the mode, not as "on" (which is auto)."""
+    out = tmp_path / "run"
+    proc = soak("--nproc", "2", "--steps", "12", "--every", "6", "--hazards", "always", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    for rank in (0, 1):
+        h = json.loads((out / f"rank-{rank}" / "summary.json").read_text())["hazards"]
+        assert h["mode"] == "always" and h["armed_steps"] == h["steps"] == 12, h
