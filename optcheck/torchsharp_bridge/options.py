@@ -16,6 +16,8 @@ from optcheck.errors import InputError
 #: Keys under the wire's ``extra`` that optcheck itself sets (``optcheck.config.EXTRA``: fields of its own
 #: config sections) or once set: not a trainer option.
 RESERVED = frozenset(EXTRA) | {"same_init_dir", "memory_device_budget_bytes", "corpus_vocab_size"}
+#: Reserved keys with no command-line option of their own (set in code, e.g. by the GPU check): no hint.
+_NO_OPTION = frozenset({"fused", "autocast", "grad_check_every"}) | (RESERVED - frozenset(EXTRA))
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 
@@ -37,7 +39,8 @@ def parse_trainer_options(values: tuple[str, ...] | list[str]) -> dict[str, str]
             raise InputError(f"--trainer-option {raw!r}: KEY must be a name (letters, digits, _ . -; not starting "
                              f"with a digit)")
         if key in RESERVED:
-            raise InputError(f"--trainer-option {raw!r}: {key} is set by optcheck itself (use its own option, "
-                             f"e.g. --{key.replace('_', '-')})")
+            hint = ("pick another name" if key in _NO_OPTION
+                    else f"use its own option, --{key.replace('_', '-')}, or pick another name")
+            raise InputError(f"--trainer-option {raw!r}: {key} is set by optcheck itself ({hint})")
         out[key] = value
     return out

@@ -35,7 +35,10 @@ def test_trainer_options_parse():
     ("=3", "KEY must be a name"),
     ("9lives=1", "KEY must be a name"),
     ("a b=1", "KEY must be a name"),
-    ("dotnet_assembly=x.dll", "dotnet_assembly is set by optcheck itself (use its own option, e.g. --dotnet-assembly)"),
+    ("dotnet_assembly=x.dll", "dotnet_assembly is set by optcheck itself (use its own option, --dotnet-assembly, or "
+                              "pick another name)"),
+    ("fused=0", "fused is set by optcheck itself (pick another name)"),  # no --fused option to point at
+    ("same_init_dir=/x", "same_init_dir is set by optcheck itself (pick another name)"),
 ])
 def test_a_malformed_trainer_option_is_one_line(bad, says):
     with pytest.raises(InputError) as e:
