@@ -35,6 +35,10 @@ gives device step times): no step that takes no snapshot waits for the device
 (docs/gpu.md). On SIGTERM (the supervisor stopping the run)
 the worker sends the metrics it still holds before it exits (exit code 143),
 so the run's last step is the last step trained.
+
+Over 400 lines: the loop's one-step path and its block path (TorchSharp) are one state
+machine over the same sequencer, metrics batch, stream and step counter; split, the block
+path would reach into the loop's own fields.
 """
 
 from __future__ import annotations
