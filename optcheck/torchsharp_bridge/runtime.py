@@ -14,6 +14,10 @@ clr``; ~0.4 s). Everything that cannot be found or loaded raises
 :class:`optcheck.errors.InputError` with one line naming what is missing and how
 to get it — never a traceback, never a crash: a Mono without the netstandard
 facade would otherwise abort the process (SIGABRT) inside ``pythonnet.load``.
+
+Also what a loaded runtime's objects say of themselves: an exception's .NET type and
+message (:func:`dotnet_type_name`, :func:`dotnet_message`) and an assembly's target
+framework read from its bytes (:func:`target_framework`).
 """
 
 from __future__ import annotations
@@ -311,3 +315,32 @@ def native_library_hint(message: str) -> str:
 
 if __name__ == "__main__":  # pragma: no cover - a manual probe
     print(select(sys.argv[1] if len(sys.argv) > 1 else "coreclr").describe())
+
+
+def dotnet_type_name(exc: BaseException) -> str | None:
+    """The .NET type full name of an exception that came out of .NET, else None."""
+    get_type = getattr(exc, "GetType", None)
+    if get_type is None or not hasattr(exc, "StackTrace"):
+        return None
+    try:
+        return str(get_type().FullName)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def dotnet_message(exc: BaseException) -> str:
+    msg = getattr(exc, "Message", None)
+    return str(msg) if msg is not None else str(exc)
+
+
+_FRAMEWORK_RE = re.compile(rb"(\.NET(?:CoreApp|Framework|Standard),Version=v[0-9.]+)")
+
+
+def target_framework(path: Path) -> str | None:
+    """The ``TargetFrameworkAttribute`` an assembly was built for (``.NETCoreApp,Version=v8.0``), read from
+    its bytes without loading it; None when the file has none (``mcs`` writes none) or cannot be read."""
+    try:
+        m = _FRAMEWORK_RE.search(path.read_bytes())
+    except OSError:
+        return None
+    return m.group(1).decode("ascii") if m else None

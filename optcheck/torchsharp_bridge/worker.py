@@ -49,7 +49,6 @@ import argparse
 import json
 import math
 import platform
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -72,35 +71,6 @@ BLOCK_BYTES = 32 << 20
 _SCALAR_FIELDS = ("steps", "every", "seed", "batch_size", "block_size", "n_layer", "n_head", "n_embd", "dropout",
                   "lr", "min_lr", "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "threads",
                   "run_id", "work_dir", "data", "device")
-
-
-def dotnet_type_name(exc: BaseException) -> str | None:
-    """The .NET type full name of an exception that came out of .NET, else None."""
-    get_type = getattr(exc, "GetType", None)
-    if get_type is None or not hasattr(exc, "StackTrace"):
-        return None
-    try:
-        return str(get_type().FullName)
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def dotnet_message(exc: BaseException) -> str:
-    msg = getattr(exc, "Message", None)
-    return str(msg) if msg is not None else str(exc)
-
-
-_FRAMEWORK_RE = re.compile(rb"(\.NET(?:CoreApp|Framework|Standard),Version=v[0-9.]+)")
-
-
-def target_framework(path: Path) -> str | None:
-    """The ``TargetFrameworkAttribute`` an assembly was built for (``.NETCoreApp,Version=v8.0``), read from
-    its bytes without loading it; None when the file has none (``mcs`` writes none) or cannot be read."""
-    try:
-        m = _FRAMEWORK_RE.search(path.read_bytes())
-    except OSError:
-        return None
-    return m.group(1).decode("ascii") if m else None
 
 
 def setup_config(cfg: SoakConfig, corpus: Corpus) -> str:
@@ -151,7 +121,7 @@ class TorchSharpBackend:
         if not Path(asm_path).expanduser().is_file():
             raise InputError(f"--dotnet-assembly {asm_path}: no such file; build the worker assembly first "
                              f"(see dotnet/README.md)")
-        framework = target_framework(Path(asm_path).expanduser())
+        framework = runtime.target_framework(Path(asm_path).expanduser())
         if kind == "mono" and framework and framework.startswith(".NETCoreApp"):
             raise InputError(f"--dotnet-runtime mono: {asm_path} is built for {framework} (the TorchSharp worker and "
                              f"projects like examples/torchsharp-own-model target net8.0), which Mono cannot load "
@@ -175,8 +145,8 @@ class TorchSharpBackend:
         try:
             self.driver = Driver.ForType(trainer)
         except Exception as e:  # noqa: BLE001 - .NET exceptions become one line
-            if dotnet_type_name(e) == "System.ArgumentException" and not trainer:  # not exactly one trainer type
-                raise InputError(f"--dotnet-assembly {asm_path}: {dotnet_message(e).strip()}") from None
+            if runtime.dotnet_type_name(e) == "System.ArgumentException" and not trainer:  # not exactly one trainer type
+                raise InputError(f"--dotnet-assembly {asm_path}: {runtime.dotnet_message(e).strip()}") from None
             raise self._setup_error(e, asm_path, trainer) from None
         trainer = trainer or str(self.driver.Trainer.GetType().FullName)
         try:
@@ -194,8 +164,8 @@ class TorchSharpBackend:
 
     @staticmethod
     def _setup_error(e: BaseException, asm_path: str, trainer: str) -> InputError:
-        tname = dotnet_type_name(e) or type(e).__name__
-        msg = dotnet_message(e).strip().splitlines()[0] if dotnet_message(e).strip() else ""
+        tname = runtime.dotnet_type_name(e) or type(e).__name__
+        msg = runtime.dotnet_message(e).strip().splitlines()[0] if runtime.dotnet_message(e).strip() else ""
         inner = getattr(e, "InnerException", None)
         if tname == "System.Reflection.TargetInvocationException" and inner is not None:
             return TorchSharpBackend._setup_error(inner, asm_path, trainer)
@@ -221,8 +191,8 @@ class TorchSharpBackend:
         try:
             call = self.driver.Inject(name)
         except Exception as e:  # noqa: BLE001
-            if dotnet_type_name(e) == "System.ArgumentException":
-                raise InputError(f"--inject {name}@{step}: {dotnet_message(e)}") from None
+            if runtime.dotnet_type_name(e) == "System.ArgumentException":
+                raise InputError(f"--inject {name}@{step}: {runtime.dotnet_message(e)}") from None
             raise
         return {"call": str(call)}
 
@@ -231,8 +201,8 @@ class TorchSharpBackend:
         try:
             return {"call": str(self.driver.Lifecycle(kind))}
         except Exception as e:  # noqa: BLE001
-            if dotnet_type_name(e) == "System.NotSupportedException":
-                raise InputError(f"the .NET trainer has no lifecycle event {kind!r}: {dotnet_message(e)}") from None
+            if runtime.dotnet_type_name(e) == "System.NotSupportedException":
+                raise InputError(f"the .NET trainer has no lifecycle event {kind!r}: {runtime.dotnet_message(e)}") from None
             raise
 
     def fingerprint(self) -> int:
@@ -361,7 +331,7 @@ class TorchSharpBackend:
         return body
 
     def exception_info(self, exc: BaseException) -> dict:
-        tname = dotnet_type_name(exc)
+        tname = runtime.dotnet_type_name(exc)
         if tname is None:
             return {}
         stack = str(getattr(exc, "StackTrace", "") or "")
@@ -370,7 +340,7 @@ class TorchSharpBackend:
             stack += f"\n --- inner {inner.GetType().FullName}: {inner.Message}\n{inner.StackTrace or ''}"
             inner = inner.InnerException
         first = next((ln.strip() for ln in stack.splitlines() if ln.strip()), "")
-        message = dotnet_message(exc)
+        message = runtime.dotnet_message(exc)
         diagnosis = self.crash_diagnosis(message)
         if diagnosis:
             message = f"{message} [optcheck, on the live objects after it: {'; '.join(diagnosis)}]"
