@@ -224,7 +224,7 @@ def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
             sched.fill(corpus.train, i + 1, bx, by)
         res["batch"].append((clock() - t0) / (-(-n // block) * block))
         c = soak_config(args, dll, trainer)
-        c.steps = n
+        c.run.steps = n
         t0 = clock()
         _no_snapshots(Loop(_NoStep(be), c, _NullStream())).run(corpus)
         res["loop"].append((clock() - t0) / n - res["batch"][-1])
@@ -341,7 +341,7 @@ def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> d
 
     def loop(stage: str) -> float:
         c = soak_config(args, dll, trainer)
-        c.steps = steps
+        c.run.steps = steps
         be = TorchSharpBackend()
         be.setup(c, corpus)
         stream = _NullStream() if stage == "loop" else Stream(os.open(os.devnull, os.O_WRONLY))

@@ -60,7 +60,7 @@ def _whole(section, names: tuple[str, ...], low: int) -> None:
               f"must be a whole number >= {low}")
 
 
-@dataclass
+@dataclass(slots=True)
 class Injection:
     """A fault scenario to inject: ``name`` at the start of training step ``step`` (1-based)."""
 
@@ -77,7 +77,7 @@ class Injection:
         return cls(name.strip(), int(step))
 
 
-@dataclass
+@dataclass(slots=True)
 class ModelConfig:
     """The built-in GPT's shape. Defaults (2 layers, 2 heads, 64 wide, context 64,
     byte tokens) keep a 20,000-step soak within minutes on one CPU thread.
@@ -105,7 +105,7 @@ class ModelConfig:
         return self
 
 
-@dataclass
+@dataclass(slots=True)
 class OptimizerConfig:
     """The optimizer and its schedule (linear warmup to ``lr``, cosine down to ``min_lr``).
 
@@ -141,7 +141,7 @@ class OptimizerConfig:
         return self
 
 
-@dataclass
+@dataclass(slots=True)
 class DataConfig:
     """What the GPT trains on.
 
@@ -162,7 +162,7 @@ class DataConfig:
         return self
 
 
-@dataclass
+@dataclass(slots=True)
 class RunConfig:
     """How the soak runs (units in names: ``_s`` seconds, steps are optimizer steps).
 
@@ -215,7 +215,7 @@ class RunConfig:
         return self
 
 
-@dataclass
+@dataclass(slots=True)
 class ChecksConfig:
     """What optcheck does to the run besides watching it.
 
@@ -246,7 +246,7 @@ class ChecksConfig:
         return self
 
 
-@dataclass
+@dataclass(slots=True)
 class TorchSharpConfig:
     """The TorchSharp backend's .NET worker (docs/torchsharp.md).
 
@@ -301,7 +301,7 @@ EXTRA = {
 _ALWAYS = ("optimizer", "dotnet_runtime")
 
 
-@dataclass
+@dataclass(slots=True)
 class SoakConfig:
     """Everything a worker needs to run a soak: the sections, validated together by
     :meth:`validate` before anything runs.
