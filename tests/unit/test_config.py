@@ -105,3 +105,13 @@ def test_the_cli_defaults_are_the_sections_defaults():
 
     ctx = cli.commands["soak"].make_context("soak", [])
     assert soak_config(SimpleNamespace(**ctx.params), "pytorch") == SoakConfig()
+
+
+@pytest.mark.parametrize("where, name", [("cfg", "steps"), ("cfg", "extra"), ("run", "lr"), ("model", "n_layers")])
+def test_a_name_no_section_has_cannot_be_assigned(where, name):
+    """The sections are slotted: ``cfg.steps = 500`` (the flat name of before) raises instead of being ignored."""
+    cfg = SoakConfig()
+    target = cfg if where == "cfg" else getattr(cfg, where)
+    with pytest.raises(AttributeError):
+        setattr(target, name, 500)
+    assert cfg == SoakConfig()
