@@ -206,8 +206,8 @@ def summary_schema() -> dict:
     from optcheck.run.snapshot import SCHEMA_DIR
 
     schema = json.loads((SCHEMA_DIR / "summary-1.json").read_text(encoding="utf-8"))
-    own = [f for f in fields(Summary)]
-    schema["then"] = json.loads(json.dumps({
+    own = fields(Summary)
+    schema["then"] = json.loads(json.dumps({  # a copy: the callers inline and loosen it
         "required": sorted(f.name for f in own if f.metadata["required"]),
         "properties": {f.name: f.metadata["schema"] for f in own if f.metadata["schema"] is not None}}))
     return schema

@@ -180,7 +180,11 @@ def test_fp16_overflow_stepped_without_a_scaler_is_nan_written():
 
 
 # -- an optimizer swapped mid-run (OC206, OC209) ----------------------------------------------
-def _swap_loop(swap_at=21, steps=40, step_after_swap=True):
+def _swap_loop(swap_at=21, steps=40, step_after_swap=True, new_head=False, replace_after=None):
+    """AdamW, then at ``swap_at`` a new SGD over ``model.parameters()`` (with ``new_head``: the
+    fine-tuning recipe, the head replaced first); the planted bugs: no step after the swap
+    (``step_after_swap=False``), a layer replaced at ``replace_after`` without rebuilding the
+    optimizer. Returns (the closed Monitor, the optimizer at the end)."""
     torch.manual_seed(0)
     model = Net()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -188,17 +192,21 @@ def _swap_loop(swap_at=21, steps=40, step_after_swap=True):
     mon = _monitor(model, opt, every=10)
     for step in range(1, steps + 1):
         if step == swap_at:
+            if new_head:
+                model.fc2 = nn.Linear(32, 3)  # a new head, then the new optimizer over the whole model
             opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        if step == replace_after:
+            model.fc1 = nn.Linear(8, 32)  # the bug: the new optimizer still holds the old fc1
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         if step < swap_at or step_after_swap:
             opt.step()
     mon.close()
-    return mon
+    return mon, opt
 
 
 def test_optimizer_swapped_mid_run_is_followed_not_reported_as_no_step():
-    mon = _swap_loop()
+    mon, _ = _swap_loop()
     assert _codes(mon) == [("OC209", 21)], mon.findings
     f = mon.findings[0]
     assert f.severity == "info" and "AdamW" in f.message and "SGD" in f.message
@@ -206,7 +214,7 @@ def test_optimizer_swapped_mid_run_is_followed_not_reported_as_no_step():
 
 
 def test_no_step_after_the_swap_is_still_no_optimizer_step():
-    mon = _swap_loop(swap_at=5, steps=60, step_after_swap=False)
+    mon, _ = _swap_loop(swap_at=5, steps=60, step_after_swap=False)
     assert "OC206" in [c for c, _ in _codes(mon)], mon.findings
 
 
@@ -258,30 +266,8 @@ def test_monitor_made_before_torch_compile_adds_no_recompile():
 
 
 # -- the swapped-in optimizer is the watched one from its first step (OC101/OC102 read its groups) ---
-def _finetune_swap_loop(replace_after=None, steps=40, swap_at=21):
-    """The fine-tuning recipe: at ``swap_at`` the head is replaced and a new optimizer built over
-    ``model.parameters()``; the planted bug: a layer replaced at ``replace_after`` without
-    rebuilding the optimizer."""
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, y = _data()
-    mon = _monitor(model, opt, every=10)
-    for step in range(1, steps + 1):
-        if step == swap_at:
-            model.fc2 = nn.Linear(32, 3)  # a new head, then the new optimizer over the whole model
-            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        if step == replace_after:
-            model.fc1 = nn.Linear(8, 32)  # the bug: the new optimizer still holds the old fc1
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-    mon.close()
-    return mon, opt
-
-
 def test_a_swap_with_a_new_head_is_silent_and_the_new_optimizer_is_read():
-    mon, opt = _finetune_swap_loop()
+    mon, opt = _swap_loop(new_head=True)
     assert _codes(mon) == [("OC209", 21)], mon.findings  # not OC101/OC102: the old AdamW's stale head
     assert mon.optimizer is opt
     summary = mon.summary()
@@ -293,7 +279,7 @@ def test_a_swap_with_a_new_head_is_silent_and_the_new_optimizer_is_read():
 
 
 def test_a_layer_replaced_after_the_swap_is_found_against_the_new_optimizer():
-    mon, _ = _finetune_swap_loop(replace_after=31)
+    mon, _ = _swap_loop(new_head=True, replace_after=31)
     codes = _codes(mon)
     assert [c for c in codes if c[1] < 31] == [("OC209", 21)], mon.findings
     assert {c for c, s in codes if s == 31} >= {"OC101", "OC102"}, mon.findings
