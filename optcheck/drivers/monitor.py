@@ -326,8 +326,10 @@ class Monitor:
         elif self._crash is None and self._stopped is None and (self.step_count > self.seq.last_snap_step
                                                                  or self._losses):
             self._guard(self._snapshot, "final")
-        elif self._crash is not None and len(self._ledger):
-            self._checks_before_crash()
+        elif self._crash is not None:  # the losses of the steps taken before it, and the checks still unread
+            if len(self._ledger):
+                self._checks_before_crash()
+            self._guard(self._flush_losses)
         for h in self._handles:
             h.remove()
         self.hazards.remove()
