@@ -43,7 +43,7 @@ from pathlib import Path
 from optcheck.errors import InputError
 from optcheck.run.exitcodes import CRASHED
 from optcheck.run.rundir import writer_gone
-from optcheck.run.record_check import FULL_CHECK_LINES
+from optcheck.run.record_check import FULL_CHECK_LINES, out_of_range
 from optcheck.run.snapshot import SCHEMA_DIR, SchemaError, StreamDefect, read_jsonl, read_records, read_snapshots, \
     to_float, validate_record
 
@@ -146,6 +146,8 @@ class RunReader:
                 _loose_validator().validate_fields(s)
         except SchemaError as e:
             raise InputError(f"{p}: {e}") from None
+        if (bad := out_of_range(s)) is not None:  # 10^400: no float holds it, and no optcheck wrote it
+            raise InputError(f"{p}: {bad} (not written by optcheck: the file was edited or damaged)")
         if s.get("status") == "running":
             gone = writer_gone(self.path)
             if gone:
@@ -360,25 +362,37 @@ def _last_step(path: Path) -> int:
     return 0
 
 
-def run_dirs(paths) -> list[Path]:
+def run_dirs(paths, skipped: list[str] | None = None) -> list[Path]:
     """Run directories named by ``paths``: each is a run directory (has a
     ``summary.json``) or a folder whose immediate subfolders holding one are
-    taken, in name order. Duplicates are dropped, order kept.
+    taken, in name order. Duplicates are dropped, order kept. A subfolder that
+    cannot be read (another user's, mode 700) is left out and named in ``skipped``
+    (``"<path>: cannot read (Permission denied)"``).
 
     Raises:
-        InputError: a path that does not exist, or a folder with no run in it.
+        InputError: a path that does not exist or cannot be read, or a folder with no run in it.
     """
     found: list[Path] = []
     for raw in paths:
         p = Path(raw)
-        if (p / "summary.json").is_file():
-            runs = [p]
-        elif p.is_dir():
-            runs = sorted(c for c in p.iterdir() if (c / "summary.json").is_file())
-            if not runs:
-                raise InputError(f"{raw}: no run directory in it (no summary.json in it or its subfolders)")
-        else:
-            raise InputError(f"{raw}: no such run directory")
+        try:
+            if (p / "summary.json").is_file():
+                runs = [p]
+            elif p.is_dir():
+                runs = []
+                for c in sorted(p.iterdir()):
+                    try:
+                        if (c / "summary.json").is_file():
+                            runs.append(c)
+                    except OSError as e:
+                        if skipped is not None:
+                            skipped.append(f"{c}: cannot read ({e.strerror or e}); left out")
+                if not runs:
+                    raise InputError(f"{raw}: no run directory in it (no summary.json in it or its subfolders)")
+            else:
+                raise InputError(f"{raw}: no such run directory")
+        except OSError as e:
+            raise InputError(f"{raw}: cannot read ({e.strerror or e})") from None
         found += [r for r in runs if r not in found]
     return found
 

@@ -250,3 +250,29 @@ def read_jsonl_chunks(path: str | os.PathLike, defects: list[StreamDefect] | Non
     parser.end()
 
 
+
+
+#: The largest integer a record may hold: a JSON number beyond int64 is no count, byte size or step
+#: optcheck writes, and it cannot be turned into a float (10^400: OverflowError).
+MAX_INT = 2**63 - 1
+
+
+def out_of_range(obj, path: str = "") -> str | None:
+    """The field path (``peak_rss_bytes``, ``cost.steps.count``, ``ranks[1].x``) of the
+    first integer in ``obj`` beyond ±:data:`MAX_INT`, with a short account of it; None
+    when there is none. (Non-finite floats are numbers: old summaries wrote them.)"""
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        if abs(obj) > MAX_INT:
+            digits = len(str(abs(obj))) if abs(obj) < 10**4000 else "over 4000"
+            return f"{path or '(the record)'}: an integer of {digits} digits, out of range"
+        return None
+    if isinstance(obj, dict):
+        items = ((f"{path}.{k}" if path else str(k), v) for k, v in obj.items())
+    elif isinstance(obj, list):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(obj))
+    else:
+        return None
+    for p, v in items:
+        if isinstance(v, (int, dict, list)) and (bad := out_of_range(v, p)) is not None:
+            return bad
+    return None
