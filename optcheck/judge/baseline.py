@@ -39,8 +39,11 @@ between the runs (``torch 2.13.0 → 2.14.1``).
 Not comparable (:class:`~optcheck.errors.InputError`, exit 2, one line): the baseline
 is missing, not a run directory, unfinished, or trained another model (backend,
 steps, batch and model shape, optimizer) or on another corpus (``corpus.sha256``).
-When the new run itself did not finish (crashed, interrupted) the comparison is
-reported as "not compared" and the run's own exit code stands.
+When the new run itself did not finish the comparison is reported as "not compared"
+and cannot pass: exit 1, or the run's own exit code when it crashed, could not record
+or was interrupted (3, 4, 130). Finished means the same for every judge
+(``optcheck.judge.compare.RunInfo.incomplete``): status clean or findings, every step
+asked for taken, and the losses recorded up to the step the summary names.
 
 Where the bands' sizes come from, and the measurements behind them: ``docs/nightly.md``.
 Over 400 lines: the one regression policy: every check (findings, loss band, speed, memory) and the headline naming them, used by soak --baseline and upgrade alike.
@@ -110,6 +113,7 @@ class Baseline:
     path: Path
     runs: list[Path]
     summaries: list[dict]
+    reads: list[tuple] = field(default_factory=list)  # optcheck.judge.compare.read_run of each run
 
     @property
     def seeds(self) -> list:
@@ -146,14 +150,15 @@ def load_baseline(path: str | os.PathLike) -> Baseline:
     runs = [p] if (p / "summary.json").is_file() else seed_runs(p)
     if not runs:
         raise InputError(f"--baseline {path}: not a run directory (no summary.json, no seed-N runs in it)")
-    summaries = []
+    summaries, reads = [], []
     for r in runs:
         s = read_summary(r)
-        if s.get("status") not in ("clean", "findings") or (s.get("last_step") or 0) < (s.get("steps_requested") or 0):
-            raise InputError(f"--baseline {r}: not a finished run (status {s.get('status')}, step "
-                             f"{s.get('last_step')} of {s.get('steps_requested')}); keep a run that finished")
+        reads.append(read_run(r))
+        why = reads[-1][0].incomplete()
+        if why is not None:
+            raise InputError(f"--baseline {r}: not a finished run ({why}); keep a run that finished")
         summaries.append(s)
-    b = Baseline(p, runs, summaries)
+    b = Baseline(p, runs, summaries, reads)
     if len(runs) > 1 and len(set(map(str, b.seeds))) < len(runs):
         raise InputError(f"--baseline {path}: its seed-N runs share a seed ({', '.join(map(str, b.seeds))}): "
                          f"a seed band needs distinct seeds")
@@ -226,7 +231,8 @@ class BaselineResult:
 
     @property
     def exit_code(self) -> int:
-        return exitcodes.FINDINGS if self.regressions else exitcodes.CLEAN
+        """1 on a regression, and for a run that did not finish (it cannot pass); else 0."""
+        return exitcodes.FINDINGS if self.regressions or not self.compared else exitcodes.CLEAN
 
     def headline(self) -> str:
         if not self.compared:
@@ -285,16 +291,16 @@ def compare_with_baseline(run: str | os.PathLike, baseline: Baseline | str | os.
     run = Path(run)
     summary = read_summary(run)
     res = BaselineResult(run, b)
-    if summary.get("status") not in ("clean", "findings"):
-        res.checks.append(Check("run", NOT_COMPARED, f"this run did not finish ({summary.get('status')} at step "
-                                                     f"{summary.get('last_step') or 0:,}); its own exit code stands"))
+    info, loss, findings = read_run(run)
+    why = info.incomplete()  # the one judgment of completeness (compare's and upgrade's too)
+    if why is not None:
+        res.checks.append(Check("run", NOT_COMPARED, f"this run did not finish ({why}): it cannot pass"))
         return res
     from optcheck.judge.policy import MIGRATION, choose
 
     chosen, why = choose(b.summaries[0], summary, policy)
     _check_same(b.summaries[0], summary, f"--baseline {b.path}", f"run {run}", backends=chosen != MIGRATION)
-    info, loss, findings = read_run(run)
-    base = [read_run(r) for r in b.runs]
+    base = b.reads or [read_run(r) for r in b.runs]
     last = info.last_step
 
     # findings the baseline does not have
@@ -412,7 +418,7 @@ def after_soak(run: str | os.PathLike, prepared: tuple, run_code: int, echo=prin
     res = compare_with_baseline(run, *prepared)
     for line in res.lines():
         echo(line)
-    if not res.compared or run_code not in (exitcodes.CLEAN, exitcodes.FINDINGS):
+    if run_code not in (exitcodes.CLEAN, exitcodes.FINDINGS):
         return res, run_code
     return res, res.exit_code
 

@@ -160,8 +160,9 @@ def _in_baseline(baseline):
 
 def _baseline_cases(suite: ET.Element, baseline) -> tuple[int, int, int]:
     """One ``baseline <check>`` test case per check of ``baseline`` (an
-    ``optcheck.judge.baseline.BaselineResult``): a regression is a ``<failure>``, a check
-    not compared is ``<skipped>``, the others pass with their line in ``<system-out>``.
+    ``optcheck.judge.baseline.BaselineResult``): a regression is a ``<failure>``, and so is
+    a run that did not finish (it cannot pass: exit 1); another check not compared is
+    ``<skipped>``; the others pass with their line in ``<system-out>``.
     Returns (test cases, failures, skipped)."""
     from optcheck.judge.baseline import NOT_COMPARED, REGRESSION
 
@@ -170,8 +171,9 @@ def _baseline_cases(suite: ET.Element, baseline) -> tuple[int, int, int]:
         tc = ET.SubElement(suite, "testcase", name=_text(f"baseline {c.name}"), classname="optcheck.judge.baseline",
                            time="0")
         at = f" (step {c.step})" if c.step is not None else ""
-        if c.status == REGRESSION:
-            el = ET.SubElement(tc, "failure", message=_text(f"{c.name}{at}: {c.text}"), type=f"regression {c.name}")
+        if c.status == REGRESSION or (c.status == NOT_COMPARED and c.name == "run"):  # an unfinished run cannot pass
+            kind = f"regression {c.name}" if c.status == REGRESSION else "not compared: the run did not finish"
+            el = ET.SubElement(tc, "failure", message=_text(f"{c.name}{at}: {c.text}"), type=kind)
             el.text = _text(f"against the baseline {baseline.baseline.text()}\n{c.line().strip()}")
             failed += 1
         elif c.status == NOT_COMPARED:

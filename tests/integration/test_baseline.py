@@ -225,7 +225,7 @@ def test_unfinished_baseline_is_refused(base, tmp_path):
     s["status"], s["last_step"] = "crashed", 120
     (d / "summary.json").write_text(json.dumps(s))
     rc, stdout, stderr = run_cli(["baseline", str(base / "seed-2"), str(d)])
-    assert rc == exitcodes.USAGE and "not a finished run (status crashed, step 120 of 200)" in stdout + stderr
+    assert rc == exitcodes.USAGE and "not a finished run (crashed at step " in stdout + stderr  # compare's words
 
 
 def test_recorded_torch_upgrade_trains_the_same_and_takes_more_memory(tmp_path):

@@ -161,3 +161,48 @@ def test_baseline_command_bad_input_is_one_line_exit_2(args, needle):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and "Traceback" not in proc.stderr
+
+
+def _truncate_metrics(run: Path, last: int) -> None:
+    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run / "metrics.jsonl").write_text("".join(ln for ln in lines if json.loads(ln)["step"] <= last))
+
+
+@pytest.mark.parametrize("requested,why", [
+    (300, "incomplete: 150 of 300 steps"),
+    (None, "incomplete records: metrics.jsonl ends at step 150, the summary says 300"),  # (as a Monitor's)
+])
+def test_a_run_whose_losses_stop_early_fails_baseline_as_it_fails_compare(tmp_path, requested, why):
+    """Issue 35: metrics.jsonl ends at step 150 while the summary says 300 of 300: ``baseline``
+    said NO REGRESSION (exit 0), ``compare`` of the same pair failed it. One judgment now."""
+    from conftest import run_cli
+
+    run = _copy(N2, tmp_path / "run", steps_requested=requested)
+    _truncate_metrics(run, 150)
+    s = json.loads((run / "summary.json").read_text())
+    assert (s["status"], s["last_step"], s["steps_requested"]) == ("clean", 300, requested)
+    rc, out, _ = run_cli(["baseline", str(run), str(N1)])
+    assert rc == 1 and out.splitlines()[0] == (f"optcheck baseline: NOT COMPARED with the baseline: this run did not "
+                                               f"finish ({why}): it cannot pass"), out
+    rc, out, _ = run_cli(["compare", str(N1), str(run)])
+    assert rc == 1 and f"B: {why}" in out, out
+    # the same record as the baseline: not a finished run (exit 2), as a crashed one is
+    with pytest.raises(InputError, match=f"--baseline .*run: not a finished run \\({why}\\)"):
+        load_baseline(run)
+
+
+@pytest.mark.parametrize("field,value", [("config.extra", [1, 2]), ("config.extra", "adamw"),
+                                         ("corpus", {"sha256": 7})])
+def test_a_summary_with_a_nested_field_of_the_wrong_type_is_one_line_exit_2(tmp_path, field, value):
+    """Issue 35: ``config.extra`` not an object was an AttributeError traceback, exit 1."""
+    import os
+    import subprocess
+    import sys
+
+    run = _copy(N2, tmp_path / "run", **{field: value})
+    proc = subprocess.run([sys.executable, "-m", "optcheck", "baseline", str(run), str(N1)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    path, bad, kind = ("corpus.sha256", 7, "string") if field == "corpus" else (field, value, "object")
+    assert proc.stderr.strip().splitlines() == [f"optcheck: error: {run}/summary.json: {path}: {bad!r} is not of "
+                                                f"type '{kind}', 'null'"]
