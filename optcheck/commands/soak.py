@@ -37,7 +37,7 @@ INT = _Int()
 def _print_summary(summary: dict, findings: list) -> None:
     """The run's closing lines, then what optcheck cost it (``summary["cost"]``)."""
     from optcheck.report.text import render_summary
-    from optcheck.run.summary import cost_line
+    from optcheck.record.summary import cost_line
 
     click.echo(render_summary(summary, [f.to_dict() for f in findings]))
     line = cost_line(summary)
@@ -238,7 +238,7 @@ def register(group: click.Group) -> None:
 
         Runs the training in a worker process, takes a snapshot every --every steps
         (and at once when the model and optimizer stop agreeing), applies every rule,
-        and writes snapshots.jsonl, findings.jsonl, metrics.jsonl and summary.json to
+        and records snapshots.jsonl, findings.jsonl, metrics.jsonl and summary.json in
         --out. Exit codes: 0 clean, 1 findings, 2 bad input, 3 worker crashed or
         hung, 4 could not record (disk full), 130 interrupted.
         """

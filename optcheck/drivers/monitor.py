@@ -17,7 +17,7 @@ optimizer (``register_step_post_hook``); the loss is taken from the tensor
 
 How it watches (all hooks, nothing copied), in the soak's own order
 (``optcheck/run/sequencer.py``: pre-step check, cadence, hazard-forced and final
-snapshots; ``optcheck/run/summary.py``: the rule check and ``summary.json``):
+snapshots; ``optcheck/record/summary.py``: the rule check and ``summary.json``):
 
 - ``optimizer.step()`` pre- and post-hooks (``register_step_pre_hook``): the
   identity check before, a snapshot at once if it changed; after, every
@@ -76,7 +76,7 @@ from optcheck.pytorch.unwrap import unwrap_model, unwrap_optimizer
 from optcheck.run.recorder import RunRecorder
 from optcheck.rules import RuleConfig
 from optcheck.run.sequencer import Sequencer, StepCost, timed_hook
-from optcheck.run.summary import Summary, utc_now
+from optcheck.record.summary import Summary, utc_now
 from optcheck.suppress import resolve
 from optcheck.userframe import user_stacklevel
 from optcheck.errors import StepStopped
@@ -339,7 +339,7 @@ class Monitor:
         atexit.unregister(self._atexit)
         summary = self.rec.finish(**self._ending())
         self.rec.close()
-        self.rank_watch.close(summary)  # under torchrun: rank 0 writes out/summary.json merged
+        self.rank_watch.close(summary)  # under torchrun: rank 0 folds the ranks' summaries (RankRecorder)
         self.on_close(summary)
         return summary
 
@@ -357,7 +357,7 @@ class Monitor:
             self._may_raise = True
 
     def summary(self) -> dict:
-        """The run so far: ``summary.json``'s fields (``optcheck.run.summary.Summary``,
+        """The run so far: ``summary.json``'s fields (``optcheck.record.summary.Summary``,
         filled by ``optcheck.run.recorder.RunRecorder``)."""
         if self.closed and self.rec.finished:
             return self.rec.summary.to_dict()

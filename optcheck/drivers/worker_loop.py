@@ -56,7 +56,7 @@ from optcheck.config import SoakConfig
 from optcheck.data import BatchSchedule, Corpus, load_corpus, val_batches
 from optcheck.errors import InputError, StepStopped  # noqa: F401 - StepStopped: caught here, defined there
 from optcheck.drivers.protocol import Stream
-from optcheck.run.sequencer import Sequencer, StepCost
+from optcheck.run.sequencer import CpuBlocks, Sequencer, StepCost
 
 METRICS_BATCH = 200
 METRICS_FLUSH_S = 1.0
@@ -254,6 +254,7 @@ class Loop:
         seq.start(0)
         seq.restart_clock()  # elapsed_s counts training, not set-up
         cpu0, now = time.process_time(), time.perf_counter_ns
+        self.cpu_blocks = blocks = CpuBlocks()
         cost = self.step_cost
         injections = {}
         for inj in cfg.checks.inject:
@@ -312,6 +313,7 @@ class Loop:
             # snapshots, their sends and the held-out pass left out); a block's batches are in its step time
             cost.ns += (t1 - t0) + (now() - te) - (seq.busy_ns - busy)
             cost.steps += step - first + 1  # a block's steps each count
+            blocks.tick(step)
             step += 1
         self.cpu_s = time.process_time() - cpu0
         self.flush_metrics()
@@ -319,7 +321,8 @@ class Loop:
                          val_loss_first=self.val_first, val_loss_last=self.val_last,
                          val_step_first=self.val_steps[0] if self.val_steps else None,
                          val_step_last=self.val_steps[-1] if self.val_steps else None,
-                         step_cost=self.step_cost.to_dict(), train_cpu_s=round(self.cpu_s, 3), **self.hazard_stats())
+                         step_cost=self.step_cost.to_dict(), train_cpu_s=round(self.cpu_s, 3),
+                         train_cpu_block_s=blocks.per_step_s, **self.hazard_stats())
         return 0
 
     def block_end(self, step: int, max_block: int, injections: dict, val: bool) -> int:

@@ -28,7 +28,7 @@ from optcheck.findings import Finding
 from optcheck.report.reader import RunReader
 from optcheck.rules.parity import RunDivergence
 from optcheck.series import moving_mean
-from optcheck.run.snapshot import clean_json
+from optcheck.record.snapshot import clean_json
 from optcheck.judge.policy import AUTO, MIGRATION, choose
 from optcheck.judge.verdict import Verdict, judge, same_batches
 

@@ -152,7 +152,7 @@ def _in_baseline(baseline):
     Always False without a baseline, or when the run was not compared with it."""
     if baseline is None or not baseline.compared:
         return lambda f: False
-    from optcheck.judge.compare import finding_difference
+    from optcheck.judge.compare import finding_difference  # (upward: a finding matches as the judge matches it)
 
     theirs = list(baseline.baseline_findings)
     return lambda f: not finding_difference([f], theirs)
@@ -164,7 +164,7 @@ def _baseline_cases(suite: ET.Element, baseline) -> tuple[int, int, int]:
     a run that did not finish (it cannot pass: exit 1); another check not compared is
     ``<skipped>``; the others pass with their line in ``<system-out>``.
     Returns (test cases, failures, skipped)."""
-    from optcheck.judge.baseline import NOT_COMPARED, REGRESSION
+    from optcheck.judge.baseline import NOT_COMPARED, REGRESSION  # (upward: renders the judge's own result)
 
     failed = skipped = 0
     for c in baseline.checks:

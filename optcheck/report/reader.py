@@ -6,7 +6,7 @@ and ``docs/run-directory.md``. :class:`RunReader` reads each file once, on first
 use. Validation policy (one for every record file): the summary and the first
 ``FULL_CHECK_LINES`` records of each file are checked against their published
 schema (``optcheck/schemas/``), every later record by a cheap structural check
-derived from the same schema (``optcheck.run.record_check.ShallowCheck``: required
+derived from the same schema (``optcheck.record.check.ShallowCheck``: required
 fields, top-level types and enums), and fully again when that check fails, so
 the error names the field. ``compare`` of a 20,000-step run reads in about a
 second that way, against half a minute with every line schema-checked
@@ -27,8 +27,8 @@ The rule for a bad line (the same for every file and every command):
   bad input too: one line, exit 2.
 
 Non-finite numbers are written as the strings ``"nan"``, ``"inf"``, ``"-inf"``
-(``optcheck.run.snapshot.dumps``; strict JSON has no NaN) and read back with
-:func:`optcheck.run.snapshot.to_float`; ``null`` means "not recorded".
+(``optcheck.record.snapshot.dumps``; strict JSON has no NaN) and read back with
+:func:`optcheck.record.snapshot.to_float`; ``null`` means "not recorded".
 """
 
 from __future__ import annotations
@@ -43,9 +43,8 @@ from pathlib import Path
 from optcheck.errors import InputError
 from optcheck.run.exitcodes import CRASHED
 from optcheck.run.rundir import writer_gone
-from optcheck.run.record_check import FULL_CHECK_LINES, out_of_range
-from optcheck.run.snapshot import SCHEMA_DIR, SchemaError, StreamDefect, read_jsonl, read_records, read_snapshots, \
-    to_float, validate_record
+from optcheck.record.check import FULL_CHECK_LINES, check_old_summary, out_of_range, read_records, read_snapshots
+from optcheck.record.snapshot import SCHEMA_DIR, SchemaError, StreamDefect, read_jsonl, to_float, validate_record
 
 #: The status a reader gives a run whose summary says ``running`` and whose writer is gone.
 UNCLOSED = "ended without closing"
@@ -143,7 +142,7 @@ class RunReader:
         try:
             s = validate_record(s, "summary")
             if "summary_version" not in s:  # an older summary: every field it has must still have its type
-                _loose_validator().validate_fields(s)
+                check_old_summary(s)
         except SchemaError as e:
             raise InputError(f"{p}: {e}") from None
         if (bad := out_of_range(s)) is not None:  # 10^400: no float holds it, and no optcheck wrote it
@@ -272,63 +271,6 @@ class RunReader:
         if self.unclosed:
             out.append(f"{self.path}: {self.unclosed}")
         return out
-
-
-class _LooseSummary:
-    """The typed fields of a versioned summary applied to an unversioned one (written
-    before ``summary_version``): a field it has must be of its type or null; fields
-    may be missing, enums and required sub-fields are not enforced. So an old
-    summary with ``last_step: "abc"`` is one line, exit 2, not a traceback in the
-    command that reads it."""
-
-    def __init__(self):
-        import jsonschema
-
-        from optcheck.run.snapshot import inline_refs, schema_document
-
-        schema = schema_document("summary")
-        props = inline_refs(schema["then"]["properties"], schema.get("$defs", {}))
-        loose = {"type": "object", "properties": {k: _loosen(v, top=True) for k, v in props.items()
-                                                  if k != "summary_version"}}
-        self._v = jsonschema.validators.validator_for(schema)(loose)
-
-    def validate_fields(self, s: dict) -> None:
-        import jsonschema
-
-        err = jsonschema.exceptions.best_match(self._v.iter_errors(s))
-        if err is not None:
-            from optcheck.run.snapshot import field_path
-
-            msg = err.message if len(err.message) <= 160 else err.message[:157] + "..."
-            raise SchemaError(f"{field_path(err.absolute_path)}: {msg}")
-
-
-def _loosen(node, top: bool = False):
-    """``node`` without ``required`` (anywhere), and at the top without ``enum``/``const``
-    (an old status or source), null allowed."""
-    if isinstance(node, list):
-        return [_loosen(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    drop = ("required", "enum", "const") if top else ("required",)
-    out = {k: _loosen(v) for k, v in node.items() if k not in drop}
-    if top and not any(k in out for k in ("type", "anyOf", "oneOf", "$ref")):
-        return out
-    t = out.get("type")
-    if isinstance(t, str):
-        out["type"] = [t, "null"]
-    elif isinstance(t, list) and "null" not in t:
-        out["type"] = [*t, "null"]
-    return out
-
-
-_LOOSE: list[_LooseSummary] = []
-
-
-def _loose_validator() -> _LooseSummary:
-    if not _LOOSE:
-        _LOOSE.append(_LooseSummary())
-    return _LOOSE[0]
 
 
 def _number(value) -> float | None:

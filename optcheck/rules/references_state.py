@@ -19,7 +19,7 @@ from optcheck.rules._fixtures import (Invalid, Valid, at, cases, clean, disposed
 from optcheck.rules._events import events
 from optcheck.rules._identity import factored, lazy_state, name_of, prestep_finding, state_keys
 from optcheck.rules.base import Rule, RuleContext, listing, register
-from optcheck.run.snapshot import disposed_members, live_members
+from optcheck.record.snapshot import disposed_members, live_members
 
 
 @register

@@ -20,7 +20,7 @@ keeps, per optimizer step ``n`` (1-based):
 :meth:`Sequencer.take` is the one place a snapshot is built (hook it to add
 per-rank fields); it hands the snapshot to the driver's ``emit`` (the worker
 sends it to the supervisor, the Monitor checks and writes it:
-:class:`optcheck.run.summary.Checker`). What a run cost — seconds spent in
+:class:`optcheck.run.checker.Checker`). What a run cost — seconds spent in
 snapshots and in rule checks — is counted in :class:`Cost`, optcheck's own
 work per step outside snapshots in :class:`StepCost`; both land in
 ``summary.json``'s ``cost`` (``docs/summary.md``).
@@ -33,7 +33,7 @@ import statistics
 import time
 from typing import Any, Callable, Protocol
 
-from optcheck.run.snapshot import assemble
+from optcheck.record.snapshot import assemble
 
 
 class Cost:
@@ -74,6 +74,37 @@ class StepCost:
         """``{"count": steps, "total_s": seconds, "mean_us": µs per step or None}``."""
         return {"count": self.steps, "total_s": round(self.ns / 1e9, 6),
                 "mean_us": round(self.ns / self.steps / 1e3, 2) if self.steps else None}
+
+
+#: Training steps per block of :class:`CpuBlocks` (the speed check's unit, ``optcheck.judge.baseline``).
+CPU_BLOCK_STEPS = 10
+#: Most blocks a run keeps: at this many, neighbours are averaged in pairs and blocks are twice as long.
+MAX_CPU_BLOCKS = 200
+
+
+class CpuBlocks:
+    """The process's CPU time per training step, block by block (at least :data:`CPU_BLOCK_STEPS`
+    steps each, snapshots included): what the speed check compares, with the spread of the blocks
+    as its noise (``optcheck.judge.baseline.speed_check``). One ``time.process_time()`` per block;
+    at most :data:`MAX_CPU_BLOCKS` kept however long the run (longer blocks then).
+    """
+
+    def __init__(self, steps: int = CPU_BLOCK_STEPS) -> None:
+        self.size = steps
+        self.per_step_s: list[float] = []  # CPU seconds per step of each block
+        self._t = time.process_time()
+        self._step = 0
+
+    def tick(self, step: int) -> None:
+        """Step ``step`` (1-based; a block of the TorchSharp backend may advance several) is done."""
+        if step - self._step >= self.size:
+            now = time.process_time()
+            self.per_step_s.append(round((now - self._t) / (step - self._step), 7))
+            self._t, self._step = now, step
+            if len(self.per_step_s) >= MAX_CPU_BLOCKS:
+                b = self.per_step_s
+                self.per_step_s = [round((b[i] + b[i + 1]) / 2, 7) for i in range(0, len(b) - 1, 2)]
+                self.size *= 2
 
 
 def timed_hook(step_end: bool = False):

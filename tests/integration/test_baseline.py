@@ -165,7 +165,8 @@ def test_slower_worker_fails_on_speed(base, tmp_path):
     rows = _rows(md)
     assert rows["speed"] == "regression" and rows["findings"] == rows["loss"] == "ok", md
     assert "**Fails the job (exit 1):** speed: train CPU" in md
-    assert "the worker's CPU time of the training loop, cost.train_cpu_s; fails above 1.50x the baseline's" in md
+    assert "the worker's CPU time per step, medians of 19 and 19 blocks (cost.train_cpu_block_s)" in md
+    assert "fails above 1.50x the baseline's" in md
     cases = _junit(tmp_path / "junit.xml", rc)
     failure = cases["baseline speed"].find("failure")
     assert failure is not None and failure.get("message").startswith("speed: ")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import optcheck
-from optcheck.run.snapshot import read_jsonl
+from optcheck.record.snapshot import read_jsonl
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import xmlschema
 
+from optcheck.judge.baseline import MIN_SPEED_STEPS
 from conftest import run_cli, run_clis
 from optcheck.run import exitcodes
 from optcheck.judge.compare import compare_runs
@@ -131,12 +132,13 @@ def test_memory_and_speed_regressions_are_named_in_the_verdict(tmp_path):
         "sys.setprofile(_hook)\n")
     py = _wrapper(tmp_path / "bin" / "python", f'PYTHONPATH="$PYTHONPATH:{site}"; export PYTHONPATH\n')
     xml = tmp_path / "upgrade.xml"
-    rc, stdout, stderr = run_cli(["upgrade", "-q", "--candidate-python", str(py), "--steps", "20", "--every", "10",
+    steps = str(MIN_SPEED_STEPS)  # fewer: "not compared: too few steps" (a speed verdict needs them)
+    rc, stdout, stderr = run_cli(["upgrade", "-q", "--candidate-python", str(py), "--steps", steps, "--every", "30",
                                   "--n-layer", "1", "--n-embd", "32", "--out", str(tmp_path / "u"),
                                   "--junit", str(xml)])
     assert rc == exitcodes.FINDINGS, stdout + stderr
     head = stdout.splitlines()[1]
-    assert head.startswith("IDENTICAL: 20 steps") and "; REGRESSION: " in head, stdout
+    assert head.startswith(f"IDENTICAL: {steps} steps") and "; REGRESSION: " in head, stdout
     assert "peak RSS " in head and "x the baseline's (limit 1.15x)" in head
     assert "speed: train CPU per step " in head, stdout
     assert stdout.splitlines()[-1].startswith("FAIL (exit 1): ") and "peak RSS" in stdout.splitlines()[-1]
