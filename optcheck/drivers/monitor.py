@@ -249,8 +249,8 @@ class Monitor:
 
     @property
     def snapshots(self) -> int:
-        """Snapshots taken so far (with those of the run resumed from)."""
-        return self.seq.snapshots
+        """Snapshots taken so far (with those of the run resumed from), as the recorder counted them."""
+        return self.rec.summary.snapshots
 
     # -- hooks for subclasses (Lightning-style: no-ops by default) ------------
     def on_snapshot(self, snapshot: dict) -> None:
@@ -294,7 +294,7 @@ class Monitor:
     def state_dict(self) -> dict:
         """What a resumed job needs to keep the step count and snapshot cadence."""
         return {"step": self.step_count, "snapshots": self.snapshots, "every": self.every,
-                "loss_first": self.seq.loss_first}
+                "loss_first": self.rec.summary.loss_first}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue counting from a :meth:`state_dict` (prefer ``Monitor(..., state=...)``:
@@ -303,9 +303,9 @@ class Monitor:
         check_state(state)
         self.step_count = int(state["step"])
         self.seq.last_snap_step = self.step_count
-        self.seq.snapshots = int(state.get("snapshots", self.snapshots))
+        self.rec.resume(step=self.step_count, snapshots=int(state.get("snapshots", self.snapshots)),
+                        loss_first=state.get("loss_first"))
         self.every = int(state.get("every", self.every))
-        self.seq.loss_first = state.get("loss_first", self.seq.loss_first)
         self.hazards.arm("resume")
         if self._ctx is not None:
             self._exit_step()
@@ -368,16 +368,14 @@ class Monitor:
                 "stopped": self._stopped is not None, "elapsed_s": time.perf_counter() - self.seq.t0}
 
     def _fill_summary(self, sm: Summary) -> None:
-        """The recorder's ``on_fill``: what the Monitor tracks itself."""
-        seq = self.seq
-        sm.last_step, sm.snapshots, sm.loss_first, sm.loss_last = (self.step_count, seq.snapshots, seq.loss_first,
-                                                                   seq.last_loss)
-        sm.peak_rss_bytes, sm.versions, sm.threads = seq.peak_rss, seq.probe.versions(), torch.get_num_threads()
+        """The recorder's ``on_fill``: what only the Monitor sees (the recorder counts the rest:
+        snapshots, losses, peak RSS, their cost): the optimizer steps taken, how the loop ended."""
+        self.rec.reached(self.step_count)  # steps without a loss or a snapshot count too
+        sm.versions, sm.threads = self.seq.probe.versions(), torch.get_num_threads()
         sm.crash, sm.stopped, sm.config = self._crash, self._stopped, {"every": self.every}
         sm.not_checked = list(self.hazards.not_checked) + list(self.notes)
         sm.hazards = self.hazards.stats()
         sm.interrupted_by, sm.signals = self._interrupted, int(self._interrupted is not None)
-        self.rec.snapshot_cost = seq.cost
         sm.cost = {**(sm.cost or {}), "steps": self.step_cost.to_dict(), "train_cpu_s": None}  # (CPU: a worker's)
 
     def _record_failed(self, error) -> None:
@@ -599,16 +597,14 @@ class Monitor:
             return
         steps = [s for s, _ in self._losses]
         self._losses = []
-        if self.seq.loss_first is None:
-            self.seq.loss_first = values[0]
-        self.seq.last_loss = values[-1]
-        self.rec.metrics(steps, values)  # the steps since the last snapshot, one write(2)
+        self.seq.last_loss = values[-1]  # the next snapshot's loss
+        self.rec.metrics(steps, values)  # the steps since the last snapshot, one write(2); the recorder counts them
 
     def _emit(self, snap: dict, seconds: float) -> list[Finding]:
         """The sequencer's ``emit``: check and write the snapshot (``on_snapshot``, then each
         new finding); raise :class:`FindingError` once all are written (``on_finding="raise"``)."""
         self.rank_watch.annotate(snap)  # under torchrun: the cross-rank table (rules OC701-OC707)
-        new = self.rec.check(snap)  # written, checked; summary.json rewritten "running" with this step
+        new = self.rec.check(snap, seconds)  # written, checked, counted; summary.json rewritten "running"
         failing = [f for f in new if severity_rank(f.severity) >= self._fail_rank]
         if self.on_finding_policy == "raise" and failing and self._may_raise:
             raise FindingError(failing[0], new)

@@ -15,7 +15,7 @@ snapshot   snapshot: a schema-1 snapshot (``optcheck.record.snapshot``); cost_s:
 lifecycle  step, kind ("eval", "checkpoint", "resume", "inject"), detail
 crash      step, exc_type, message, stack, where: an exception ended the run
 stopped    step, reason: the worker stopped early on purpose
-done       step, loss_first, loss_last, val_loss_first, val_loss_last, val_step_first,
+done       step, val_loss_first, val_loss_last, val_step_first,
            val_step_last, step_cost (``optcheck.run.sequencer.StepCost``), train_cpu_s,
            train_cpu_block_s (``optcheck.run.sequencer.CpuBlocks``: CPU seconds per step, a block each)
 =========  ====================================================================
@@ -39,6 +39,7 @@ Torch-free: the TorchSharp worker imports it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -51,7 +52,7 @@ TYPES = ("hello", "metrics", "snapshot", "lifecycle", "crash", "stopped", "done"
 NUMERIC: dict[str, tuple[str, ...]] = {
     "metrics": ("[losses]", "[step_times_s]"),
     "snapshot": ("cost_s",),
-    "done": ("loss_first", "loss_last", "val_loss_first", "val_loss_last", "train_cpu_s", "[train_cpu_block_s]"),
+    "done": ("val_loss_first", "val_loss_last", "train_cpu_s", "[train_cpu_block_s]"),
 }
 #: Integer fields (steps, counts): anything but a whole number >= 0 becomes None (in a list: the entry is dropped).
 INTEGER: dict[str, tuple[str, ...]] = {
@@ -87,6 +88,11 @@ class Stream:
         payload["type"] = type
         self._f.write(dumps(payload) + "\n")
         self._f.flush()
+
+    def held(self):
+        """A context in which a SIGTERM waits (the worker loop's guarded stream holds it; a plain
+        stream holds nothing)."""
+        return contextlib.nullcontext()
 
     def verdict(self) -> dict:
         """Block until the supervisor's verdict line arrives; ``{}`` when there is no

@@ -302,10 +302,7 @@ def _supervise(cfg: SoakConfig, out: Path, rec: RunRecorder, bar: Progress, sig:
     rec.set(crash=st.crash, stopped=st.stopped, hazards=st.hazards, cost=cost,
             versions=st.hello.get("versions") or {}, threads=st.hello.get("threads"),
             interrupted_by=sig.name, signals=sig.count, garbled_lines=st.garbled,
-            loss_last=done.get("loss_last", base.loss_last),
             **{k: done.get(k) for k in ("val_loss_first", "val_loss_last", "val_step_first", "val_step_last")})
-    if isinstance(done.get("step"), int):
-        base.last_step = done["step"]
     summary = rec.finish(crashed=crashed, interrupted=interrupted, stopped=st.stopped is not None)
     return SoakResult(summary, rec.findings, summary["exit_code"], out)
 
@@ -339,14 +336,14 @@ def _handle(msg: dict, st: _State, rec: RunRecorder, bar: Progress) -> str | Non
     elif kind == "stopped":
         st.hazards = msg.get("hazards")
         st.stopped = {k: v for k, v in msg.items() if k not in ("type", "hazards")}
-        rec.summary.last_step = max(rec.summary.last_step, msg.get("step") or 0)
+        rec.reached(msg.get("step") or 0)
         rec.event({"kind": "stopped", **st.stopped})
     elif kind == "done":
         st.done = msg
         st.hazards = msg.get("hazards")
         if isinstance(msg.get("step"), int):
-            rec.summary.last_step = msg["step"]
-        bar.update(rec.summary.last_step, msg.get("loss_last"), len(rec.findings))
+            rec.reached(msg["step"])
+        bar.update(rec.summary.last_step, rec.summary.loss_last, len(rec.findings))
     elif kind == "garbled":
         st.garbled += 1
     return None

@@ -1,34 +1,23 @@
-"""The run recorder: where a run directory is written and its ``summary.json`` filled.
+"""The run recorder: the one writer of a run directory and the one counter of its ``summary.json``.
 
-Every driver of a run — the soak supervisor (``optcheck/drivers/soak.py``, fed by the
-worker's socket), ``optcheck.Monitor`` (in-process) and ``optcheck check`` (replaying
-records) — writes through one :class:`RunRecorder`; a run of several ranks (the
-``--nproc`` supervisor, rank 0 of a Monitor under torchrun) folds its ranks' summaries
-through one :class:`RankRecorder`. They are the only code that
+Every driver — the soak supervisor (``optcheck/drivers/soak.py``, fed by the worker's
+socket), ``optcheck.Monitor`` (in-process), ``optcheck check`` (replaying records) —
+records through one :class:`RunRecorder`; a run of several ranks (``--nproc``, rank 0 of a
+Monitor under torchrun) folds its ranks' summaries through one :class:`RankRecorder`. Only
+they lock the run directory (``optcheck.run.rundir.RunDir``), append records (snapshots
+checked by the run's one rule engine, their findings after them; metrics; events), count the
+:class:`~optcheck.record.summary.Summary` from what they recorded (last step, losses,
+snapshots, peak RSS, findings, costs; a driver adds only what it alone sees, with
+:meth:`RunRecorder.set`, :meth:`RunRecorder.reached`), write ``summary.json`` atomically
+(``running`` after each snapshot, the final one from the reserve on a full disk) and pick
+the status and exit code (``optcheck.run.exitcodes``). ``docs/run-recorder.md`` has the rest.
 
-* creates and locks the run directory (``optcheck.run.rundir.RunDir``: one
-  writer, no silent overwrite, no symlink followed, no torn line);
-* appends records: snapshots (checked by the run's one rule engine, their
-  findings written after them), metrics, events;
-* fills the :class:`~optcheck.record.summary.Summary` from what it recorded
-  (last step, first/last loss, snapshots, peak RSS, findings, costs) plus what
-  the driver adds with :meth:`RunRecorder.set`;
-* writes ``summary.json`` atomically — ``running`` at the start and after each
-  snapshot, the final one at :meth:`RunRecorder.finish`, from the reserve on a
-  full disk;
-* picks the status and the exit code (``optcheck.run.exitcodes.run_exit_code``, and
-  :func:`optcheck.run.exitcodes.worst` over several runs).
-
-A record that cannot be written (disk full, ``ulimit -f``, EIO) either raises
-:class:`~optcheck.errors.RecordError` (``on_record_error="raise"``: the soak stops
-its worker) or is kept in :attr:`RunRecorder.record_error` and every later write
-is dropped (``"keep"``: a Monitor never raises into the user's ``optimizer.step()``);
-the run then ends ``record-failed``, exit 4.
-
-A non-finite training loss in the metrics is the finding of the rule owning
-non-finite values (OC501) at its step, even between two snapshots.
-
-Adding a field to ``summary.json``: the :class:`Summary` dataclass, filled here.
+A record that cannot be written (disk full, ``ulimit -f``, EIO) raises
+:class:`~optcheck.errors.RecordError` (``on_record_error="raise"``: the soak stops its
+worker) or is kept in :attr:`RunRecorder.record_error`, later writes dropped (``"keep"``:
+a Monitor never raises into ``optimizer.step()``); the run ends ``record-failed``, exit 4.
+A non-finite training loss in the metrics is OC501's finding at its step, even between
+two snapshots.
 """
 
 from __future__ import annotations
@@ -156,6 +145,18 @@ class RunRecorder:
         if self.rundir is not None and sm.snapshots % self.running_summary_every == 0:
             self.write_running()
         return new
+
+    def reached(self, step: int) -> None:
+        """The driver saw the run reach optimizer step ``step`` (steps without a loss or a
+        snapshot count too: ``last_step`` is the furthest step reported, recorded or checked)."""
+        self.summary.last_step = max(self.summary.last_step, step)
+
+    def resume(self, *, step: int, snapshots: int, loss_first: float | None) -> None:
+        """Count on from a resumed run's numbers (``optcheck.Monitor(state=...)``): its steps,
+        snapshots and first loss."""
+        sm = self.summary
+        sm.last_step, sm.snapshots = max(sm.last_step, step), max(sm.snapshots, snapshots)
+        sm.loss_first = sm.loss_first if loss_first is None else loss_first
 
     def metrics(self, steps: list[int], losses: list, step_times_s: list | None = None) -> list[Finding]:
         """Append one ``metrics.jsonl`` line per step (one ``write(2)``); the first

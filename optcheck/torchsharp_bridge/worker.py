@@ -61,6 +61,7 @@ from optcheck.errors import InputError
 # (upward: this module is the TorchSharp worker process's entry point, itself a driver: it runs the soak loop)
 from optcheck.drivers.protocol import Stream
 from optcheck.drivers.worker_loop import run
+from optcheck.run.backend import Backend
 from optcheck.torchsharp_bridge import native, runtime
 from optcheck.torchsharp_bridge.convert import body_from_json, name_members
 
@@ -85,8 +86,8 @@ def setup_config(cfg: SoakConfig, corpus: Corpus) -> str:
     return json.dumps(doc, default=str)
 
 
-class TorchSharpBackend:
-    """:class:`optcheck.drivers.worker_loop.Backend` over a .NET trainer driven through pythonnet."""
+class TorchSharpBackend(Backend):
+    """:class:`optcheck.run.backend.Backend` over a .NET trainer driven through pythonnet."""
 
     name = "torchsharp"
 
