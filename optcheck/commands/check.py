@@ -121,7 +121,7 @@ def register(group: click.Group) -> None:
         Exit codes: 0 clean, 1 findings at or above --fail-on, 2 bad input.
         """
         from optcheck.commands._paths import check_output_file
-        from optcheck.commands.soak import ignore_entries
+        from optcheck.commands.soak_plan import ignore_entries
 
         if junit:
             check_output_file(junit, "--junit")

@@ -1,6 +1,6 @@
-"""``optcheck soak --nproc N``: the option's checks and its dispatch to
-:func:`optcheck.distributed.soak.run_distributed_soak` (one call from
-``optcheck/commands/soak.py``). Torch-free."""
+"""``optcheck soak --nproc N``: the option's checks (:func:`check_nproc`, called by the soak's
+plan, ``optcheck/commands/soak_plan.py``, before :func:`optcheck.distributed.soak.run_distributed_soak`
+runs it) and the distributed scenarios. Torch-free."""
 
 from __future__ import annotations
 
@@ -12,17 +12,16 @@ DIST_SCENARIOS = ("rank1-param-replaced", "rank1-lr", "no-sync-forever", "rank1-
                   "rank1-kill", "rank1-hang")  # optcheck/distributed/worker.py implements them
 
 
-def dispatch(cfg: SoakConfig, nproc: int, out, *, fail_on: str, quiet: bool, force: bool, print_summary,
-             other_options: bool) -> int | None:
-    """Run the distributed soak and return its exit code; None when ``nproc`` is 1 (the
-    ordinary soak goes on). InputError (exit 2) for a distributed scenario without
-    ``--nproc``, or options ``--nproc`` does not take (several backends or seeds,
-    TorchSharp, --junit/--plot/--summary-md/--baseline/--ignore/--memory-budget, lifecycle events)."""
+def check_nproc(cfg: SoakConfig, nproc: int, *, other_options: bool) -> bool:
+    """Whether the soak runs distributed (``nproc`` >= 2), every option checked first. InputError
+    (exit 2) for a distributed scenario without ``--nproc``, or options ``--nproc`` does not take
+    (several backends or seeds, TorchSharp, --junit/--plot/--summary-md/--baseline/--ignore/
+    --memory-budget, lifecycle events), or ``nproc`` beyond this machine."""
     dist_only = [i.name for i in cfg.checks.inject if i.name in DIST_SCENARIOS]
     if nproc < 2:
         if dist_only:
             raise InputError(f"--inject {dist_only[0]}: a distributed scenario, needs --nproc 2 or more")
-        return None
+        return False
     if cfg.run.backend != "pytorch" or other_options:
         raise InputError("--nproc runs the PyTorch GPT under DDP only: without --backend torchsharp, --seeds, "
                          "--junit, --plot, --summary-md, --baseline, --ignore or --memory-budget")
@@ -36,12 +35,4 @@ def dispatch(cfg: SoakConfig, nproc: int, out, *, fail_on: str, quiet: bool, for
         raise InputError(f"--inject {other[0]}: with --nproc only the distributed scenarios: {', '.join(DIST_SCENARIOS)}")
     env_timeout_s()
     check_capacity(cfg, nproc)
-    from optcheck.distributed.soak import run_distributed_soak
-
-    result = run_distributed_soak(cfg, nproc, out, fail_on=fail_on, progress=not quiet, force=force)
-    print_summary(result.summary, result.findings)
-    import sys
-
-    for note in result.summary.get("notes") or []:  # lines of the ranks' files the reader skipped
-        print(f"optcheck: note: {note}", file=sys.stderr)
-    return result.exit_code
+    return True
