@@ -186,7 +186,7 @@ def _watched(key: str):
     others from being told; the first exception raised goes on to the user."""
 
     def backward(tensors, *args, **kwargs):
-        listeners = _ACTIVE[::-1] if _ACTIVE and not _IN_BACKWARD else ()
+        listeners = _ACTIVE[::-1] if _ACTIVE and not _IN_BACKWARD else ()  # a copy: a listener may close inside
         roots = backward_roots(tensors) if listeners else []
         if not roots:
             return _ORIG[key](tensors, *args, **kwargs)
