@@ -17,7 +17,7 @@ optimizer (``register_step_post_hook``); the loss is taken from the tensor
 
 How it watches (all hooks, nothing copied), in the soak's own order
 (``optcheck/run/sequencer.py``: pre-step check, cadence, hazard-forced and final
-snapshots; ``optcheck/record/summary.py``: the rule check and ``summary.json``):
+snapshots; ``optcheck/run/recorder.py``: the rule check and ``summary.json``):
 
 - ``optimizer.step()`` pre- and post-hooks (``register_step_pre_hook``): the
   identity check before, a snapshot at once if it changed; after, every
@@ -193,6 +193,7 @@ class Monitor:
         self.closed = False
         self._losses: list[tuple[int, torch.Tensor]] = []
         self._loss: torch.Tensor | None = None
+        self._loss_before: torch.Tensor | None = None
         self._crash: dict | None = None
         self._stopped: dict | None = None
         self._may_raise = True
@@ -458,14 +459,18 @@ class Monitor:
         if self.rank_watch.before_backward(self.step_count):  # under torchrun: the ranks differ
             self.seq.take(self.step_count + 1, "pre-step", "check")
         loss = backward_loss(roots, grads)
+        self._loss_before = self._loss  # (back to it when the pass reaches none of this optimizer's parameters)
         if loss is not None:
             self._loss = loss
 
     @guarded(FindingError, StepStopped)
     @timed_hook()
     def after_backward(self) -> None:
-        """After a backward pass that returned: its gradients are written."""
-        self.grad_clear.after_backward()
+        """After a backward pass that returned: its gradients are written. With several Monitors
+        open, a pass that reached none of the watched parameters (another Monitor's model) leaves
+        this step's loss as it was."""
+        if self.grad_clear.after_backward() is False and monitor_hooks.open_listeners() > 1:
+            self._loss = self._loss_before
         self.hazards.after_backward(self.step_count + 1)
         self._backwards += 1
         if (ev := self.rank_watch.after_backward(self.step_count + 1)) is not None:  # under torchrun

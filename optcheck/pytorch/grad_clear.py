@@ -166,26 +166,32 @@ class GradClearProbe:
         self._gb = (gb, None if not any(map(operator.is_not, gb, repeat(None)))
                     else [g._version if g is not None else -1 for g in gb])
 
-    def after_backward(self) -> None:
-        """After it: the parameters whose ``.grad`` is new or was added to are fresh."""
+    def after_backward(self) -> bool | None:
+        """After it: the parameters whose ``.grad`` is new or was added to are fresh. Returns
+        whether the pass reached any of them (a Monitor takes the pass's loss as its step's only
+        then: another optimizer's loss is not this one's), None when it cannot tell."""
         if not self._per_backward:
-            return
+            return None
         self._in_pass = False
         before, self._gb = self._gb, None
         ps = self._params
         ga = list(map(_GRAD, ps))
         if before is None or len(before[0]) != len(ga):  # not told before the pass (or parameters adopted in it)
             self._bypassed = True
-            return
+            return None
         gb, vb = before
         fresh = self._fresh
+        reached = False
         if vb is None:  # no gradient before the pass (zero_grad(set_to_none=True)): those set now
             for i in compress(range(len(ga)), map(operator.is_not, ga, repeat(None))):
                 fresh[i] = ps[i]
-            return
+                reached = True
+            return reached
         for i, a in enumerate(ga):
             if a is not None and (a is not gb[i] or a._version != vb[i]):
                 fresh[i] = ps[i]
+                reached = True
+        return reached
 
     def _small_hook(self, grad: torch.Tensor) -> None:
         """The smallest parameter's tensor hook, before its gradient is accumulated (OC204)."""

@@ -287,6 +287,11 @@ def _excepthook(exc_type, exc, tb) -> None:
     prev(exc_type, exc, tb)
 
 
+def open_listeners() -> int:
+    """How many listeners (Monitors) are open."""
+    return len(_ACTIVE)
+
+
 def install(mon: BackwardListener) -> None:
     """Register ``mon`` as the newest open listener; wrap backward and the excepthook once."""
     _ACTIVE.append(mon)

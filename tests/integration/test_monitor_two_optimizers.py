@@ -136,3 +136,27 @@ def test_a_new_optimizer_built_over_the_new_layer_but_never_stepped_explains_not
         train(m, [mats, rest], 20, at={12: replace})
     found = [f for f in mon.checker.findings if f.code == "OC102"]
     assert found and found[0].step == 12 and {"3.weight", "3.bias"} <= set(found[0].subjects), found
+
+
+def test_two_networks_backward_before_either_steps_each_keep_their_own_loss(tmp_path):
+    """Both losses' backward passes run before either optimizer steps: every Monitor hears both,
+    and keeps the loss of the pass that reached its own parameters."""
+    torch.manual_seed(0)
+    a_net, b_net = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
+    opt_a, opt_b = torch.optim.SGD(a_net.parameters(), lr=0.1), torch.optim.SGD(b_net.parameters(), lr=0.1)
+    la, lb = [], []
+    with optcheck.Monitor(a_net, opt_a, every=3, out=str(tmp_path / "a")), \
+            optcheck.Monitor(b_net, opt_b, every=3, out=str(tmp_path / "b")):
+        for _ in range(6):
+            x = torch.randn(8, 4)
+            loss_a, loss_b = a_net(x).pow(2).mean(), (b_net(x) - 1).pow(2).mean()
+            opt_a.zero_grad()
+            opt_b.zero_grad()
+            loss_a.backward()
+            loss_b.backward()
+            opt_a.step()
+            opt_b.step()
+            la.append(loss_a.item())
+            lb.append(loss_b.item())
+    assert metrics(tmp_path / "a") == list(enumerate(la, 1))
+    assert metrics(tmp_path / "b") == list(enumerate(lb, 1))
