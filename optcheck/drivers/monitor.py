@@ -15,6 +15,12 @@ which also records an exception that ends it. Steps are counted by the
 optimizer (``register_step_post_hook``); the loss is taken from the tensor
 ``backward()`` is called on (``mon.step(loss)`` records one explicitly).
 
+Optimizers that step inside backward (PyTorch's optimizer-in-backward recipe with
+a dict of per-parameter optimizers, torchtune's ``optimizer_in_bwd``, optimi's
+``gradient_release``, LOMO) are watched too: there a training step is a backward
+pass that moves the parameters (``optcheck/pytorch/in_backward.py``), the pre-step
+check runs before that pass and the post-step snapshot after it.
+
 How it watches (all hooks, nothing copied), in the soak's own order
 (``optcheck/run/sequencer.py``: pre-step check, cadence, hazard-forced and final
 snapshots; ``optcheck/run/summary.py``: the rule check and ``summary.json``):
@@ -69,6 +75,7 @@ from optcheck.findings import SEVERITIES, Finding, severity_rank
 from optcheck.pytorch import monitor_hooks, step_hooks
 from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.pytorch.grad_clear import GradClearProbe
+from optcheck.pytorch.in_backward import BackwardSteps
 from optcheck.pytorch.guard import Notes, guarded
 from optcheck.pytorch.monitor_hooks import ClipNorm, FindingError, OptcheckWarning, TorchProbe, backward_loss
 from optcheck.pytorch.train import NullHazards
@@ -115,8 +122,10 @@ class Monitor:
         optimizer: its ``torch.optim.Optimizer`` (torch ≥ 2.0: step hooks), a
             wrapper holding one in ``.optimizer``, ``.base_optimizer``, ``.base``,
             ``.wrapped_optimizer`` or ``.optim`` (accelerate, Lightning, SAM, Lookahead,
-            schedule-free's ``ScheduleFreeWrapper``), or an object with
-            ``param_groups``, ``state`` and ``step`` (``optcheck/pytorch/unwrap.py``,
+            schedule-free's ``ScheduleFreeWrapper``), an object with
+            ``param_groups``, ``state`` and ``step``, or a dict or list of optimizers
+            stepped in backward (one per parameter; torchtune's
+            ``OptimizerInBackwardWrapper``) (``optcheck/pytorch/unwrap.py``,
             ``docs/optimizers.md``).
         every: a snapshot every this many optimizer steps.
         out: run directory (``snapshots.jsonl``, ``findings.jsonl``,
@@ -215,6 +224,8 @@ class Monitor:
             self.hazards.on_stop = self._on_stop
         self.grad_clear = GradClearProbe(optimizer, ledger=self._ledger, per_backward=True)  # told by _before_backward
         self.clip_norm = ClipNorm()  # the user's clip_grad_norm_ total (monitor_hooks): the NaN check's shortcut
+        # steps taken inside backward (optimizer-in-backward, gradient release, LOMO): which pass was a step
+        self.in_backward = BackwardSteps(optimizer, on_active=self.grad_clear.steps_in_backward)
         self.seq = Sequencer(TorchProbe(model, optimizer, self.hazards, self.grad_clear, self.notes), run_id=self.run_id,
                              every=every, emit=self._emit, flush=self._flush_losses)
         self._handles = step_hooks.register(optimizer, self._pre_step, self._post_step)  # once per training step
@@ -222,6 +233,7 @@ class Monitor:
         # swapped in mid-run becomes the watched optimizer (optcheck/pytorch/step_hooks.py)
         self.follow = step_hooks.watch(optimizer).follow(self._switched)
         self._handles.append(self.follow)
+        self._handles.append(step_hooks.watch(optimizer).on_inner(self.in_backward.inner))
         monitor_hooks.install(self)
         self._ctx = None
         if state is not None:
@@ -332,6 +344,7 @@ class Monitor:
             h.remove()
         self.hazards.remove()
         self.grad_clear.remove()
+        self.in_backward.remove()
         monitor_hooks.remove(self)
         monitor_end.closed(self)
         atexit.unregister(self._atexit)
@@ -373,6 +386,8 @@ class Monitor:
                                                                    seq.last_loss)
         sm.peak_rss_bytes, sm.versions, sm.threads = seq.peak_rss, seq.probe.versions(), torch.get_num_threads()
         sm.crash, sm.stopped, sm.config = self._crash, self._stopped, {"every": self.every}
+        if self.in_backward.active:  # the training step was a backward pass (optcheck/pytorch/in_backward.py)
+            sm.config["steps_in"] = "backward"
         sm.not_checked = list(getattr(self.hazards, "not_checked", [])) + list(self.notes)
         sm.hazards = self.hazards.stats()
         sm.interrupted_by, sm.signals = self._interrupted, int(self._interrupted is not None)
@@ -449,6 +464,11 @@ class Monitor:
         self.grad_clear.before_backward()
         for t in roots:
             self.hazards.check_loss(t, self.step_count + 1)
+        ib = self.in_backward
+        if not ib.retired:
+            ib.before()
+            if ib.active:  # this pass is the training step: the pre-step check, before it moves anything
+                self.seq.pre_step(self.step_count + 1)
         if self._dist is not None and self._dist.before_backward(self.step_count):  # optcheck.distributed hook
             self.seq.take(self.step_count + 1, "pre-step", "check")
         loss = backward_loss(roots, grads)
@@ -460,6 +480,12 @@ class Monitor:
     def _after_backward(self) -> None:
         self.grad_clear.after_backward()
         self.hazards.after_backward(self.step_count + 1)
+        if not self.in_backward.retired and self.in_backward.after():  # the pass moved the parameters: a step
+            self.grad_clear.step_ended()
+            self.step_cost.steps += 1
+            self._end_step()
+            self.on_step_end(self.step_count)
+            return
         self._backwards += 1
         if self._dist is not None and (ev := self._dist.after_backward(self.step_count + 1)) is not None:  # optcheck.distributed hook
             for e in ev:
@@ -505,6 +531,8 @@ class Monitor:
     @guarded(FindingError, StepStopped)
     @timed_hook()
     def _pre_step(self, optimizer, args, kwargs) -> None:
+        if self.in_backward.active or self.in_backward.seen:  # steps are taken in backward: no training step
+            return
         self.hazards.check_grads_before_step(self.step_count + 1, kwargs, self.clip_norm)
         self.seq.pre_step(self.step_count + 1)
 
@@ -518,6 +546,7 @@ class Monitor:
         if hasattr(self.hazards, "optimizer"):
             self.hazards.optimizer = new
         self.grad_clear.adopt(new)
+        self.in_backward.adopt(new)
         first = id(new) not in self._switches  # else: back to one watched before (two used in turn, or undone)
         self._switches.add(id(new))
         self._switch_event = (old, new) if first else None
@@ -535,12 +564,19 @@ class Monitor:
         self._urgent = True
 
     def _post_step(self, optimizer, args, kwargs) -> None:
+        if self.in_backward.active or self.in_backward.seen:  # (optimi's step() after backward: a no-op)
+            return
+        self.in_backward.retire()  # the ordinary contract: nothing to track in backward from now on
         self._step_done()
         self.on_step_end(self.step_count)
 
     @guarded(FindingError, StepStopped)
     @timed_hook(step_end=True)
     def _step_done(self) -> None:
+        self._end_step()
+
+    def _end_step(self) -> None:
+        """The training step ends (after ``optimizer.step()``, or the backward pass that was the step)."""
         self._threads.add(threading.get_ident())
         self._backwards = 0
         self.step_count += 1

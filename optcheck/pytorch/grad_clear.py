@@ -108,6 +108,7 @@ class GradClearProbe:
         self._arrived: list[int] = []  # indices accumulated into between the last two steps (arrived_ids)
         self._handles = []
         self._small_handle = None
+        self._in_bwd = False  # steps are taken inside backward: the Monitor ends them (step_ended)
         members = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad and p.is_leaf
                    and not hasattr(p, "to_local")]  # FSDP2 DTensor: reduce-scatter writes .grad, no tensor hook runs (docs/distributed.md)
         # nn.LazyLinear & co. before their first forward: no shape, no hooks yet; they materialise in
@@ -202,7 +203,29 @@ class GradClearProbe:
                 self._stale = self._stale & held
         return None
 
+    def steps_in_backward(self) -> None:
+        """The training step is a backward pass that moves the parameters
+        (``optcheck/pytorch/in_backward.py``): gradients are released inside it, so
+        arrival is recorded by a post-accumulate-grad hook on every parameter (as
+        without ``per_backward``), OC207's check (gradients gone by ``step()``: the
+        design here) is not made, and the step ends when :meth:`step_ended` is called."""
+        if self._in_bwd:
+            return
+        self._in_bwd = True
+        if self._per_backward:
+            self._per_backward = False
+            self._gb, self._in_pass = None, False
+            for i, p in enumerate(self._params):
+                self._handles.append(p.register_post_accumulate_grad_hook(functools.partial(operator.setitem,
+                                                                                            self._fresh, i)))
+
+    def step_ended(self) -> None:
+        """A training step taken inside backward ended (:meth:`steps_in_backward`)."""
+        self._end_step()
+
     def _before_step(self, optimizer, args, kwargs) -> None:
+        if self._in_bwd:
+            return
         self.adopt_materialized()
         if not self._fresh or self._bypassed:
             return
@@ -227,6 +250,10 @@ class GradClearProbe:
             "grad_cleared_before_step", step=step, params=n))
 
     def _after_step(self, optimizer, args, kwargs) -> None:
+        if not self._in_bwd:
+            self._end_step()
+
+    def _end_step(self) -> None:
         if not self._params:
             return
         if self._stale is not None:
