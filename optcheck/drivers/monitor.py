@@ -482,6 +482,7 @@ class Monitor:
         self.hazards.after_backward(self.step_count + 1)
         if not self.in_backward.retired and self.in_backward.after():  # the pass moved the parameters: a step
             self.grad_clear.step_ended()
+            self.hazards.step_ended(self.step_count + 1)
             self.step_cost.steps += 1
             self._end_step()
             self.on_step_end(self.step_count)
@@ -531,8 +532,6 @@ class Monitor:
     @guarded(FindingError, StepStopped)
     @timed_hook()
     def _pre_step(self, optimizer, args, kwargs) -> None:
-        if self.in_backward.active or self.in_backward.seen:  # steps are taken in backward: no training step
-            return
         self.hazards.check_grads_before_step(self.step_count + 1, kwargs, self.clip_norm)
         self.seq.pre_step(self.step_count + 1)
 
@@ -564,8 +563,6 @@ class Monitor:
         self._urgent = True
 
     def _post_step(self, optimizer, args, kwargs) -> None:
-        if self.in_backward.active or self.in_backward.seen:  # (optimi's step() after backward: a no-op)
-            return
         self.in_backward.retire()  # the ordinary contract: nothing to track in backward from now on
         self._step_done()
         self.on_step_end(self.step_count)

@@ -55,6 +55,8 @@ import operator
 
 import torch
 
+from optcheck.pytorch import step_hooks
+
 _VERSION = operator.attrgetter("_version")
 
 
@@ -87,6 +89,7 @@ class BackwardSteps:
 
     def __init__(self, optimizer, on_active=None):
         self.optimizer = optimizer
+        self.watch = step_hooks.watch(optimizer)  # told when steps are known to be taken in backward
         self.on_active = on_active
         self.active = False  # a pass was a training step: steps are taken in backward
         self.retired = False  # the ordinary contract (step() outside backward): nothing tracked
@@ -168,7 +171,9 @@ class BackwardSteps:
         stepped = self.inner_steps > 0
         if not (moved or released or stepped):
             return False
-        self.seen = True
+        if not self.seen:
+            self.seen = True
+            self.watch.in_backward = True  # a step() outside backward is no training step from now on
         if accumulating(self.optimizer):
             return False
         if moved:
@@ -192,6 +197,8 @@ class BackwardSteps:
         self.remove()
 
     def remove(self) -> None:
+        if self.seen:
+            self.watch.in_backward = False
         for h in self._handles:
             h.remove()
         self._handles = []

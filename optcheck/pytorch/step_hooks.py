@@ -50,7 +50,9 @@ optimizer's own or another one over the watched parameters, it is no training st
 and no swap: the ``inner`` subscribers are told of it, and the backward pass it ran in
 is what :mod:`optcheck.pytorch.in_backward` judges. A member of an
 :class:`~optcheck.pytorch.optimizer_set.OptimizerSet` stepped outside backward is
-passed over (neither a training step nor a swap).
+passed over (neither a training step nor a swap); so is every ``step()`` outside
+backward once the steps are known to be taken inside it (:attr:`StepWatch.in_backward`:
+optimi's ``step()`` after a backward that already stepped each parameter is a no-op).
 
 Cost per training step: four Python calls (two hooks of each kind) and one
 ``sys._getframe`` in each, plus one call per subscriber; a scan of another
@@ -139,6 +141,9 @@ class StepWatch:
         self._may_switch = True
         self._followers: list[Callable] = []  # on_switch(new, old) of each follower (a Monitor each)
         self._inner: list[Hook] = []  # told of each step() inside a backward pass
+        #: the training steps are taken inside backward (optcheck/pytorch/in_backward.py): a step() outside
+        #: backward (optimi's, after a backward that already stepped each parameter) is passed over
+        self.in_backward = False
         self._hook_own()
 
     # -- subscribers -------------------------------------------------------------
@@ -289,7 +294,8 @@ class StepWatch:
             if not self._global:  # (else the global hook, run before this one, told them)
                 self._inner_step(opt, args, kwargs)
             return
-        self._start(opt, caller, args, kwargs)
+        if not self.in_backward:
+            self._start(opt, caller, args, kwargs)
 
     def _own_post(self, opt, args, kwargs) -> None:
         if sys._getframe(1) is self._frame:
@@ -307,7 +313,7 @@ class StepWatch:
             return  # (its own hooks, after these, decide)
         if id(opt) in self._wrappers or not self._moves_watched(opt) or self._member(opt):
             return
-        if not self._followers:
+        if not self._followers or self.in_backward:
             return
         if self._may_switch and opt.param_groups is not self.optimizer.param_groups:  # not SAM's base: a swap
             if id(opt) in self._retired:  # two optimizers in turn: watch this one again, switch no more

@@ -342,6 +342,16 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         self.end_step(self._step)
         self._count_step()
 
+    def step_ended(self, step: int) -> None:
+        """A training step taken inside backward ended (``optcheck/pytorch/in_backward.py``):
+        judge its gradient arrival and count it, as after the watched optimizer's step. No
+        judgment of no-grad forwards fed to it (:meth:`_after_step`): the gradients were
+        released inside backward, so ``.grad`` being None says nothing."""
+        if torch.compiler.is_compiling() or self._removed:
+            return
+        self.end_step(step)
+        self._count_step()
+
     def _stop(self, msg: str, event: dict, cause: BaseException | None = None) -> None:
         """Raise StepStopped, after telling ``on_stop`` (a Monitor records the finding
         there, before the exception unwinds the user's forward)."""
