@@ -223,7 +223,8 @@ class Monitor:
                                         grad_check_every=0)  # gradients: before the step writes them (_pre_step)
             self.hazards.on_stop = self._on_stop
         self.grad_clear = GradClearProbe(optimizer, ledger=self._ledger, per_backward=True)  # told by before_backward
-        self.clip_norm = ClipNorm()  # the user's clip_grad_norm_ total (monitor_hooks): the NaN check's shortcut
+        # the user's clip_grad_norm_ total (monitor_hooks): the NaN check's shortcut, and OC207's (grad_clear)
+        self.clip_norm = ClipNorm(on_record=self.grad_clear.clipped)
         # steps taken inside backward (optimizer-in-backward, gradient release, LOMO): which pass was a step
         self.in_backward = BackwardSteps(optimizer, on_active=self.grad_clear.steps_in_backward)
         self.seq = Sequencer(TorchProbe(model, optimizer, self.hazards, self.grad_clear, self.notes), run_id=self.run_id,
