@@ -17,6 +17,7 @@ The Monitor's own figures come from its ``summary.json`` fields: ``cost.steps``
 the start one first) and ``Monitor()``'s own time (CPU and wall).
 
     python benchmarks/bench_small_loop.py --steps 1000 --rounds 5
+    python benchmarks/bench_small_loop.py --components auto --steps 1000   # where the Monitor's time goes
     PYTHONPATH=/other/checkout python benchmarks/bench_small_loop.py ...   # another optcheck
 
 Configurations: ``plain``; ``auto`` (``Monitor(every=100)``: every probe,
@@ -108,7 +109,12 @@ def child(config: str, steps: int, every: int, out: str) -> dict:
         prof.enable()
     c0, t0 = time.process_time(), time.perf_counter()
     for _ in range(steps):
-        loss = step()
+        if _ON_STEP is None:
+            loss = step()
+        else:
+            t = time.thread_time_ns()
+            loss = step()
+            _ON_STEP(time.thread_time_ns() - t, mon)
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
     if prof is not None:
         prof.disable()
@@ -123,6 +129,88 @@ def child(config: str, steps: int, every: int, out: str) -> dict:
     return res
 
 
+#: (owner, attribute, label) of each piece of the Monitor's per-step work timed by ``--components``
+def _pieces(mon) -> list:
+    from optcheck.pytorch import monitor_hooks
+
+    return [(mon, "before_backward", "Monitor.before_backward (loss, hazards' loss check, arrival map)"),
+            (mon, "after_backward", "Monitor.after_backward (arrival map, hazards' judgment)"),
+            (mon, "_pre_step", "Monitor._pre_step (identity check, gradients' NaN/Inf via the clip total)"),
+            (mon.grad_clear, "_before_step", "GradClearProbe._before_step (OC207)"),
+            (mon, "_post_step", "Monitor._post_step (step end, step context; snapshots excluded below)"),
+            (mon.grad_clear, "_after_step", "GradClearProbe._after_step (OC204/OC208 bookkeeping)"),
+            (mon.hazards, "_after_step", "hazards._after_step (gradient arrival judged, step counted)"),
+            (monitor_hooks.ClipNorm, "record", "ClipNorm.record (the clip total kept)")]
+
+
+def components(config: str, steps: int, every: int) -> None:
+    """Each piece's CPU time per call inside the running loop (``time.thread_time_ns``
+    around it: cache effects included), median over the steps; the snapshots (median
+    each, amortised at ``every``); armed steps against unarmed ones (median step each)."""
+    import torch
+
+    import optcheck
+    from optcheck.run import sequencer
+
+    times: dict[str, list[int]] = {}
+
+    def timed(fn, label):
+        def wrapper(*a, **k):
+            t = time.thread_time_ns()
+            try:
+                return fn(*a, **k)
+            finally:
+                times.setdefault(label, []).append(time.thread_time_ns() - t)
+        return wrapper
+
+    real_monitor = optcheck.Monitor
+
+    class Timed(real_monitor):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            for owner, name, label in _pieces(self):
+                if hasattr(owner, name):
+                    setattr(owner, name, timed(getattr(owner, name), label))
+
+    take = sequencer.Sequencer.take
+    sequencer.Sequencer.take = timed(take, "snapshot")
+    optcheck.Monitor = Timed
+    per_step: list[int] = []
+    armed: list[bool] = []
+    global _ON_STEP
+    _ON_STEP = lambda ns, mon: (per_step.append(ns), armed.append(bool(getattr(mon.hazards, "armed", False))))
+    try:
+        child(config, steps, every, None)
+    finally:
+        optcheck.Monitor, sequencer.Sequencer.take = real_monitor, take
+    print(f"{config}: {steps} steps, every={every}, 1 thread, load {os.getloadavg()[0]:.2f}")
+    total = 0.0
+    for label, ts in times.items():
+        if label == "snapshot":
+            continue
+        us = statistics.median(ts) / 1e3 * len(ts) / steps
+        total += us
+        print(f"  {label:84s} {us:7.1f} µs/step")
+    snaps = times.get("snapshot", [])[1:]  # (the first is Monitor()'s start snapshot)
+    if snaps:
+        us = statistics.median(snaps) / 1e3 / every
+        total += us
+        print(f"  {'snapshots: median ' + f'{statistics.median(snaps) / 1e6:.2f} ms, one per every steps':84s} "
+              f"{us:7.1f} µs/step")
+    on = [t for t, a in zip(per_step, armed) if a]
+    off = [t for t, a in zip(per_step, armed) if not a]
+    if on and off:
+        extra = (statistics.median(on) - statistics.median(off)) / 1e3
+        us = extra * len(on) / len(per_step)
+        total += us
+        print(f"  {f'armed steps: {len(on)} of {len(per_step)}, each {extra:.0f} µs over an unarmed one':84s} "
+              f"{us:7.1f} µs/step")
+    print(f"  {'total':84s} {total:7.1f} µs/step; unarmed step median {statistics.median(off or per_step) / 1e3:.0f} µs")
+
+
+_ON_STEP = None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=1000)
@@ -131,11 +219,16 @@ def main() -> None:
     ap.add_argument("--configs", default="plain,auto,off")
     ap.add_argument("--baseline-tree", help="another optcheck checkout: its auto and off run in the same rounds "
                                             "(auto@base, off@base)")
+    ap.add_argument("--components", metavar="CONFIG", help="time each piece of the Monitor's per-step work "
+                                                             "inside the loop (auto or off), in this process")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         print(json.dumps(child(a.child, a.steps, a.every, a.out)))
+        return
+    if a.components:
+        components(a.components, a.steps, a.every)
         return
     import tempfile
 
