@@ -129,20 +129,6 @@ def child(config: str, steps: int, every: int, out: str) -> dict:
     return res
 
 
-#: (owner, attribute, label) of each piece of the Monitor's per-step work timed by ``--components``
-def _pieces(mon) -> list:
-    from optcheck.pytorch import monitor_hooks
-
-    return [(mon, "before_backward", "Monitor.before_backward (loss, hazards' loss check, arrival map)"),
-            (mon, "after_backward", "Monitor.after_backward (arrival map, hazards' judgment)"),
-            (mon, "_pre_step", "Monitor._pre_step (identity check, gradients' NaN/Inf via the clip total)"),
-            (mon.grad_clear, "_before_step", "GradClearProbe._before_step (OC207)"),
-            (mon, "_post_step", "Monitor._post_step (step end, step context; snapshots excluded below)"),
-            (mon.grad_clear, "_after_step", "GradClearProbe._after_step (OC204/OC208 bookkeeping)"),
-            (mon.hazards, "_after_step", "hazards._after_step (gradient arrival judged, step counted)"),
-            (monitor_hooks.ClipNorm, "record", "ClipNorm.record (the clip total kept)")]
-
-
 def components(config: str, steps: int, every: int) -> None:
     """Each piece's CPU time per call inside the running loop (``time.thread_time_ns``
     around it: cache effects included), median over the steps; the snapshots (median
@@ -163,18 +149,27 @@ def components(config: str, steps: int, every: int) -> None:
                 times.setdefault(label, []).append(time.thread_time_ns() - t)
         return wrapper
 
-    real_monitor = optcheck.Monitor
+    from optcheck.drivers.monitor import Monitor
+    from optcheck.pytorch.grad_clear import GradClearProbe
+    from optcheck.pytorch.hazards import HazardProbes
+    from optcheck.pytorch.monitor_hooks import ClipNorm
 
-    class Timed(real_monitor):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            for owner, name, label in _pieces(self):
-                if hasattr(owner, name):
-                    setattr(owner, name, timed(getattr(owner, name), label))
+    real_monitor = optcheck.Monitor
+    saved = []
+    for cls, name, label in ((Monitor, "before_backward", "Monitor.before_backward (loss, hazards' loss check, arrival)"),
+                             (Monitor, "after_backward", "Monitor.after_backward (arrival, hazards' judgment)"),
+                             (Monitor, "_pre_step", "Monitor._pre_step (identity check; gradients' NaN/Inf)"),
+                             (Monitor, "_post_step", "Monitor._post_step (step end, step context; no snapshot)"),
+                             (GradClearProbe, "_before_step", "GradClearProbe._before_step (OC207)"),
+                             (GradClearProbe, "_after_step", "GradClearProbe._after_step (OC204, OC208)"),
+                             (HazardProbes, "_before_step", "HazardProbes._before_step"),
+                             (HazardProbes, "_after_step", "HazardProbes._after_step (arrival judged)"),
+                             (ClipNorm, "record", "ClipNorm.record (the clip total kept)")):
+        saved.append((cls, name, cls.__dict__[name]))
+        setattr(cls, name, timed(cls.__dict__[name], label))
 
     take = sequencer.Sequencer.take
     sequencer.Sequencer.take = timed(take, "snapshot")
-    optcheck.Monitor = Timed
     per_step: list[int] = []
     armed: list[bool] = []
     global _ON_STEP
@@ -183,6 +178,8 @@ def components(config: str, steps: int, every: int) -> None:
         child(config, steps, every, None)
     finally:
         optcheck.Monitor, sequencer.Sequencer.take = real_monitor, take
+        for cls, name, fn in saved:
+            setattr(cls, name, fn)
     print(f"{config}: {steps} steps, every={every}, 1 thread, load {os.getloadavg()[0]:.2f}")
     total = 0.0
     for label, ts in times.items():
