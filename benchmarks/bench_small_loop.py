@@ -253,8 +253,8 @@ def main() -> None:
     n = rows[configs[0]][0]["params"]
     print(f"{n} parameter tensors")
     print("| configuration | plain ms/step | CPU ratio, median (min-max) | wall ratio, median | own µs/step | "
-          "Monitor() CPU s | start snapshot s | other snapshots ms, median |")
-    print("|---|---|---|---|---|---|---|---|")
+          "Monitor() CPU s (its start snapshot) | snapshots ms, median |")
+    print("|---|---|---|---|---|---|---|")
     for c in configs:
         rs = rows[c]
         if base and c != "plain":
@@ -268,10 +268,9 @@ def main() -> None:
         own = statistics.median(x["own_us"] for x in rs) if "own_us" in rs[0] else None
         ctor = statistics.median(x["ctor_cpu_s"] for x in rs)
         snaps = [x.get("snapshots") or {} for x in rs]
-        first = statistics.median(s.get("first_s", 0) or 0 for s in snaps) if snaps and "own_us" in rs[0] else None
         med = statistics.median(s.get("median_s", 0) or 0 for s in snaps) * 1e3 if "own_us" in rs[0] else None
-        print(f"| {c} | {ms:.2f} | {ratio} | {wr} | {own if own is None else f'{own:.0f}'} | {ctor:.3f} | "
-              f"{first if first is None else f'{first:.3f}'} | {med if med is None else f'{med:.2f}'} |")
+        print(f"| {c} | {ms:.2f} | {ratio} | {wr} | {'-' if own is None else f'{own:.0f}'} | {ctor:.3f} | "
+              f"{'-' if med is None else f'{med:.2f}'} |")
 
 
 if __name__ == "__main__":
