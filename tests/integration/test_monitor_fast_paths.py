@@ -84,18 +84,24 @@ class _Causal(nn.Module):
         return self.head(self.body(self.tok(x) + self.pos, mask=self.mask, is_causal=True))
 
 
-def _compiled(hazards, steps=14):
+def _fresh_dynamo():
+    """Dynamo's caches and counters emptied; returns the counters."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
+    return counters
+
+
+def _compiled(hazards, steps=14):
+    counters = _fresh_dynamo()
     torch.manual_seed(0)
     model = _Causal()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    mon = None
-    if hazards is not None:  # nanoGPT's order: optimizer, Monitor, then torch.compile
-        mon = optcheck.Monitor(model, opt, every=3, hazards=hazards, on_finding="ignore", ignore_config=False)
-    cmodel = torch.compile(model, backend="aot_eager")  # inductor: a C++ build per graph, minutes here
+    # nanoGPT's order: optimizer, Monitor, then torch.compile (inductor: a C++ build per graph, minutes here)
+    mon = None if hazards is None else optcheck.Monitor(model, opt, every=3, hazards=hazards, on_finding="ignore",
+                                                        ignore_config=False)
+    cmodel = torch.compile(model, backend="aot_eager")
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):
         x = torch.randint(0, 64, (4, 16), generator=g)
