@@ -106,8 +106,13 @@ def test_a_gan_with_a_monitor_per_network_records_each_networks_own_loss(tmp_pat
             opt_g.step()
             d_losses.append(d_loss.item())
             g_losses.append(g_loss.item())
-    assert metrics(tmp_path / "d") == list(enumerate(d_losses, 1))
-    assert metrics(tmp_path / "g") == list(enumerate(g_losses, 1))
+    assert_recorded(tmp_path, d=d_losses, g=g_losses)
+
+
+def assert_recorded(tmp_path, **losses) -> None:
+    """Each run directory ``tmp_path/<name>`` holds exactly ``losses[name]``, one a step from step 1."""
+    for name, seen in losses.items():
+        assert metrics(tmp_path / name) == list(enumerate(seen, 1)), name
 
 
 def test_a_layer_replaced_after_both_were_built_is_still_untracked(tmp_path):
@@ -158,5 +163,4 @@ def test_two_networks_backward_before_either_steps_each_keep_their_own_loss(tmp_
             opt_b.step()
             la.append(loss_a.item())
             lb.append(loss_b.item())
-    assert metrics(tmp_path / "a") == list(enumerate(la, 1))
-    assert metrics(tmp_path / "b") == list(enumerate(lb, 1))
+    assert_recorded(tmp_path, a=la, b=lb)
