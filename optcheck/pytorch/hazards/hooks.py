@@ -18,9 +18,10 @@ from optcheck.pytorch.hazards._tensors import (_VERSION, _clean, _float_outputs,
                                                _storage_ptr, _tensors)
 from optcheck.pytorch.hazards.arming import MODES, ArmingPolicy, _hooks_owner
 from optcheck.pytorch.hazards.graph_cut import GraphCutProbe
-from optcheck.pytorch.hazards.inplace import InplaceProbe, _is_recompute_pack, _top_hooks
+from optcheck.pytorch.hazards.inplace import InplaceProbe, _is_recompute_pack, _top_hooks, graph_task_id
 from optcheck.pytorch.hazards.nonfinite import NonfiniteProbe
 from optcheck.pytorch.hazards.nonleaf import NonleafGradProbe
+from optcheck.pytorch.hazards.writes import ModeSlot, WriteWatch
 from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.errors import StepStopped
 from optcheck.pytorch import step_hooks
@@ -88,6 +89,12 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         self._hooked: dict[int, tuple] = {}  # id(module) -> (weakref to it, its two hook handles)
         self._param_names: dict[int, str] = {}
         self._pushed: list[tuple] = []  # (module,) whose call pushed composed checkpoint-recompute hooks
+        # the writer of an in-place write (writes.py): a torch-function mode on armed steps, pushed at the
+        # first eager module call (never inside a compiled forward: Dynamo guards on the mode stack)
+        self._watch = WriteWatch(self._seen_write, self._watch_failed)
+        self._slot, self._bw_slot = ModeSlot(self._watch), ModeSlot(self._watch)
+        self._bw_pushed: list = []  # modules whose forward in backward() (a recompute) pushed the mode
+        self.faults: list[str] = []  # optcheck's own errors inside the step (reported in not_checked)
         self.rescans = 0
         self._scan()
         # a sub-module assigned later (``ff[1] = Gate()``, ``m.blocks = Wrapper(m.blocks)``) marks the
@@ -107,7 +114,13 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
     @property
     def not_checked(self) -> list[str]:
         """What these probes do not check on this model (empty for an eager model)."""
-        return list(NOT_CHECKED_UNDER_COMPILE) if self.compiled else []
+        return (list(NOT_CHECKED_UNDER_COMPILE) if self.compiled else []) + self.faults
+
+    def _watch_failed(self, e: BaseException) -> None:
+        """The write log raised (optcheck's own error): said once, the step goes on."""
+        note = f"in-place write log failed ({type(e).__name__}: {str(e)[:120]}); writers may be unnamed"
+        if note not in self.faults:
+            self.faults.append(note)
 
     def _scan(self) -> None:
         """(Re)build module and parameter names from the model as it is now, hook
@@ -149,6 +162,8 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         self._forget_cuts()
         self._in_backward = False
         self._reported: set[int] = set()  # ids of saved tensors already reported this step
+        self._writes: dict[int, list] = {}  # storage address -> in-place writes the mode saw (inplace.py)
+        self._pending = None  # (message, event) of a write seen inside the mode: stopped at the next hook
         self._release()
 
     def _release(self) -> None:
@@ -191,6 +206,7 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
                 yield self
         finally:
             self._in_ctx = False
+            self._slot.pop()
             self._disarm_late()
             self._active = self._fresh = False
             self._release()
@@ -210,6 +226,16 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         name = self._names.get(id(module))
         if name is None:  # a copy of a watched module (copy.deepcopy(model) copies its hooks)
             return None
+        if self._pending is not None:
+            self._raise_pending(_tensors(args))
+        if graph_task_id() == -1:
+            if not self._slot.on:
+                self._slot.push()  # the first eager module call of an armed step (see __init__)
+        elif not self._bw_slot.on:
+            # in backward() (a checkpoint's recompute): Tensor.backward's dispatch took the mode off for
+            # the call's length; on again for this module's forward (writes.py)
+            self._bw_slot.push()
+            self._bw_pushed.append(module)
         if len(module._modules) != self._nchild.get(id(module)):
             # children added or removed without a registration hook (Sequential.insert and
             # ModuleList.insert write ``_modules`` directly): re-scan before they run
@@ -246,6 +272,9 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
     def _post(self, module, args, out):
         if torch.compiler.is_compiling():
             return None
+        if self._bw_pushed and self._bw_pushed[-1] is module:
+            self._bw_pushed.pop()
+            self._bw_slot.pop_here()
         if self._pushed and self._pushed[-1][0] is module:
             self._pushed.pop()
             torch._C._autograd._pop_saved_tensors_default_hooks()
@@ -264,6 +293,8 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
             self._check_versions("post-hook")
         self._cur = self._stack[-1] if self._stack else -1
         self._last = ("post", idx)
+        if self._pending is not None:
+            self._raise_pending(_float_tensors(out))
         has_float, rg = _float_outputs(out)
         if rg:
             if isinstance(out, torch.Tensor):
@@ -294,6 +325,8 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         if not self.armed and not self._removed:
             self._watch_foreign_hooks()
         if self._active:
+            if self._pending is not None:
+                self._raise_pending((loss,))
             self._check_versions("check_loss (after the model's forward, before backward)")
             self._last = ("loss", -1)
             self._in_backward = True
@@ -317,7 +350,9 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         self._judge_at_backward(trainable)
 
     def _before_step(self, optimizer, args, kwargs) -> None:
-        """The watched optimizer is about to step: the gradients' NaN/Inf check on the device."""
+        """The watched optimizer is about to step: the write log's mode off (the step's own in-place
+        writes are no hazard), and the gradients' NaN/Inf check on the device."""
+        self._slot.pop()
         if self._removed or not self.grad_check_every or torch.compiler.is_compiling():
             return
         self._check_grads_finite(self._trainable(), self._step)
@@ -396,6 +431,7 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
             h.remove()
         self._handles = []
         self._unhook_modules()
+        self._slot.pop()
         self._hooks_on = False
         self._remove_warning_hook()
         self._active = False
