@@ -19,9 +19,18 @@ def describe_inplace(event: dict) -> str:
     torch (``where``, ``code``) and up to three more (``stack``), and the phase of the step."""
     d = event.get("detail") or {}
     t, saved, written = d.get("tensor") or {}, d.get("saved_by") or {}, d.get("written") or {}
+    if d.get("found_by") == "pytorch" and d.get("rerun") == "forward":  # named by the armed re-run
+        return (describe_inplace({**event, "detail": {**d, "found_by": None}}) +
+                "; found by PyTorch's own version check in backward() on a step optcheck's probes did not watch, "
+                "named by re-running the step's forward with them")
     if d.get("found_by") == "pytorch":  # PyTorch's own check fired: the probes were not armed on this step
         made = f", output {t.get('output_nr')} of {t['grad_fn']}," if t.get("grad_fn") else ""
         why = ("the probes' hooks did not see it (saved outside the step they watch)" if d.get("armed") else
+               "optcheck's probes were not armed on this step, and re-running the step's forward with them "
+               "showed no write inside the model's forward: it is outside it (the loop between the forward and "
+               "backward(), a loss function, a hook in backward()), or depends on state the re-run does not "
+               "restore (Monitor(hazards=\"always\") or soak --hazards always names it)"
+               if str(d.get("rerun", "")).startswith("forward:") else
                "optcheck's probes were not armed on this step (Monitor(hazards=\"always\") or soak "
                "--hazards always names them)")
         return (f"{t.get('type') or 'tensor'} {t.get('shape')}{made} saved for backward was written in place "

@@ -21,6 +21,7 @@ from optcheck.pytorch.hazards.graph_cut import GraphCutProbe
 from optcheck.pytorch.hazards.inplace import InplaceProbe, _is_recompute_pack, _top_hooks, graph_task_id
 from optcheck.pytorch.hazards.nonfinite import NonfiniteProbe
 from optcheck.pytorch.hazards.nonleaf import NonleafGradProbe
+from optcheck.pytorch.hazards.replay import ForwardReplay
 from optcheck.pytorch.hazards.writes import ModeSlot, WriteWatch
 from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.errors import StepStopped
@@ -37,7 +38,7 @@ NOT_CHECKED_UNDER_COMPILE = (
 )
 
 
-class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe):
+class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe):
     """Autograd hazard probes for one model and optimizer (see the package docstring).
 
     Args:
@@ -95,6 +96,8 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         self._slot, self._bw_slot = ModeSlot(self._watch), ModeSlot(self._watch)
         self._bw_pushed: list = []  # modules whose forward in backward() (a recompute) pushed the mode
         self.faults: list[str] = []  # optcheck's own errors inside the step (reported in not_checked)
+        self._replaying = False  # the armed re-run of an unarmed step's forward (replay.py)
+        self._init_replay()
         self.rescans = 0
         self._scan()
         # a sub-module assigned later (``ff[1] = Gate()``, ``m.blocks = Wrapper(m.blocks)``) marks the
@@ -345,6 +348,7 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         parameters at or before a cut got no gradient). The gradients' NaN/Inf check runs
         once per step, at the optimizer's step pre-hook (:meth:`_before_step`)."""
         self._in_backward = False
+        self._forget_passes()  # the passes of this backward are done (replay.py)
         trainable = self._trainable()
         self._after_backward_grads()
         self._judge_at_backward(trainable)
@@ -430,6 +434,8 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         for h in self._handles:
             h.remove()
         self._handles = []
+        self._pass_hook.remove()
+        self._forget_passes()
         self._unhook_modules()
         self._slot.pop()
         self._hooks_on = False

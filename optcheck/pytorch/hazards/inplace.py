@@ -161,7 +161,7 @@ class InplaceProbe:
         ts = targets(func, kind, args, kwargs)
         if not ts:
             return
-        frames = _user_frames(frame, self._internal_code)
+        frames = _user_frames(frame, self._internal_code, stop=self._replay_code if self._replaying else None)
         if graph_task_id() != -1:
             phase = "backward (recompute)" if self._stack else "backward"
         elif self._stack:

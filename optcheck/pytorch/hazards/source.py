@@ -37,13 +37,16 @@ def _user_frame(f):
     return f
 
 
-def _user_frames(f, internal_code: dict, n: int = 4) -> list[tuple]:
+def _user_frames(f, internal_code: dict, n: int = 4, stop=None) -> list[tuple]:
     """``(code, line)`` of the first ``n`` frames outside torch and this package, walking
-    outwards from ``f`` (the innermost is the call that ran the op). ``internal_code`` caches
-    code object -> internal, so the walk does no string work for a code object seen before."""
+    outwards from ``f`` (the innermost is the call that ran the op) and not past a frame
+    running ``stop`` (a code object). ``internal_code`` caches code object -> internal, so the
+    walk does no string work for a code object seen before."""
     out = []
     while f is not None and len(out) < n:
         code = f.f_code
+        if code is stop:
+            break
         internal = internal_code.get(code)
         if internal is None:
             internal = internal_code[code] = _internal(code.co_filename)
