@@ -23,9 +23,9 @@ module's forward: ``Tensor.backward`` is itself dispatched through the mode, whi
 again for the length of each module forward (a checkpoint's recompute), see ``hooks.py``.
 
 The mode stack is LIFO and ``TorchFunctionMode.__exit__`` pops whatever is on top
-(``torch/overrides.py``): :class:`ModeSlot` pushes the mode and takes it off again only
-when it is on top, so a user's own mode entered meanwhile is never popped by optcheck; a
-user's mode whose ``__exit__`` popped this one instead of itself is taken off in its place.
+(``torch/overrides.py``): :class:`ModeSlot` puts the mode at the bottom of the stack and
+takes it out from wherever it is, so a user's own mode (entered around the forward, say)
+stays above it and its ``__exit__`` pops the user's mode, never optcheck's.
 """
 
 from __future__ import annotations
@@ -134,48 +134,51 @@ class WriteWatch(TorchFunctionMode):
 
 
 class ModeSlot:
-    """One :class:`WriteWatch` on the current thread's torch-function mode stack, pushed and
-    taken off without ever popping a mode that is not it (see the module docstring)."""
+    """One :class:`WriteWatch` on the current thread's torch-function mode stack, put in at the
+    bottom (above ``torch.device``'s ``DeviceContext``, which must stay lowest) and taken out
+    wherever it is: a user's own mode, entered before or after it, stays above it, and its
+    ``__exit__`` (which pops the top) pops the user's mode, never this one."""
 
     def __init__(self, mode: WriteWatch):
         self.mode = mode
-        self._below: list | None = None  # the stack under the mode when it was pushed
         self._thread = None
 
     @property
     def on(self) -> bool:
-        return self._below is not None
+        return self._thread is not None
 
     def push(self) -> None:
-        if self._below is not None:
+        if self._thread is not None:
             return
-        self._below = [_stack_at(i) for i in range(_stack_len())]
+        modes = _take_all()
+        k = 0
+        while k < len(modes) and type(modes[k]).__name__ == "DeviceContext":
+            k += 1
+        for m in modes[:k] + [self.mode] + modes[k:]:
+            _push(m)
         self._thread = threading.get_ident()
-        _push(self.mode)
 
     def pop(self) -> bool:
-        """Take the mode off (True), or leave it for a later call when a mode entered after it
-        is still above it, or when called from another thread (False)."""
-        if self._below is None:
+        """Take the mode out (True), or leave it for a later call when called from another
+        thread or inside ``backward()`` (False)."""
+        if self._thread is None:
             return True
         if threading.get_ident() != self._thread or torch._C._current_graph_task_id() != -1:
             return False  # inside backward() the mode is popped for the call's length (handle_torch_function)
-        n = _stack_len()
-        stack = [_stack_at(i) for i in range(n)]
-        if stack and stack[-1] is self.mode:
-            _pop()
-        elif any(m is self.mode for m in stack):
-            return False  # someone's mode is above it and still open
-        elif stack == self._below and stack:
-            # the mode is gone and the stack is what it was under it: the mode that was on top
-            # then exited and popped this one instead of itself: finish its exit
-            _pop()
-        self._below = None
+        self.pop_here()
         return True
 
     def pop_here(self) -> None:
-        """Inside backward(), at the end of the module forward that pushed it: off when on top."""
-        if self._below is not None:
-            if _stack_len() and _stack_at(_stack_len() - 1) is self.mode:
-                _pop()
-            self._below = None
+        """Take the mode out of this thread's stack now (inside backward(): at the end of the
+        module forward that put it in)."""
+        if self._thread is None:
+            return
+        if any(_stack_at(i) is self.mode for i in range(_stack_len())):
+            for m in [m for m in _take_all() if m is not self.mode]:
+                _push(m)
+        self._thread = None
+
+
+def _take_all() -> list:
+    """Pop every mode of this thread's stack; bottom first."""
+    return [_pop() for _ in range(_stack_len())][::-1]
