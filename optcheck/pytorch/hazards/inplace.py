@@ -6,7 +6,7 @@ module boundaries, ``check_loss`` and unpack catch what it cannot see. See docs/
 
 from __future__ import annotations
 
-import os
+import re
 import sys
 from typing import Any
 
@@ -23,8 +23,9 @@ graph_task_id = torch._C._current_graph_task_id
 MAX_WRITES = 4096  # storages whose in-place writes are logged per step (writes.py)
 
 
-def _pytorch_inplace_message(t: torch.Tensor, saved_version: int) -> str:
-    """The text PyTorch's version check raises for ``t`` (``saved_variable.cpp``)."""
+def _pytorch_inplace_message(t: torch.Tensor, saved_version: int, made: str | None) -> str:
+    """The text PyTorch's version check raises for ``t`` (``saved_variable.cpp``); ``made``: the
+    type name of the node that made ``t`` when it was saved (PyTorch names it without ``Backward0``)."""
     try:
         tname = t.type()
     except Exception as caught:  # noqa: BLE001 - meta / exotic tensors
@@ -33,8 +34,8 @@ def _pytorch_inplace_message(t: torch.Tensor, saved_version: int) -> str:
         tname = f"torch.{t.dtype}"
     shape = ", ".join(str(s) for s in t.shape)
     which = ""
-    if t.grad_fn is not None:
-        which = f", which is output {t.output_nr} of {type(t.grad_fn).__name__},"
+    if made is not None:
+        which = f", which is output {t.output_nr} of {re.sub(r'Backward[0-9]*$', '', made)},"
     return (f"one of the variables needed for gradient computation has been modified by an inplace operation: "
             f"[{tname} [{shape}]]{which} is at version {t._version}; expected version {saved_version} instead.")
 
@@ -68,7 +69,8 @@ class InplaceProbe:
             f = first
             code = f.f_code
         v = t._version
-        rec = (t, v, self._cur, code, f.f_lineno)
+        made = t.grad_fn  # the node that made it, as PyTorch's own error names it (not kept: a name)
+        rec = (t, v, self._cur, code, f.f_lineno, type(made).__name__ if made is not None else None)
         if self._eval_ptrs:  # the output of a no-grad pass, saved by an op: that pass feeds a graph
             p = self._eval_ptrs.get(_storage_ptr(t))
             if p is not None:
@@ -101,7 +103,7 @@ class InplaceProbe:
             self._vsum = sum(map(_VERSION, self._live))  # allow_inplace: accept the write, report it once
 
     def _mutated(self, rec, detected_at: str) -> None:
-        t, v, call, code, line = rec
+        t, v, call, code, line, made = rec
         if id(t) in self._reported:
             if self.allow_inplace:
                 return
@@ -120,7 +122,7 @@ class InplaceProbe:
             "phase": written.get("phase") or ("between forward and backward" if detected_at.startswith("unpack")
                                               else "backward (recompute)" if self._in_backward else "forward"),
             "stopped": not self.allow_inplace,
-            "pytorch_error": _pytorch_inplace_message(t, v),
+            "pytorch_error": _pytorch_inplace_message(t, v, made),
         }
         if self._pushed:  # saved by a non-reentrant checkpoint's recompute: PyTorch checks no version there
             detail.update(checkpoint="non-reentrant", pytorch_error=None)
