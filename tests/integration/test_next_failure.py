@@ -435,3 +435,45 @@ def test_torchsharp_predictions_name_the_exception_the_recorded_run_died_of(run)
         assert not named or died_of in named, (f.code, f.next_failure, died_of)
         assert "nothing raises" not in f.next_failure, (f.code, f.next_failure)
     assert any(died_of in f.next_failure for f in before)
+
+
+# ----------------------------------------------------------------------------- memory
+def rss() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * __import__("os").sysconf("SC_PAGE_SIZE")
+
+
+def leaky(monitor, steps, budget=None):
+    """Losses kept with their graphs (``losses.append(loss)``): about 2 MB of saved activations a
+    step. Returns (monitor, RSS after each step)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    mon = optcheck.Monitor(model, opt, every=2, on_finding="ignore",
+                           rule_config=optcheck.rules.RuleConfig(memory_budget_bytes=budget)) if monitor else None
+    kept, sizes = [], []
+    for _ in range(steps):
+        x = torch.randn(256, 64)
+        loss = F.cross_entropy(model(x), x[:, :10].argmax(1))
+        opt.zero_grad()
+        loss.backward(retain_graph=True)  # the graph and its saved activations stay with the kept loss
+        opt.step()
+        kept.append(loss)
+        sizes.append(rss())
+    if mon is not None:
+        mon.close()
+    return mon, sizes
+
+
+def test_oc401_a_leak_run_on_grows_by_the_bytes_per_step_the_projection_uses():
+    """The steady leak's finding gives the bytes kept per step its projection to the budget (and
+    to the end of the machine's memory) is made of; the same loop run on without optcheck, twice
+    as long, keeps growing by that much a step (within a third; RSS, not the heap it measured)."""
+    budget = rss() + 2 * 2**30
+    watched, _ = leaky(True, 100, budget)
+    f = next(f for f in watched.findings if f.code == "OC401" and f.detail.get("bytes_per_step"))
+    assert f"budget around step" in f.next_failure and "killed (OOM) or allocation fails" in f.next_failure
+    _, sizes = leaky(False, 200)
+    slope = (sizes[-1] - sizes[49]) / (len(sizes) - 50)
+    assert abs(slope - f.detail["bytes_per_step"]) <= f.detail["bytes_per_step"] / 3, (slope, f.detail["bytes_per_step"])
+    assert all(b >= a for a, b in zip(sizes[50::25], sizes[75::25]))  # it never stops growing
