@@ -18,8 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers", reason="transformers not installed (pip extra 'integrations')")
 
-import optcheck  # noqa: E402
-from optcheck.errors import StepStopped  # noqa: E402
+import writer_loops  # noqa: E402
+from writer_loops import stopped, train  # noqa: E402
 
 V, T = 64, 8
 
@@ -34,10 +34,7 @@ def _quiet():
 
 
 def line_of(text: str) -> str:
-    """``test_inplace_transformers.py:N`` of the one line of this file marked ``# text``."""
-    lines = [i for i, s in enumerate(open(__file__, encoding="utf-8").read().splitlines(), 1) if "# " + text in s]
-    assert len(lines) == 1, (text, lines)
-    return f"{os.path.basename(__file__)}:{lines[0]}"
+    return writer_loops.line_of(__file__, text)
 
 
 def library_line(fn, text: str) -> str:
@@ -55,29 +52,6 @@ def llama(attn="sdpa", kv_heads=2):
     model = transformers.LlamaForCausalLM(cfg)
     model.train()
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-
-def train(model, opt, step_loss, monitor=True, steps=2):
-    """(monitor or None, the exception that stopped the loop or None)."""
-    mon = optcheck.Monitor(model, opt, every=5, on_finding="ignore") if monitor else None
-    exc = None
-    try:
-        for step in range(steps):
-            loss = step_loss(model, step)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    except (StepStopped, RuntimeError) as e:
-        exc = e
-    if mon is not None:
-        mon.close()
-    return mon, exc
-
-
-def stopped(mon, exc):
-    (f,) = [f for f in mon.findings if f.code == "OC301"]
-    assert isinstance(exc, StepStopped) and str(exc) == f"step {f.step}: {f.message}"
-    return f, exc.event["detail"]
 
 
 IDS = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(0))

@@ -16,7 +16,9 @@ torch = pytest.importorskip("torch")
 nn, F = torch.nn, torch.nn.functional
 
 import optcheck  # noqa: E402
+import writer_loops  # noqa: E402
 from optcheck.errors import StepStopped  # noqa: E402
+from writer_loops import stopped, train  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -25,17 +27,7 @@ def _threads():
 
 
 def line_of(text: str) -> str:
-    """``test_inplace_writer.py:N`` of the one line of this file marked ``# text``."""
-    lines = [i for i, s in enumerate(open(__file__, encoding="utf-8").read().splitlines(), 1) if "# " + text in s]
-    assert len(lines) == 1, (text, lines)
-    return f"test_inplace_writer.py:{lines[0]}"
-
-
-def stopped(mon, exc):
-    """The one OC301 finding, the same sentence as the StepStopped that stopped the step."""
-    (f,) = [f for f in mon.findings if f.code == "OC301"]
-    assert isinstance(exc, StepStopped) and str(exc) == f"step {f.step}: {f.message}"
-    return f, exc.event["detail"]
+    return writer_loops.line_of(__file__, text)
 
 
 # ----------------------------------------------------------------------------- a litgpt-shaped decoder
@@ -80,31 +72,21 @@ class Decoder(nn.Module):
         return self.lm_head(self.attn(self.wte(idx), input_pos))
 
 
-def decoder_loop(bug, hazards="auto", monitor=True, steps=3):
+def decoder_loop(bug, monitor=True):
     """Returns (monitor or None, exception)."""
     torch.manual_seed(0)
     model = Decoder()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    idx = torch.randint(0, 40, (2, 8))
-    pos = torch.arange(8)
-    mon = optcheck.Monitor(model, opt, every=5, on_finding="ignore", hazards=hazards) if monitor else None
-    exc = None
-    try:
-        for _ in range(steps):
-            if bug == "two-forwards":  # two forwards share the model's KV cache before one backward
-                loss = model(idx, pos).logsumexp(-1).mean() + model(idx, pos).logsumexp(-1).mean()
-            else:
-                loss = model(idx, pos).logsumexp(-1).mean()
-                pos.add_(8)  # WRITE: the loop advances input_pos in place
-                pos.sub_(8)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    except (StepStopped, RuntimeError) as e:
-        exc = e
-    if mon is not None:
-        mon.close()
-    return mon, exc
+    idx, pos = torch.randint(0, 40, (2, 8)), torch.arange(8)
+
+    def step_loss(model, step):
+        if bug == "two-forwards":  # two forwards share the model's KV cache before one backward
+            return model(idx, pos).logsumexp(-1).mean() + model(idx, pos).logsumexp(-1).mean()
+        loss = model(idx, pos).logsumexp(-1).mean()
+        pos.add_(8)  # WRITE: the loop advances input_pos in place
+        pos.sub_(8)
+        return loss
+
+    return train(model, torch.optim.AdamW(model.parameters(), lr=1e-3), step_loss, monitor, steps=3)
 
 
 @pytest.mark.parametrize("bug", ["two-forwards", "pos-advanced"])
@@ -197,24 +179,11 @@ class Net(nn.Module):
         return self.head(self.gate(x))
 
 
-def net_loop(how, hazards="auto", monitor=True, steps=2):
+def net_loop(how, monitor=True):
     torch.manual_seed(0)
     model = Net(how)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(4, 8)
-    mon = optcheck.Monitor(model, opt, every=5, on_finding="ignore", hazards=hazards) if monitor else None
-    exc = None
-    try:
-        for _ in range(steps):
-            loss = model(x).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    except (StepStopped, RuntimeError) as e:
-        exc = e
-    if mon is not None:
-        mon.close()
-    return mon, exc
+    return train(model, torch.optim.SGD(model.parameters(), lr=0.01), lambda m, step: m(x).pow(2).mean(), monitor)
 
 
 WRITERS = {"out=": ("add(out=...)", "WRITE: out="), "view": ("x[...] = ... (__setitem__)", "WRITE: through a view"),
@@ -286,45 +255,27 @@ def test_the_third_row_a_lightning_forward_on_an_unarmed_step_is_named_at_its_st
     assert cb.monitor.summary()["hazards"]["armed_steps"] == 1  # step 1 only: step 13 ran unarmed
 
 
-def test_unarmed_write_in_the_loop_is_outside_the_rerun_and_the_finding_says_so():
+@pytest.mark.parametrize("hazards", ["auto", "always"])
+def test_a_write_in_the_loop_on_a_step_4_is_named_when_armed_and_its_window_given_when_not(hazards):
+    """The re-run of an unarmed step covers the model's forward only: a write in the loop is named
+    with ``hazards="always"``; at ``auto`` the finding says it is outside the forward."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.Sigmoid(), nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(4, 8)
-    with pytest.raises(StepStopped) as exc:
-        with optcheck.Monitor(model, opt, every=50, on_finding="ignore") as mon:
-            for step in range(1, 6):
-                h = model[1](model[0](x))
-                if step == 4:
-                    h.mul_(2)  # WRITE: loop, unarmed step
-                loss = model[2](h).pow(2).mean()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-    d = exc.value.event["detail"]
-    assert exc.value.event["step"] == 4 and d["rerun"] == "forward: no write seen"
-    assert "outside it" in str(exc.value) and 'hazards="always"' in str(exc.value)
-    (f,) = [f for f in mon.findings if f.code == "OC301"]
+
+    def step_loss(model, step):
+        h = model[1](model[0](x))
+        if step == 3:
+            h.mul_(2)  # WRITE: the loop, step 4
+        return model[2](h).pow(2).mean()
+
+    mon, exc = train(model, torch.optim.SGD(model.parameters(), lr=0.01), step_loss, steps=5, hazards=hazards)
+    f, d = stopped(mon, exc)
     assert f.step == 4
-
-
-def test_with_hazards_always_the_same_loop_write_is_named():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 8), nn.Sigmoid(), nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(4, 8)
-    with pytest.raises(StepStopped) as exc:
-        with optcheck.Monitor(model, opt, every=50, on_finding="ignore", hazards="always"):
-            for step in range(1, 6):
-                h = model[1](model[0](x))
-                if step == 4:
-                    h.mul_(2)  # WRITE: loop, always
-                loss = model[2](h).pow(2).mean()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-    w = exc.value.event["detail"]["written"]
-    assert exc.value.event["step"] == 4 and (w["op"], w["where"]) == ("mul_", line_of("WRITE: loop, always"))
+    if hazards == "always":
+        assert (d["written"]["op"], d["written"]["where"]) == ("mul_", line_of("WRITE: the loop, step 4"))
+    else:
+        assert d["rerun"] == "forward: no write seen" and "outside it" in f.message and 'hazards="always"' in f.message
 
 
 # ----------------------------------------------------------------------------- clean runs, the mode stack
@@ -413,22 +364,13 @@ def ckpt_loop(reentrant, monitor=True):
     model = nn.ModuleDict({"block": block, "head": head})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     x = torch.randn(2, 8, 16, requires_grad=reentrant)
-    mon = optcheck.Monitor(model, opt, every=5, on_finding="ignore") if monitor else None
-    exc = None
+
+    def step_loss(model, step):
+        return head(torch.utils.checkpoint.checkpoint(block, x, use_reentrant=reentrant)).pow(2).mean()
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:
-            for _ in range(2):
-                h = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=reentrant)
-                loss = head(h).pow(2).mean()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-        except (StepStopped, RuntimeError) as e:
-            exc = e
-    if mon is not None:
-        mon.close()
-    return mon, exc
+        return train(model, opt, step_loss, monitor)
 
 
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
