@@ -10,8 +10,6 @@ import sys
 
 import torch
 
-from optcheck.pytorch.hazards._tensors import _ptr
-from optcheck.pytorch.guard import raised_by_signal_handler
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PKG_DIR = os.path.dirname(__file__) + os.sep  # optcheck/pytorch/hazards/: the probes' own frames
