@@ -477,3 +477,14 @@ def test_oc401_a_leak_run_on_grows_by_the_bytes_per_step_the_projection_uses():
     slope = (sizes[-1] - sizes[49]) / (len(sizes) - 50)
     assert abs(slope - f.detail["bytes_per_step"]) <= f.detail["bytes_per_step"] / 3, (slope, f.detail["bytes_per_step"])
     assert all(b >= a for a, b in zip(sizes[50::25], sizes[75::25]))  # it never stops growing
+
+
+def test_oc402_temporaries_left_to_the_gc_keep_rss_far_above_the_model_and_growing():
+    """TorchSharp without a DisposeScope (the recorded run went on to its last step): RSS several
+    times the clean run's on the same model, and higher at the end than where it was flagged."""
+    run = RUNS / "no-dispose-scope-500"
+    (f,) = [f for f in check_stream(read_jsonl(run / "snapshots.jsonl")) if f.code == "OC402"]
+    assert "RSS stays far above what the model needs" in f.next_failure
+    rss_at = {s["step"]: s["memory"]["rss_bytes"] for s in read_jsonl(run / "snapshots.jsonl")}
+    clean = json.loads((RUNS / "clean-1000" / "summary.json").read_text())["peak_rss_bytes"]
+    assert rss_at[max(rss_at)] > 4 * clean and rss_at[max(rss_at)] > rss_at[f.step]
