@@ -454,6 +454,9 @@ class _InertProbes:
     def _post(self, module, args, out):
         return None
 
+    def _log_pass(self, module, args, kwargs):
+        return None
+
 
 def _inert_probes() -> _InertProbes:
     return _InertProbes()
