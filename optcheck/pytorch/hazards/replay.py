@@ -41,8 +41,8 @@ class ForwardReplay:
         self._pass_hook = self.model.register_forward_pre_hook(self._log_pass, with_kwargs=True)
 
     def _log_pass(self, module, args, kwargs):
-        if torch.compiler.is_compiling() or self._replaying:
-            return None
+        if torch.compiler.is_compiling() or self._replaying or module is not self.model:
+            return None  # (a deepcopy of the model copies this hook: its calls are not the model's)
         passes = self._passes
         if len(passes) >= MAX_PASSES:
             del passes[0]
