@@ -22,7 +22,7 @@ from optcheck.pytorch.hazards.inplace import InplaceProbe, _is_recompute_pack, _
 from optcheck.pytorch.hazards.nonfinite import NonfiniteProbe
 from optcheck.pytorch.hazards.nonleaf import NonleafGradProbe
 from optcheck.pytorch.hazards.replay import ForwardReplay
-from optcheck.pytorch.hazards.writes import ModeSlot, WriteWatch
+from optcheck.pytorch.hazards.writes import ModeSlot, WriteWatch, unmoded
 from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.errors import StepStopped
 from optcheck.pytorch import step_hooks
@@ -214,6 +214,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
             self._active = self._fresh = False
             self._release()
 
+    @unmoded
     def _pre(self, module, args):
         if torch.compiler.is_compiling():
             # under torch.compile the hooks are traced: returning at once keeps them out of the graph
@@ -272,6 +273,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
                 self._detached_input(idx, src[0] if src else None)
         return None
 
+    @unmoded
     def _post(self, module, args, out):
         if torch.compiler.is_compiling():
             return None
@@ -317,6 +319,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
                 self._eval_ptrs.update((ptr, idx) for ptr in map(_storage_ptr, outs) if ptr)
         return None
 
+    @unmoded
     def check_loss(self, loss: torch.Tensor, step: int) -> None:
         """Before ``loss.backward()``: in-place writes since the last module
         boundary, a loss without ``grad_fn`` (raises ``StepStopped``; a leaf loss
@@ -343,6 +346,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._check_loss_graph(loss)
         self._check_loss_finite(loss, step)
 
+    @unmoded
     def after_backward(self, step: int) -> None:
         """After ``loss.backward()``: confirm partial graph cuts (optimizer
         parameters at or before a cut got no gradient). The gradients' NaN/Inf check runs
@@ -353,6 +357,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._after_backward_grads()
         self._judge_at_backward(trainable)
 
+    @unmoded
     def _before_step(self, optimizer, args, kwargs) -> None:
         """The watched optimizer is about to step: the write log's mode off (the step's own in-place
         writes are no hazard), and the gradients' NaN/Inf check on the device."""
@@ -372,6 +377,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
             self._trainable_key = key
         return [np for np in self._trainable_all if np[1].requires_grad]
 
+    @unmoded
     def _after_step(self, optimizer, args, kwargs) -> None:
         """The watched optimizer stepped: judge cuts fed to it (graph_cut), then the step's
         gradient arrival (arming.py), and count the step."""

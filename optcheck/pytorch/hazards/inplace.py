@@ -14,7 +14,7 @@ import torch
 
 from optcheck.pytorch.hazards._tensors import _VERSION, _parameter_like, _ptr, _safe, _storage_ptr
 from optcheck.pytorch.hazards.source import _frame_text, _internal, _line_text, _user_frames, _where
-from optcheck.pytorch.hazards.writes import op_name, targets
+from optcheck.pytorch.hazards.writes import op_name, targets, unmoded
 from optcheck.wording import describe_inplace
 from optcheck.pytorch.guard import raised_by_signal_handler
 
@@ -51,6 +51,7 @@ def _is_recompute_pack(pack) -> bool:
 class InplaceProbe:
     """In-place writes to saved tensors (OC301): the ``inplace_on_saved`` event."""
 
+    @unmoded
     def _pack(self, t: torch.Tensor):
         # hot path: runs once per tensor autograd saves (tens to thousands per step). The walk to the
         # user's frame reads one dict per frame (code object -> inside torch or optcheck), no string
@@ -87,6 +88,7 @@ class InplaceProbe:
             self._vsum += v
         return rec
 
+    @unmoded
     def _unpack(self, rec):
         if self._pending is not None and not self._introspecting:
             self._raise_pending()

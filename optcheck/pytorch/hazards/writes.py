@@ -30,6 +30,7 @@ stays above it and its ``__exit__`` pops the user's mode, never optcheck's.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 
@@ -42,6 +43,7 @@ _stack_len = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at
 _push = torch._C._push_on_torch_function_stack
 _pop = torch._C._pop_torch_function_stack
+_disabled = torch._C.DisableTorchFunction
 
 #: augmented assignments (``x += y`` calls ``Tensor.__iadd__``)
 _AUGMENTED = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
@@ -131,6 +133,24 @@ class WriteWatch(TorchFunctionMode):
                 raise
             self.on_error(e)
         return out
+
+
+def unmoded(hook):
+    """Decorator for a probe hook (a method of an object with the two slots ``_slot`` and
+    ``_bw_slot``): while the write log's mode is on, run it with torch-function handling off.
+    Each tensor read (``t._version``, ``t.grad_fn``, ``t.requires_grad``...) is a torch function,
+    3-4 µs through a mode against 0.1-0.5 µs without; the probes' own reads are not the user's
+    calls. Entering ``torch._C.DisableTorchFunction`` costs about 0.6 µs; with the mode off
+    (every unarmed step) the hook runs as it is."""
+
+    @functools.wraps(hook)
+    def run(self, *args):
+        if not (self._slot.on or self._bw_slot.on):
+            return hook(self, *args)
+        with _disabled():
+            return hook(self, *args)
+
+    return run
 
 
 class ModeSlot:
