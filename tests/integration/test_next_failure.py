@@ -225,47 +225,56 @@ def test_oc107_a_dtype_change_after_the_state_was_made_raises_at_the_next_step()
     assert isinstance(plain.exc, RuntimeError) and "expected dtype float for `end` but got dtype double" in str(plain.exc)
 
 
-RESIZE = textwrap.dedent("""
-    import json, sys, warnings, torch, transformers
-    warnings.simplefilter("ignore"); transformers.logging.set_verbosity_error(); torch.set_num_threads(1)
-    import optcheck
-    fused, monitor = sys.argv[1] == "fused", sys.argv[2] == "monitor"
+def resize_loop(monitor: bool, fused: bool = False):
+    """A GPT-2 of ``transformers`` trained with AdamW; at step 3, between backward() and step(),
+    new tokens are added (``resize_token_embeddings``: the embedding's ``.data`` is swapped for a
+    larger one, the optimizer's state is not). (monitor or None, the exception or None)."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
     cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=32)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **({"fused": True} if fused else {"foreach": False}))
     mon = optcheck.Monitor(model, opt, every=1, on_finding="ignore") if monitor else None
     x = torch.randint(0, 64, (2, 8))
+    exc = None
     try:
         for step in range(1, 6):
             loss = model(x, labels=x).loss
             opt.zero_grad()
             loss.backward()
             if step == 3:
-                model.resize_token_embeddings(80)  # new tokens added mid-run: the embedding's .data is swapped
+                model.resize_token_embeddings(80)
             opt.step()
-    except Exception as e:
-        print(json.dumps({"exc": type(e).__name__, "message": str(e)}), flush=True)
+    except RuntimeError as e:
+        exc = e
     if mon is not None:
-        f = [f for f in mon.findings if f.code == "OC107"][0]
-        print(json.dumps({"step": f.step, "next": f.next_failure}), flush=True)
         mon.close()
+    return mon, exc
+
+
+FUSED = textwrap.dedent("""
+    import sys, warnings
+    sys.path.insert(0, sys.argv[1])
+    warnings.simplefilter("ignore")
+    import torch
+    torch.set_num_threads(1)
+    from test_next_failure import resize_loop
+    print("raised:", resize_loop(False, fused=True)[1], flush=True)
 """)
 
 
-def resize(*args):
-    return subprocess.run([sys.executable, "-c", RESIZE, *args], capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
-
-
 def test_oc107_resize_token_embeddings_mid_run_raises_or_crashes_the_process_as_predicted():
-    watched = resize("single", "monitor")
-    exc, found = [json.loads(line) for line in watched.stdout.splitlines()[-2:]]
-    assert found["step"] == 3 and "size-mismatch RuntimeError" in found["next"] and "crash the process" in found["next"]
-    plain = resize("single", "plain")  # torch's single-tensor AdamW: a RuntimeError on the sizes
-    (exc,) = [json.loads(line) for line in plain.stdout.splitlines()]
-    assert exc["exc"] == "RuntimeError" and "must match the size" in exc["message"]
-    fused = resize("fused", "plain")  # the fused CPU kernel writes past the old state: the process dies
+    pytest.importorskip("transformers")
+    watched, exc = resize_loop(True)
+    f = watched.findings and [f for f in watched.findings if f.code == "OC107"][0]
+    assert f.step == 3 and "size-mismatch RuntimeError" in f.next_failure and "crash the process" in f.next_failure
+    _, plain = resize_loop(False)  # torch's single-tensor AdamW: a RuntimeError on the sizes
+    assert isinstance(plain, RuntimeError) and "must match the size" in str(plain)
+    # the fused CPU kernel writes past the old state: the process dies (in its own process)
+    fused = subprocess.run([sys.executable, "-c", FUSED, str(Path(__file__).parent)], capture_output=True, text=True,
+                           timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert fused.returncode in (-signal.SIGSEGV, -signal.SIGABRT) or "must match the size" in fused.stdout, \
         (fused.returncode, fused.stdout[-300:], fused.stderr[-300:])
 
