@@ -334,6 +334,9 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
             if self._pending is not None:
                 self._raise_pending((loss,))
             self._check_versions("check_loss (after the model's forward, before backward)")
+            # backward starts: the mode off until the next forward (a recompute puts it back per module)
+            # so the rest of the step — optcheck's own bookkeeping, clipping, the step — runs without it
+            self._slot.pop()
             self._last = ("loss", -1)
             self._in_backward = True
             roots = self._roots
