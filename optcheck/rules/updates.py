@@ -232,15 +232,20 @@ class NoOptimizerStep(_EventRule):
     """Backward passes run, but the optimizer never steps.
 
     ``backward()`` was called many times (event ``no_optimizer_step``, recorded by
-    ``optcheck.Monitor``) without a single ``optimizer.step()`` in between:
-    gradients are computed and thrown away, and the model never changes.
+    ``optcheck.Monitor``) without a single optimizer step in between: no
+    ``optimizer.step()``, and no update inside backward either (an optimizer stepped
+    from gradient hooks, ``optcheck/pytorch/in_backward.py``): gradients are
+    computed and thrown away, and the model never changes.
 
     Fix: call ``optimizer.step()`` after ``backward()`` (for gradient accumulation,
-    once every N micro-batches), on the optimizer the monitor watches.
+    once every N micro-batches), on the optimizer the monitor watches; for an
+    optimizer that steps in backward, register its hooks (optimi's
+    ``prepare_for_gradient_release``, the recipe's ``register_post_accumulate_grad_hook``).
     """
 
     code, symbol, severity, family = "OC206", "no-optimizer-step", "error", "updates"
-    message = "{count} backward() call(s) in a row without an optimizer.step() (from step {step})"
+    message = ("{count} backward() call(s) in a row without an optimizer step (no optimizer.step(), no update "
+               "inside backward) (from step {step})")
     event_kind = "no_optimizer_step"
     next_failure = "the model keeps its initial weights for the whole run"
 

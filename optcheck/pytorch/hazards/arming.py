@@ -68,6 +68,7 @@ class ArmingPolicy:
         self.armed_reason: str | None = None
         self._fresh = False  # the step context is entered armed and nothing ran in it yet
         self._arm_next: str | None = "start"
+        self._drains = 0  # snapshots taken (drain() calls): the step after some of them is armed
         self._sticky: str | None = "allow_inplace" if self.allow_inplace else None
         self.armed_steps = 0  # optimizer steps taken armed / in all (counted at the watched optimizer's step)
         self.steps = 0

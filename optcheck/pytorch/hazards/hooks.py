@@ -7,7 +7,6 @@ Over 400 lines: HazardProbes composes the probe mixins (inplace, graph_cut, nonf
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import weakref
 from typing import Any
@@ -185,13 +184,18 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._entering = None
         self._cur_post, self._leaving = -1, None
 
-    @contextlib.contextmanager
-    def step_context(self, step: int):
+    def step_context(self, step: int) -> "_StepContext":
         """Wrap forward and backward of training step ``step`` (1-based). After
-        :meth:`remove` it does nothing (PyTorch's own version check applies again)."""
+        :meth:`remove` it does nothing (PyTorch's own version check applies again).
+        (A plain object, not a ``contextlib.contextmanager`` generator: entered and left
+        once per training step, issue 34.)"""
+        return _StepContext(self, step)
+
+    def _enter_step(self, step: int):
+        """:meth:`step_context`'s entry: decide arming; the saved-tensor hooks' context
+        when armed (entered here), else None."""
         if self._removed:
-            yield self
-            return
+            return None
         if self._step and self._step != step and self._ended != self._step:
             self.end_step(self._step)  # the watched optimizer did not step (or another one is stepping)
         self._step = step
@@ -201,18 +205,22 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._reset_step()
         self._active = self._fresh = self.armed
         self._in_ctx = True
+        if not self.armed:  # no hook: PyTorch's own version check is on (backward_failed reads its error)
+            return None
+        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack)
         try:
-            if self.armed:
-                with torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack):
-                    yield self
-            else:  # no hook: PyTorch's own version check is on (backward_failed reads its error)
-                yield self
-        finally:
-            self._in_ctx = False
-            self._slot.pop()
-            self._disarm_late()
-            self._active = self._fresh = False
-            self._release()
+            hooks.__enter__()
+        except BaseException:
+            self._exit_step()
+            raise
+        return hooks
+
+    def _exit_step(self) -> None:
+        self._in_ctx = False
+        self._slot.pop()
+        self._disarm_late()
+        self._active = self._fresh = False
+        self._release()
 
     @unmoded
     def _pre(self, module, args):
@@ -390,6 +398,16 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self.end_step(self._step)
         self._count_step()
 
+    def step_ended(self, step: int) -> None:
+        """A training step taken inside backward ended (``optcheck/pytorch/in_backward.py``):
+        judge its gradient arrival and count it, as after the watched optimizer's step. No
+        judgment of no-grad forwards fed to it (:meth:`_after_step`): the gradients were
+        released inside backward, so ``.grad`` being None says nothing."""
+        if torch.compiler.is_compiling() or self._removed:
+            return
+        self.end_step(step)
+        self._count_step()
+
     def _stop(self, msg: str, event: dict, cause: BaseException | None = None) -> None:
         """Raise StepStopped, after telling ``on_stop`` (a Monitor records the finding
         there, before the exception unwinds the user's forward)."""
@@ -422,7 +440,11 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         still pending are read first (a snapshot reads them in its flush already)."""
         self.ledger.read()
         self._check_state(norms)
-        self.arm("snapshot")  # one armed step per snapshot interval: the step after it
+        n, self._drains = self._drains, self._drains + 1  # (the start snapshot is n = 0: its step is armed)
+        if n in (1, 2, 4) or (n and n % 8 == 0):
+            # the step after the 1st, 2nd, 4th and every 8th snapshot after the start: an armed step
+            # costs about two thirds of a small model's step (issue 34); a structure change arms its own
+            self.arm("snapshot")
         out = list(self._events.values())
         self._events.clear()
         self._urgent = False
@@ -465,6 +487,30 @@ class _InertProbes:
 
     def _log_pass(self, module, args, kwargs):
         return None
+
+
+class _StepContext:
+    """:meth:`HazardProbes.step_context`: the step's arming decided on entry, undone on exit."""
+
+    __slots__ = ("probes", "step", "hooks", "entered")
+
+    def __init__(self, probes: "HazardProbes", step: int):
+        self.probes, self.step, self.hooks, self.entered = probes, step, None, False
+
+    def __enter__(self) -> "HazardProbes":
+        p = self.probes
+        self.hooks = p._enter_step(self.step)
+        self.entered = not p._removed
+        return p
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if self.hooks is not None:
+                self.hooks.__exit__(exc_type, exc, tb)
+        finally:
+            if self.entered:
+                self.probes._exit_step()
+        return False
 
 
 def _inert_probes() -> _InertProbes:
