@@ -467,11 +467,11 @@ class Monitor:
         ``torch.autograd.backward([l1, l2], grad_tensors)``): the hazard checks on each;
         the step's loss is Σ gᵢ·lᵢ over the one-element roots (gᵢ their one-element
         ``grad_tensors``, else 1), kept on the device until the next snapshot."""
+        for t in roots:  # first: its end takes the hazards' write log off (optcheck/pytorch/hazards/writes.py)
+            self.hazards.check_loss(t, self.step_count + 1)
         self.clip_norm.clear()
         self.grad_clear.adopt_materialized()  # lazy modules materialise in their first forward
         self.grad_clear.before_backward()
-        for t in roots:
-            self.hazards.check_loss(t, self.step_count + 1)
         ib = self.in_backward
         if not ib.retired:
             ib.before()
