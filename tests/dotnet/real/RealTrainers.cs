@@ -45,7 +45,9 @@ namespace OptCheckReal
             pos = nn.Embedding(block, width);
             ln_1 = nn.LayerNorm(width);
             q = nn.Linear(width, width, true);
-            k = nn.Linear(width, width, true);
+            // no key bias: softmax over a row is shift-invariant, so a key bias gets a zero gradient (~1e-9 of
+            // float noise) and never moves under SGD, which OC205 would rightly call a parameter that learns nothing
+            k = nn.Linear(width, width, false);
             v = nn.Linear(width, width, true);
             proj = nn.Linear(width, width, true);
             ln_2 = nn.LayerNorm(width);
@@ -151,7 +153,7 @@ namespace OptCheckReal
         }
     }
 
-    /// <summary>TinyLm under extra.optimizer (Zoo.Names, or lbfgs) with extra.recipe (Zoo.Recipes, or none);
+    /// <summary>TinyLm under extra.optim (Zoo.Names, or lbfgs) with extra.recipe (Zoo.Recipes, or none);
     /// extra.rotate = K: a new optimizer every K steps, through all of Zoo.Names (one soak for the whole zoo).</summary>
     public sealed class ZooTrainer : ModuleTrainer
     {
@@ -166,7 +168,7 @@ namespace OptCheckReal
         {
             torch.manual_seed(o.Long("seed", 1337));
             torch.set_num_threads((int)o.Long("threads", 1));
-            name = o.String("extra.optimizer", "adamw");
+            name = o.String("extra.optim", "adamw");
             recipe = o.String("extra.recipe", "");
             rotate = o.Long("extra.rotate", 0);
             workDir = o.String("work_dir", Path.GetTempPath());
@@ -295,7 +297,7 @@ namespace OptCheckReal
             case "radam": return torch.optim.RAdam(ps, lr);
             case "asgd": return torch.optim.ASGD(ps, 10 * lr);
             case "rprop": return torch.optim.Rprop(ps, lr);
-            case "lbfgs": return torch.optim.LBFGS(ps, 0.5, 4);
+            case "lbfgs": return torch.optim.LBFGS(ps, 0.05, 2);   // small steps: a stochastic batch each step, no line search
             default: throw new ArgumentException("no optimizer '" + name + "' (" + string.Join(", ", Names) + ", lbfgs)");
             }
         }
