@@ -49,6 +49,9 @@ def runs(real_ts, tmp_path_factory):
     base = tmp_path_factory.mktemp("real-soak")
     commands = {name: (real_ts.soak_args("--steps", "120", "--every", "20", *SMALL, *extra, "--out", str(base / name)),
                        real_ts.env) for name, extra in RUNS.items()}
+    # the built-in GPT on PyTorch, then on TorchSharp from PyTorch's initial weights, then compared
+    commands["pair"] = (["soak", "-q", "--backend", "pytorch,torchsharp", "--same-init", "--torchsharp", str(real_ts.folder),
+                         "--steps", "120", "--every", "40", *SMALL, "--out", str(base / "pair")], real_ts.env)
     return base, run_clis(commands, jobs=2)
 
 
@@ -164,3 +167,19 @@ def test_sigterm_to_optcheck_ends_the_real_worker_and_writes_the_summary(real_ts
     assert s["status"] == "interrupted" and s["last_step"] >= 40 and s["snapshots"] >= 3
     assert "Traceback" not in stderr
     assert not Path(f"/proc/{worker}").exists() or "zombie" in Path(f"/proc/{worker}/status").read_text()
+
+
+def test_the_same_init_pair_on_one_libtorch_agrees_to_float_rounding(runs):
+    """--same-init on TorchSharp (a NullReferenceException in the trainer's setup before: mcs compiled
+    ``using (Tensor t = ...)``'s null check with TorchSharp's element-wise ``!=``); PyTorch and TorchSharp then
+    share this Python's libtorch, and compare's policy says so."""
+    base, results = runs
+    rc, stdout, stderr = results["pair"]
+    assert rc == exitcodes.CLEAN and "Traceback" not in stdout + stderr, (stdout + stderr)[-3000:]
+    assert "on the same native library, libtorch" in stdout and "float-rounding agreement throughout" in stdout
+    a = {r["step"]: r["loss"] for r in read_jsonl(base / "pair" / "pytorch" / "metrics.jsonl")}
+    b = {r["step"]: r["loss"] for r in read_jsonl(base / "pair" / "torchsharp" / "metrics.jsonl")}
+    assert sorted(a) == sorted(b) == list(range(1, 121))
+    assert a[1] == b[1] and max(abs(a[k] - b[k]) for k in a) <= 1e-6  # float32 ulps of the loss, not a drift
+    ts = json.loads((base / "pair" / "torchsharp" / "summary.json").read_text())
+    assert ts["config"]["extra"]["same_init"] and ts["status"] == "clean"

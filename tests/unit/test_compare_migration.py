@@ -123,6 +123,22 @@ def test_choose_policy_from_versions():
         choose(pt, pt, "lenient")
 
 
+def test_a_pair_on_one_libtorch_is_said_to_share_its_native_library(tmp_path):
+    lib = tmp_path / "torch" / "lib"
+    lib.mkdir(parents=True)
+    pt = {"backend": "pytorch", "versions": {"torch": "2.13.0+cpu", "libtorch_lib": str(lib)}}
+    ts = {"backend": "torchsharp", "versions": {"libtorch": "2.13.0+cpu", "libtorch_lib": str(lib / ".." / "lib"),
+                                                "torchsharp_libtorch": "2.10.0.0"}}
+    policy, why = choose(pt, ts)
+    assert policy == MIGRATION and why == (f"backends differ: pytorch vs torchsharp, on the same native library, "
+                                           f"libtorch 2.13.0+cpu ({lib})")
+    # another folder, another release, or a run that does not say: no such claim
+    other = {**ts, "versions": {**ts["versions"], "libtorch_lib": str(tmp_path)}}
+    older = {**ts, "versions": {**ts["versions"], "libtorch": "2.10.0"}}
+    for b in (other, older, {"backend": "torchsharp", "versions": {"libtorch": "2.13.0+cpu"}}):
+        assert choose(pt, b) == (MIGRATION, "backends differ: pytorch vs torchsharp")
+
+
 def test_option_names_map_across_backends():
     pt = {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1, "amsgrad": False, "foreach": False}
     ts = {"LearningRate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1, "amsgrad": 0,
