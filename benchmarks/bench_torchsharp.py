@@ -20,10 +20,11 @@ difference by construction; then the same components measured apart (a fingerpri
 one-step block's pythonnet call, ``BatchSchedule.fill``, the loop over blocks that do not reach .NET, a
 metrics message, a snapshot taken after a block's steps) and their sum against the ladder's difference
 (``--in-process-only`` runs just these two). By default the trainer is the TorchSharp STAND-IN
-(tests/dotnet/TestLoop.cs compiled with mcs: a ~1 ms step at its sizes here, no libtorch), because TorchSharp
-cannot be installed here; the output says so. On a machine with TorchSharp:
-``--torchsharp 0.107.0`` (builds the worker with the .NET SDK) or ``--dotnet-assembly DLL
---dotnet-trainer TYPE``.
+(tests/dotnet/TestLoop.cs compiled with mcs: a ~1 ms step at its sizes here, no libtorch); the output says so.
+Real TorchSharp: ``--torchsharp FOLDER`` (a folder of TorchSharp.dll + libLibTorchSharp.so, e.g.
+``../shared/torchsharp-ref/0.107.0-torch2.13``: the worker built with mcs, libtorch from this Python's torch,
+docs/torchsharp.md "Real TorchSharp here"), ``--torchsharp 0.107.0`` (builds the worker with the .NET SDK) or
+``--dotnet-assembly DLL --dotnet-trainer TYPE``.
 
 Usage: ``python benchmarks/bench_torchsharp.py [--steps 2000] [--pairs 5] [--every 100]``.
 """
@@ -59,7 +60,7 @@ def soak_config(args, dll: str, trainer: str):
 def plain_child(args) -> None:
     """In a fresh process: load .NET and the assembly, run Bench.PlainLoop, print JSON."""
     from optcheck.data import BatchSchedule, load_corpus
-    from optcheck.torchsharp_bridge import runtime
+    from optcheck.torchsharp_bridge import libtorch, runtime
     from optcheck.torchsharp_bridge.worker import setup_config
 
     cfg = soak_config(args, args.dll, args.trainer)
@@ -69,6 +70,7 @@ def plain_child(args) -> None:
     for step in range(1, cfg.run.steps + 1):  # the soak's batches, made before the timed loop
         x, y = sched.batch(corpus.train, step)
         batches[step - 1, 0], batches[step - 1, 1] = x, y
+    libtorch.load_native(Path(args.dll).resolve().parent)  # as the worker does: LibTorchSharp (and libtorch) first
     runtime.load(args.runtime)
     runtime.load_assembly(args.dll)
     Bench = runtime.loaded_internal_type("OptCheck.Probe.Bench")  # internal: not importable
@@ -438,7 +440,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=None)
     ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--runtime", choices=["coreclr", "mono"], default="coreclr")
-    ap.add_argument("--torchsharp", help="build the real worker for this TorchSharp version (needs the .NET SDK)")
+    ap.add_argument("--torchsharp", help="build the real worker for this TorchSharp version (the .NET SDK) or folder (mcs)")
     ap.add_argument("--dotnet-assembly", help="a built worker assembly (with --dotnet-trainer)")
     ap.add_argument("--dotnet-trainer", default=None)
     ap.add_argument("--ladder-steps", type=int, default=500, help="steps of each in-process stage")
