@@ -66,7 +66,7 @@ def rank_main(a) -> int:
     batches = BatchSchedule(len(corpus.train), cfg.model.block_size, cfg.data.batch_size, cfg.run.seed + 7919 * rank)
     with tempfile.TemporaryDirectory() as tmp:
         mon = optcheck.Monitor(model, opt, every=a.every, out=tmp, on_finding="log")
-        watch = mon._dist
+        watch = mon.rank_watch
         t0 = time.perf_counter()
         for step in range(1, a.steps + 1):
             x, y = (torch.from_numpy(v) for v in batches.batch(corpus.train, step))

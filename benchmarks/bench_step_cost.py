@@ -96,8 +96,8 @@ def main() -> None:
         root = loss.detach().requires_grad_() * 1
         rows.append(("backward wrappers (Tensor.backward + autograd.backward)",
                      per_call(lambda: torch.Tensor.backward(root)), 4, 0))
-        rows.append(("  of which Monitor._before_backward", per_call(lambda: mon._before_backward([root], None)), 0, 0))
-        rows.append(("  of which Monitor._after_backward", per_call(mon._after_backward), 0, 0))
+        rows.append(("  of which Monitor.before_backward", per_call(lambda: mon.before_backward([root], None)), 0, 0))
+        rows.append(("  of which Monitor.after_backward", per_call(mon.after_backward), 0, 0))
     finally:
         monitor_hooks._ORIG.update(real)
         mon._backwards = 0

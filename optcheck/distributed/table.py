@@ -38,7 +38,7 @@ HEADER = 5
 NONE = -(2**63)  # "no value": no storage to sum, no state yet, no such name
 
 
-def _crc(obj) -> int:
+def crc(obj) -> int:
     return zlib.crc32(json.dumps(obj, sort_keys=True, default=repr).encode())
 
 
@@ -61,8 +61,8 @@ def row(*, rank: int, step: int, iteration: int, model: torch.nn.Module, optimiz
     named_buffers = dict(model.named_buffers())
     ids = {id(p): n for n, p in named.items()}
     groups = group_records(optimizer, ids)
-    keys = _crc([(g["keys"], g["members"]) for g in groups])
-    options = _crc([g["options"] for g in groups])
+    keys = crc([(g["keys"], g["members"]) for g in groups])
+    options = crc([g["options"] for g in groups])
     sums: list[torch.Tensor | int] = []
     steps: list[int] = []
     for n in params:

@@ -88,7 +88,7 @@ class RankWatch:
         """One ``all_gather`` at attach: every rank's parameter and buffer names (a CRC-32 and
         counts). Different layouts (pipeline stages, tensor parallelism) have rows of other
         lengths, which one ``all_gather`` cannot exchange: the exchange is then off."""
-        mine = torch.tensor([len(self.params), len(self.buffers), table._crc([self.params, self.buffers])],
+        mine = torch.tensor([len(self.params), len(self.buffers), table.crc([self.params, self.buffers])],
                             dtype=torch.int64)
         rows = [torch.empty_like(mine) for _ in range(self.world)]
         dist.all_gather(rows, mine, group=self.group)

@@ -71,7 +71,7 @@ from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.guard import Notes, guarded
 from optcheck.pytorch.monitor_hooks import ClipNorm, FindingError, OptcheckWarning, TorchProbe, backward_loss
-from optcheck.pytorch.train import NullHazards
+from optcheck.pytorch.null_hazards import NullHazards
 from optcheck.pytorch.unwrap import unwrap_model, unwrap_optimizer
 from optcheck.run.recorder import RunRecorder
 from optcheck.rules import RuleConfig
@@ -157,9 +157,9 @@ class Monitor:
                  on_finding: str = "warn", fail_on: str = "warning", rule_config: RuleConfig | None = None,
                  run_id: str | None = None, append: bool = False, state: dict | None = None,
                  ignore: list[str] | None = None, ignore_config: str | bool = True):
-        self._dist = distributed.attach(model, optimizer, every)  # optcheck.distributed hook: None outside torchrun
-        if self._dist is not None:  # optcheck.distributed hook: this rank's stream in out/rank-K
-            out, run_id = self._dist.locate(out, run_id)
+        # this rank's side of a torchrun job (optcheck.distributed.watch.RankWatch), a NoRankWatch outside one
+        self.rank_watch = distributed.attach(model, optimizer, every)
+        out, run_id = self.rank_watch.locate(out, run_id)  # under torchrun: this rank's stream in out/rank-K
         model, optimizer = unwrap_model(model), unwrap_optimizer(optimizer)
         if on_finding not in ON_FINDING:
             raise ValueError(f"on_finding must be one of {ON_FINDING}, got {on_finding!r}")
@@ -203,7 +203,7 @@ class Monitor:
         self._switch_event: tuple | None = None  # (old, new) switched at the step under way
         self.step_cost = StepCost()  # the hooks' own time per step, snapshots left out (summary cost.steps)
         self.notes = Notes()  # what could not be read, and optcheck's own errors (summary not_checked)
-        self.hazards = NullHazards()
+        self.hazards = NullHazards(optimizer)
         # the probes' device checks, read with the losses at each snapshot: no host sync on other steps
         self._ledger = DeviceLedger()
         if hazards:
@@ -213,7 +213,7 @@ class Monitor:
                                         mode="always" if hazards == "always" else "auto", ledger=self._ledger,
                                         grad_check_every=0)  # gradients: before the step writes them (_pre_step)
             self.hazards.on_stop = self._on_stop
-        self.grad_clear = GradClearProbe(optimizer, ledger=self._ledger, per_backward=True)  # told by _before_backward
+        self.grad_clear = GradClearProbe(optimizer, ledger=self._ledger, per_backward=True)  # told by before_backward
         self.clip_norm = ClipNorm()  # the user's clip_grad_norm_ total (monitor_hooks): the NaN check's shortcut
         self.seq = Sequencer(TorchProbe(model, optimizer, self.hazards, self.grad_clear, self.notes), run_id=self.run_id,
                              every=every, emit=self._emit, flush=self._flush_losses)
@@ -337,8 +337,7 @@ class Monitor:
         atexit.unregister(self._atexit)
         summary = self.rec.finish(**self._ending())
         self.rec.close()
-        if self._dist is not None:  # optcheck.distributed hook: rank 0 writes out/summary.json merged
-            self._dist.close(summary)
+        self.rank_watch.close(summary)  # under torchrun: rank 0 writes out/summary.json merged
         self.on_close(summary)
         return summary
 
@@ -373,7 +372,7 @@ class Monitor:
                                                                    seq.last_loss)
         sm.peak_rss_bytes, sm.versions, sm.threads = seq.peak_rss, seq.probe.versions(), torch.get_num_threads()
         sm.crash, sm.stopped, sm.config = self._crash, self._stopped, {"every": self.every}
-        sm.not_checked = list(getattr(self.hazards, "not_checked", [])) + list(self.notes)
+        sm.not_checked = list(self.hazards.not_checked) + list(self.notes)
         sm.hazards = self.hazards.stats()
         sm.interrupted_by, sm.signals = self._interrupted, int(self._interrupted is not None)
         self.rec.snapshot_cost = seq.cost
@@ -401,15 +400,19 @@ class Monitor:
             self.close()
             return False
         if exc is not None and not isinstance(exc, (GeneratorExit, FindingError)):
-            self._record_crash(exc)
+            self.record_crash(exc)
         self.close()
         return False
 
-    def _record_crash(self, exc: BaseException) -> None:
-        """The exception that ended the loop (``with`` block, ``sys.excepthook``, a
-        framework's exception callback) as the run's crash: step about to run, type,
-        message. A :class:`FindingError` is the monitor's own stop, not a crash; a
-        KeyboardInterrupt is an interruption; ``sys.exit(0)`` (or ``sys.exit()``) a normal end."""
+    def record_crash(self, exc: BaseException) -> None:
+        """Record ``exc``, the exception that ended the loop, as the run's crash (``crash``
+        in the summary: the step about to run, the exception's type and message; status
+        ``crashed``, exit code 3) — for a loop that catches its own exception and calls
+        :meth:`close` itself. ``with``, ``sys.excepthook``, a dying thread and the
+        framework callbacks call it for you. A :class:`FindingError` is the monitor's own
+        stop, not a crash; a KeyboardInterrupt is an interruption (SIGINT); ``sys.exit(0)``
+        (or ``sys.exit()``) a normal end. Only the first crash counts; nothing after
+        :meth:`close`. Never raises."""
         if self._crash is not None or self.closed or isinstance(exc, FindingError):
             return
         if isinstance(exc, KeyboardInterrupt):
@@ -437,9 +440,12 @@ class Monitor:
         """The start or final snapshot (an error in it is a note, not the user's exception)."""
         (self.seq.start if which == "start" else self.seq.final)(self.step_count)
 
+    # -- what optcheck's own hooks call (the BackwardListener of optcheck/pytorch/monitor_hooks.py and the
+    #    RunEnd of optcheck/drivers/monitor_end.py): public so no module reaches into the Monitor's privates;
+    #    a training loop has no reason to call them
     @guarded(FindingError, StepStopped)
     @timed_hook()
-    def _before_backward(self, roots: list[torch.Tensor], grads=None) -> None:
+    def before_backward(self, roots: list[torch.Tensor], grads=None) -> None:
         """Before a backward pass from ``roots`` (one tensor, or the tensors of
         ``torch.autograd.backward([l1, l2], grad_tensors)``): the hazard checks on each;
         the step's loss is Σ gᵢ·lᵢ over the one-element roots (gᵢ their one-element
@@ -449,7 +455,7 @@ class Monitor:
         self.grad_clear.before_backward()
         for t in roots:
             self.hazards.check_loss(t, self.step_count + 1)
-        if self._dist is not None and self._dist.before_backward(self.step_count):  # optcheck.distributed hook
+        if self.rank_watch.before_backward(self.step_count):  # under torchrun: the ranks differ
             self.seq.take(self.step_count + 1, "pre-step", "check")
         loss = backward_loss(roots, grads)
         if loss is not None:
@@ -457,11 +463,12 @@ class Monitor:
 
     @guarded(FindingError, StepStopped)
     @timed_hook()
-    def _after_backward(self) -> None:
+    def after_backward(self) -> None:
+        """After a backward pass that returned: its gradients are written."""
         self.grad_clear.after_backward()
         self.hazards.after_backward(self.step_count + 1)
         self._backwards += 1
-        if self._dist is not None and (ev := self._dist.after_backward(self.step_count + 1)) is not None:  # optcheck.distributed hook
+        if (ev := self.rank_watch.after_backward(self.step_count + 1)) is not None:  # under torchrun
             for e in ev:
                 self.seq.event(e)
             self.seq.take(self.step_count + 1, "pre-step", "hazard")
@@ -498,9 +505,36 @@ class Monitor:
             return
         self.close()
 
-    def _close_if_stopped(self) -> None:
+    def backward_failed(self, exc: BaseException) -> None:
+        """The backward pass raised ``exc``: PyTorch's own version check (an in-place write
+        to a saved tensor on an unarmed step) becomes OC301 and ``StepStopped`` from it."""
+        self.hazards.backward_failed(exc, self.step_count + 1)
+
+    def backward_ended(self) -> None:
+        """A backward pass is over (returned or raised): a step a hazard stopped inside it
+        is closed now, its saved-tensor hooks popped (see :meth:`_on_stop`)."""
         if self._stopped is not None and not self.closed and torch._C._current_graph_task_id() == -1:
             self.close()
+
+    def record_signal(self, name: str) -> None:
+        """SIGINT/SIGTERM (``name``) reached the process, before the user's handler runs."""
+        self._interrupted = self._interrupted or name
+
+    def ran_in(self, thread_ident: int) -> bool:
+        """Whether thread ``thread_ident`` ran this loop (created the Monitor, or stepped its optimizer)."""
+        return thread_ident in self._threads
+
+    def write_running(self) -> None:
+        """Put the ``running`` summary on disk now (best effort, never raises)."""
+        self.rec.write_running()
+
+    def detach_fork(self) -> None:
+        """In an ``os.fork()`` child: the run is the parent's; write nothing to it."""
+        self.rec.detach()
+        self.rundir = None
+        if self._signals is not None:
+            self._signals.restore()
+            self._signals = None
 
     @guarded(FindingError, StepStopped)
     @timed_hook()
@@ -514,9 +548,7 @@ class Monitor:
         over the watched parameters, steps them): snapshots, probes and rules read ``new``
         from this step on. The event (OC209) is recorded at the end of the step, unless the
         switch was undone within it (``new`` turned out to be a wrapper calling ``old``)."""
-        self.optimizer = self.seq.probe.optimizer = new
-        if hasattr(self.hazards, "optimizer"):
-            self.hazards.optimizer = new
+        self.optimizer = self.seq.probe.optimizer = self.hazards.optimizer = new
         self.grad_clear.adopt(new)
         first = id(new) not in self._switches  # else: back to one watched before (two used in turn, or undone)
         self._switches.add(id(new))
@@ -573,8 +605,7 @@ class Monitor:
     def _emit(self, snap: dict, seconds: float) -> list[Finding]:
         """The sequencer's ``emit``: check and write the snapshot (``on_snapshot``, then each
         new finding); raise :class:`FindingError` once all are written (``on_finding="raise"``)."""
-        if self._dist is not None:  # optcheck.distributed hook: the cross-rank table (rules OC701-OC707)
-            self._dist.annotate(snap)
+        self.rank_watch.annotate(snap)  # under torchrun: the cross-rank table (rules OC701-OC707)
         new = self.rec.check(snap)  # written, checked; summary.json rewritten "running" with this step
         failing = [f for f in new if severity_rank(f.severity) >= self._fail_rank]
         if self.on_finding_policy == "raise" and failing and self._may_raise:
@@ -589,18 +620,6 @@ class Monitor:
             warnings.warn(text, OptcheckWarning, stacklevel=user_stacklevel())
         elif self.on_finding_policy == "log":
             log.warning(text)
-
-    def _on_signal(self, name: str) -> None:
-        """SIGINT/SIGTERM reached the process (before the user's handler runs)."""
-        self._interrupted = self._interrupted or name
-
-    def _detach_fork(self) -> None:
-        """In an ``os.fork()`` child: the run is the parent's; write nothing to it."""
-        self.rec.detach()
-        self.rundir = None
-        if self._signals is not None:
-            self._signals.restore()
-            self._signals = None
 
 
 __all__ = ["Monitor", "OptcheckWarning", "FindingError", "SEVERITIES"]

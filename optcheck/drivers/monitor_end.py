@@ -1,8 +1,7 @@
 """How an ``optcheck.Monitor``'s run ends when the loop does not reach ``close()``:
 a signal, the death of the thread running the loop, an ``os.fork()`` child.
 Torch-free; the Monitor (``optcheck/drivers/monitor.py``) registers itself in :data:`_OPEN`
-while it is open and offers ``_on_signal``, ``_record_crash``, ``close``,
-``_detach_fork`` and ``rec`` (its ``optcheck.run.recorder.RunRecorder``).
+while it is open and is driven through the public interface :class:`RunEnd`.
 
 - :class:`SignalChain`: SIGINT/SIGTERM handlers in front of the user's (the run is
   marked interrupted, then the previous handler runs; SIGTERM's default action
@@ -20,19 +19,44 @@ import os
 import signal
 import threading
 import weakref
+from typing import Protocol
 
 log = logging.getLogger("optcheck")
+class RunEnd(Protocol):
+    """What this module calls on an open run (:class:`optcheck.Monitor` implements it)."""
+
+    closed: bool
+
+    def record_signal(self, name: str) -> None:
+        """SIGINT/SIGTERM (``name``) reached the process, before the user's handler runs."""
+
+    def record_crash(self, exc: BaseException) -> None:
+        """``exc`` ended the loop (here: the thread running it died of it)."""
+
+    def ran_in(self, thread_ident: int) -> bool:
+        """Whether the thread ``thread_ident`` ran this run's loop (created it, or stepped its optimizer)."""
+
+    def write_running(self) -> None:
+        """Put the run's ``running`` summary on disk now (a handler may end the process)."""
+
+    def detach_fork(self) -> None:
+        """In an ``os.fork()`` child: stop writing to the parent's run."""
+
+    def close(self) -> dict:
+        """End the run; idempotent."""
+
+
 #: The open monitors (weakly held: a monitor dropped without close() is not kept alive).
 _OPEN: "weakref.WeakSet" = weakref.WeakSet()
 
 
-def opened(mon) -> None:
+def opened(mon: RunEnd) -> None:
     """Register an open monitor (its thread hook and fork hook apply to it)."""
     _OPEN.add(mon)
     install_thread_hook()
 
 
-def closed(mon) -> None:
+def closed(mon: RunEnd) -> None:
     _OPEN.discard(mon)
 
 
@@ -46,7 +70,7 @@ class SignalChain:
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, mon):
+    def __init__(self, mon: RunEnd):
         self._mon = weakref.ref(mon)
         self._prev: dict[int, object] = {}
         for s in self.SIGNALS:
@@ -63,14 +87,14 @@ class SignalChain:
         prev = self._prev.get(signum, signal.SIG_DFL)
         mon = self._mon()
         if mon is not None and not mon.closed:
-            mon._on_signal(signal.Signals(signum).name)
+            mon.record_signal(signal.Signals(signum).name)
             if prev == signal.SIG_DFL:  # the process dies now: close the run first
                 try:
                     mon.close()
                 except Exception:  # noqa: BLE001 - the signal's own effect comes first
                     log.exception("optcheck: could not close the run on %s", signal.Signals(signum).name)
             else:
-                mon.rec.write_running()  # on disk now: the user's handler may end the process
+                mon.write_running()  # on disk now: the user's handler may end the process
         if callable(prev):
             prev(signum, frame)
         elif prev == signal.SIG_DFL:
@@ -93,10 +117,10 @@ def _thread_died(args) -> None:
     """``threading.excepthook``: a thread that ran a monitor's loop died of an exception:
     that run crashed (recorded and closed), then the previous hook reports it."""
     for mon in list(_OPEN):
-        if args.thread is not None and args.thread.ident in getattr(mon, "_threads", ()):
+        if args.thread is not None and mon.ran_in(args.thread.ident):
             try:
                 if args.exc_value is not None:
-                    mon._record_crash(args.exc_value)
+                    mon.record_crash(args.exc_value)
                 mon.close()
             except Exception:  # noqa: BLE001 - never hide the thread's traceback behind ours
                 log.exception("optcheck: could not record the thread's crash")
@@ -114,7 +138,7 @@ def install_thread_hook() -> None:
 def _forked_child() -> None:
     for mon in list(_OPEN):
         try:
-            mon._detach_fork()
+            mon.detach_fork()
         except Exception:  # noqa: BLE001 - the child runs on regardless
             pass
 

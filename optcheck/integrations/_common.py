@@ -35,7 +35,7 @@ class MonitorOwner:
         if self.monitor is None or self.monitor.closed:
             return
         if exc is not None:
-            self.monitor._record_crash(exc)
+            self.monitor.record_crash(exc)
         self.summary = self.monitor.close()
 
     @property

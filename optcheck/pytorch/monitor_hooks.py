@@ -5,9 +5,11 @@ exception types, and the process-wide hooks — the ``backward`` wrappers and th
 
 ``torch.Tensor.backward`` and ``torch.autograd.backward`` are replaced while at
 least one Monitor is open, and put back when the last one closes. The newest
-open Monitor is told before and after each backward pass; ``Tensor.backward``
-calls ``torch.autograd.backward`` itself (``torch/_tensor.py``), so the inner
-call passes straight through and each pass is seen once.
+open Monitor is told before and after each backward pass, through the public
+interface :class:`BackwardListener` (nothing here reads a Monitor's private
+names); ``Tensor.backward`` calls ``torch.autograd.backward`` itself
+(``torch/_tensor.py``), so the inner call passes straight through and each pass
+is seen once.
 
 ``torch.nn.utils.clip_grad_norm_`` is wrapped the same way: the total norm the
 user's clipping computed is handed to the newest Monitor (:class:`ClipNorm`), so
@@ -22,14 +24,14 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from optcheck.findings import Finding
 from optcheck.pytorch import census, probe
 from optcheck.pytorch import device as devices
-from optcheck.pytorch.guard import raised_by_signal_handler
+from optcheck.pytorch.guard import Notes, raised_by_signal_handler
 from optcheck.pytorch.train import CENSUS_EVERY
 
 log = logging.getLogger("optcheck")
@@ -65,15 +67,48 @@ class FindingError(RuntimeError):
         self.step_ran = finding.phase != "pre-step"
 
 
+class BackwardListener(Protocol):
+    """What the backward and ``clip_grad_norm_`` wrappers and the ``sys.excepthook`` of this
+    module call on the newest open listener (:class:`optcheck.Monitor` implements it).
+
+    Per backward pass, in this order: :meth:`before_backward`; the pass itself; on an
+    exception from it :meth:`backward_failed` (then the exception goes on to the user);
+    :meth:`backward_ended` whatever happened; :meth:`after_backward` when it returned.
+    None of them raises into the user's loop except :class:`optcheck.errors.StepStopped`
+    and :class:`FindingError`, which are meant for it."""
+
+    clip_norm: "ClipNorm"  # where the total norm of the user's clip_grad_norm_ is handed
+
+    def before_backward(self, roots: list[torch.Tensor], grads=None) -> None:
+        """A backward pass from ``roots`` (:func:`backward_roots`) with ``grads`` (its
+        ``grad_tensors``/``gradient`` argument, or None) is about to run."""
+
+    def backward_failed(self, exc: BaseException) -> None:
+        """The pass raised ``exc`` (PyTorch's version check among others); may raise
+        ``StepStopped`` from it."""
+
+    def backward_ended(self) -> None:
+        """The pass is over, returned or raised (saved-tensor hooks may be popped now)."""
+
+    def after_backward(self) -> None:
+        """The pass returned: its gradients are written."""
+
+    def record_crash(self, exc: BaseException) -> None:
+        """``exc`` ends the process (``sys.excepthook``): the run's crash."""
+
+    def close(self) -> dict:
+        """End the run; idempotent."""
+
+
 class TorchProbe:
     """The sequencer's probe (``optcheck.run.sequencer.Probe``) over the user's model and optimizer."""
 
     name = "pytorch"
 
-    def __init__(self, model, optimizer, hazards, grad_clear, notes: list | None = None):
+    def __init__(self, model, optimizer, hazards, grad_clear, notes: Notes | None = None):
         self.model, self.optimizer, self.hazards, self.grad_clear = model, optimizer, hazards, grad_clear
         self.snapshots = 0
-        self.notes = notes if notes is not None else []  # what could not be read (optcheck.pytorch.guard.Notes)
+        self.notes = notes if notes is not None else Notes()  # what could not be read
 
     def fingerprint(self):
         return probe.fingerprint(self.model, self.optimizer)
@@ -92,10 +127,7 @@ class TorchProbe:
             body["notes"].append(f"hazard drain failed ({type(e).__name__}: {str(e)[:120]}); its checks skipped")
         body["events"] = events + self.grad_clear.drain()
         for note in body["notes"]:
-            if hasattr(self.notes, "add"):
-                self.notes.add(note)
-            elif note not in self.notes:
-                self.notes.append(note)
+            self.notes.add(note)
         watched, arrived = self.grad_clear.arrival()  # grad_arrived: a gradient reached it during backward
         for rec in body["params"]:
             if rec["ref"] in watched:
@@ -147,24 +179,24 @@ def _grad_tensors(key: str, tensors, args: tuple, kwargs: dict):
 
 def _watched(key: str):
     """A wrapper of ``torch.Tensor.backward`` (key "tensor") or ``torch.autograd.backward``
-    ("autograd") that tells the newest open Monitor before and after."""
+    ("autograd") that tells the newest open :class:`BackwardListener` before and after."""
 
     def backward(tensors, *args, **kwargs):
-        mon = _ACTIVE[-1] if _ACTIVE else None
-        roots = backward_roots(tensors) if mon is not None and not _IN_BACKWARD else []
+        listener: BackwardListener | None = _ACTIVE[-1] if _ACTIVE else None
+        roots = backward_roots(tensors) if listener is not None and not _IN_BACKWARD else []
         if not roots:
             return _ORIG[key](tensors, *args, **kwargs)
-        mon._before_backward(roots, _grad_tensors(key, tensors, args, kwargs))
+        listener.before_backward(roots, _grad_tensors(key, tensors, args, kwargs))
         _IN_BACKWARD.append(True)
         try:
             out = _ORIG[key](tensors, *args, **kwargs)
         except RuntimeError as e:  # PyTorch's version check on an unarmed step: StepStopped (OC301) from it
-            mon.hazards.backward_failed(e, mon.step_count + 1)
+            listener.backward_failed(e)
             raise
         finally:
             _IN_BACKWARD.pop()
-            mon._close_if_stopped()
-        mon._after_backward()
+            listener.backward_ended()
+        listener.after_backward()
         return out
 
     return backward
@@ -196,7 +228,7 @@ class ClipNorm:
 
 
 def _clip_watched(orig):
-    """A wrapper of ``clip_grad_norm_`` that hands its total norm to the newest open Monitor."""
+    """A wrapper of ``clip_grad_norm_`` that hands its total norm to the newest open listener."""
 
     def clip_grad_norm_(parameters, *args, **kwargs):
         mon = _ACTIVE[-1] if _ACTIVE else None
@@ -223,7 +255,7 @@ def _excepthook(exc_type, exc, tb) -> None:
     which then closes, before the previous hook prints the traceback."""
     for mon in list(_ACTIVE):
         try:
-            mon._record_crash(exc)
+            mon.record_crash(exc)
             mon.close()
         except Exception:  # never hide the user's traceback behind ours
             log.exception("optcheck: could not record the crash")
@@ -231,8 +263,8 @@ def _excepthook(exc_type, exc, tb) -> None:
     prev(exc_type, exc, tb)
 
 
-def install(mon) -> None:
-    """Register ``mon`` as the newest open monitor; wrap backward and the excepthook once."""
+def install(mon: BackwardListener) -> None:
+    """Register ``mon`` as the newest open listener; wrap backward and the excepthook once."""
     _ACTIVE.append(mon)
     if not _ORIG:
         _ORIG["tensor"], _ORIG["autograd"] = torch.Tensor.backward, torch.autograd.backward
@@ -245,7 +277,7 @@ def install(mon) -> None:
         sys.excepthook = _excepthook
 
 
-def remove(mon) -> None:
+def remove(mon: BackwardListener) -> None:
     """Unregister ``mon``; with no monitor left open, put backward and the excepthook back."""
     if mon in _ACTIVE:
         _ACTIVE.remove(mon)

@@ -34,56 +34,10 @@ from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.pytorch.gpt import GPT, GPTConfig
 from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.hazards.arming import pytorch_inplace_error
+from optcheck.pytorch.null_hazards import NullHazards
 from optcheck.errors import StepStopped
 
 CENSUS_EVERY = 10  # tensor census on every 10th snapshot (~1-2 ms after the first full walk; docs/memory.md)
-
-
-class NullHazards:
-    """Hazard probes switched off: every hook does nothing (``--no-hazards``).
-
-    It has the whole interface of :class:`optcheck.pytorch.hazards.HazardProbes`, so
-    callers never ask which one they hold; ``can_replay`` is False (no step runs
-    unarmed, so none is re-run armed)."""
-
-    can_replay = False
-    wants_norms = False  # drain() reads no tensor: the snapshot body need not read the optimizer state
-
-    def step_context(self, step: int):
-        return contextlib.nullcontext()
-
-    def check_loss(self, loss: torch.Tensor, step: int) -> None:
-        pass
-
-    def after_backward(self, step: int) -> None:
-        pass
-
-    def has_events(self) -> bool:
-        return False
-
-    def drain(self, norms: dict | None = None) -> list[dict]:
-        return []
-
-    def arm(self, reason: str) -> None:
-        pass
-
-    def backward_failed(self, exc: BaseException, step: int) -> None:
-        pass
-
-    def check_grads_now(self, step: int) -> None:
-        pass
-
-    def check_grad_norms(self, step: int, names: list, norms) -> None:
-        pass
-
-    def check_grads_before_step(self, step: int, kwargs: dict | None = None, clip=None) -> None:
-        pass
-
-    def stats(self) -> None:
-        return None
-
-    def remove(self) -> None:
-        pass
 
 
 def make_hazards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: SoakConfig,
@@ -92,7 +46,7 @@ def make_hazards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: 
     a NullHazards); their device checks go to ``ledger``."""
     checks = cfg.checks
     if checks.hazards == "off":
-        return NullHazards()
+        return NullHazards(optimizer)
     from optcheck.pytorch.hazards import HazardProbes
 
     # with clipping, the gradients' NaN/Inf check reads clip_grad_norm_'s total norm (Trainer.train_step)

@@ -1,6 +1,8 @@
 """The house rules of the code's layout (issue 26), checked on the source itself:
 
-- no module imports another package's private (``_x``) names or modules;
+- no module imports another package's private (``_x``) names or modules, nor reaches into
+  an object's private attribute defined in another module (``mon._record_crash``: such
+  calls go through a public interface, issue 35);
 - nothing in ``optcheck/pytorch/`` imports ``optcheck.distributed``, ``optcheck.rules`` or
   ``optcheck.drivers`` (the probes are the lowest layer; the drivers and the rules sit
   on top of them), except the PyTorch worker's entry module, which *is* a driver
@@ -74,6 +76,60 @@ def test_the_private_name_check_fires_on_a_planted_import():
     text = ("from optcheck.pytorch.probe import _VERSIONS\nfrom optcheck.rules._events import events\n"
             "from optcheck.distributed._x import y\n")
     assert private_imports(planted, text) == ["optcheck.pytorch.probe._VERSIONS", "module optcheck.rules._events"]
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _defined_privates(tree: ast.AST) -> set[str]:
+    """Private names a module defines: functions, classes, assigned names and attributes."""
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and _private(n.name):
+            out.add(n.name)
+        elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and _private(n.attr):
+            out.add(n.attr)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and _private(n.id):
+            out.add(n.id)
+    return out
+
+
+_TREES = {p: ast.parse(p.read_text(encoding="utf-8")) for p in MODULES}
+#: private names optcheck defines somewhere (an access to one of them from another module is refused)
+OPTCHECK_PRIVATES = set().union(*(_defined_privates(t) for t in _TREES.values()))
+#: third-party private APIs that share a name with one of optcheck's: the access is to theirs
+THIRD_PARTY = {"_values": "torch.Tensor._values() of a sparse COO gradient (optcheck/pytorch/hazards/_tensors.py)"}
+
+
+def private_accesses(p: Path, text: str | None = None) -> list[str]:
+    """``obj._name`` in ``p`` where ``_name`` is a private optcheck defines in another module
+    only (``self._x``/``cls._x`` of the module's own classes are fine)."""
+    tree = _TREES[p] if text is None else ast.parse(text)
+    own = _defined_privates(tree)
+    bad = []
+    for n in ast.walk(tree):
+        if (isinstance(n, ast.Attribute) and _private(n.attr) and n.attr not in own and n.attr not in THIRD_PARTY
+                and n.attr in OPTCHECK_PRIVATES and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))):
+            bad.append(f"{n.lineno}: {ast.unparse(n)}")
+    return bad
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_rel)
+def test_no_module_reaches_into_another_modules_private_attributes(path):
+    assert private_accesses(path) == []
+
+
+def test_the_private_access_check_fires_on_planted_accesses():
+    text = ("def end(mon, h):\n    mon._step_done()\n    h.monitor._losses.clear()\n"
+            "    return self._own\n")  # (privates of optcheck/drivers/monitor.py)
+    assert private_accesses(PKG / "integrations" / "_common.py", text) == [
+        "2: mon._step_done", "3: h.monitor._losses"]
+    # the issue's own check, on the source: no Monitor private reached from outside
+    import re
+    hits = [f"{_rel(p)}: {m.group(0)}" for p in MODULES for m in re.finditer(
+        r"\b(mon|self\.monitor)\._[a-z_]+", p.read_text(encoding="utf-8"))]
+    assert hits == []
 
 
 @pytest.mark.parametrize("path", [p for p in MODULES if _rel(p).startswith("optcheck/pytorch/")], ids=_rel)

@@ -16,7 +16,7 @@ from optcheck.pytorch import probe
 from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.hazards import HazardProbes
 from optcheck.pytorch.monitor_hooks import TorchProbe
-from optcheck.pytorch.train import NullHazards
+from optcheck.pytorch.null_hazards import NullHazards
 from process_group import one_process_group
 
 torch.set_num_threads(1)

@@ -2,7 +2,7 @@
 bugs that PyTorch reports late (at ``backward()``) or never.
 
 :class:`HazardProbes` works on any ``nn.Module`` + optimizer. It implements the
-hook interface of :class:`optcheck.pytorch.train.NullHazards`:
+hook interface of :class:`optcheck.pytorch.null_hazards.NullHazards`:
 
 - ``step_context(step)``: a context manager around forward *and* backward of one
   step (saved-tensor hooks + per-module flags are live inside it only, so
