@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NATIVE_ENV = "OPTCHECK_TORCHSHARP_NATIVE"
 REQUIRE_ENV = "OPTCHECK_REQUIRE_TORCHSHARP_REAL"
 DEFAULT_NATIVE = ROOT.parent / "shared" / "torchsharp-ref" / "0.107.0-torch2.13"
-USER_SOURCES = sorted((ROOT / "tests" / "dotnet" / "real").glob("*.cs"))
+USER_SOURCES = sorted((ROOT / "tests" / "dotnet" / "real").glob("*.cs")) + [ROOT / "tests" / "dotnet" / "GuardReport.cs"]
 #: optcheck's C# a user's assembly compiles in (examples/torchsharp-own-model/OwnModel.csproj)
 OPTCHECK_SOURCES = sorted((ROOT / "dotnet" / "Probe").glob("*.cs")) + sorted((ROOT / "dotnet" / "Contract").glob("*.cs")) \
     + sorted((ROOT / "dotnet" / "Contract" / "TorchSharp").glob("*.cs")) + [ROOT / "dotnet" / "Worker" / "TorchSharpProbe.cs"]
@@ -139,7 +139,7 @@ def _user_code(folder: Path, refs: list[Path]) -> tuple[Path, Path]:
     lock = _locked(out)
     try:
         if not (dll.is_file() and exe.is_file()):
-            lib = [s for s in USER_SOURCES if s.name != "GuardLoop.cs"]
+            lib = [s for s in USER_SOURCES if s.name not in ("GuardLoop.cs", "GuardReport.cs")]
             for target, sources, kind in ((dll, lib, "library"), (exe, USER_SOURCES, "exe")):
                 cmd = mcs_build.command([*OPTCHECK_SOURCES, *sources], target, refs)
                 cmd[1] = f"-target:{kind}"

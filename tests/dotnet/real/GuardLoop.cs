@@ -51,15 +51,9 @@ public static class GuardLoop
                     last = loss.to(ScalarType.Float64).item<double>();
                     if (step == 1) first = last;
                 } catch (PreStepCheckException e) {
-                    Report(e, step);
+                    GuardReport.Print(e, step);
                     // the same call made on the optimizer itself: what TorchSharp throws there
-                    try {
-                        if (call == "zero_grad()") inner.zero_grad(); else inner.step();
-                        Console.WriteLine("unguarded_threw nothing");
-                    } catch (Exception u) {
-                        Console.WriteLine("unguarded_threw " + u.GetType().FullName);
-                        Console.WriteLine("unguarded_message " + u.Message);
-                    }
+                    GuardReport.Unguarded(() => { if (call == "zero_grad()") inner.zero_grad(); else inner.step(); });
                     return 3;
                 }
             }
@@ -67,18 +61,5 @@ public static class GuardLoop
         Console.WriteLine("clean " + steps);
         Console.WriteLine("loss " + first.ToString("R", CultureInfo.InvariantCulture) + " " + last.ToString("R", CultureInfo.InvariantCulture));
         return 0;
-    }
-
-    static void Report(PreStepCheckException e, long step)
-    {
-        Console.WriteLine("guard_step " + step);
-        Console.WriteLine("guard_call " + e.Call);
-        foreach (PreStepProblem p in e.Problems) {
-            Console.WriteLine("guard_code " + p.Code);
-            Console.WriteLine("guard_names " + p.Code + " " + string.Join(",", p.Names.ToArray()));
-            if (p.PredictedKey != null) Console.WriteLine("guard_key " + p.PredictedKey);
-            if (p.PredictedException != null) Console.WriteLine("guard_predicts " + p.Code + " " + p.PredictedException);
-        }
-        Console.WriteLine("guard_message " + e.Message.Split('\n')[0]);
     }
 }
