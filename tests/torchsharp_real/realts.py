@@ -35,6 +35,8 @@ NATIVE_ENV = "OPTCHECK_TORCHSHARP_NATIVE"
 REQUIRE_ENV = "OPTCHECK_REQUIRE_TORCHSHARP_REAL"
 DEFAULT_NATIVE = ROOT.parent / "shared" / "torchsharp-ref" / "0.107.0-torch2.13"
 USER_SOURCES = sorted((ROOT / "tests" / "dotnet" / "real").glob("*.cs")) + [ROOT / "tests" / "dotnet" / "GuardReport.cs"]
+#: the shipped example of a user's own model (README, examples/torchsharp-own-model/)
+EXAMPLE = ROOT / "examples" / "torchsharp-own-model" / "OwnModel.cs"
 #: optcheck's C# a user's assembly compiles in (examples/torchsharp-own-model/OwnModel.csproj)
 OPTCHECK_SOURCES = sorted((ROOT / "dotnet" / "Probe").glob("*.cs")) + sorted((ROOT / "dotnet" / "Contract").glob("*.cs")) \
     + sorted((ROOT / "dotnet" / "Contract" / "TorchSharp").glob("*.cs")) + [ROOT / "dotnet" / "Worker" / "TorchSharpProbe.cs"]
@@ -90,13 +92,15 @@ def cache_root() -> Path:
 class RealTorchSharp:
     """Real TorchSharp, ready: ``folder`` (TorchSharp.dll + libLibTorchSharp.so), ``env`` for ``optcheck``
     subprocesses, ``worker`` (optcheck's GPT worker as ``--torchsharp folder`` builds it), ``trainers``
-    (tests/dotnet/real as a user's assembly, TorchSharp beside it) and ``guard_loop`` (the plain .NET loop)."""
+    (tests/dotnet/real as a user's assembly, TorchSharp beside it), ``guard_loop`` (the plain .NET loop) and
+    ``example`` (examples/torchsharp-own-model/OwnModel.cs as its README builds it, here with mcs)."""
 
     folder: Path
     env: dict = field(default_factory=dict)
     worker: Path | None = None
     trainers: Path | None = None
     guard_loop: Path | None = None
+    example: Path | None = None
 
     def soak_args(self, *args: str) -> list[str]:
         """``optcheck soak`` on the built-in GPT as a user types it: ``--backend torchsharp --torchsharp FOLDER``."""
@@ -132,15 +136,15 @@ def _user_code(folder: Path, refs: list[Path]) -> tuple[Path, Path]:
     from optcheck.torchsharp_bridge import mcs_build
 
     h = hashlib.sha256()
-    for p in [*OPTCHECK_SOURCES, *USER_SOURCES, folder / "TorchSharp.dll"]:
+    for p in [*OPTCHECK_SOURCES, *USER_SOURCES, EXAMPLE, folder / "TorchSharp.dll"]:
         h.update(p.name.encode() + b"\0" + p.read_bytes())
     out = cache_root() / f"user-{h.hexdigest()[:16]}"
-    dll, exe = out / "RealTrainers.dll", out / "GuardLoop.exe"
+    dll, exe, example = out / "RealTrainers.dll", out / "GuardLoop.exe", out / "OwnModel.dll"
     lock = _locked(out)
     try:
-        if not (dll.is_file() and exe.is_file()):
+        if not (dll.is_file() and exe.is_file() and example.is_file()):
             lib = [s for s in USER_SOURCES if s.name not in ("GuardLoop.cs", "GuardReport.cs")]
-            for target, sources, kind in ((dll, lib, "library"), (exe, USER_SOURCES, "exe")):
+            for target, sources, kind in ((dll, lib, "library"), (exe, USER_SOURCES, "exe"), (example, [EXAMPLE], "library")):
                 cmd = mcs_build.command([*OPTCHECK_SOURCES, *sources], target, refs)
                 cmd[1] = f"-target:{kind}"
                 res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -149,7 +153,7 @@ def _user_code(folder: Path, refs: list[Path]) -> tuple[Path, Path]:
                 shutil.copy2(folder / f, out / f)
     finally:
         lock.close()
-    return dll, exe
+    return dll, exe, example
 
 
 def prepare() -> RealTorchSharp:
@@ -163,8 +167,8 @@ def prepare() -> RealTorchSharp:
                          text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     worker = Path(res.stdout.strip().splitlines()[-1])
-    trainers, guard = _user_code(folder, [folder / "TorchSharp.dll", ref / "System.Memory.dll"])
-    return RealTorchSharp(folder=folder, env=env, worker=worker, trainers=trainers, guard_loop=guard)
+    trainers, guard, example = _user_code(folder, [folder / "TorchSharp.dll", ref / "System.Memory.dll"])
+    return RealTorchSharp(folder=folder, env=env, worker=worker, trainers=trainers, guard_loop=guard, example=example)
 
 
 @pytest.fixture(scope="session")

@@ -58,6 +58,12 @@ def runs(real_ts, tmp_path_factory):  # noqa: F811
                                            options={"bug": bug, "bug_at": AT}), real_ts.env)
                 for bug in [*BUGS, "nan-weight"]}
     commands["clean"] = (real_ts.trainer_args("BugTrainer", *SOAK, "--out", str(base / "clean")), real_ts.env)
+    # the shipped example, as its README runs it (its one trainer type found without --dotnet-trainer)
+    example = ["soak", "-q", "--backend", "torchsharp", "--dotnet-assembly", str(real_ts.example), *SOAK,
+               "--trainer-option", "n_hidden=64"]
+    commands["example"] = ([*example, "--out", str(base / "example")], real_ts.env)
+    commands["example-fault"] = ([*example, "--inject", "module-to-after-optimizer@30", "--out",
+                                  str(base / "example-fault")], real_ts.env)
     return base, run_clis(commands, jobs=2)
 
 
@@ -107,6 +113,23 @@ def test_the_users_clean_loop_is_silent(runs):
     s = json.loads((base / "clean" / "summary.json").read_text())
     assert s["status"] == "clean" and s["findings"] == 0 and s["loss_last"] < s["loss_first"]
     assert not [x for x in read_snapshots(base / "clean" / "snapshots.jsonl") if x["phase"] == "in-step"]
+
+
+def test_the_shipped_example_trains_clean_and_predicts_module_to_after_optimizer(runs):
+    """examples/torchsharp-own-model/OwnModel.cs (compiled with mcs against the real TorchSharp.dll) under optcheck."""
+    base, results = runs
+    rc, stdout, stderr = results["example"]
+    assert rc == exitcodes.CLEAN, (stdout + stderr)[-3000:]
+    s = json.loads((base / "example" / "summary.json").read_text())
+    assert s["status"] == "clean" and s["loss_last"] < s["loss_first"] and s["config"]["extra"]["n_hidden"] == "64"
+    names = [x["name"] for x in read_snapshots(base / "example" / "snapshots.jsonl")[-1]["params"]]
+    assert names == ["emb.weight", "hidden.weight", "hidden.bias", "head.weight", "head.bias"], names
+    rc, stdout, stderr = results["example-fault"]
+    assert rc == exitcodes.CRASHED and "Traceback" not in stdout + stderr, (stdout + stderr)[-3000:]
+    s = json.loads((base / "example-fault" / "summary.json").read_text())
+    (oc108,) = [f for f in read_jsonl(base / "example-fault" / "findings.jsonl") if f["code"] == "OC108"]
+    assert oc108["step"] == 30 and f"'{oc108['detail']['predicted_key']}'" in s["crash"]["message"]
+    assert s["crash"]["exc_type"] == KNF
 
 
 # -- the guard's one-line form in a plain .NET loop, no optcheck run, no Python ------------------------------------
