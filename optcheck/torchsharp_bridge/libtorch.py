@@ -144,11 +144,13 @@ def loaded(maps: str = "/proc/self/maps") -> Path | None:
 
 def loaded_versions() -> dict[str, str]:
     """``{"libtorch": release, "libtorch_lib": folder}`` of the libtorch this process has loaded, for a
-    run's versions; {} when none is mapped. The release is "unknown" when no file beside it names it."""
+    run's versions; {} when none is mapped, no ``libtorch`` when no file around it names its release (a NuGet
+    build's output folder: TorchSharp's own constant is then the best there is)."""
     lib = loaded()
     if lib is None:
         return {}
-    return {"libtorch": version_of(lib.parent) or "unknown", "libtorch_lib": str(lib.parent)}
+    release = version_of(lib.parent)
+    return {"libtorch_lib": str(lib.parent), **({"libtorch": release} if release else {})}
 
 
 def load_native(folder: Path) -> None:

@@ -161,11 +161,10 @@ class TorchSharpBackend:
                 self._versions[k] = v
         # TorchSharp's torch.__version__ names the libtorch its package pairs with, not the one loaded
         actual = libtorch.loaded_versions()
-        if actual:
-            declared = self._versions.get("libtorch")
-            self._versions.update(actual)
-            if declared and declared != actual["libtorch"]:
-                self._versions["torchsharp_libtorch"] = declared
+        declared = self._versions.get("libtorch")
+        self._versions.update(actual)
+        if declared and actual.get("libtorch", declared) != declared:
+            self._versions["torchsharp_libtorch"] = declared
 
     @staticmethod
     def _setup_error(e: BaseException, asm_path: str, trainer: str) -> InputError:

@@ -60,6 +60,10 @@ def test_the_loaded_libtorch_is_read_from_the_process_map(tmp_path):
                     f"7f02-7f03 r-xp 00000000 08:01 2 {lib}/libtorch_cpu.so\n7f04-7f05 rw-p 00000000 00:00 0\n")
     assert libtorch.loaded(str(maps)) == lib / "libtorch_cpu.so"
     assert libtorch.loaded(str(tmp_path / "absent")) is None
+    bare = tmp_path / "bin"  # a NuGet build's output folder: nothing around it names the release
+    bare.mkdir()
+    maps.write_text(f"7f02-7f03 r-xp 00000000 08:01 2 {bare}/libtorch_cpu.so\n")
+    assert libtorch.loaded(str(maps)) == bare / "libtorch_cpu.so" and libtorch.version_of(bare) is None
     maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
     assert libtorch.loaded(str(maps)) is None
     import torch  # this process, with PyTorch imported: its own libtorch, by file
@@ -128,3 +132,12 @@ def test_an_mcs_build_without_system_memory_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(InputError, match=r"needs TorchSharp's netstandard2.0 System.Memory.dll .* set \$OPTCHECK_TORCHSHARP_REF"):
         mcs_build.build(dll, [], tmp_path / "bin", "W.dll", tmp_path / "log", lambda m: None)
     assert not os.path.exists(tmp_path / "bin")
+
+
+def test_a_libtorch_whose_release_nothing_names_keeps_torchsharps_constant(tmp_path, monkeypatch):
+    """versions name the folder; the release only when a file around it says it (else the worker keeps
+    TorchSharp's own torch.__version__, the only word on it)."""
+    monkeypatch.setattr(libtorch, "loaded", lambda maps="/proc/self/maps": tmp_path / "bin" / "libtorch_cpu.so")
+    assert libtorch.loaded_versions() == {"libtorch_lib": str(tmp_path / "bin")}
+    monkeypatch.setattr(libtorch, "loaded", lambda maps="/proc/self/maps": None)
+    assert libtorch.loaded_versions() == {}
