@@ -44,6 +44,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 STAND_IN_TRAINER = "OptCheckTest.LazyTrainer"
+#: Snapshots the snapshot component is averaged over: one cycle of ProbeCore's forced collections (at least every
+#: 10th read, dotnet/Probe/ProbeCore.cs CollectAtLeastEvery)
+SNAPSHOT_CYCLE = 10
 
 
 def soak_config(args, dll: str, trainer: str):
@@ -176,9 +179,8 @@ def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
     ``call`` (a one-step StepBlock from Python less the same looped in .NET, per block, + handing a block its
     batches), ``batch`` (BatchSchedule.fill), ``loop`` (Loop.run over a backend whose blocks do not reach .NET,
     without snapshots or messages, less its batches), ``messages`` (a metrics message of a block's steps written
-    to /dev/null, per step) and ``snapshot`` (one snapshot taken and sent to /dev/null after a block's steps, less
-    those steps: its forced .NET collections cost more there than back to back), plus ``net_step`` (the
-    trainer's step) for scale."""
+    to /dev/null, per step) and ``snapshot`` (one snapshot taken and sent to /dev/null after a block's steps, the take() call alone, averaged over SNAPSHOT_CYCLE snapshots), plus ``net_step`` (the trainer's
+    step) for scale."""
     import os
 
     from optcheck.drivers.protocol import Stream
@@ -234,19 +236,17 @@ def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
         for _ in range(n // block):
             devnull.send("metrics", **metrics)
         res["messages"].append((clock() - t0) / (n // block * block))
-        # a snapshot where the worker takes it, after `every` steps: what it adds to them (its forced .NET
-        # collections cost more after steps than back to back)
+        # a snapshot where the worker takes it, after a block's steps (its forced .NET collection, when it runs,
+        # costs more there than back to back): the take() call itself, over SNAPSHOT_CYCLE snapshots (the probe
+        # collects at least every 10th read), so that neither the steps' own noise nor the cycle's phase enters
         seq = Loop(be, c, devnull).seq
-        k = max(1, n // block)
-        t0 = clock()
-        for _ in range(k):
+        spent = 0.0
+        for _ in range(SNAPSHOT_CYCLE):
             Bench.TimeSteps(d, 1, px, py, b, t, block)
-        plain = clock() - t0
-        t0 = clock()
-        for _ in range(k):
-            Bench.TimeSteps(d, 1, px, py, b, t, block)
+            t0 = clock()
             seq.take(1, "post-step", "cadence")
-        res["snapshot"].append((clock() - t0 - plain) / k)
+            spent += clock() - t0
+        res["snapshot"].append(spent / SNAPSHOT_CYCLE)
     devnull.close()
     return {k: statistics.median(v) * 1e6 for k, v in res.items()}
 
@@ -295,7 +295,7 @@ COMPONENTS = {
 }
 
 
-def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> dict:
+def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3, stages: tuple = STAGES) -> dict:
     """The in-process difference, worker loop against plain loop, taken apart: the same ``steps`` steps over
     the same batches in this one process, each stage the previous one plus one component (:data:`STAGES`),
     CPU time of the process (``time.process_time``), stages alternating in order and reverse order, median
@@ -362,10 +362,10 @@ def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> d
         stream.close()
         return secs
 
-    times: dict[str, list[float]] = {s: [] for s in STAGES}
+    times: dict[str, list[float]] = {s: [] for s in stages}
     gc_s = []
     for i in range(rounds):
-        for stage in (STAGES if i % 2 == 0 else tuple(reversed(STAGES))):
+        for stage in (stages if i % 2 == 0 else tuple(reversed(stages))):
             if stage == "plain":
                 t0 = clock()
                 Bench.PlainLoop(trainer, config_json, IntPtr(batches.ctypes.data), steps, b, t)
@@ -379,6 +379,8 @@ def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> d
                     gc_s.append(gc_ns[0] / 1e9)
     out = {s: statistics.median(v) for s, v in times.items()}
     out["gc_s"] = statistics.median(gc_s)
+    # the spread of the difference, round by round (same round: the stages ran next to each other)
+    out["diff_s"] = sorted(w - p for w, p in zip(times["snapshots"], times["plain"]))
     return out
 
 
@@ -389,17 +391,20 @@ def snapshots_in(steps: int, every: int) -> int:
 
 def print_ladder(lad: dict, steps: int, every: int) -> None:
     """The breakdown per step, each component and their sum against the measured difference."""
-    us = {s: 1e6 * lad[s] / steps for s in STAGES}
+    stages = tuple(s for s in STAGES if s in lad)
+    us = {s: 1e6 * lad[s] / steps for s in stages}
     diff = us["snapshots"] - us["plain"]
     print(f"  one process, CPU time, {steps} steps, median of the rounds, stages alternating: plain {us['plain'] / 1e3:.3f} ms/step, "
           f"the worker's loop with every probe (snapshot every {every}) {us['snapshots'] / 1e3:.3f} ms/step, ratio "
           f"{lad['snapshots'] / lad['plain']:.3f}; difference {diff:.1f} us/step, by stage (each the one before plus one component):",
           flush=True)
     total = 0.0
-    for prev, stage in zip(STAGES, STAGES[1:]):
+    for prev, stage in zip(stages, stages[1:]):
         c = us[stage] - us[prev]
         total += c
-        print(f"    {stage:<12} {c:8.1f} us/step  {COMPONENTS[stage]}")
+        print(f"    {stage:<12} {c:8.1f} us/step  {COMPONENTS[stage] if prev == STAGES[STAGES.index(stage) - 1] else 'the rest'}")
+    spread = [1e6 * d / steps for d in lad["diff_s"]]
+    print(f"    (the difference round by round: {', '.join(f'{d:.0f}' for d in spread)} us/step)")
     print(f"    {'sum':<12} {total:8.1f} us/step  (measured difference {diff:.1f}; of the full stage, Python's own GC "
           f"{1e6 * lad['gc_s'] / steps:.1f} us/step)")
 
@@ -426,6 +431,15 @@ def print_independent(b: dict, lad: dict, steps: int, every: int) -> None:
           f"{100 * gap:+.1f}% ({'within' if abs(gap) <= 0.10 else 'NOT within'} 10%)")
 
 
+def stages_of(args) -> tuple:
+    """``--ladder-stages`` in ladder order, plain and snapshots always included."""
+    chosen = {x.strip() for x in args.ladder_stages.split(",") if x.strip()} | {"plain", "snapshots"}
+    unknown = chosen - set(STAGES)
+    if unknown:
+        sys.exit(f"bench_torchsharp: --ladder-stages: no stage {', '.join(sorted(unknown))} ({', '.join(STAGES)})")
+    return tuple(s for s in STAGES if s in chosen)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=2000)
@@ -445,6 +459,9 @@ def main() -> None:
     ap.add_argument("--dotnet-trainer", default=None)
     ap.add_argument("--ladder-steps", type=int, default=500, help="steps of each in-process stage")
     ap.add_argument("--ladder-rounds", type=int, default=3, help="rounds of the in-process stages (median)")
+    ap.add_argument("--ladder-stages", default=",".join(STAGES),
+                    help="the ladder's stages (plain and snapshots always; on real TorchSharp's ~20 ms step the "
+                         "intermediate stages are within the steps' noise: plain,snapshots)")
     ap.add_argument("--in-process-only", action="store_true",
                     help="only the in-process breakdown (no subprocess pairs)")
     ap.add_argument("--plain-child", action="store_true", help=argparse.SUPPRESS)
@@ -477,7 +494,7 @@ def main() -> None:
           f"{args.block_size}), snapshot every {args.every}, {args.pairs} interleaved pairs, {args.runtime}, wall time "
           f"of the training loop", flush=True)
     if args.in_process_only:
-        lad = ladder(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds)
+        lad = ladder(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds, stages=stages_of(args))
         print_ladder(lad, args.ladder_steps, args.every)
         print_independent(breakdown(args, dll, trainer), lad, args.ladder_steps, args.every)
         return
@@ -501,7 +518,7 @@ def main() -> None:
           f"median step plain {1e3 * statistics.median(plain_s) / args.steps:.2f} ms, soak "
           f"{1e3 * statistics.median(soak_s) / args.steps:.2f} ms")
     b = breakdown(args, dll, trainer)  # loads .NET into this process
-    lad = ladder(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds)
+    lad = ladder(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds, stages=stages_of(args))
     print_ladder(lad, args.ladder_steps, args.every)
     print_independent(b, lad, args.ladder_steps, args.every)
     print(f"  for scale: the trainer's step looped inside .NET {b['net_step']:.1f} us (CPU, this process)")
