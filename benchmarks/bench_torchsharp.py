@@ -270,6 +270,71 @@ class _NoStep:
         return [1.0] * n, [0.001] * n
 
 
+class _Timed:
+    """A TorchSharpBackend whose ``train_block`` calls are timed (CPU of the process): what the worker loop spends
+    inside the trainer's blocks, the rest of the loop being its own cost."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.cpu = 0.0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def train_block(self, *args) -> int:
+        t0 = time.process_time()
+        try:
+            return self.inner.train_block(*args)
+        finally:
+            self.cpu += time.process_time() - t0
+
+
+def in_loop(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> dict:
+    """The worker loop's own cost measured inside one run of it, free of the steps' noise: the whole worker loop
+    (every probe, snapshots every ``--every``, metrics to /dev/null) with its ``train_block`` calls timed; the
+    loop's CPU outside those calls is what the worker adds around the trainer's blocks (batches, the loop,
+    messages, snapshots). Median over ``rounds``, microseconds per step: ``outside`` and ``inside`` (the blocks:
+    the trainer's steps, the fingerprint after each, the pythonnet call)."""
+    import os
+
+    from optcheck.drivers.protocol import Stream
+    from optcheck.drivers.worker_loop import Loop
+    from optcheck.torchsharp_bridge.worker import TorchSharpBackend
+
+    cfg, corpus, _sched, _xs, _ys = _setup(args, dll, trainer, 1)
+    res: dict[str, list[float]] = {"outside": [], "inside": []}
+    for _ in range(rounds):
+        c = soak_config(args, dll, trainer)
+        c.run.steps = steps
+        be = TorchSharpBackend()
+        be.setup(c, corpus)
+        timed = _Timed(be)
+        stream = Stream(os.open(os.devnull, os.O_WRONLY))
+        t0 = time.process_time()
+        Loop(timed, c, stream).run(corpus)
+        total = time.process_time() - t0
+        stream.close()
+        res["outside"].append(1e6 * (total - timed.cpu) / steps)
+        res["inside"].append(1e6 * timed.cpu / steps)
+    return {k: statistics.median(v) for k, v in res.items()}
+
+
+def print_in_loop(loop: dict, b: dict, plain_step_us: float, steps: int, every: int) -> None:
+    """The worker's cost from inside its loop of ``steps`` steps, against the components measured apart
+    (:func:`breakdown`), the snapshots as many as such a run takes."""
+    snap = b["snapshot"] * snapshots_in(steps, every) / steps
+    outside_parts = {"batch": b["batch"], "loop": b["loop"], "messages": b["messages"], "snapshots": snap}
+    apart = sum(outside_parts.values())
+    gap = (apart - loop["outside"]) / loop["outside"] if loop["outside"] else float("nan")
+    overhead = loop["outside"] + b["fingerprint"] + b["call"]
+    print(f"  inside the worker loop (CPU, median of the rounds): outside the trainer's blocks {loop['outside']:.1f} us/step, "
+          f"inside them {loop['inside']:.1f} us/step", flush=True)
+    print(f"    outside, from components measured apart: " + ", ".join(f"{k} {v:.1f}" for k, v in outside_parts.items())
+          + f" = {apart:.1f} us/step: {100 * gap:+.1f}% ({'within' if abs(gap) <= 0.10 else 'NOT within'} 10%)")
+    print(f"    the worker's cost: outside {loop['outside']:.1f} + fingerprint {b['fingerprint']:.1f} + call {b['call']:.1f} "
+          f"= {overhead:.1f} us/step on a {plain_step_us / 1e3:.2f} ms plain step: ratio {1 + overhead / plain_step_us:.4f}")
+
+
 class _NullStream:
     """A worker stream that sends nothing (the ladder's loop without messages)."""
 
@@ -496,7 +561,10 @@ def main() -> None:
     if args.in_process_only:
         lad = ladder(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds, stages=stages_of(args))
         print_ladder(lad, args.ladder_steps, args.every)
-        print_independent(breakdown(args, dll, trainer), lad, args.ladder_steps, args.every)
+        b = breakdown(args, dll, trainer)
+        print_independent(b, lad, args.ladder_steps, args.every)
+        print_in_loop(in_loop(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds), b,
+                      1e6 * lad["plain"] / args.ladder_steps, args.ladder_steps, args.every)
         return
     plain_s, soak_s = [], []
     with tempfile.TemporaryDirectory(prefix="bench_torchsharp.") as tmp:
