@@ -44,9 +44,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 STAND_IN_TRAINER = "OptCheckTest.LazyTrainer"
-#: Snapshots the snapshot component is averaged over: one cycle of ProbeCore's forced collections (at least every
-#: 10th read, dotnet/Probe/ProbeCore.cs CollectAtLeastEvery)
-SNAPSHOT_CYCLE = 10
 
 
 def soak_config(args, dll: str, trainer: str):
@@ -173,14 +170,15 @@ def _py_blocks(be, cfg, xs, ys, sched, corpus, block: int, fill: bool) -> None:
         first += be.train_block(first, count, b, t, ref, BLOCK_MAX_S)
 
 
-def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
+def breakdown(args, dll: str, trainer: str, n: int = 300, run_steps: int = 500) -> dict:
     """The per-step components, each measured on its own (none a difference of ladder stages), CPU microseconds
     of this process (``time.process_time``), median of 3: ``fingerprint`` (ProbeCore.Fingerprint looped in .NET),
     ``call`` (a one-step StepBlock from Python less the same looped in .NET, per block, + handing a block its
     batches), ``batch`` (BatchSchedule.fill), ``loop`` (Loop.run over a backend whose blocks do not reach .NET,
     without snapshots or messages, less its batches), ``messages`` (a metrics message of a block's steps written
-    to /dev/null, per step) and ``snapshot`` (one snapshot taken and sent to /dev/null after a block's steps, the take() call alone, averaged over SNAPSHOT_CYCLE snapshots), plus ``net_step`` (the trainer's
-    step) for scale."""
+    to /dev/null, per step) and ``snapshot`` (a snapshot taken and sent to /dev/null after ``--every`` steps, the
+    take() call alone, averaged over the snapshots a run of ``run_steps`` steps takes, from a fresh probe), plus
+    ``net_step`` (the trainer's step) for scale."""
     import os
 
     from optcheck.drivers.protocol import Stream
@@ -236,17 +234,20 @@ def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
         for _ in range(n // block):
             devnull.send("metrics", **metrics)
         res["messages"].append((clock() - t0) / (n // block * block))
-        # a snapshot where the worker takes it, after a block's steps (its forced .NET collection, when it runs,
-        # costs more there than back to back): the take() call itself, over SNAPSHOT_CYCLE snapshots (the probe
-        # collects at least every 10th read), so that neither the steps' own noise nor the cycle's phase enters
-        seq = Loop(be, c, devnull).seq
-        spent = 0.0
-        for _ in range(SNAPSHOT_CYCLE):
-            Bench.TimeSteps(d, 1, px, py, b, t, block)
+        # the snapshots a run of `run_steps` steps takes, where the worker takes them: a fresh probe (its first
+        # read collects, then at least every 10th), each snapshot after `every` steps of its trainer (the forced .NET
+        # collection, when it runs, costs more there than back to back); the take() calls alone, so that the
+        # steps' own noise does not enter
+        fresh = TorchSharpBackend()
+        fresh.setup(c, corpus)
+        seq = Loop(fresh, c, devnull).seq
+        n_snap, spent = snapshots_in(run_steps, args.every), 0.0
+        for _ in range(n_snap):
+            Bench.TimeSteps(fresh.driver, 1, px, py, b, t, args.every)
             t0 = clock()
             seq.take(1, "post-step", "cadence")
             spent += clock() - t0
-        res["snapshot"].append(spent / SNAPSHOT_CYCLE)
+        res["snapshot"].append(spent / n_snap)
     devnull.close()
     return {k: statistics.median(v) * 1e6 for k, v in res.items()}
 
@@ -485,7 +486,7 @@ def print_independent(b: dict, lad: dict, steps: int, every: int) -> None:
         "batch": (b["batch"], "batch generation (BatchSchedule.fill)"),
         "loop": (b["loop"], "worker loop with blocks that do not reach .NET, no snapshots or messages, less batches"),
         "messages": (b["messages"], "one metrics message of a block's steps to /dev/null, per step"),
-        "snapshots": (b["snapshot"] * n_snap / steps, f"one snapshot after a block's steps ({b['snapshot']:.0f} us) x {n_snap} in {steps} steps"),
+        "snapshots": (b["snapshot"] * n_snap / steps, f"a snapshot after --every steps ({b['snapshot']:.0f} us on average) x {n_snap} in {steps} steps"),
     }
     total = sum(v for v, _ in parts.values())
     print(f"  the same difference from components measured apart (CPU us/step, median of 3):")
@@ -561,7 +562,7 @@ def main() -> None:
     if args.in_process_only:
         lad = ladder(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds, stages=stages_of(args))
         print_ladder(lad, args.ladder_steps, args.every)
-        b = breakdown(args, dll, trainer)
+        b = breakdown(args, dll, trainer, run_steps=args.ladder_steps)
         print_independent(b, lad, args.ladder_steps, args.every)
         print_in_loop(in_loop(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds), b,
                       1e6 * lad["plain"] / args.ladder_steps, args.ladder_steps, args.every)
@@ -585,7 +586,7 @@ def main() -> None:
     print(f"  ratio soak/plain: median {statistics.median(ratios):.3f} (range {ratios[0]:.3f} to {ratios[-1]:.3f}); "
           f"median step plain {1e3 * statistics.median(plain_s) / args.steps:.2f} ms, soak "
           f"{1e3 * statistics.median(soak_s) / args.steps:.2f} ms")
-    b = breakdown(args, dll, trainer)  # loads .NET into this process
+    b = breakdown(args, dll, trainer, run_steps=args.ladder_steps)  # loads .NET into this process
     lad = ladder(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds, stages=stages_of(args))
     print_ladder(lad, args.ladder_steps, args.every)
     print_independent(b, lad, args.ladder_steps, args.every)
