@@ -18,8 +18,10 @@ block's bookkeeping), ``call`` (the pythonnet call per block, the block's batche
 /dev/null), ``snapshots`` (the whole worker loop) — so that the components add up to the measured
 difference by construction; then the same components measured apart (a fingerprint looped in .NET, a
 one-step block's pythonnet call, ``BatchSchedule.fill``, the loop over blocks that do not reach .NET, a
-metrics message, a snapshot taken after a block's steps) and their sum against the ladder's difference
-(``--in-process-only`` runs just these two). By default the trainer is the TorchSharp STAND-IN
+metrics message, a snapshot taken after ``--every`` steps) and their sum against the ladder's difference; and the
+worker loop's own cost measured inside one run of it (its ``train_block`` calls timed: the rest of the loop is
+what the worker adds around the trainer's blocks) plus the fingerprint and the call measured apart, against the
+same difference (``--in-process-only`` runs just these). By default the trainer is the TorchSharp STAND-IN
 (tests/dotnet/TestLoop.cs compiled with mcs: a ~1 ms step at its sizes here, no libtorch); the output says so.
 Real TorchSharp: ``--torchsharp FOLDER`` (a folder of TorchSharp.dll + libLibTorchSharp.so, e.g.
 ``../shared/torchsharp-ref/0.107.0-torch2.13``: the worker built with mcs, libtorch from this Python's torch,
@@ -320,9 +322,10 @@ def in_loop(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> 
     return {k: statistics.median(v) for k, v in res.items()}
 
 
-def print_in_loop(loop: dict, b: dict, plain_step_us: float, steps: int, every: int) -> None:
+def print_in_loop(loop: dict, b: dict, plain_step_us: float, steps: int, every: int, diff_us: float) -> None:
     """The worker's cost from inside its loop of ``steps`` steps, against the components measured apart
-    (:func:`breakdown`), the snapshots as many as such a run takes."""
+    (:func:`breakdown`, the snapshots as many as such a run takes) and against the ladder's measured difference
+    ``diff_us`` (us/step)."""
     snap = b["snapshot"] * snapshots_in(steps, every) / steps
     outside_parts = {"batch": b["batch"], "loop": b["loop"], "messages": b["messages"], "snapshots": snap}
     apart = sum(outside_parts.values())
@@ -334,6 +337,9 @@ def print_in_loop(loop: dict, b: dict, plain_step_us: float, steps: int, every: 
           + f" = {apart:.1f} us/step: {100 * gap:+.1f}% ({'within' if abs(gap) <= 0.10 else 'NOT within'} 10%)")
     print(f"    the worker's cost: outside {loop['outside']:.1f} + fingerprint {b['fingerprint']:.1f} + call {b['call']:.1f} "
           f"= {overhead:.1f} us/step on a {plain_step_us / 1e3:.2f} ms plain step: ratio {1 + overhead / plain_step_us:.4f}")
+    gap = (overhead - diff_us) / diff_us if diff_us else float("nan")
+    print(f"    against the measured difference {diff_us:.1f} us/step (worker loop less plain loop): {100 * gap:+.1f}% "
+          f"({'within' if abs(gap) <= 0.10 else 'NOT within'} 10%)")
 
 
 class _NullStream:
@@ -565,7 +571,8 @@ def main() -> None:
         b = breakdown(args, dll, trainer, run_steps=args.ladder_steps)
         print_independent(b, lad, args.ladder_steps, args.every)
         print_in_loop(in_loop(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds), b,
-                      1e6 * lad["plain"] / args.ladder_steps, args.ladder_steps, args.every)
+                      1e6 * lad["plain"] / args.ladder_steps, args.ladder_steps, args.every,
+                      1e6 * (lad["snapshots"] - lad["plain"]) / args.ladder_steps)
         return
     plain_s, soak_s = [], []
     with tempfile.TemporaryDirectory(prefix="bench_torchsharp.") as tmp:
@@ -590,6 +597,9 @@ def main() -> None:
     lad = ladder(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds, stages=stages_of(args))
     print_ladder(lad, args.ladder_steps, args.every)
     print_independent(b, lad, args.ladder_steps, args.every)
+    print_in_loop(in_loop(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds), b,
+                  1e6 * lad["plain"] / args.ladder_steps, args.ladder_steps, args.every,
+                  1e6 * (lad["snapshots"] - lad["plain"]) / args.ladder_steps)
     print(f"  for scale: the trainer's step looped inside .NET {b['net_step']:.1f} us (CPU, this process)")
 
 if __name__ == "__main__":
