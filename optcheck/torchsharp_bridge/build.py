@@ -15,9 +15,8 @@ TorchSharp, its ``TorchSharp.dll``) are unchanged. ``build.json`` records the ve
 actually restored (read from the restore's ``obj/project.assets.json``).
 
 The C# sources come from the checkout's ``dotnet/`` folder, or, in an installed wheel, from
-``optcheck/dotnet_src/`` (the same files, copied there by ``setup.py``'s ``build_py`` when the
-wheel is built: :func:`sources_dir`). The first build says on stderr what it restores and
-compiles, and how long it took (the first restore downloads about 1.4 GB).
+``optcheck/dotnet_src/`` (copied there by ``setup.py``'s ``build_py``: :func:`sources_dir`). The first
+build says on stderr what it restores and compiles, and how long it took (the first restore downloads ~1.4 GB).
 
 Every failure is one line naming the cause and the command to run
 (:class:`optcheck.errors.InputError`, exit code 2): no ``dotnet`` on PATH (nor ``mcs`` for a local
@@ -265,6 +264,7 @@ def _copy_sources(src: Path, dotnet_dir: Path) -> Path:
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(f, dest)
     return next((src / "Worker").glob("*.csproj"))
+
 
 def _say(msg: str) -> None:
     print(f"optcheck: {msg}", file=sys.stderr, flush=True)
