@@ -206,8 +206,11 @@ def breakdown(args, dll: str, trainer: str, n: int = 300, run_steps: int = 500) 
                "step_times_s": [0.000987] * block}
     for _ in range(3):
         t0 = clock()
-        Bench.TimeSteps(d, 1, px, py, b, t, n)
+        wall_step = Bench.TimeSteps(d, 1, px, py, b, t, n) / n
         res["net_step"].append((clock() - t0) / n)
+        # steps per block as StepBlock cuts them: up to the next snapshot, or the 0.25 s budget (wall time) first
+        per_block = max(1, min(block, int(BLOCK_MAX_S / wall_step) + 1))
+        res.setdefault("per_block", []).append(per_block / 1e6)
         t0 = clock()
         Bench.TimeFingerprints(d, n)
         res["fingerprint"].append((clock() - t0) / n)
@@ -221,16 +224,16 @@ def breakdown(args, dll: str, trainer: str, n: int = 300, run_steps: int = 500) 
             bx[...] = xs[i:i + 1]
             by[...] = ys[i:i + 1]
             be.train_block(i + 1, 1, b, t, ref, BLOCK_MAX_S)
-        res["call"].append((clock() - t0 - net1) / n / block)
-        bx, by = be.block_inputs(block, b, t)
+        res["call"].append((clock() - t0 - net1) / n / per_block)
+        bx, by = be.block_inputs(per_block, b, t)
         t0 = clock()
-        for i in range(0, n, block):
+        for i in range(0, n, per_block):
             sched.fill(corpus.train, i + 1, bx, by)
-        res["batch"].append((clock() - t0) / (-(-n // block) * block))
+        res["batch"].append((clock() - t0) / (-(-n // per_block) * per_block))
         c = soak_config(args, dll, trainer)
         c.run.steps = n
         t0 = clock()
-        _no_snapshots(Loop(_NoStep(be), c, _NullStream())).run(corpus)
+        _no_snapshots(Loop(_NoStep(be, per_block, wall_step), c, _NullStream())).run(corpus)
         res["loop"].append((clock() - t0) / n - res["batch"][-1])
         t0 = clock()
         for _ in range(n // block):
@@ -251,26 +254,28 @@ def breakdown(args, dll: str, trainer: str, n: int = 300, run_steps: int = 500) 
             spent += clock() - t0
         res["snapshot"].append(spent / n_snap)
     devnull.close()
-    return {k: statistics.median(v) * 1e6 for k, v in res.items()}
+    return {k: statistics.median(v) * 1e6 for k, v in res.items()}  # per_block: steps (stored / 1e6 above)
 
 
 class _NoStep:
     """A TorchSharpBackend whose blocks return at once without calling .NET, every step done with a constant loss
-    (its fingerprint stays the cached one, as after real steps): the worker loop around the steps, measured apart."""
+    (its fingerprint stays the cached one, as after real steps): the worker loop around the steps, measured apart.
+    Its blocks end after ``per_block`` steps and report steps of ``step_s`` seconds, as the trainer's real blocks
+    do (StepBlock's time budget), so that the loop runs as many blocks as it does around real steps."""
 
-    def __init__(self, inner) -> None:
-        self.inner = inner
+    def __init__(self, inner, per_block: int = 1 << 30, step_s: float = 0.001) -> None:
+        self.inner, self.per_block, self.step_s = inner, per_block, step_s
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def train_block(self, first: int, count: int, b: int, t: int, reference: int, budget_s: float) -> int:
         self.inner._fp_valid = True
-        self.count = count
-        return count
+        self.count = min(count, self.per_block)
+        return self.count
 
     def block_results(self, n: int) -> tuple[list[float], list[float]]:
-        return [1.0] * n, [0.001] * n
+        return [1.0] * n, [self.step_s] * n
 
 
 class _Timed:
@@ -488,7 +493,8 @@ def print_independent(b: dict, lad: dict, steps: int, every: int) -> None:
     n_snap = snapshots_in(steps, every)
     parts = {
         "fingerprint": (b["fingerprint"], "ProbeCore.Fingerprint, looped in .NET"),
-        "call": (b["call"], "pythonnet call of StepBlock + a block's batches handed over, per block / block steps"),
+        "call": (b["call"], f"pythonnet call of StepBlock + a block's batches handed over, per block / "
+                            f"{b['per_block']:.0f} steps a block"),
         "batch": (b["batch"], "batch generation (BatchSchedule.fill)"),
         "loop": (b["loop"], "worker loop with blocks that do not reach .NET, no snapshots or messages, less batches"),
         "messages": (b["messages"], "one metrics message of a block's steps to /dev/null, per step"),
