@@ -175,8 +175,8 @@ def _py_blocks(be, cfg, xs, ys, sched, corpus, block: int, fill: bool) -> None:
 def breakdown(args, dll: str, trainer: str, n: int = 300, run_steps: int = 500) -> dict:
     """The per-step components, each measured on its own (none a difference of ladder stages), CPU microseconds
     of this process (``time.process_time``), median of 3: ``fingerprint`` (ProbeCore.Fingerprint looped in .NET),
-    ``call`` (a one-step StepBlock from Python less the same looped in .NET, per block, + handing a block its
-    batches), ``batch`` (BatchSchedule.fill), ``loop`` (Loop.run over a backend whose blocks do not reach .NET,
+    ``call`` (a Driver call from Python less the same looped in .NET, + handing a block its batches, per block of
+    the steps StepBlock's time budget lets run), ``batch`` (BatchSchedule.fill), ``loop`` (Loop.run over a backend whose blocks do not reach .NET,
     without snapshots or messages, less its batches), ``messages`` (a metrics message of a block's steps written
     to /dev/null, per step) and ``snapshot`` (a snapshot taken and sent to /dev/null after ``--every`` steps, the
     take() call alone, averaged over the snapshots a run of ``run_steps`` steps takes, from a fresh probe), plus
@@ -211,20 +211,18 @@ def breakdown(args, dll: str, trainer: str, n: int = 300, run_steps: int = 500) 
         # steps per block as StepBlock cuts them: up to the next snapshot, or the 0.25 s budget (wall time) first
         per_block = max(1, min(block, int(BLOCK_MAX_S / wall_step) + 1))
         res.setdefault("per_block", []).append(per_block / 1e6)
+        res.setdefault("guarded", []).append(float(guarded(d)) / 1e6)
         t0 = clock()
         Bench.TimeFingerprints(d, n)
         res["fingerprint"].append((clock() - t0) / n)
-        t0 = clock()
-        Bench.StepBlocks(d, px, py, n, b, t, 1, BLOCK_MAX_S)
-        net1 = clock() - t0
-        ref = be.fingerprint()
+        # the pythonnet call of a block, without a step in it (a step's own noise is larger than the call on real
+        # TorchSharp): a Driver call from Python less the same call looped in .NET, + handing a block its batches
+        fp_net = res["fingerprint"][-1] * n
         t0 = clock()
         for i in range(n):
-            bx, by = be.block_inputs(1, b, t)
-            bx[...] = xs[i:i + 1]
-            by[...] = ys[i:i + 1]
-            be.train_block(i + 1, 1, b, t, ref, BLOCK_MAX_S)
-        res["call"].append((clock() - t0 - net1) / n / per_block)
+            bx, by = be.block_inputs(per_block, b, t)
+            d.Fingerprint()
+        res["call"].append((clock() - t0 - fp_net) / n / per_block)
         bx, by = be.block_inputs(per_block, b, t)
         t0 = clock()
         for i in range(0, n, per_block):
@@ -255,6 +253,13 @@ def breakdown(args, dll: str, trainer: str, n: int = 300, run_steps: int = 500) 
         res["snapshot"].append(spent / n_snap)
     devnull.close()
     return {k: statistics.median(v) * 1e6 for k, v in res.items()}  # per_block: steps (stored / 1e6 above)
+
+
+def guarded(driver) -> bool:
+    """Whether the driver's trainer is an IGuardedTrainer (a ModuleTrainer: its optimizer's zero_grad() and step()
+    run the pre-step check, a fingerprint each, inside the trainer's own Step; StepBlock then reuses the step()
+    one instead of taking its own, so the worker adds no fingerprint to such a trainer's step)."""
+    return any(str(i.Name) == "IGuardedTrainer" for i in driver.Trainer.GetType().GetInterfaces())
 
 
 class _NoStep:
@@ -335,12 +340,16 @@ def print_in_loop(loop: dict, b: dict, plain_step_us: float, steps: int, every: 
     outside_parts = {"batch": b["batch"], "loop": b["loop"], "messages": b["messages"], "snapshots": snap}
     apart = sum(outside_parts.values())
     gap = (apart - loop["outside"]) / loop["outside"] if loop["outside"] else float("nan")
-    overhead = loop["outside"] + b["fingerprint"] + b["call"]
+    fingerprint = 0.0 if b.get("guarded") else b["fingerprint"]  # a guarded trainer's Step takes it (guarded())
+    overhead = loop["outside"] + fingerprint + b["call"]
     print(f"  inside the worker loop (CPU, median of the rounds): outside the trainer's blocks {loop['outside']:.1f} us/step, "
           f"inside them {loop['inside']:.1f} us/step", flush=True)
     print(f"    outside, from components measured apart: " + ", ".join(f"{k} {v:.1f}" for k, v in outside_parts.items())
           + f" = {apart:.1f} us/step: {100 * gap:+.1f}% ({'within' if abs(gap) <= 0.10 else 'NOT within'} 10%)")
-    print(f"    the worker's cost: outside {loop['outside']:.1f} + fingerprint {b['fingerprint']:.1f} + call {b['call']:.1f} "
+    if b.get("guarded"):
+        print(f"    the trainer is guarded (ModuleTrainer): its own Step takes two fingerprints ({2 * b['fingerprint']:.1f} "
+              f"us/step), in its plain loop too, and the worker reuses the second: none added")
+    print(f"    the worker's cost: outside {loop['outside']:.1f} + fingerprint {fingerprint:.1f} + call {b['call']:.1f} "
           f"= {overhead:.1f} us/step on a {plain_step_us / 1e3:.2f} ms plain step: ratio {1 + overhead / plain_step_us:.4f}")
     gap = (overhead - diff_us) / diff_us if diff_us else float("nan")
     print(f"    against the measured difference {diff_us:.1f} us/step (worker loop less plain loop): {100 * gap:+.1f}% "
@@ -492,8 +501,10 @@ def print_independent(b: dict, lad: dict, steps: int, every: int) -> None:
     diff = 1e6 * (lad["snapshots"] - lad["plain"]) / steps
     n_snap = snapshots_in(steps, every)
     parts = {
-        "fingerprint": (b["fingerprint"], "ProbeCore.Fingerprint, looped in .NET"),
-        "call": (b["call"], f"pythonnet call of StepBlock + a block's batches handed over, per block / "
+        "fingerprint": (0.0 if b.get("guarded") else b["fingerprint"],
+                        "ProbeCore.Fingerprint, looped in .NET" + (f" ({b['fingerprint']:.1f}): none added, the guarded "
+                                                                  f"trainer's Step takes it" if b.get("guarded") else "")),
+        "call": (b["call"], f"a pythonnet call of the Driver + a block's batches handed over, per block / "
                             f"{b['per_block']:.0f} steps a block"),
         "batch": (b["batch"], "batch generation (BatchSchedule.fill)"),
         "loop": (b["loop"], "worker loop with blocks that do not reach .NET, no snapshots or messages, less batches"),
