@@ -175,8 +175,8 @@ def _py_blocks(be, cfg, xs, ys, sched, corpus, block: int, fill: bool) -> None:
 def breakdown(args, dll: str, trainer: str, n: int = 300, run_steps: int = 500) -> dict:
     """The per-step components, each measured on its own (none a difference of ladder stages), CPU microseconds
     of this process (``time.process_time``), median of 3: ``fingerprint`` (ProbeCore.Fingerprint looped in .NET),
-    ``call`` (a Driver call from Python less the same looped in .NET, + handing a block its batches, per block of
-    the steps StepBlock's time budget lets run), ``batch`` (BatchSchedule.fill), ``loop`` (Loop.run over a backend whose blocks do not reach .NET,
+    ``call`` (a Driver call from Python whose .NET side does next to nothing, + handing a block its batches, per
+    block of the steps StepBlock's time budget lets run), ``batch`` (BatchSchedule.fill), ``loop`` (Loop.run over a backend whose blocks do not reach .NET,
     without snapshots or messages, less its batches), ``messages`` (a metrics message of a block's steps written
     to /dev/null, per step) and ``snapshot`` (a snapshot taken and sent to /dev/null after ``--every`` steps, the
     take() call alone, averaged over the snapshots a run of ``run_steps`` steps takes, from a fresh probe), plus
@@ -216,13 +216,13 @@ def breakdown(args, dll: str, trainer: str, n: int = 300, run_steps: int = 500) 
         Bench.TimeFingerprints(d, n)
         res["fingerprint"].append((clock() - t0) / n)
         # the pythonnet call of a block, without a step in it (a step's own noise is larger than the call on real
-        # TorchSharp): a Driver call from Python less the same call looped in .NET, + handing a block its batches
-        fp_net = res["fingerprint"][-1] * n
+        # TorchSharp): a Driver call whose .NET side does next to nothing (TakeInStep with nothing to take), + handing
+        # a block its batches
         t0 = clock()
         for i in range(n):
             bx, by = be.block_inputs(per_block, b, t)
-            d.Fingerprint()
-        res["call"].append((clock() - t0 - fp_net) / n / per_block)
+            d.TakeInStep()
+        res["call"].append((clock() - t0) / n / per_block)
         bx, by = be.block_inputs(per_block, b, t)
         t0 = clock()
         for i in range(0, n, per_block):
