@@ -1,10 +1,14 @@
 """Cost of the autograd hazard probes, as ratios against a plain loop in the same run.
 
 Runs the default soak GPT (2 layers, 64 wide, context 64, batch 16, 1 thread) with
-AdamW four ways, interleaved in rounds so load from other processes hits all of them
+AdamW five ways, interleaved in rounds so load from other processes hits all of them
 alike: a plain loop, the loop with :class:`optcheck.pytorch.hazards.HazardProbes`
-on (every probe, every step), and the loop under ``torch.autograd.detect_anomaly``
-with ``check_nan=False`` and ``True``. Prints ms/step (median of rounds) and the
+on every step (``mode="always"``: every probe, the write log's mode included), the
+probes at ``mode="auto"`` with a drain every 100 steps (as a snapshot does: one armed
+step per 100), and the loop under ``torch.autograd.detect_anomaly``
+with ``check_nan=False`` and ``True``. ``--kinds`` picks some of them (plain always
+runs). To compare two versions, run this file twice with ``PYTHONPATH`` set to each
+checkout (``git archive <commit> | tar -x -C DIR``), alternating. Prints ms/step (median of rounds) and the
 ratios. Time is the process's CPU time (``time.process_time``): on a shared
 machine it is far less disturbed by other processes than wall time. Usage: ``python benchmarks/bench_hazards.py [--steps 100] [--rounds 5]``.
 """
@@ -19,6 +23,7 @@ import warnings
 
 import torch
 
+import optcheck
 from optcheck.pytorch.gpt import GPT, GPTConfig
 from optcheck.pytorch.hazards import HazardProbes
 
@@ -34,7 +39,8 @@ def make():
 
 def run(kind: str, steps: int) -> float:
     model, opt, x, y = make()
-    probes = HazardProbes(model, opt, mode="always") if kind == "probes" else None  # every step armed, as detect_anomaly
+    probes = (HazardProbes(model, opt, mode="always") if kind == "probes" else  # every step armed, as detect_anomaly
+              HazardProbes(model, opt, mode="auto") if kind == "probes-auto" else None)
     if kind.startswith("anomaly"):
         ctx = lambda s: torch.autograd.detect_anomaly(check_nan=kind.endswith("nan"))  # noqa: E731
     elif probes is not None:
@@ -53,6 +59,8 @@ def run(kind: str, steps: int) -> float:
             probes.after_backward(s)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if probes is not None and kind == "probes-auto" and s % 100 == 0:
+            assert not probes.drain()  # a snapshot: the next step is armed
 
     for s in range(1, 6):
         step(s)
@@ -70,10 +78,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--kinds", default="probes,probes-auto,anomaly,anomaly+nan",
+                    help="comma-separated, of probes, probes-auto, anomaly, anomaly+nan (plain always runs)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")  # detect_anomaly warns that it is on
-    kinds = ["plain", "probes", "anomaly", "anomaly+nan"]
+    kinds = ["plain", *a.kinds.split(",")]
     times = {k: [] for k in kinds}
     for _ in range(a.rounds):
         for k in kinds:
@@ -82,8 +92,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, 1 thread, {a.rounds} rounds x {a.steps} steps (median CPU ms/step)")
     for k in kinds:
         print(f"  {k:<12} {med[k]:8.3f} ms/step   {med[k] / med['plain']:.3f}x plain")
-    print(f"hazard probes: {med['probes'] / med['plain']:.3f}x; detect_anomaly: "
-          f"{med['anomaly'] / med['plain']:.3f}x (check_nan=False), {med['anomaly+nan'] / med['plain']:.3f}x (check_nan=True)")
+    print(f"optcheck {optcheck.__file__}; load average {open('/proc/loadavg').read().split()[:3]}")
 
 
 if __name__ == "__main__":

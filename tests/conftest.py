@@ -30,7 +30,8 @@ MAX_WORKERS = 4
 #: Test files run on the same xdist worker, one after the other (each starts 2-rank torchrun jobs).
 SERIAL_GROUPS = {"torchrun": ("tests/distributed/test_distributed_monitor.py",
                               "tests/distributed/test_distributed_soak.py",
-                              "tests/distributed/test_distributed_lifetime.py")}
+                              "tests/distributed/test_distributed_lifetime.py",
+                              "tests/distributed/test_next_failure_ranks.py")}
 
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if _WORKER and "OPTCHECK_TESTLOOP_CACHE" not in os.environ:

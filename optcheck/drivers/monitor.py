@@ -15,6 +15,12 @@ which also records an exception that ends it. Steps are counted by the
 optimizer (``register_step_post_hook``); the loss is taken from the tensor
 ``backward()`` is called on (``mon.step(loss)`` records one explicitly).
 
+Optimizers that step inside backward (PyTorch's optimizer-in-backward recipe with
+a dict of per-parameter optimizers, torchtune's ``optimizer_in_bwd``, optimi's
+``gradient_release``, LOMO) are watched too: there a training step is a backward
+pass that moves the parameters (``optcheck/pytorch/in_backward.py``), the pre-step
+check runs before that pass and the post-step snapshot after it.
+
 How it watches (all hooks, nothing copied), in the soak's own order
 (``optcheck/run/sequencer.py``: pre-step check, cadence, hazard-forced and final
 snapshots; ``optcheck/run/summary.py``: the rule check and ``summary.json``):
@@ -69,6 +75,7 @@ from optcheck.findings import SEVERITIES, Finding, severity_rank
 from optcheck.pytorch import monitor_hooks, step_hooks
 from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.pytorch.grad_clear import GradClearProbe
+from optcheck.pytorch.in_backward import BackwardSteps
 from optcheck.pytorch.guard import Notes, guarded
 from optcheck.pytorch.monitor_hooks import ClipNorm, FindingError, OptcheckWarning, TorchProbe, backward_loss
 from optcheck.pytorch.null_hazards import NullHazards
@@ -115,8 +122,10 @@ class Monitor:
         optimizer: its ``torch.optim.Optimizer`` (torch ≥ 2.0: step hooks), a
             wrapper holding one in ``.optimizer``, ``.base_optimizer``, ``.base``,
             ``.wrapped_optimizer`` or ``.optim`` (accelerate, Lightning, SAM, Lookahead,
-            schedule-free's ``ScheduleFreeWrapper``), or an object with
-            ``param_groups``, ``state`` and ``step`` (``optcheck/pytorch/unwrap.py``,
+            schedule-free's ``ScheduleFreeWrapper``), an object with
+            ``param_groups``, ``state`` and ``step``, or a dict or list of optimizers
+            stepped in backward (one per parameter; torchtune's
+            ``OptimizerInBackwardWrapper``) (``optcheck/pytorch/unwrap.py``,
             ``docs/optimizers.md``).
         every: a snapshot every this many optimizer steps.
         out: run directory (``snapshots.jsonl``, ``findings.jsonl``,
@@ -214,7 +223,10 @@ class Monitor:
                                         grad_check_every=0)  # gradients: before the step writes them (_pre_step)
             self.hazards.on_stop = self._on_stop
         self.grad_clear = GradClearProbe(optimizer, ledger=self._ledger, per_backward=True)  # told by before_backward
-        self.clip_norm = ClipNorm()  # the user's clip_grad_norm_ total (monitor_hooks): the NaN check's shortcut
+        # the user's clip_grad_norm_ total (monitor_hooks): the NaN check's shortcut, and OC207's (grad_clear)
+        self.clip_norm = ClipNorm(on_record=self.grad_clear.clipped)
+        # steps taken inside backward (optimizer-in-backward, gradient release, LOMO): which pass was a step
+        self.in_backward = BackwardSteps(optimizer, on_active=self.grad_clear.steps_in_backward)
         self.seq = Sequencer(TorchProbe(model, optimizer, self.hazards, self.grad_clear, self.notes), run_id=self.run_id,
                              every=every, emit=self._emit, flush=self._flush_losses)
         self._handles = step_hooks.register(optimizer, self._pre_step, self._post_step)  # once per training step
@@ -222,6 +234,7 @@ class Monitor:
         # swapped in mid-run becomes the watched optimizer (optcheck/pytorch/step_hooks.py)
         self.follow = step_hooks.watch(optimizer).follow(self._switched)
         self._handles.append(self.follow)
+        self._handles.append(step_hooks.watch(optimizer).on_inner(self.in_backward.inner))
         monitor_hooks.install(self)
         self._ctx = None
         if state is not None:
@@ -332,6 +345,7 @@ class Monitor:
             h.remove()
         self.hazards.remove()
         self.grad_clear.remove()
+        self.in_backward.remove()
         monitor_hooks.remove(self)
         monitor_end.closed(self)
         atexit.unregister(self._atexit)
@@ -372,6 +386,8 @@ class Monitor:
                                                                    seq.last_loss)
         sm.peak_rss_bytes, sm.versions, sm.threads = seq.peak_rss, seq.probe.versions(), torch.get_num_threads()
         sm.crash, sm.stopped, sm.config = self._crash, self._stopped, {"every": self.every}
+        if self.in_backward.active:  # the training step was a backward pass (optcheck/pytorch/in_backward.py)
+            sm.config["steps_in"] = "backward"
         sm.not_checked = list(self.hazards.not_checked) + list(self.notes)
         sm.hazards = self.hazards.stats()
         sm.interrupted_by, sm.signals = self._interrupted, int(self._interrupted is not None)
@@ -450,11 +466,16 @@ class Monitor:
         ``torch.autograd.backward([l1, l2], grad_tensors)``): the hazard checks on each;
         the step's loss is Σ gᵢ·lᵢ over the one-element roots (gᵢ their one-element
         ``grad_tensors``, else 1), kept on the device until the next snapshot."""
+        for t in roots:  # first: its end takes the hazards' write log off (optcheck/pytorch/hazards/writes.py)
+            self.hazards.check_loss(t, self.step_count + 1)
         self.clip_norm.clear()
         self.grad_clear.adopt_materialized()  # lazy modules materialise in their first forward
         self.grad_clear.before_backward()
-        for t in roots:
-            self.hazards.check_loss(t, self.step_count + 1)
+        ib = self.in_backward
+        if not ib.retired:
+            ib.before()
+            if ib.active:  # this pass is the training step: the pre-step check, before it moves anything
+                self.seq.pre_step(self.step_count + 1)
         if self.rank_watch.before_backward(self.step_count):  # under torchrun: the ranks differ
             self.seq.take(self.step_count + 1, "pre-step", "check")
         loss = backward_loss(roots, grads)
@@ -467,6 +488,13 @@ class Monitor:
         """After a backward pass that returned: its gradients are written."""
         self.grad_clear.after_backward()
         self.hazards.after_backward(self.step_count + 1)
+        if not self.in_backward.retired and self.in_backward.after():  # the pass moved the parameters: a step
+            self.grad_clear.step_ended()
+            self.hazards.step_ended(self.step_count + 1)
+            self.step_cost.steps += 1
+            self._end_step()
+            self.on_step_end(self.step_count)
+            return
         self._backwards += 1
         if (ev := self.rank_watch.after_backward(self.step_count + 1)) is not None:  # under torchrun
             for e in ev:
@@ -550,6 +578,7 @@ class Monitor:
         switch was undone within it (``new`` turned out to be a wrapper calling ``old``)."""
         self.optimizer = self.seq.probe.optimizer = self.hazards.optimizer = new
         self.grad_clear.adopt(new)
+        self.in_backward.adopt(new)
         first = id(new) not in self._switches  # else: back to one watched before (two used in turn, or undone)
         self._switches.add(id(new))
         self._switch_event = (old, new) if first else None
@@ -567,12 +596,17 @@ class Monitor:
         self._urgent = True
 
     def _post_step(self, optimizer, args, kwargs) -> None:
+        self.in_backward.retire()  # the ordinary contract: nothing to track in backward from now on
         self._step_done()
         self.on_step_end(self.step_count)
 
     @guarded(FindingError, StepStopped)
     @timed_hook(step_end=True)
     def _step_done(self) -> None:
+        self._end_step()
+
+    def _end_step(self) -> None:
+        """The training step ends (after ``optimizer.step()``, or the backward pass that was the step)."""
         self._threads.add(threading.get_ident())
         self._backwards = 0
         self.step_count += 1

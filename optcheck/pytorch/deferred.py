@@ -83,7 +83,7 @@ class DeviceLedger:
         return len(self._items)
 
     def add(self, tensor: torch.Tensor, on_read: Callable[[list[float]], None]) -> None:
-        self._items.append((tensor.detach(), on_read))
+        self._items.append((tensor.detach() if tensor.requires_grad else tensor, on_read))
         if len(self._items) >= MAX_PENDING:
             self.read()
 

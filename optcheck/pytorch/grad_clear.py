@@ -108,6 +108,10 @@ class GradClearProbe:
         self._arrived: list[int] = []  # indices accumulated into between the last two steps (arrived_ids)
         self._handles = []
         self._small_handle = None
+        self._in_bwd = False  # steps are taken inside backward: the Monitor ends them (step_ended)
+        # (small .grad, its version, large .grad, its version, clip total or None) as the last backward
+        # pass left them (or clip_grad_norm_ after it): OC207's check without a kernel when untouched since
+        self._seen: tuple | None = None
         members = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad and p.is_leaf
                    and not hasattr(p, "to_local")]  # FSDP2 DTensor: reduce-scatter writes .grad, no tensor hook runs (docs/distributed.md)
         # nn.LazyLinear & co. before their first forward: no shape, no hooks yet; they materialise in
@@ -174,6 +178,7 @@ class GradClearProbe:
         before, self._gb = self._gb, None
         ps = self._params
         ga = list(map(_GRAD, ps))
+        self._seen = None
         if before is None or len(before[0]) != len(ga):  # not told before the pass (or parameters adopted in it)
             self._bypassed = True
             return
@@ -182,10 +187,29 @@ class GradClearProbe:
         if vb is None:  # no gradient before the pass (zero_grad(set_to_none=True)): those set now
             for i in compress(range(len(ga)), map(operator.is_not, ga, repeat(None))):
                 fresh[i] = ps[i]
+        else:
+            for i, a in enumerate(ga):
+                if a is not None and (a is not gb[i] or a._version != vb[i]):
+                    fresh[i] = ps[i]
+        gs, gl = ga[self._small_i], ga[self._large_i]
+        if gs is not None and gl is not None:
+            self._seen = (gs, gs._version, gl, gl._version, None)
+
+    def clipped(self, ids, total) -> None:
+        """``clip_grad_norm_`` over the parameters whose ``id`` is in ``ids`` returned ``total`` (``optcheck.pytorch.monitor_hooks.ClipNorm``):
+        it scaled the gradients in place (their versions move). When it covered the smallest
+        and the largest parameter and their ``.grad`` are the tensors the last backward pass
+        left, OC207's check before the step reads ``total`` (0: every gradient zero, cleared
+        before the clip) instead of the gradients."""
+        seen = self._seen
+        if seen is None or not isinstance(total, torch.Tensor) or total.numel() != 1:
             return
-        for i, a in enumerate(ga):
-            if a is not None and (a is not gb[i] or a._version != vb[i]):
-                fresh[i] = ps[i]
+        gs, gl = self._params[self._small_i].grad, self._params[self._large_i].grad
+        if gs is seen[0] and gl is seen[2] and id(self._params[self._small_i]) in ids \
+                and id(self._params[self._large_i]) in ids:
+            self._seen = (gs, gs._version, gl, gl._version, total)
+        else:
+            self._seen = None
 
     def _small_hook(self, grad: torch.Tensor) -> None:
         """The smallest parameter's tensor hook, before its gradient is accumulated (OC204)."""
@@ -202,7 +226,29 @@ class GradClearProbe:
                 self._stale = self._stale & held
         return None
 
+    def steps_in_backward(self) -> None:
+        """The training step is a backward pass that moves the parameters
+        (``optcheck/pytorch/in_backward.py``): gradients are released inside it, so
+        arrival is recorded by a post-accumulate-grad hook on every parameter (as
+        without ``per_backward``), OC207's check (gradients gone by ``step()``: the
+        design here) is not made, and the step ends when :meth:`step_ended` is called."""
+        if self._in_bwd:
+            return
+        self._in_bwd = True
+        if self._per_backward:
+            self._per_backward = False
+            self._gb, self._in_pass = None, False
+            for i, p in enumerate(self._params):
+                self._handles.append(p.register_post_accumulate_grad_hook(functools.partial(operator.setitem,
+                                                                                            self._fresh, i)))
+
+    def step_ended(self) -> None:
+        """A training step taken inside backward ended (:meth:`steps_in_backward`)."""
+        self._end_step()
+
     def _before_step(self, optimizer, args, kwargs) -> None:
+        if self._in_bwd:
+            return
         self.adopt_materialized()
         if not self._fresh or self._bypassed:
             return
@@ -212,9 +258,19 @@ class GradClearProbe:
             # wrapper such as heavyball's SAMWrapper zeroes them before calling it); what .grad
             # holds now says nothing about what the step will write
             return
+        step = self._steps + 1
+        seen, self._seen = self._seen, None
+        if seen is not None and self._small_i in self._fresh and self._large_i in self._fresh:
+            gs, gl = self._params[self._small_i].grad, self._params[self._large_i].grad
+            if gs is seen[0] and gl is seen[2] and gs._version == seen[1] and gl._version == seen[3]:
+                # untouched since the backward pass wrote them (or since clip_grad_norm_ scaled them):
+                # not cleared in between; after a clip, cleared iff its total is 0 (read later, no kernel)
+                if seen[4] is not None:
+                    self.ledger.add(seen[4], lambda v, step=step, n=len(self._fresh): v[0] != 0 or self._record(
+                        "grad_cleared_before_step", step=step, params=n))
+                return
         fresh = list(self._fresh.values())
         held = [p.grad for p in fresh if p.grad is not None]
-        step = self._steps + 1
         if not held:  # zero_grad(set_to_none=True) between backward() and step(): no device read
             self._record("grad_cleared_before_step", step=step, params=len(fresh))
             return
@@ -227,6 +283,10 @@ class GradClearProbe:
             "grad_cleared_before_step", step=step, params=n))
 
     def _after_step(self, optimizer, args, kwargs) -> None:
+        if not self._in_bwd:
+            self._end_step()
+
+    def _end_step(self) -> None:
         if not self._params:
             return
         if self._stale is not None:

@@ -209,22 +209,25 @@ class ClipNorm:
     :meth:`covers` says whether it stands for the gradients of ``params``: it was
     taken after their last backward and over all of them (by ``id``)."""
 
-    def __init__(self):
+    def __init__(self, on_record=None):
         self.total: torch.Tensor | None = None
         self._ids: frozenset = frozenset()
+        self.on_record = on_record  # f(ids of params, total) after each record (the gradient-flow probe's OC207)
 
     def record(self, params: list, total) -> None:
         if isinstance(total, torch.Tensor) and total.numel() == 1:
             self.total, self._ids = total.detach(), frozenset(map(id, params))
         else:
             self.total = None
+        if self.on_record is not None:
+            self.on_record(self._ids, self.total)
 
     def clear(self) -> None:
         """A backward pass ran: gradients may have changed since."""
         self.total = None
 
     def covers(self, params: list) -> bool:
-        return self.total is not None and all(id(p) in self._ids for p in params)
+        return self.total is not None and self._ids.issuperset(map(id, params))  # (C-level: no frame per parameter)
 
 
 def _clip_watched(orig):

@@ -39,6 +39,9 @@ class NullHazards:
     def after_backward(self, step: int) -> None:
         pass
 
+    def step_ended(self, step: int) -> None:
+        pass
+
     def has_events(self) -> bool:
         return False
 

@@ -14,8 +14,14 @@ check (OC501) and the state bytes take from ``optimizer.state``.
 - **keys that are not parameters**: pytorch-optimizer's SPAM and MADGRAD keep
   counters under string keys of ``optimizer.state`` (``state["total_step"] = 0``).
   Such an entry is no parameter's state: skipped.
-- **values that are not tensors**: ints, floats, sets, ``None`` are read as
-  nothing (a ``"step"`` number is kept as the step count).
+- **values that are not tensors**: ints, floats, sets, ``None``, functions and
+  closures are read as nothing (a ``"step"`` number is kept as the step count).
+- **references back to the optimizer's own structure**: optimi keeps each
+  parameter's param group in its state (``state[p]["group"] = group``, for the
+  per-parameter ``step(param=p)`` of ``gradient_release``); a param group (one of
+  ``optimizer.param_groups``, or any dict with a ``"params"`` list) and a parameter
+  of the optimizer found inside the state are no state: skipped silently (their
+  tensors are the parameters, not moments of them).
 - **tensor subclasses that implement only the ops their optimizer needs**
   (torchao's ``OptimState8bit`` / ``OptimState4bit`` / ``OptimStateFp8`` raise
   ``NotImplementedError`` on ``aten._foreach_norm``, ``isfinite``...): their
@@ -177,9 +183,17 @@ def _tensor(path: str, t: torch.Tensor, skipped: list) -> StateTensor | None:
     return StateTensor(path, t, values, shape, dtype, device, nbytes)
 
 
-def _walk(node: Any, path: str, depth: int, out: ParamState, skipped: list) -> None:
+def _param_group(node: Any) -> bool:
+    """A dict shaped as a param group: a ``"params"`` list or tuple."""
+    return isinstance(node, dict) and isinstance(node.get("params"), (list, tuple))
+
+
+def _walk(node: Any, path: str, depth: int, out: ParamState, skipped: list, own: frozenset = frozenset()) -> None:
     """Collect the tensors under ``node`` (at ``path`` below ``state[p]``) into ``out``
-    (see the module docstring)."""
+    (see the module docstring); ``own``: the ``id`` of the optimizer's param groups and
+    parameters (never state)."""
+    if id(node) in own or _param_group(node):
+        return
     name = path or "(value)"
     last = path.rsplit(".", 1)[-1]
     if isinstance(node, torch.Tensor):
@@ -213,7 +227,19 @@ def _walk(node: Any, path: str, depth: int, out: ParamState, skipped: list) -> N
         skipped.append((name, f"not read: nested deeper than {MAX_DEPTH} levels"))
         return
     for k, v in children:
-        _walk(v, f"{path}.{k}" if path else str(k), depth + 1, out, skipped)
+        _walk(v, f"{path}.{k}" if path else str(k), depth + 1, out, skipped, own)
+
+
+def _own(optimizer: Any) -> frozenset:
+    """The ``id`` of ``optimizer``'s param groups and of their parameters (empty when
+    they cannot be listed)."""
+    try:
+        groups = list(optimizer.param_groups)
+        return frozenset([id(g) for g in groups] + [id(p) for g in groups for p in g["params"]])
+    except Exception as caught:  # noqa: BLE001 - groups we cannot list: nothing to leave out
+        if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
+            raise
+        return frozenset()
 
 
 def read(optimizer: Any) -> StateView:
@@ -226,6 +252,7 @@ def read(optimizer: Any) -> StateView:
         view.skipped.append(("(state)", f"not read: a {type(getattr(optimizer, 'state', None)).__name__} "
                                         f"whose items could not be listed"))
         return view
+    own = _own(optimizer)
     for key, value in items:
         if not isinstance(key, torch.Tensor):
             view.skipped.append((f"key {key!r:.40}", f"not read: a state key that is a {type(key).__name__}, "
@@ -233,7 +260,7 @@ def read(optimizer: Any) -> StateView:
             continue
         ps = ParamState(key)
         if isinstance(value, (torch.Tensor, dict, list, tuple)) or hasattr(value, "items"):
-            _walk(value, "", 0, ps, view.skipped)
+            _walk(value, "", 0, ps, view.skipped, own)
         elif not isinstance(value, _SCALARS):
             view.skipped.append(("(value)", f"not read: a {type(value).__name__}, not a dict of tensors"))
         view.nbytes += sum(t.nbytes for t in ps.tensors)

@@ -40,6 +40,20 @@ param groups hold a watched parameter is a training step too:
   is an ``Optimizer`` subclass) is passed over from then on (a switch made at its
   first step is undone).
 
+Steps inside backward (:meth:`StepWatch.on_inner`). A ``step()`` that starts while
+the autograd engine runs a backward pass (``torch._C._current_graph_task_id()`` is not
+-1: it was called from a gradient hook) is a per-parameter step of an optimizer
+stepped in backward (PyTorch's optimizer-in-backward recipe, torchtune's
+``optimizer_in_bwd``, optimi's ``gradient_release``: ``step(param=p)`` from a
+post-accumulate-grad hook), any number per backward pass. Whether the watched
+optimizer's own or another one over the watched parameters, it is no training step
+and no swap: the ``inner`` subscribers are told of it, and the backward pass it ran in
+is what :mod:`optcheck.pytorch.in_backward` judges. A member of an
+:class:`~optcheck.pytorch.optimizer_set.OptimizerSet` stepped outside backward is
+passed over (neither a training step nor a swap); so is every ``step()`` outside
+backward once the steps are known to be taken inside it (:attr:`StepWatch.in_backward`:
+optimi's ``step()`` after a backward that already stepped each parameter is a no-op).
+
 Cost per training step: four Python calls (two hooks of each kind) and one
 ``sys._getframe`` in each, plus one call per subscriber; a scan of another
 optimizer's param groups the first time it steps (cached by ``id``; rescanned when
@@ -52,12 +66,21 @@ import sys
 import weakref
 from typing import Callable
 
+import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 Hook = Callable  # f(optimizer, args, kwargs) -> None
 
 #: id(optimizer) -> its StepWatch (one per watched optimizer, shared by every subscriber)
 _WATCHES: "weakref.WeakValueDictionary[int, StepWatch]" = weakref.WeakValueDictionary()
+
+
+_graph_task_id = torch._C._current_graph_task_id
+
+
+def in_backward() -> bool:
+    """True while the autograd engine runs a backward pass on this thread (in a hook)."""
+    return _graph_task_id() != -1
 
 
 def _on_stack(frame, caller) -> bool:
@@ -117,6 +140,10 @@ class StepWatch:
         self._switched_from = None  # the optimizer switched away from at the step under way
         self._may_switch = True
         self._followers: list[Callable] = []  # on_switch(new, old) of each follower (a Monitor each)
+        self._inner: list[Hook] = []  # told of each step() inside a backward pass
+        #: the training steps are taken inside backward (optcheck/pytorch/in_backward.py): a step() outside
+        #: backward (optimi's, after a backward that already stepped each parameter) is passed over
+        self.in_backward = False
         self._hook_own()
 
     # -- subscribers -------------------------------------------------------------
@@ -127,10 +154,15 @@ class StepWatch:
         return _Subscription(self, pair)
 
     def _unsubscribe(self, pair: tuple) -> None:
+        if pair[0] == "inner":
+            if pair[1] in self._inner:
+                self._inner.remove(pair[1])
+            self._unhook_global_if_idle()
+            return
         if pair in self._pairs:
             self._pairs.remove(pair)
             self._rebuild()
-        if not self._pairs and not self._followers:
+        if not self._pairs and not self._followers and not self._inner:
             self.close()
 
     def _rebuild(self) -> None:
@@ -142,27 +174,41 @@ class StepWatch:
         """True inside the training step (its outermost ``step()`` call)."""
         return self._stepping is not None
 
+    def on_inner(self, hook: Hook) -> _Subscription:
+        """``hook(optimizer, args, kwargs)`` for each ``step()`` over the watched parameters
+        that starts inside a backward pass (module docstring); the global step hooks are
+        installed for it. Returns a handle whose ``remove()`` stops it."""
+        self._inner.append(hook)
+        self._hook_global()
+        return _Subscription(self, ("inner", hook))
+
     # -- following -----------------------------------------------------------------
     def follow(self, on_switch: Callable) -> _Following:
         """Follow other optimizers over the watched parameters (module docstring);
         ``on_switch(new, old)`` is called when the watched optimizer changes. Returns a
         handle whose ``remove()`` stops it (following ends with the last follower)."""
         self._followers.append(on_switch)
+        self._hook_global()
+        return _Following(self, on_switch)
+
+    def _hook_global(self) -> None:
         if not self._global:
             self._global = [register_optimizer_step_pre_hook(self._global_pre),
                             register_optimizer_step_post_hook(self._global_post)]
-        return _Following(self, on_switch)
 
-    def _unfollow(self, on_switch: Callable) -> None:
-        if on_switch in self._followers:
-            self._followers.remove(on_switch)
-        if self._followers:
+    def _unhook_global_if_idle(self) -> None:
+        if self._followers or self._inner:
             return
         for h in self._global:
             h.remove()
         self._global = []
         if not self._pairs:
             self.close()
+
+    def _unfollow(self, on_switch: Callable) -> None:
+        if on_switch in self._followers:
+            self._followers.remove(on_switch)
+        self._unhook_global_if_idle()
 
     def close(self) -> None:
         for h in self._own + self._global:
@@ -185,6 +231,11 @@ class StepWatch:
             watched = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
             known = self._known[id(opt)] = (sizes, any(id(p) in watched for g in groups for p in g["params"]))
         return known[1]
+
+    def _member(self, opt) -> bool:
+        """``opt`` is a member of the watched :class:`OptimizerSet` (stepped outside backward: passed over)."""
+        holds = getattr(self.optimizer, "holds", None)
+        return holds is not None and holds(opt)
 
     def _switch(self, new) -> None:
         old = self.optimizer
@@ -231,9 +282,19 @@ class StepWatch:
         for h in self._post:
             h(opt, args, kwargs)
 
+    def _inner_step(self, opt, args, kwargs) -> None:
+        for h in self._inner:
+            h(opt, args, kwargs)
+
     def _own_pre(self, opt, args, kwargs) -> None:
         caller = sys._getframe(1)
-        if not self._nested(opt, caller):
+        if self._nested(opt, caller):
+            return
+        if _graph_task_id() != -1:  # from a gradient hook: a per-parameter step in backward
+            if not self._global:  # (else the global hook, run before this one, told them)
+                self._inner_step(opt, args, kwargs)
+            return
+        if not self.in_backward:
             self._start(opt, caller, args, kwargs)
 
     def _own_post(self, opt, args, kwargs) -> None:
@@ -242,9 +303,17 @@ class StepWatch:
 
     def _global_pre(self, opt, args, kwargs) -> None:
         caller = sys._getframe(1)
-        if opt is self.optimizer or self._nested(opt, caller):
+        if opt is not self.optimizer and self._nested(opt, caller):
+            return
+        if _graph_task_id() != -1:  # from a gradient hook: a per-parameter step in backward
+            if opt is self.optimizer or (id(opt) not in self._wrappers and self._moves_watched(opt)):
+                self._inner_step(opt, args, kwargs)
+            return
+        if opt is self.optimizer:
             return  # (its own hooks, after these, decide)
-        if id(opt) in self._wrappers or not self._moves_watched(opt):
+        if id(opt) in self._wrappers or not self._moves_watched(opt) or self._member(opt):
+            return
+        if not self._followers or self.in_backward:
             return
         if self._may_switch and opt.param_groups is not self.optimizer.param_groups:  # not SAM's base: a swap
             if id(opt) in self._retired:  # two optimizers in turn: watch this one again, switch no more

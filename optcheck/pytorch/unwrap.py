@@ -16,7 +16,10 @@ on the inner optimizer see every step the wrapper really takes:
   ``ScheduleFreeWrapper``, heavyball's ``SAMWrapper`` (``docs/optimizers.md``);
 - an object that is no ``torch.optim.Optimizer`` but has ``param_groups``, ``state``
   and ``step`` (duck typing, as ``torch.optim.lr_scheduler`` accepts): watched through
-  :class:`DuckOptimizer`.
+  :class:`DuckOptimizer`;
+- a dict or list of optimizers (PyTorch's optimizer-in-backward recipe: one per
+  parameter), or torchtune's ``OptimizerInBackwardWrapper`` (``optim_map``): followed as
+  one logical optimizer, :class:`optcheck.pytorch.optimizer_set.OptimizerSet`.
 
 Models: ``DistributedDataParallel`` and ``DataParallel`` keep the user's module in
 ``.module`` (``torch/nn/parallel/distributed.py``); parameter names are then the
@@ -28,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from optcheck.pytorch.guard import raised_by_signal_handler
+from optcheck.pytorch.optimizer_set import optimizer_set
 
 _MAX_DEPTH = 8  # wrappers of wrappers (e.g. Lightning around accelerate) are a few deep at most
 #: where wrappers keep the optimizer they drive: accelerate/Lightning/pytorch-optimizer's Lookahead
@@ -75,10 +79,16 @@ def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer:
     ``param_groups``, ``state`` and ``step`` (duck typing), which gets step hooks
     through :class:`DuckOptimizer`.
 
+    A dict or list of optimizers, or an object holding one in ``optim_map``, is an
+    :class:`~optcheck.pytorch.optimizer_set.OptimizerSet`.
+
     Raises:
-        TypeError: neither (the message names the chain of types given and what was
+        TypeError: none of these (the message names the chain of types given and what was
             looked for).
     """
+    many = optimizer_set(optimizer)
+    if many is not None:
+        return many
     seen, obj = [], optimizer
     for _ in range(_MAX_DEPTH):
         seen.append(type(obj).__qualname__)
@@ -94,7 +104,8 @@ def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer:
         return DuckOptimizer.of(obj)
     raise TypeError(
         f"optcheck.Monitor: optimizer must be a torch.optim.Optimizer, an object holding one in "
-        f"{', '.join('.' + a for a in INNER)}, or one with {', '.join(DUCK)}; got {' -> '.join(seen)}")
+        f"{', '.join('.' + a for a in INNER)}, one with {', '.join(DUCK)}, or a dict or list of optimizers "
+        f"(one per parameter, stepped in backward); got {' -> '.join(seen)}")
 
 
 class _Handle:

@@ -28,10 +28,17 @@ class InplaceOnSaved(Rule):
     naming neither the op nor the line (seeds 000, 001). With gradient
     checkpointing the write can happen while backward re-runs the forward.
 
-    The finding names the op that saved the tensor, its module and source line, and
-    the module and line that wrote it (found between two module boundaries; the
-    line is the nearest in-place statement there that writes the same tensor).
-    The PyTorch probes stop the step there (their saved-tensor hooks switch off
+    The finding names the tensor, the op that saved it with its module and source
+    line, and the op that wrote it (``index_copy_``, ``add_``, ``x[...] = ...``, an
+    ``out=`` op) with the ``file:line`` of that call in the user's or the library's
+    code, the frames that called it and the phase (a module's forward, the loop
+    between the forward and ``backward()``, a checkpoint's recompute). The PyTorch
+    probes see the write as it happens (a ``__torch_function__`` mode on armed steps;
+    on an unarmed step, the step's forward re-run armed); a write they cannot see
+    (an op of a C++ extension, ``torch.ops``, a hook inside ``backward()``) is said
+    to be unseen, with the window it happened in, never a guessed line
+    (docs/hazards.md, "How the writer is found"). The PyTorch probes stop the step
+    at the first hook after the write (their saved-tensor hooks switch off
     PyTorch's own check, so the write must never reach backward silently) unless
     ``--allow-inplace`` is given, in which case backward uses the written values.
 

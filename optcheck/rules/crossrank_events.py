@@ -87,8 +87,12 @@ class RankLost(Rule):
     which ranks did not answer (``monitored_barrier`` on gloo names them) and its
     step, then stops instead of blocking in the next collective.
 
-    What fails next: every other collective of the job (DDP's all-reduce) blocks
-    until its own timeout — 10 minutes on gloo by default, 10 minutes or more on NCCL.
+    What fails next: every other rank's next collective (DDP's all-reduce). A rank
+    that died closed its connections: on gloo that collective fails at once
+    ("Connection closed by peer"; measured, tests/distributed/test_next_failure_ranks.py).
+    A rank that hangs, or a node gone without closing its connections, leaves it
+    blocked until the process group's timeout — 10 minutes on gloo by default, 10
+    minutes or more on NCCL.
 
     Fix: look at the lost rank's own records (``rank-K/summary.json``: its crash or
     its last step) and the launcher's log; set a shorter ``timeout`` so a lost rank
@@ -126,6 +130,8 @@ class RankLost(Rule):
                 snap, self.message.format(ranks=", ".join(map(str, ranks)) or "unknown",
                                           iteration=d.get("iteration"), error=d.get("error", "")),
                 subjects=[f"rank {r}" for r in ranks], key="lost",
-                next_failure="every other collective blocks until its timeout",
+                next_failure=("every other rank's next collective (DDP's all-reduce) fails: at once when the lost "
+                              "rank died and its connections closed (gloo: \"Connection closed by peer\"), or "
+                              "after the process group's timeout when it hangs or its node is gone unclosed"),
                 ranks=ranks, seen_by=d.get("rank")))
         return out

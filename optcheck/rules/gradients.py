@@ -147,8 +147,8 @@ class GradStarved(Rule):
             snap, self.message.format(n=len(lst), k=k, first=window[0]["step"], last=window[-1]["step"],
                                       names=names(lst)),
             subjects=lst, key=",".join(lst),
-            next_failure="these parameters keep their values (weight decay aside): the loss plateaus "
-                         "without an error", snapshots=[s["step"] for s in window])]
+            next_failure="these parameters keep their values (weight decay aside: an optimizer skips a "
+                         "parameter whose .grad is None, decays one whose .grad is zeros); nothing raises", snapshots=[s["step"] for s in window])]
 
 
 @register

@@ -25,17 +25,50 @@ from optcheck.rules.base import Rule, RuleContext, listing, register
 from optcheck.run.snapshot import is_disposed, live_members, members
 
 
+def held_under(snap: dict, name: str) -> str | None:
+    """The name under which the optimizer steps the model's current parameter ``name``, when that
+    tensor is a member of the optimizer under another name (a weight re-tied to another one)."""
+    cur = next((p for p in snap["params"] if p["name"] == name), None)
+    if cur is None:
+        return None
+    for _, m in live_members(snap):
+        if m["ref"] == cur["ref"] or (nonempty(m.get("data_ptr")) and m.get("data_ptr") == cur["data_ptr"]):
+            other = name_of(snap, m)
+            return other if other != name else next(
+                (p["name"] for p in snap["params"] if p["ref"] == cur["ref"] and p["name"] != name), other)
+    return None
+
+
+def stale_next(names: list[str], tied: dict, lazy: bool) -> str:
+    """OC101's prediction: the stale tensors get no gradient; each model parameter of those names
+    either is another member (tied: it trains, under that name) or in no param group (OC102)."""
+    old = ("the optimizer's old tensors get no gradient: PyTorch skips them, or moves them by their old "
+           "momentum while .grad is kept as zeros" if lazy else
+           "TorchSharp: the next step() throws, KeyNotFoundException for a member without state (OC108) or "
+           "InvalidOperationException for a disposed one (OC109)")
+    trains = [f"{n} is now {tied[n]}'s tensor, which the optimizer steps (it still trains, through {tied[n]})"
+              for n in names if n in tied]
+    idle = [n for n in names if n not in tied]
+    parts = [old] + trains
+    if idle:
+        parts.append(f"{listing(idle)} of the model {'is' if len(idle) == 1 else 'are'} in no param group and never "
+                     f"train{'s' if len(idle) == 1 else ''} (OC102): the loss stops improving there, nothing raises")
+    return "; ".join(parts)
+
+
 @register
 @by_identity
 class StaleParam(Rule):
     """A param-group member is no longer one of the model's parameters.
 
     The optimizer holds a tensor that the model's forward no longer uses: neither
-    its ref nor its data pointer is among ``model.named_parameters()``. Every
-    ``step()`` updates that dead tensor; the model's replacement never trains and
-    the loss stalls silently (PyTorch, TorchSharp with an eagerly built parameter
-    list), or, where the optimizer re-walks the model, the state lookup of the
-    replacement throws.
+    its ref nor its data pointer is among ``model.named_parameters()``. That dead
+    tensor gets no gradient (PyTorch skips it, or moves it by its old momentum
+    while ``.grad`` is kept as zeros). The model's parameter of that name either is
+    another member (a weight re-tied to another one: it still trains, through that
+    member) or in no param group (OC102: it never trains, the loss stalls silently);
+    where the optimizer re-walks the model (TorchSharp), the state lookup of the
+    replacement throws. The prediction says which, per name.
 
     Typical causes: ``model.load_state_dict(sd, assign=True)``, tying weights, or
     applying ``parametrizations.weight_norm`` after the optimizer was built.
@@ -83,7 +116,7 @@ class StaleParam(Rule):
                      if m["ref"] not in refs and not (nonempty(m.get("data_ptr")) and m["data_ptr"] in ptrs)]
         if not stale:
             return []
-        names, shown = [], []
+        names, shown, tied = [], [], {}
         for _, m in stale:
             name = label = name_of(snap, m)
             if name.startswith("<ref"):
@@ -96,12 +129,14 @@ class StaleParam(Rule):
                     label = name
             names.append(name)
             shown.append(label)
+            other = held_under(snap, name)
+            if other:
+                tied[name] = other
         return [self.finding(
             snap, self.message.format(n=len(stale), names=listing(shown)), subjects=names,
             key=",".join(str(m["ref"]) for _, m in stale),
-            next_failure="these tensors keep being stepped while the model's own parameters of the "
-                         "same names get no updates: the loss stops improving without an error",
-            groups=[gi for gi, _ in stale], refs=[m["ref"] for _, m in stale])]
+            next_failure=stale_next(names, tied, lazy_state(snap)),
+            groups=[gi for gi, _ in stale], refs=[m["ref"] for _, m in stale], tied=tied)]
 
 
 @register
@@ -179,8 +214,8 @@ class RefChurn(Rule):
     new ``Tensor.Handle`` on TorchSharp), and the optimizer neither holds state for
     the new ref nor steps the same data under another ref. This is the precursor
     of seed 003's crash: TorchSharp keys optimizer state by handle, so the next
-    ``step()`` throws ``KeyNotFoundException``; PyTorch keeps stepping the old
-    object and the new one never trains.
+    ``step()`` throws ``KeyNotFoundException``; PyTorch holds the old object, which
+    gets no gradient, and the new one never trains.
 
     A changed ref whose data pointer is still stepped by the optimizer (TorchSharp
     native modules converted in place) is not reported: that tensor still trains.
@@ -237,7 +272,9 @@ class RefChurn(Rule):
             next_failure=(DISPOSED_NEXT if any(is_disposed(m) for _, m in members(snap)) else
                           "TorchSharp: the next step() throws KeyNotFoundException for the first new handle"
                           if not lazy else
-                          "the optimizer keeps stepping the old tensors; these parameters stop training"),
+                          "nothing raises: the optimizer holds the old tensors, which get no gradient (it skips "
+                          "them, or moves them by their old momentum while .grad is kept as zeros), and the "
+                          "model's new tensors of these names are in no param group: they never train"),
             old_refs=[o["ref"] for o, _ in churned], new_refs=[p["ref"] for _, p in churned],
             same_data=same_data)]
 
@@ -335,7 +372,9 @@ class DuplicateParam(Rule):
             out.append(self.finding(
                 snap, self.message.format(k=len(dup), names=listing(names)), subjects=names,
                 key=f"{ident[0]}:{ident[1]}",
-                next_failure="the tensor gets several updates per step with separate moment estimates "
-                             "(an effectively larger, unscheduled learning rate)",
+                next_failure=("each step() updates the tensor once per time it is listed (TorchSharp: one state "
+                              "per handle, so separate moment estimates; PyTorch: one state keyed by the tensor, "
+                              "whose step count advances as many times): an effectively larger, unscheduled "
+                              "learning rate, nothing raises"),
                 groups=[gi for gi, _ in dup], refs=[m["ref"] for _, m in dup]))
         return out

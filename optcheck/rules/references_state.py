@@ -17,9 +17,9 @@ from optcheck.findings import Finding
 from optcheck.rules._fixtures import (Invalid, Valid, at, cases, clean, disposed_after_to_dtype, edit, member, param,
                                       state_of, steps, with_dtype)
 from optcheck.rules._events import events
-from optcheck.rules._identity import factored, lazy_state, name_of, prestep_finding, state_keys
+from optcheck.rules._identity import DISPOSED_NEXT, factored, lazy_state, name_of, prestep_finding, state_keys
 from optcheck.rules.base import Rule, RuleContext, listing, register
-from optcheck.run.snapshot import disposed_members, live_members
+from optcheck.run.snapshot import disposed_members, is_disposed, live_members, members
 
 
 @register
@@ -30,7 +30,9 @@ class OrphanState(Rule):
     longer one of its members: memory held for nothing, and the sign that the
     members were swapped under it. On TorchSharp, whose ``AdamW`` re-walks the
     model's current parameters at each step, orphan state goes with members that
-    have no state, and the next ``step()`` throws ``KeyNotFoundException``.
+    have no state, and the next ``step()`` throws ``KeyNotFoundException``. On
+    PyTorch training goes on, but ``optimizer.state_dict()`` (the next checkpoint
+    save) raises ``KeyError``: it numbers the state by the members' positions.
 
     State of a member that has been disposed since (TorchSharp: the optimizer still
     holds the dead tensor) is not an orphan: OC109 reports those members.
@@ -77,8 +79,10 @@ class OrphanState(Rule):
         return [self.finding(
             snap, self.message.format(n=len(orphans)) + (": " + listing(names) if prev_names else ""),
             subjects=names, key=",".join(map(str, orphans)),
-            next_failure="the state is never used again; where the optimizer looks up state for its "
-                         "current members, that lookup fails",
+            next_failure=("TorchSharp: members without state go with it, and the next step() throws "
+                          "KeyNotFoundException (OC108)" if not lazy_state(snap) else
+                          "training goes on (PyTorch creates state lazily), but the next optimizer.state_dict() "
+                          "(a checkpoint save) raises KeyError: the entry's tensor is in no param group"),
             refs=orphans)]
 
 
@@ -86,6 +90,27 @@ def floating(dtype: str | None) -> bool:
     """A floating dtype name (PyTorch ``float32``/``bfloat16``, TorchSharp ``Float32``...),
     or unknown (None); quantized states are ``uint8``/``int8``, masks ``bool``."""
     return dtype is None or any(w in dtype.lower() for w in ("float", "half", "double"))
+
+
+def mismatch_next(kinds: set[str], pytorch: bool = True) -> str:
+    """OC107's prediction per kind of mismatch (``shape``, ``dtype``, ``device``), as torch 2.13's
+    AdamW behaves on them (tests/integration/test_next_failure.py runs each on without optcheck).
+    TorchSharp's behaviour on a mismatch alone was not recorded: what is known is said."""
+    if not pytorch:
+        return ("TorchSharp: the state no longer fits the parameter; its optimizers do not convert state, so "
+                "the next step() throws or updates in mixed precision (not recorded for TorchSharp)")
+    out = []
+    if "shape" in kinds:
+        out.append("the state no longer fits the parameter: the next backward() or step() raises a size-mismatch "
+                   "RuntimeError, and a fused kernel (AdamW(fused=True)) may write out of bounds and crash the "
+                   "process (SIGSEGV or SIGABRT)")
+    if "dtype" in kinds:
+        out.append("the next step() raises RuntimeError (AdamW: \"expected dtype float for `end` but got dtype "
+                   "double\"; fused: \"expected scalar type ...\"); an optimizer that casts on its own updates in "
+                   "mixed precision instead")
+    if "device" in kinds:
+        out.append("the next step() raises RuntimeError: tensors on different devices")
+    return "; ".join(out) or "the next step() raises or crashes the process"
 
 
 @register
@@ -98,8 +123,10 @@ class StateMismatch(Rule):
     mismatch that appears means the parameter was converted or resized after the
     optimizer created its state (``model.double()`` / ``model.half()`` /
     ``model.to(dtype)`` after the first step, a resized embedding), or the wrong state
-    was loaded: the next ``step()`` raises a dtype/shape error, or silently mixes
-    precisions. Found two ways: the state tensor matched its parameter in an earlier
+    was loaded: the next ``backward()`` or ``step()`` raises a dtype/shape error (torch
+    2.13's AdamW); with a fused kernel a shape mismatch can crash the process
+    (``resize_token_embeddings`` then ``AdamW(fused=True)`` on CPU: SIGSEGV or
+    SIGABRT); an optimizer that casts on its own mixes precisions. Found two ways: the state tensor matched its parameter in an earlier
     snapshot and no longer does, or the parameter changed shape or dtype since it was
     first seen and the state still has the old one. A state tensor on another device
     than its parameter is a finding whenever seen.
@@ -181,7 +208,8 @@ class StateMismatch(Rule):
         return [self.finding(
             snap, self.message.format(n=len(bad), m=len(names), names=listing(names)), subjects=names,
             key=",".join(f"{m['ref']}:{k}" for m, k, _ in bad),
-            next_failure="the next step() raises a dtype/shape/device mismatch, or updates in mixed precision",
+            next_failure=(DISPOSED_NEXT if any(is_disposed(m) for _, m in members(snap)) else
+                          mismatch_next({w.split(" ")[0] for _, _, w in bad}, lazy_state(snap))),
             mismatches=[{"name": name_of(snap, m), "state": k, "what": w} for m, k, w in bad])]
 
     @staticmethod

@@ -196,8 +196,9 @@ class GradNotCleared(_EventRule):
 
     The first ``backward()`` after an ``optimizer.step()`` found the previous
     step's gradient still in ``.grad``: every step adds its gradient to the sum of
-    all earlier ones, so updates grow and point the wrong way, and the loss
-    diverges or stalls a few hundred steps later.
+    all earlier ones, so each update follows that sum (an undamped momentum)
+    instead of the current gradient: with SGD the steps grow, with Adam they keep
+    pointing where the sum points; the loss oscillates, diverges, or settles elsewhere.
 
     Fix: call ``optimizer.zero_grad()`` (or ``model.zero_grad()``) once per
     optimizer step, before ``backward()`` or right after ``step()``. Deliberate
@@ -208,7 +209,9 @@ class GradNotCleared(_EventRule):
     what = "gradients of the previous step were still in .grad at backward()"
     message = what + ", from step {step}: at {count} of the {steps} optimizer steps checked up to step {last}"
     event_kind = "grad_not_cleared"
-    next_failure = "gradients accumulate across steps: updates grow until the loss diverges"
+    next_failure = ("each step() uses the sum of every gradient since the last clear, not this step's (an undamped "
+                    "momentum): the updates stop following the current loss; it oscillates, diverges or settles "
+                    "elsewhere than with cleared gradients, depending on the optimizer and learning rate")
 
     @cases
     def VALID():
@@ -229,15 +232,20 @@ class NoOptimizerStep(_EventRule):
     """Backward passes run, but the optimizer never steps.
 
     ``backward()`` was called many times (event ``no_optimizer_step``, recorded by
-    ``optcheck.Monitor``) without a single ``optimizer.step()`` in between:
-    gradients are computed and thrown away, and the model never changes.
+    ``optcheck.Monitor``) without a single optimizer step in between: no
+    ``optimizer.step()``, and no update inside backward either (an optimizer stepped
+    from gradient hooks, ``optcheck/pytorch/in_backward.py``): gradients are
+    computed and thrown away, and the model never changes.
 
     Fix: call ``optimizer.step()`` after ``backward()`` (for gradient accumulation,
-    once every N micro-batches), on the optimizer the monitor watches.
+    once every N micro-batches), on the optimizer the monitor watches; for an
+    optimizer that steps in backward, register its hooks (optimi's
+    ``prepare_for_gradient_release``, the recipe's ``register_post_accumulate_grad_hook``).
     """
 
     code, symbol, severity, family = "OC206", "no-optimizer-step", "error", "updates"
-    message = "{count} backward() call(s) in a row without an optimizer.step() (from step {step})"
+    message = ("{count} backward() call(s) in a row without an optimizer step (no optimizer.step(), no update "
+               "inside backward) (from step {step})")
     event_kind = "no_optimizer_step"
     next_failure = "the model keeps its initial weights for the whole run"
 

@@ -11,7 +11,9 @@ DDP without ``find_unused_parameters``), unused-rank1 (rank 1 stops using a laye
 ``find_unused_parameters=True``), buffers (BatchNorm, ``broadcast_buffers=False``),
 kill (rank 1 SIGKILLs itself), hang (rank 1 sleeps for good), plain-mismatch (no
 DDP/FSDP and rank 1's model has a layer more: the exchange must switch itself off).
-Each rank exits with its Monitor's exit code.
+Each rank exits with its Monitor's exit code. ``--plain``: the same loops without optcheck, let
+run on; each rank writes what happened to ``OUT/plain-rank-K.json`` (the exception and when,
+each parameter's and buffer's values, the optimizer's step counts) and exits 1 on an exception.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import json
 import os
 import signal
 import sys
@@ -45,8 +48,9 @@ class Net(nn.Module):
         return self.extra(y) if self.use_extra else y
 
 
-def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str) -> int:
-    """One training loop of ``scenario`` under a Monitor writing to ``out``; its exit code."""
+def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str, plain: bool = False) -> int:
+    """One training loop of ``scenario`` under a Monitor writing to ``out`` (``plain``: without
+    optcheck, what happened written to ``out/plain-rank-K.json``); its exit code."""
     rank = dist.get_rank()
     torch.manual_seed(0)
     net = Net(bn=scenario == "buffers")
@@ -66,6 +70,8 @@ def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str) -> 
             **({"broadcast_buffers": False} if scenario == "buffers" else {}))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own batches, as a DistributedSampler
+    if plain:
+        return run_plain(scenario, model, net, opt, gen, at, steps, out)
     mon = optcheck.Monitor(model, opt, every=every, out=out, on_finding="log")
     for it in range(1, steps + 1):
         odd = rank == 1 and it == at
@@ -90,6 +96,39 @@ def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str) -> 
     return mon.close()["exit_code"]
 
 
+def run_plain(scenario, model, net, opt, gen, at, steps, out) -> int:
+    rank, seen = dist.get_rank(), {"exc": None}
+    t0 = time.monotonic()
+    try:
+        for it in range(1, steps + 1):
+            seen["iteration"] = it
+            odd = rank == 1 and it == at
+            if odd and scenario == "lr":
+                opt.param_groups[0]["lr"] *= 10
+            if odd and scenario == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if rank == 1 and it >= at and scenario == "unused-rank1":
+                net.use_extra = False
+            if it == at:
+                t0 = time.monotonic()
+            x = torch.randn(8, 8, generator=gen)
+            sync = scenario == "nosync" and it >= at
+            with model.no_sync() if sync and hasattr(model, "no_sync") else contextlib.nullcontext():
+                model(x).pow(2).mean().backward()
+            if not (odd and scenario == "skipstep"):
+                opt.step()
+            opt.zero_grad()
+    except Exception as e:  # noqa: BLE001 - what the loop died of is the observation
+        seen["exc"] = {"type": type(e).__name__, "message": str(e)[:500], "after_s": time.monotonic() - t0}
+    seen["params"] = {n: p.detach().flatten().tolist() for n, p in net.named_parameters()}
+    seen["buffers"] = {n: b.detach().flatten().tolist() for n, b in net.named_buffers() if b.is_floating_point()}
+    seen["steps"] = sorted({float(s["step"]) for s in opt.state.values() if "step" in s})
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"plain-rank-{rank}.json"), "w") as fh:
+        json.dump(seen, fh)
+    return 1 if seen["exc"] else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -101,11 +140,12 @@ def main() -> int:
     # the process group's timeout: how long a live rank waits for a slow peer (imports and the Monitor take
     # seconds a rank on a loaded machine); a dead peer is seen at once (its sockets close), not after this
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--plain", action="store_true", help="without optcheck (see the module docstring)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.timeout))
     names = a.scenario.split(",")
-    codes = [run(n, a.kind, a.at, a.steps, a.every, os.path.join(a.out, n) if len(names) > 1 else a.out)
+    codes = [run(n, a.kind, a.at, a.steps, a.every, os.path.join(a.out, n) if len(names) > 1 else a.out, a.plain)
              for n in names]
     dist.destroy_process_group()
     return max(codes)

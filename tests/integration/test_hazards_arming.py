@@ -93,7 +93,10 @@ def test_inplace_on_an_unarmed_step_is_found_by_pytorchs_check_at_its_step(tmp_p
     assert (d["saved_version"], d["version"]) == (0, 1)
     (f,) = [f for f in found if f["code"] == "OC301"]
     assert f["step"] == BUG_AT and str(exc) == f"step {f['step']}: {f['message']}"
-    assert "not armed" in f["message"] and 'hazards="always"' in f["message"]
+    # the write is inside the model's forward: the armed re-run of that forward names the op and the line
+    assert d["rerun"] == "forward" and d["written"]["op"] == "mul_" and d["written"]["code"].startswith("s.mul_(2.0)")
+    assert f"at {d['written']['where']}: s.mul_(2.0)" in f["message"] and "did not watch" in f["message"]
+    assert d["saved_by"]["op"] == "SigmoidBackward0" and d["saved_by"]["module"] == "Net"
     assert mon.summary()["hazards"]["armed_steps"] == 1  # step 1 only: step 37 ran unarmed
 
 
@@ -311,6 +314,8 @@ def test_without_zero_grad_the_soak_does_not_replay_and_pytorchs_check_still_sto
         train(tr, 8, one_off_inplace)
     d = exc.value.event["detail"]
     assert exc.value.event["step"] == 5 and d["found_by"] == "pytorch" and "replayed" not in d
+    # the forward re-run (no gradient touched) saw no write inside the model: the hook writes after it
+    assert d["rerun"] == "forward: no write seen" and "outside it" in str(exc.value)
     assert "modified by an inplace operation" in str(exc.value.__cause__)
 
 

@@ -17,6 +17,10 @@ optimizer that cannot run here is skipped with its reason: the library is missin
 (``pip install -e '.[zoo]'``), it needs CUDA, or its loop fails without optcheck too.
 A loop that runs without optcheck and fails with it is a failure.
 
+LOMO and AdaLOMO (``fused_backward``) and optimi's gradient release update each
+parameter inside backward: the backward pass is the training step
+(``optcheck/pytorch/in_backward.py``), counted once however many parameters it steps.
+
 heavyball's optimizers set ``.grad`` to None inside ``step()``; that is read from gradient
 arrival (``grad_arrived``) and is silent. heavyball's ``SAMWrapper`` zeroes the gradients
 before its inner ``step(closure)``: a step given a closure is not judged by what ``.grad``
@@ -111,6 +115,7 @@ def _assert_clean(entry, losses, mon, opt):
     found = [(f.code, f.step, f.message[:120]) for f in mon.findings]
     assert found == [], found
     assert mon.exit_code == 0 and mon.summary()["status"] == "clean"
+    assert mon.step_count == len(losses)  # one step per training step, whoever moves the parameters (issue 34)
     assert all(math.isfinite(v) for v in losses), losses
     held = zoo.state_tensors(dict(mon.optimizer.state.items()))
     read = sum(len(s.get("tensors") or {}) for s in (mon.last or {}).get("state") or ())
@@ -155,5 +160,5 @@ def test_the_real_census_runs_for_every_library():
 def test_every_library_is_in_the_zoo():
     # a library missing from the environment shows as one skipped entry, not as silence
     libs = {e.id.split(".")[0] for e in ENTRIES}
-    assert {"pytorch_optimizer", "heavyball", "schedulefree", "bitsandbytes", "torchao"} <= libs
+    assert {"pytorch_optimizer", "heavyball", "schedulefree", "bitsandbytes", "torchao", "optimi", "lomo_optim"} <= libs
     assert len(ENTRIES) >= 5

@@ -10,7 +10,12 @@ README uses (:data:`STYLES`): ``plain`` (zero_grad / backward / step), ``closure
 (``step(closure)``), ``float_closure`` (AliG: ``step(lambda: float(loss))``),
 ``create_graph`` (second-order: AdaHessian, SophiaH), ``schedulefree``
 (``optimizer.train()`` / ``optimizer.eval()`` around evaluation), ``two_step``
-(SAM: ``first_step`` / ``second_step``, two backward passes per update). The only
+(SAM: ``first_step`` / ``second_step``, two backward passes per update), and two
+where the update runs inside backward with no ``step()`` to count (issue 34):
+``fused_backward`` (LOMO, AdaLOMO: ``optimizer.fused_backward(loss, lr)``) and
+``gradient_release`` (optimi's ``prepare_for_gradient_release``: ``loss.backward()``
+steps each parameter; ``gradient_release_step`` also calls ``step()`` and
+``zero_grad()`` after it, which its README says are harmless no-ops). The only
 optcheck line in :func:`run` is marked ``# optcheck``.
 
 ``swap_at=K`` plants the bug: before step K a layer of the model is replaced by a new
@@ -48,7 +53,9 @@ class Entry:
     xfail_found: str | None = None  # a known miss of the replaced-layer check
 
 
-STYLES = ("plain", "closure", "float_closure", "create_graph", "schedulefree", "two_step")
+STYLES = ("plain", "closure", "float_closure", "create_graph", "schedulefree", "two_step", "fused_backward",
+          "gradient_release", "gradient_release_step")
+LR = 1e-2  # the learning rate a fused_backward loop passes at each step
 
 
 def make_model(kind: str = "mlp", seed: int = 0) -> nn.Sequential:
@@ -99,10 +106,8 @@ _PO_SPECIAL = {
     "ranger21": {"kwargs": {"num_iterations": 200}},
     "spectralsphere": {"model": "2d"},
     "adammini": {"model_arg": True},
-    "adalomo": {"skip": "AdaLOMO updates the parameters inside backward (fused_backward): no optimizer.step() "
-                        "for a Monitor to watch"},
-    "lomo": {"skip": "LOMO updates the parameters inside backward (fused_backward): no optimizer.step() "
-                     "for a Monitor to watch"},
+    "adalomo": {"style": "fused_backward", "model_arg": True},  # the update runs inside backward
+    "lomo": {"style": "fused_backward", "model_arg": True},
     "schedulefreeadamw": {"style": "schedulefree"},
     "schedulefreeradam": {"style": "schedulefree"},
     "schedulefreesgd": {"style": "schedulefree"},
@@ -253,10 +258,49 @@ def torchao_entries() -> list[Entry]:
     return out
 
 
+def _released(cls):
+    """optimi's README: ``gradient_release=True``, then ``prepare_for_gradient_release(model, opt)``."""
+    def build(model):
+        from optimi import prepare_for_gradient_release
+
+        opt = cls(model.parameters(), lr=1e-2 if "SGD" not in cls.__name__ else 5e-2, gradient_release=True)
+        prepare_for_gradient_release(model, opt)
+        return opt
+
+    return build
+
+
+def optimi_entries() -> list[Entry]:
+    """optimi's optimizers with gradient release (the step of each parameter inside backward),
+    alone and with the ``step()``/``zero_grad()`` a framework's loop still calls."""
+    why = _have("optimi")
+    if why:
+        return [Entry("optimi", skip=why)]
+    import optimi
+
+    out = []
+    for name in ("Adam", "AdamW", "Adan", "Lion", "RAdam", "Ranger", "SGD", "StableAdamW"):
+        cls = getattr(optimi, name)
+        out.append(Entry(f"optimi.{name}(gradient_release)", _released(cls), style="gradient_release"))
+    out.append(Entry("optimi.AdamW(gradient_release, step)", _released(optimi.AdamW), style="gradient_release_step"))
+    return out
+
+
+def lomo_optim_entries() -> list[Entry]:
+    """The LOMO authors' package: ``Lomo`` and ``AdaLomo`` (``fused_backward``)."""
+    why = _have("lomo_optim")
+    if why:
+        return [Entry("lomo_optim", skip=why)]
+    import lomo_optim
+
+    return [Entry(f"lomo_optim.{name}", (lambda c: lambda m: c(m, lr=LR))(getattr(lomo_optim, name)),
+                  style="fused_backward") for name in ("Lomo", "AdaLomo")]
+
+
 def entries() -> list[Entry]:
     """Every optimizer of the zoo, libraries in a fixed order."""
     return (pytorch_optimizer_entries() + heavyball_entries() + schedulefree_entries() + bitsandbytes_entries()
-            + torchao_entries())
+            + torchao_entries() + optimi_entries() + lomo_optim_entries())
 
 
 # -- the loop ------------------------------------------------------------------------------------
@@ -342,6 +386,15 @@ def _step(style: str, model, opt, x, y) -> float:
         loss = F.mse_loss(model(x), y)
         loss.backward()
         opt.step(lambda: float(loss))
+    elif style == "fused_backward":  # LOMO: backward updates the parameters, no step()
+        loss = F.mse_loss(model(x), y)
+        opt.fused_backward(loss, LR)
+    elif style in ("gradient_release", "gradient_release_step"):  # optimi: each parameter steps in backward
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        if style == "gradient_release_step":
+            opt.step()
+            opt.zero_grad()
     elif style == "two_step":
         loss = F.mse_loss(model(x), y)
         loss.backward()
@@ -356,10 +409,11 @@ def _step(style: str, model, opt, x, y) -> float:
 
 def state_tensors(obj, depth: int = 0) -> int:
     """How many tensors an optimizer state holds, counted independently of optcheck
-    (dicts, lists and tuples descended; tensors of any class)."""
+    (dicts, lists and tuples descended; tensors of any class; a param group kept in the
+    state, optimi's ``state[p]["group"]``, holds the parameters, not state)."""
     if isinstance(obj, torch.Tensor):
         return 1
-    if depth > 6:
+    if depth > 6 or (isinstance(obj, dict) and "params" in obj and "lr" in obj):
         return 0
     if isinstance(obj, dict):
         return sum(state_tensors(v, depth + 1) for v in obj.values())

@@ -143,7 +143,7 @@ def test_oc301_with_an_unknown_write_site_says_so_and_never_names_the_save_line_
     snaps[1]["events"] = [_inplace_event({"module": "ff", "detected_at": "post-hook",
                                           "between": "the return of ff.0 and the return of ff"})]
     (f,) = [f for f in check_stream(snaps) if f.code in MINE]
-    assert "unknown" in f.message and "the return of ff.0 and the return of ff" in f.message  # the window it was in
+    assert "not seen" in f.message and "the return of ff.0 and the return of ff" in f.message  # the window it was in
     assert f.message.count("model.py:40") == 1 and "(model.py:40)" in f.message  # the save site, once, as the save site
 
 

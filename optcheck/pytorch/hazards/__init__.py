@@ -14,13 +14,14 @@ hook interface of :class:`optcheck.pytorch.null_hazards.NullHazards`:
 - ``remove()``: unhook everything.
 
 Armed on demand (``mode="auto"``, the default; ``arming.py``, docs/hazards.md): the
-module and saved-tensor hooks below are installed on the steps that need them only —
+module and saved-tensor hooks and the write log's mode below are installed on the steps that need them only —
 the first, the one after each snapshot, one whose modules changed, the one after
 parameters lost their gradients, and every step once a non-reentrant checkpoint or other
 saved-tensor hooks are seen. On the other steps PyTorch's own version check finds an
 in-place write (:meth:`HazardProbes.backward_failed` turns its error into the OC301
 event), and the loss, gradient NaN/Inf, non-leaf ``.grad`` and gradient-arrival checks
-run as always. ``mode="always"`` arms every step.
+run as always; when PyTorch's error comes on an unarmed step, the step's forward passes are re-run
+armed (``replay.py``) to name the writer. ``mode="always"`` arms every step.
 
 What is recorded (event ``kind`` → rule):
 
@@ -31,12 +32,18 @@ What is recorded (event ``kind`` → rule):
     the op; the unpack hook compares the version. Installing these hooks switches
     off PyTorch's own version check (docs/hazards.md; ``torch/csrc/autograd/saved_variable.cpp``
     skips ``version_counter`` checks when hooks are set), so a mutated saved tensor
-    would otherwise flow into backward silently. The *write* is found where it
-    happens: the versions of the saved tensors are compared at every module
-    forward pre- and post-hook (a C-level ``sum(map(...))``, ~35 ns per saved
-    tensor), which brackets the write between two module boundaries; the module
-    whose own code ran in that window, its frame and the nearest in-place-looking
-    line of its source name it. By default the step stops there with
+    would otherwise flow into backward silently. The *write* is seen as it
+    happens: a ``__torch_function__`` mode (``writes.py``), armed with the hooks,
+    hands every in-place torch call (``add_``, ``index_copy_``, ``x[i] = v``, ``+=``,
+    ``out=``, ``inplace=True``) with its frame to the probe, which logs it by the
+    storage it wrote and compares the saved tensors' versions: the op, its
+    ``file:line`` (the innermost frame outside torch: the user's or the library's
+    call), the frames around it, the module running and the phase of the step.
+    The versions are also compared at every module forward pre- and post-hook (a
+    C-level ``sum(map(...))``, ~35 ns per saved tensor), at ``check_loss`` and at
+    unpack: a write the mode cannot see is reported with the window it happened
+    in, never with a guessed line. By default the step stops at the first hook
+    after the write with
     :class:`optcheck.errors.StepStopped` (the forward is aborted; no wrong
     gradient is ever computed). With ``allow_inplace=True`` the event is recorded
     and the run continues: backward then uses the *written* values (what PyTorch
@@ -83,6 +90,7 @@ OC202 (grad-starved) needs no event: the snapshot's params carry ``grad``.
 
 Layout: ``hooks.py`` installs every hook and dispatches (:class:`HazardProbes`), ``arming.py``
 decides which steps are armed, one mixin per probe (``inplace.py``, ``graph_cut.py``, ``nonleaf.py``, ``nonfinite.py``),
+``writes.py`` is the mode that sees in-place writes, ``replay.py`` re-runs an unarmed step's forward,
 ``source.py`` finds user frames and source lines, ``_tensors.py`` holds tensor helpers.
 """
 

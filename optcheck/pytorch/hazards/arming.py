@@ -68,6 +68,7 @@ class ArmingPolicy:
         self.armed_reason: str | None = None
         self._fresh = False  # the step context is entered armed and nothing ran in it yet
         self._arm_next: str | None = "start"
+        self._drains = 0  # snapshots taken (drain() calls): the step after some of them is armed
         self._sticky: str | None = "allow_inplace" if self.allow_inplace else None
         self.armed_steps = 0  # optimizer steps taken armed / in all (counted at the watched optimizer's step)
         self.steps = 0
@@ -299,4 +300,30 @@ class ArmingPolicy:
             "written": {"detected_at": "backward() (PyTorch's own version check)", "where": None},
             "phase": "before backward", "stopped": True, "pytorch_error": text, "found_by": "pytorch",
             "armed": self.armed}}
+        if not self.armed:
+            self._merge_replay(event, self._replay_passes())
         self._stop(f"step {step}: {describe_inplace(event)}", event, cause=exc)
+
+    @staticmethod
+    def _merge_replay(event: dict, found: dict | None) -> None:
+        """PyTorch's error on an unarmed step, completed by the armed re-run of its forward
+        (``replay.py``): the re-run's write, when it wrote the tensor PyTorch names (same type
+        and shape), gives the writer, the saving op and their lines."""
+        d = event["detail"]
+        t = d["tensor"]
+        if found is None:
+            d["rerun"] = "forward: no write seen"
+            return
+        fd = found["detail"]
+        ft = fd.get("tensor") or {}
+        if (ft.get("type"), ft.get("shape")) != (t.get("type"), t.get("shape")):
+            d["rerun"] = "forward: another write seen"
+            d["replay_found"] = {"tensor": ft, "written": fd.get("written")}
+            return
+        d["rerun"] = "forward"
+        d.update(saved_by=fd["saved_by"], written=fd["written"], phase=fd.get("phase"))
+        t.update({k: v for k, v in ft.items() if k not in t or t[k] is None})
+        for k in ("checkpoint", "parameter"):
+            if k in fd:
+                d[k] = fd[k]
+        event["where"] = found.get("where")

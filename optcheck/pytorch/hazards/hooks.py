@@ -7,7 +7,6 @@ Over 400 lines: HazardProbes composes the probe mixins (inplace, graph_cut, nonf
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import weakref
 from typing import Any
@@ -18,9 +17,11 @@ from optcheck.pytorch.hazards._tensors import (_VERSION, _clean, _float_outputs,
                                                _storage_ptr, _tensors)
 from optcheck.pytorch.hazards.arming import MODES, ArmingPolicy, _hooks_owner
 from optcheck.pytorch.hazards.graph_cut import GraphCutProbe
-from optcheck.pytorch.hazards.inplace import InplaceProbe, _is_recompute_pack, _top_hooks
+from optcheck.pytorch.hazards.inplace import InplaceProbe, _is_recompute_pack, _top_hooks, graph_task_id
 from optcheck.pytorch.hazards.nonfinite import NonfiniteProbe
 from optcheck.pytorch.hazards.nonleaf import NonleafGradProbe
+from optcheck.pytorch.hazards.replay import ForwardReplay
+from optcheck.pytorch.hazards.writes import ModeSlot, WriteWatch, unmoded
 from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.errors import StepStopped
 from optcheck.pytorch import step_hooks
@@ -36,7 +37,7 @@ NOT_CHECKED_UNDER_COMPILE = (
 )
 
 
-class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe):
+class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, NonleafGradProbe, NonfiniteProbe):
     """Autograd hazard probes for one model and optimizer (see the package docstring).
 
     Args:
@@ -88,6 +89,14 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         self._hooked: dict[int, tuple] = {}  # id(module) -> (weakref to it, its two hook handles)
         self._param_names: dict[int, str] = {}
         self._pushed: list[tuple] = []  # (module,) whose call pushed composed checkpoint-recompute hooks
+        # the writer of an in-place write (writes.py): a torch-function mode on armed steps, pushed at the
+        # first eager module call (never inside a compiled forward: Dynamo guards on the mode stack)
+        self._watch = WriteWatch(self._seen_write, self._watch_failed)
+        self._slot, self._bw_slot = ModeSlot(self._watch), ModeSlot(self._watch)
+        self._bw_pushed: list = []  # modules whose forward in backward() (a recompute) pushed the mode
+        self.faults: list[str] = []  # optcheck's own errors inside the step (reported in not_checked)
+        self._replaying = False  # the armed re-run of an unarmed step's forward (replay.py)
+        self._init_replay()
         self.rescans = 0
         self._scan()
         # a sub-module assigned later (``ff[1] = Gate()``, ``m.blocks = Wrapper(m.blocks)``) marks the
@@ -107,7 +116,13 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
     @property
     def not_checked(self) -> list[str]:
         """What these probes do not check on this model (empty for an eager model)."""
-        return list(NOT_CHECKED_UNDER_COMPILE) if self.compiled else []
+        return (list(NOT_CHECKED_UNDER_COMPILE) if self.compiled else []) + self.faults
+
+    def _watch_failed(self, e: BaseException) -> None:
+        """The write log raised (optcheck's own error): said once, the step goes on."""
+        note = f"in-place write log failed ({type(e).__name__}: {str(e)[:120]}); writers may be unnamed"
+        if note not in self.faults:
+            self.faults.append(note)
 
     def _scan(self) -> None:
         """(Re)build module and parameter names from the model as it is now, hook
@@ -149,6 +164,8 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         self._forget_cuts()
         self._in_backward = False
         self._reported: set[int] = set()  # ids of saved tensors already reported this step
+        self._writes: dict[int, list] = {}  # storage address -> in-place writes the mode saw (inplace.py)
+        self._pending = None  # (message, event) of a write seen inside the mode: stopped at the next hook
         self._release()
 
     def _release(self) -> None:
@@ -167,13 +184,18 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         self._entering = None
         self._cur_post, self._leaving = -1, None
 
-    @contextlib.contextmanager
-    def step_context(self, step: int):
+    def step_context(self, step: int) -> "_StepContext":
         """Wrap forward and backward of training step ``step`` (1-based). After
-        :meth:`remove` it does nothing (PyTorch's own version check applies again)."""
+        :meth:`remove` it does nothing (PyTorch's own version check applies again).
+        (A plain object, not a ``contextlib.contextmanager`` generator: entered and left
+        once per training step, issue 34.)"""
+        return _StepContext(self, step)
+
+    def _enter_step(self, step: int):
+        """:meth:`step_context`'s entry: decide arming; the saved-tensor hooks' context
+        when armed (entered here), else None."""
         if self._removed:
-            yield self
-            return
+            return None
         if self._step and self._step != step and self._ended != self._step:
             self.end_step(self._step)  # the watched optimizer did not step (or another one is stepping)
         self._step = step
@@ -183,18 +205,24 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         self._reset_step()
         self._active = self._fresh = self.armed
         self._in_ctx = True
+        if not self.armed:  # no hook: PyTorch's own version check is on (backward_failed reads its error)
+            return None
+        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack)
         try:
-            if self.armed:
-                with torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack):
-                    yield self
-            else:  # no hook: PyTorch's own version check is on (backward_failed reads its error)
-                yield self
-        finally:
-            self._in_ctx = False
-            self._disarm_late()
-            self._active = self._fresh = False
-            self._release()
+            hooks.__enter__()
+        except BaseException:
+            self._exit_step()
+            raise
+        return hooks
 
+    def _exit_step(self) -> None:
+        self._in_ctx = False
+        self._slot.pop()
+        self._disarm_late()
+        self._active = self._fresh = False
+        self._release()
+
+    @unmoded
     def _pre(self, module, args):
         if torch.compiler.is_compiling():
             # under torch.compile the hooks are traced: returning at once keeps them out of the graph
@@ -210,6 +238,16 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         name = self._names.get(id(module))
         if name is None:  # a copy of a watched module (copy.deepcopy(model) copies its hooks)
             return None
+        if self._pending is not None:
+            self._raise_pending(_tensors(args))
+        if graph_task_id() == -1:
+            if not self._slot.on:
+                self._slot.push()  # the first eager module call of an armed step (see __init__)
+        elif not self._bw_slot.on:
+            # in backward() (a checkpoint's recompute): Tensor.backward's dispatch took the mode off for
+            # the call's length; on again for this module's forward (writes.py)
+            self._bw_slot.push()
+            self._bw_pushed.append(module)
         if len(module._modules) != self._nchild.get(id(module)):
             # children added or removed without a registration hook (Sequential.insert and
             # ModuleList.insert write ``_modules`` directly): re-scan before they run
@@ -243,9 +281,13 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
                 self._detached_input(idx, src[0] if src else None)
         return None
 
+    @unmoded
     def _post(self, module, args, out):
         if torch.compiler.is_compiling():
             return None
+        if self._bw_pushed and self._bw_pushed[-1] is module:
+            self._bw_pushed.pop()
+            self._bw_slot.pop_here()
         if self._pushed and self._pushed[-1][0] is module:
             self._pushed.pop()
             torch._C._autograd._pop_saved_tensors_default_hooks()
@@ -264,6 +306,8 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
             self._check_versions("post-hook")
         self._cur = self._stack[-1] if self._stack else -1
         self._last = ("post", idx)
+        if self._pending is not None:
+            self._raise_pending(_float_tensors(out))
         has_float, rg = _float_outputs(out)
         if rg:
             if isinstance(out, torch.Tensor):
@@ -283,6 +327,7 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
                 self._eval_ptrs.update((ptr, idx) for ptr in map(_storage_ptr, outs) if ptr)
         return None
 
+    @unmoded
     def check_loss(self, loss: torch.Tensor, step: int) -> None:
         """Before ``loss.backward()``: in-place writes since the last module
         boundary, a loss without ``grad_fn`` (raises ``StepStopped``; a leaf loss
@@ -294,7 +339,12 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         if not self.armed and not self._removed:
             self._watch_foreign_hooks()
         if self._active:
+            if self._pending is not None:
+                self._raise_pending((loss,))
             self._check_versions("check_loss (after the model's forward, before backward)")
+            # backward starts: the mode off until the next forward (a recompute puts it back per module)
+            # so the rest of the step — optcheck's own bookkeeping, clipping, the step — runs without it
+            self._slot.pop()
             self._last = ("loss", -1)
             self._in_backward = True
             roots = self._roots
@@ -307,17 +357,22 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         self._check_loss_graph(loss)
         self._check_loss_finite(loss, step)
 
+    @unmoded
     def after_backward(self, step: int) -> None:
         """After ``loss.backward()``: confirm partial graph cuts (optimizer
         parameters at or before a cut got no gradient). The gradients' NaN/Inf check runs
         once per step, at the optimizer's step pre-hook (:meth:`_before_step`)."""
         self._in_backward = False
+        self._forget_passes()  # the passes of this backward are done (replay.py)
         trainable = self._trainable()
         self._after_backward_grads()
         self._judge_at_backward(trainable)
 
+    @unmoded
     def _before_step(self, optimizer, args, kwargs) -> None:
-        """The watched optimizer is about to step: the gradients' NaN/Inf check on the device."""
+        """The watched optimizer is about to step: the write log's mode off (the step's own in-place
+        writes are no hazard), and the gradients' NaN/Inf check on the device."""
+        self._slot.pop()
         if self._removed or not self.grad_check_every or torch.compiler.is_compiling():
             return
         self._check_grads_finite(self._trainable(), self._step)
@@ -333,6 +388,7 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
             self._trainable_key = key
         return [np for np in self._trainable_all if np[1].requires_grad]
 
+    @unmoded
     def _after_step(self, optimizer, args, kwargs) -> None:
         """The watched optimizer stepped: judge cuts fed to it (graph_cut), then the step's
         gradient arrival (arming.py), and count the step."""
@@ -340,6 +396,16 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         if torch.compiler.is_compiling() or self._removed:
             return
         self.end_step(self._step)
+        self._count_step()
+
+    def step_ended(self, step: int) -> None:
+        """A training step taken inside backward ended (``optcheck/pytorch/in_backward.py``):
+        judge its gradient arrival and count it, as after the watched optimizer's step. No
+        judgment of no-grad forwards fed to it (:meth:`_after_step`): the gradients were
+        released inside backward, so ``.grad`` being None says nothing."""
+        if torch.compiler.is_compiling() or self._removed:
+            return
+        self.end_step(step)
         self._count_step()
 
     def _stop(self, msg: str, event: dict, cause: BaseException | None = None) -> None:
@@ -374,7 +440,11 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         still pending are read first (a snapshot reads them in its flush already)."""
         self.ledger.read()
         self._check_state(norms)
-        self.arm("snapshot")  # one armed step per snapshot interval: the step after it
+        n, self._drains = self._drains, self._drains + 1  # (the start snapshot is n = 0: its step is armed)
+        if n in (1, 2, 4) or (n and n % 8 == 0):
+            # the step after the 1st, 2nd, 4th and every 8th snapshot after the start: an armed step
+            # costs about two thirds of a small model's step (issue 34); a structure change arms its own
+            self.arm("snapshot")
         out = list(self._events.values())
         self._events.clear()
         self._urgent = False
@@ -395,7 +465,10 @@ class HazardProbes(ArmingPolicy, InplaceProbe, GraphCutProbe, NonleafGradProbe, 
         for h in self._handles:
             h.remove()
         self._handles = []
+        self._pass_hook.remove()
+        self._forget_passes()
         self._unhook_modules()
+        self._slot.pop()
         self._hooks_on = False
         self._remove_warning_hook()
         self._active = False
@@ -411,6 +484,33 @@ class _InertProbes:
 
     def _post(self, module, args, out):
         return None
+
+    def _log_pass(self, module, args, kwargs):
+        return None
+
+
+class _StepContext:
+    """:meth:`HazardProbes.step_context`: the step's arming decided on entry, undone on exit."""
+
+    __slots__ = ("probes", "step", "hooks", "entered")
+
+    def __init__(self, probes: "HazardProbes", step: int):
+        self.probes, self.step, self.hooks, self.entered = probes, step, None, False
+
+    def __enter__(self) -> "HazardProbes":
+        p = self.probes
+        self.hooks = p._enter_step(self.step)
+        self.entered = not p._removed
+        return p
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if self.hooks is not None:
+                self.hooks.__exit__(exc_type, exc, tb)
+        finally:
+            if self.entered:
+                self.probes._exit_step()
+        return False
 
 
 def _inert_probes() -> _InertProbes:

@@ -1,27 +1,31 @@
 """OC301: a tensor saved for backward written in place (mixin of :class:`HazardProbes`).
 
-Saved-tensor pack/unpack hooks record and compare version counters; module boundaries
-bracket the write; the write site is located in the source. See docs/hazards.md."""
+Saved-tensor pack/unpack hooks record and compare version counters; the write itself is
+seen by the ``__torch_function__`` mode of ``writes.py`` (op, frame, module, phase), and
+module boundaries, ``check_loss`` and unpack catch what it cannot see. See docs/hazards.md."""
 
 from __future__ import annotations
 
-import os
+import re
 import sys
 from typing import Any
 
 import torch
 
 from optcheck.pytorch.hazards._tensors import _VERSION, _parameter_like, _ptr, _safe, _storage_ptr
-from optcheck.pytorch.hazards.source import (_aliases, _code_of, _function_span, _inplace_candidates, _internal,
-                                             _line_text, _targets, _user_frame, _where)
+from optcheck.pytorch.hazards.source import _frame_text, _internal, _line_text, _user_frames, _where
+from optcheck.pytorch.hazards.writes import op_name, targets, unmoded
 from optcheck.wording import describe_inplace
 from optcheck.pytorch.guard import raised_by_signal_handler
 
 _top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+graph_task_id = torch._C._current_graph_task_id
+MAX_WRITES = 4096  # storages whose in-place writes are logged per step (writes.py)
 
 
-def _pytorch_inplace_message(t: torch.Tensor, saved_version: int) -> str:
-    """The text PyTorch's version check raises for ``t`` (``saved_variable.cpp``)."""
+def _pytorch_inplace_message(t: torch.Tensor, saved_version: int, made: str | None) -> str:
+    """The text PyTorch's version check raises for ``t`` (``saved_variable.cpp``); ``made``: the
+    type name of the node that made ``t`` when it was saved (PyTorch names it without ``Backward0``)."""
     try:
         tname = t.type()
     except Exception as caught:  # noqa: BLE001 - meta / exotic tensors
@@ -30,8 +34,8 @@ def _pytorch_inplace_message(t: torch.Tensor, saved_version: int) -> str:
         tname = f"torch.{t.dtype}"
     shape = ", ".join(str(s) for s in t.shape)
     which = ""
-    if t.grad_fn is not None:
-        which = f", which is output {t.output_nr} of {type(t.grad_fn).__name__},"
+    if made is not None:
+        which = f", which is output {t.output_nr} of {re.sub(r'Backward[0-9]*$', '', made)},"
     return (f"one of the variables needed for gradient computation has been modified by an inplace operation: "
             f"[{tname} [{shape}]]{which} is at version {t._version}; expected version {saved_version} instead.")
 
@@ -47,6 +51,7 @@ def _is_recompute_pack(pack) -> bool:
 class InplaceProbe:
     """In-place writes to saved tensors (OC301): the ``inplace_on_saved`` event."""
 
+    @unmoded
     def _pack(self, t: torch.Tensor):
         # hot path: runs once per tensor autograd saves (tens to thousands per step). The walk to the
         # user's frame reads one dict per frame (code object -> inside torch or optcheck), no string
@@ -65,7 +70,8 @@ class InplaceProbe:
             f = first
             code = f.f_code
         v = t._version
-        rec = (t, v, self._cur, code, f.f_lineno)
+        made = t.grad_fn  # the node that made it, as PyTorch's own error names it (not kept: a name)
+        rec = (t, v, self._cur, code, f.f_lineno, type(made).__name__ if made is not None else None)
         if self._eval_ptrs:  # the output of a no-grad pass, saved by an op: that pass feeds a graph
             p = self._eval_ptrs.get(_storage_ptr(t))
             if p is not None:
@@ -82,7 +88,10 @@ class InplaceProbe:
             self._vsum += v
         return rec
 
+    @unmoded
     def _unpack(self, rec):
+        if self._pending is not None and not self._introspecting:
+            self._raise_pending()
         t, v = rec[0], rec[1]
         if t._version != v and not self._introspecting:
             self._mutated(rec, detected_at="unpack in backward (the saved tensor was needed)")
@@ -96,13 +105,13 @@ class InplaceProbe:
             self._vsum = sum(map(_VERSION, self._live))  # allow_inplace: accept the write, report it once
 
     def _mutated(self, rec, detected_at: str) -> None:
-        t, v, call, code, line = rec
+        t, v, call, code, line, made = rec
         if id(t) in self._reported:
             if self.allow_inplace:
                 return
         self._reported.add(id(t))
         saved_where = _where(code, line)
-        written = self._locate_write(rec, detected_at)
+        written = self._writer(rec, detected_at)
         op = self._saving_op(t)
         tensor = {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
                   "type": _safe(lambda: t.type()), "grad_fn": type(t.grad_fn).__name__ if t.grad_fn else None,
@@ -112,13 +121,15 @@ class InplaceProbe:
             "saved_by": {"op": op, "module": self._calls[call] if 0 <= call < len(self._calls) else None,
                          "where": saved_where, "code": _line_text(code, line)},
             "written": written,
-            "phase": ("between forward and backward" if detected_at.startswith("unpack") else
-                      "backward (recompute)" if self._in_backward else "forward"),
+            "phase": written.get("phase") or ("between forward and backward" if detected_at.startswith("unpack")
+                                              else "backward (recompute)" if self._in_backward else "forward"),
             "stopped": not self.allow_inplace,
-            "pytorch_error": _pytorch_inplace_message(t, v),
+            "pytorch_error": _pytorch_inplace_message(t, v, made),
         }
         if self._pushed:  # saved by a non-reentrant checkpoint's recompute: PyTorch checks no version there
             detail.update(checkpoint="non-reentrant", pytorch_error=None)
+        elif self._in_backward and str(detail["phase"]).startswith("backward"):
+            detail["checkpoint"] = "reentrant"
         if _parameter_like(t):  # checked at unpack only: an optimizer step or a weight load in between
             base = t._base if t._base is not None else t
             detail["parameter"] = self._param_names.get(id(base)) or f"a parameter {list(base.shape)}"
@@ -128,86 +139,86 @@ class InplaceProbe:
         if self.allow_inplace:
             self._record(event, key=("inplace_on_saved", saved_where, written.get("where")))
             return
+        if detected_at == "write":  # inside the mode's call: stopped at the next hook (writes.py: ModeSlot)
+            self._pending = self._pending or (event, t)
+            return
         self._stop(msg, event)
 
-    def _locate_write(self, rec, detected_at: str) -> dict:
-        """Where the write happened: the module whose own code ran since the last
-        boundary at which the versions still matched, the frame running it and the
-        nearest in-place-looking line of that code (a candidate, from the source)."""
+    def _raise_pending(self, outputs=()) -> None:
+        """A write seen by the mode stops the step here, at the first hook after it; the op that
+        saved the tensor is looked up now, from the graph up to ``outputs`` (the module output
+        or inputs at this hook), when it was not found at the write."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        event, t = pending
+        saved = event["detail"]["saved_by"]
+        if saved.get("op") is None and not self._pushed:
+            self._roots.extend(o.grad_fn for o in outputs if isinstance(o, torch.Tensor) and o.grad_fn is not None)
+            saved["op"] = self._saving_op(t)
+        self._stop(f"step {event['step']}: {describe_inplace(event)}", event)
+
+    # -- the writer ------------------------------------------------------------------------
+    def _seen_write(self, func, kind, args, kwargs, frame) -> None:
+        """The mode ran an in-place call (``writes.py``): log it by the storage it wrote, then
+        compare the saved tensors' versions (a write to one of them is found right here)."""
+        ts = targets(func, kind, args, kwargs)
+        if not ts:
+            return
+        frames = _user_frames(frame, self._internal_code, stop=self._replay_code if self._replaying else None)
+        if graph_task_id() != -1:
+            phase = "backward (recompute)" if self._stack else "backward"
+        elif self._stack:
+            phase = "forward"
+        else:
+            phase = "after the forward, before backward()" if self._calls else "before the forward"
+        module = self._calls[self._cur] if self._stack and 0 <= self._cur < len(self._calls) else None
+        entry = (op_name(func, kwargs), frames, module, phase)
+        log = self._writes
+        for t in ts:
+            ptr = _storage_ptr(t)
+            if ptr and (ptr in log or len(log) < MAX_WRITES):
+                seen = log.setdefault(ptr, [])
+                if len(seen) < 8:
+                    seen.append((t._version, *entry))
+        if self._live and sum(map(_VERSION, self._live)) != self._vsum:
+            self._check_versions("write")
+
+    def _writer(self, rec, detected_at: str) -> dict:
+        """The write of ``rec``'s tensor: the first in-place call the mode logged on its storage
+        that moved its version past the saved one, or, not seen, the window it happened in."""
+        t, v = rec[0], rec[1]
+        now = t._version
+        for ver, op, frames, module, phase in self._writes.get(_storage_ptr(t), ()):
+            if v < ver <= now:
+                code, line = frames[0] if frames else (None, None)
+                return {"op": op, "where": _where(code, line), "file": code.co_filename if code else None,
+                        "code": _line_text(code, line), "stack": [_frame_text(c, n) for c, n in frames],
+                        "module": module, "phase": phase, "seen": True, "detected_at": detected_at}
+        return self._window(detected_at)
+
+    def _window(self, detected_at: str) -> dict:
+        """A write the mode did not see (an op outside torch's Python API, a tensor hook or a
+        custom Function's backward in backward(), an unarmed step): the window it ran in."""
         kind, idx = self._last
-        out: dict[str, Any] = {"detected_at": detected_at}
+        out: dict[str, Any] = {"detected_at": detected_at, "seen": False, "where": None}
         since = {"pre": lambda: f"the start of {self._calls[idx]}'s forward",
                  "post": lambda: f"the return of {self._calls[idx]}",
-                 "loss": lambda: "check_loss", "start": lambda: "the start of the step"}[kind]()
+                 "loss": lambda: "backward() starting", "start": lambda: "the start of the step"}[kind]()
         if detected_at == "pre-hook":
-            # the write ran in the caller of the module now entering (alive on the stack)
-            parent = self._calls[self._stack[-1]] if self._stack else None
-            out["module"] = parent or "(code outside the model)"
+            out["module"] = self._calls[self._stack[-1]] if self._stack else None
             out["between"] = f"{since} and the call of {self._entering}"
-            frame = _user_frame(sys._getframe(1))
-            if frame is not None:
-                self._candidate(out, frame.f_code, _function_span(frame.f_code)[0], frame.f_lineno - 1,
-                                pick_last=True, aliases=_aliases(frame, rec[0]))
-                out["frame"] = _where(frame.f_code, frame.f_lineno)
         elif detected_at == "post-hook":
-            # no boundary since `since`: the write ran in this module's own forward code
             name = self._calls[self._cur_post] if 0 <= self._cur_post < len(self._calls) else None
             out["module"] = name
             out["between"] = f"{since} and the return of {name}"
-            code = _code_of(self._leaving) if self._leaving is not None else None
-            internal = code is not None and _internal(code.co_filename)
-            if internal:
-                code = None  # torch's own module code (nn.Sequential, nn.ReLU, ...) has no user line
-            if code is not None:
-                first, last = _function_span(code)
-                start = rec[4] if rec[3] is code else first
-                if not self._candidate(out, code, start, last, pick_last=False):
-                    self._candidate(out, code, first, last, pick_last=True)
-                out["frame"] = _where(code, first)
-            elif internal and self._last == ("pre", self._cur_post) and \
-                    next(self._leaving.children(), None) is None:
-                # a torch module without children wrote, inside its own call (nn.ReLU(inplace=True)):
-                # the statement that called it
-                frame = _user_frame(sys._getframe(1))
-                if frame is not None:
-                    out["where"], out["code"] = (_where(frame.f_code, frame.f_lineno),
-                                                 _line_text(frame.f_code, frame.f_lineno))
-            if not out.get("where") and rec[3] is not None and not _internal(rec[3].co_filename):
-                # the user code that saved the tensor (a function, or a module without hooks): the
-                # write usually follows the save in the same function
-                caller = _user_frame(sys._getframe(1))
-                last = caller.f_lineno if caller is not None and caller.f_code is rec[3] else \
-                    _function_span(rec[3])[1]  # still running: not past the line running now
-                self._candidate(out, rec[3], rec[4], last, pick_last=False)
+        elif detected_at == "write":
+            out["module"] = self._calls[self._cur] if self._stack else None
+            out["between"] = f"{since} and an in-place call on another tensor"
         else:  # check_loss or unpack: after the last module boundary
             out["module"] = None
-            out["between"] = f"{since} and {detected_at.split(' ')[0]}: code outside the model's modules"
-            frame = _user_frame(sys._getframe(1))
-            if frame is not None and detected_at.startswith("check_loss"):
-                self._candidate(out, frame.f_code, _function_span(frame.f_code)[0], frame.f_lineno - 1,
-                                pick_last=True, aliases=_aliases(frame, rec[0]))
-                out["frame"] = _where(frame.f_code, frame.f_lineno)
-            if not out.get("where") and detected_at.startswith("check_loss") and rec[3] is not None \
-                    and not _internal(rec[3].co_filename):
-                # a function that returned before check_loss saved it (a loss hook): the write usually
-                # follows the save there
-                self._candidate(out, rec[3], rec[4], _function_span(rec[3])[1], pick_last=False)
+            out["between"] = f"{since} and {detected_at.split(' ')[0]}"
         return out
-
-    @staticmethod
-    def _candidate(out: dict, code, first: int, last: int, pick_last: bool = True,
-                   aliases: set[str] | None = None) -> bool:
-        """Put the last (or first) in-place-looking line of ``code`` in [first, last] into
-        ``out``; lines writing one of ``aliases`` (names of the mutated tensor) first."""
-        cands = _inplace_candidates(code.co_filename, first, last)
-        if not cands:
-            return False
-        if aliases:
-            cands = [c for c in cands if _targets(c[1]) & aliases] or cands
-        n, text = cands[-1] if pick_last else cands[0]
-        out["where"], out["code"] = f"{os.path.basename(code.co_filename)}:{n}", text
-        out["file"] = code.co_filename
-        return True
 
     def _saving_op(self, t: torch.Tensor) -> str | None:
         """Name of the autograd node that saved ``t`` (a walk of the graph from the

@@ -35,8 +35,8 @@ class NonfiniteProbe:
         if t.is_complex():
             t = t.abs()
         # a scalar loss is itself the flag (no kernel); otherwise isfinite().all() and its first value
-        flag = t.reshape(()) if t.numel() == 1 else torch.stack((torch.isfinite(t).all().to(t.dtype),
-                                                                 t.reshape(-1)[0]))
+        flag = (t if t.dim() == 0 else t.reshape(())) if t.numel() == 1 else torch.stack((
+            torch.isfinite(t).all().to(t.dtype), t.reshape(-1)[0]))
         self.ledger.add(flag, lambda v, step=step, scalar=t.numel() == 1: self._loss_read(v, step, scalar))
 
     def _loss_read(self, v: list[float], step: int, scalar: bool) -> None:
@@ -100,8 +100,8 @@ class NonfiniteProbe:
             # the user's clip_grad_norm_ total over every trainable gradient: queued like the norms
             # (read at the next snapshot or metrics batch, no host read now); a non-finite total
             # names no parameter (the per-tensor norms were not kept)
-            self.ledger.add(total.detach().reshape(1).to(torch.float64),
-                            lambda v, step=step: self._grads_read(v, step, [""]))
+            # (widened to float64 at the read, optcheck.pytorch.deferred.host_values: no kernel per step)
+            self.ledger.add(total, lambda v, step=step: self._grads_read(v, step, [""]))
             return
         self._check_grads_finite(trainable, step, force=True)
 

@@ -5,7 +5,22 @@ from __future__ import annotations
 
 import linecache
 import os
+import sys
 import warnings
+
+from optcheck.pytorch.hazards import writes
+from optcheck.pytorch.hazards.source import _internal
+
+#: the file of the write log's mode: a warning a torch call raises inside it is the caller's (writes.py)
+WATCH_FILE = writes.__file__
+
+
+def _caller_outside() -> tuple[str, int]:
+    """``(file, line)`` of the first frame outside torch, the probes and ``warnings``."""
+    f = sys._getframe(1)
+    while f is not None and (_internal(f.f_code.co_filename) or f.f_code.co_filename == warnings.__file__):
+        f = f.f_back
+    return (f.f_code.co_filename, f.f_lineno) if f is not None else (WATCH_FILE, 0)
 
 NONLEAF_WARNING = "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed"
 _NONLEAF_RE = r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed"
@@ -19,6 +34,8 @@ class NonleafGradProbe:
         probes = self
 
         def showwarning(message, category, filename, lineno, file=None, line=None):
+            if filename == WATCH_FILE:  # raised by a torch call the write log's mode ran: the caller's line
+                filename, lineno = _caller_outside()
             if issubclass(category, UserWarning) and str(message).startswith(NONLEAF_WARNING):
                 probes._nonleaf_read(filename, lineno)
                 return None

@@ -1,5 +1,5 @@
-"""Source locations for the hazard probes: the user's frame (outside torch and this
-package), ``file:line`` text, and the in-place-looking statements of a function's source."""
+"""Source locations for the hazard probes: the user's frames (outside torch and this
+package), ``file:line`` text, and a function's line span."""
 
 from __future__ import annotations
 
@@ -10,20 +10,12 @@ import sys
 
 import torch
 
-from optcheck.pytorch.hazards._tensors import _ptr
-from optcheck.pytorch.guard import raised_by_signal_handler
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PKG_DIR = os.path.dirname(__file__) + os.sep  # optcheck/pytorch/hazards/: the probes' own frames
 _OPTCHECK_DIR = os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep  # optcheck/
-# an in-place looking statement: x.add_(…), x += …, x[…] = …, out=…, inplace=True
-# an in-place looking statement: x.add_(…), x += …, x[…] = …, out=…, inplace=True
-_AUGMENTED = re.compile(r"(\+|-|\*|/|//|%|@|\*\*|&|\||\^|<<|>>)=")
-_SETITEM = re.compile(r"\]\s*=[^=]")
-_METHOD_ = re.compile(r"\.[A-Za-z]\w*_\(")
+# a statement that cuts the graph (graph_cut.py reads the lines of a module's forward)
 _CUTTING = re.compile(r"\.detach\(|\.data\b|no_grad|inference_mode|\.numpy\(|\.item\(|\.tolist\(")
-_TARGET_METHOD = re.compile(r"(\w+)(?:\[[^\]]*\])*\.[A-Za-z]\w*_\(")
-_TARGET_ASSIGN = re.compile(r"(\w+)(?:\[[^\]]*\])*\s*(?:\+|-|\*|/|//|%|@|\*\*|&|\||\^|<<|>>)?=[^=]")
 
 
 def _where(code, lineno) -> str | None:
@@ -43,52 +35,28 @@ def _user_frame(f):
     return f
 
 
-def _inplace_candidates(filename: str, first: int, last: int) -> list[tuple[int, str]]:
-    """Lines in ``[first, last]`` of ``filename`` that look like in-place writes
-    (``x.op_(…)``, ``x op= …``, ``x[…] = …``, ``inplace=True``, ``out=``)."""
+def _user_frames(f, internal_code: dict, n: int = 4, stop=None) -> list[tuple]:
+    """``(code, line)`` of the first ``n`` frames outside torch and this package, walking
+    outwards from ``f`` (the innermost is the call that ran the op) and not past a frame
+    running ``stop`` (a code object). ``internal_code`` caches code object -> internal, so the
+    walk does no string work for a code object seen before."""
     out = []
-    for n in range(max(1, first), last + 1):
-        text = linecache.getline(filename, n).strip()
-        if not text or text.startswith("#"):
-            continue
-        code = text.split("#", 1)[0]
-        if (_METHOD_.search(code) and not re.search(r"\.(requires_grad|retain_grad|register\w*)_\(", code)) \
-                or _AUGMENTED.search(code) or _SETITEM.search(code) \
-                or re.search(r"\binplace\s*=\s*True|\bout\s*=", code):
-            out.append((n, text))
+    while f is not None and len(out) < n:
+        code = f.f_code
+        if code is stop:
+            break
+        internal = internal_code.get(code)
+        if internal is None:
+            internal = internal_code[code] = _internal(code.co_filename)
+        if not internal:
+            out.append((code, f.f_lineno))
+        f = f.f_back
     return out
 
 
-def _targets(text: str) -> set[str]:
-    """Names written in place by a source line (``a.add_(``, ``a += ``, ``a[i] = ``)."""
-    names = set(_TARGET_METHOD.findall(text))
-    if _AUGMENTED.search(text) or _SETITEM.search(text):
-        names |= set(_TARGET_ASSIGN.findall(text))
-    return names
-
-
-def _aliases(frame, t: torch.Tensor) -> set[str]:
-    """Local names of ``frame`` bound to tensors sharing ``t``'s storage (rare path)."""
-    try:
-        ptr = t.untyped_storage().data_ptr()
-    except Exception as caught:  # noqa: BLE001
-        if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
-            raise
-        return set()
-    out = set()
-    for name, val in frame.f_locals.items():
-        if isinstance(val, torch.Tensor):
-            try:
-                if val.untyped_storage().data_ptr() == ptr:
-                    out.add(name)
-            except Exception as caught:  # noqa: BLE001
-                if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
-                    raise
-        elif isinstance(val, (tuple, list)) and len(val) < 16:
-            for v in val:
-                if isinstance(v, torch.Tensor) and _ptr(v) and v.untyped_storage().data_ptr() == ptr:
-                    out.add(name)
-    return out
+def _frame_text(code, line) -> str:
+    """``file:line in function`` of one frame."""
+    return f"{os.path.basename(code.co_filename)}:{line} in {code.co_name}"
 
 
 def _code_of(module: torch.nn.Module):
