@@ -138,6 +138,7 @@ class Loop:
         self.metrics: dict[str, list] = {"steps": [], "losses": [], "step_times_s": []}
         self.val_pending: list = []  # held-out losses as the backend returned them (read at the flush)
         self.last_flush_t = time.perf_counter()
+        self.block_step_s = 0.0  # the mean step time of the last block (Backend.train_block)
         self.step = 0
         self.timer = StepTimer(self.seq)  # optcheck's own work per step, step times, CPU time per block
         self.step_cost = self.timer.cost  # (summary cost.steps)
@@ -297,10 +298,12 @@ class Loop:
         exception propagates with the steps before it recorded and :attr:`step` set to it. Returns (the last
         step done, the supervisor's reason to stop at it or None)."""
         be, cfg = self.backend, self.cfg
+        budget = max(0.0, min(BLOCK_MAX_S, METRICS_FLUSH_S - (time.perf_counter() - self.last_flush_t)))
         count = last - first + 1
+        if self.block_step_s > 0:  # no more batches than the budget will let run (real TorchSharp: ~20 ms a step)
+            count = max(1, min(count, int(budget / self.block_step_s) + 1))
         xs, ys = be.block_inputs(count, cfg.data.batch_size, cfg.model.block_size)
         sched.fill(corpus.train, first, xs, ys)
-        budget = max(0.0, min(BLOCK_MAX_S, METRICS_FLUSH_S - (time.perf_counter() - self.last_flush_t)))
         ref = self.seq.reference
         try:
             with self.stream.held():
@@ -331,6 +334,7 @@ class Loop:
             m["steps"].extend(range(first, first + done))
             m["losses"].extend(losses)
             m["step_times_s"].extend(round(v, 6) for v in seconds)
+            self.block_step_s = sum(seconds) / done
 
     def in_step_snapshot(self, step: int) -> str | None:
         """When the backend's in-step check found something inside step ``step`` (TorchSharp: the

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import os
 import platform
 import weakref
 from itertools import chain
@@ -65,7 +66,9 @@ def versions() -> dict[str, str]:
     upgrade run can be compared with the last good one)."""
     import numpy
 
-    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__}
+    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__,
+            # the libtorch folder, so that a TorchSharp run over the same one is known to share its native library
+            "libtorch_lib": os.path.join(os.path.dirname(torch.__file__), "lib")}
 
 
 class _Layout:

@@ -62,7 +62,7 @@ from optcheck.errors import InputError
 from optcheck.drivers.protocol import Stream
 from optcheck.drivers.worker_loop import run
 from optcheck.run.backend import Backend
-from optcheck.torchsharp_bridge import native, runtime
+from optcheck.torchsharp_bridge import libtorch, native, runtime
 from optcheck.torchsharp_bridge.convert import body_from_json, name_members
 
 DEFAULT_TRAINER = "OptCheck.Worker.GptTrainer"
@@ -131,9 +131,7 @@ class TorchSharpBackend(Backend):
                              f"coreclr, the default")
         # TorchSharp's type initializer hides the loader's reason behind a TypeInitializationException:
         # load its native library first, and say what is missing (docs/torchsharp.md, "The native library")
-        _lib, problem = native.check_folder(Path(asm_path).expanduser().resolve().parent)
-        if problem:
-            raise InputError(problem)
+        libtorch.load_native(Path(asm_path).expanduser().resolve().parent)
         self.rt = runtime.load(kind, ts.dotnet_root, config_dir=cfg.run.work_dir or None)
         assembly = runtime.load_assembly(asm_path)
         from System import IntPtr
@@ -163,6 +161,12 @@ class TorchSharpBackend(Backend):
             k, _, v = str(pair).partition("=")
             if k and k not in ("dotnet", "dotnet_runtime", "python", "pythonnet"):
                 self._versions[k] = v
+        # TorchSharp's torch.__version__ names the libtorch its package pairs with, not the one loaded
+        actual = libtorch.loaded_versions()
+        declared = self._versions.get("libtorch")
+        self._versions.update(actual)
+        if declared and actual.get("libtorch", declared) != declared:
+            self._versions["torchsharp_libtorch"] = declared
 
     @staticmethod
     def _setup_error(e: BaseException, asm_path: str, trainer: str) -> InputError:
