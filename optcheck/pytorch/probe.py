@@ -479,7 +479,7 @@ def memory(state_bytes: int, census: bool = True, model: torch.nn.Module | None 
 
 def snapshot_body(model: torch.nn.Module, optimizer: torch.optim.Optimizer, census: bool = True,
                   norms: Norms | None = None) -> dict:
-    """The backend part of a schema-1 snapshot (see ``optcheck.run.snapshot``):
+    """The backend part of a schema-1 snapshot (see ``optcheck.record.snapshot``):
     params, groups, state, optimizer, memory, notes. The caller adds step, phase,
     trigger, loss, events and versions. ``norms`` (an empty :class:`Norms`): also read
     the optimizer state in the same pass as values and gradients, and hand every norm

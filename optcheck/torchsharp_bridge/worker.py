@@ -58,10 +58,12 @@ import numpy as np
 from optcheck.config import SoakConfig
 from optcheck.data import Corpus
 from optcheck.errors import InputError
+# (upward: this module is the TorchSharp worker process's entry point, itself a driver: it runs the soak loop)
 from optcheck.drivers.protocol import Stream
+from optcheck.drivers.worker_loop import run
+from optcheck.run.backend import Backend
 from optcheck.torchsharp_bridge import libtorch, native, runtime
 from optcheck.torchsharp_bridge.convert import body_from_json, name_members
-from optcheck.drivers.worker_loop import run
 
 DEFAULT_TRAINER = "OptCheck.Worker.GptTrainer"
 #: Most steps in one ``Driver.StepBlock`` call (the loop's metrics batch; a block also ends at the next snapshot,
@@ -84,8 +86,8 @@ def setup_config(cfg: SoakConfig, corpus: Corpus) -> str:
     return json.dumps(doc, default=str)
 
 
-class TorchSharpBackend:
-    """:class:`optcheck.drivers.worker_loop.Backend` over a .NET trainer driven through pythonnet."""
+class TorchSharpBackend(Backend):
+    """:class:`optcheck.run.backend.Backend` over a .NET trainer driven through pythonnet."""
 
     name = "torchsharp"
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from optcheck.run.backend import Backend
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 from test_bridge_worker import config, dll, need, soak  # noqa: E402,F401  (dll: the module fixture)
@@ -87,8 +89,8 @@ def test_a_hung_step_mid_block_is_killed_by_the_step_timeout(dll, tmp_path):  # 
     assert steps == list(range(1, len(steps) + 1)) and len(steps) < 150  # nothing past the hung step
 
 
-class _BlockBackend:
-    """A backend with blocks and no .NET: each block does all its steps, and the one that reaches step
+class _BlockBackend(Backend):
+    """A backend with blocks and no .NET (the optional methods it lacks are the base's no-ops): each block does all its steps, and the one that reaches step
     ``term_at`` sends this process SIGTERM from inside it (as if it arrived while .NET was stepping)."""
 
     name = "fake"

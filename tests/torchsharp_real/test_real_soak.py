@@ -23,7 +23,8 @@ import pytest
 
 from conftest import run_clis
 from optcheck.run import exitcodes
-from optcheck.run.snapshot import read_jsonl, read_snapshots
+from optcheck.record.check import read_snapshots
+from optcheck.record.snapshot import read_jsonl
 from realts import SMALL, real_ts  # noqa: F401  (real_ts: the session fixture)
 
 pytestmark = pytest.mark.torchsharp_real

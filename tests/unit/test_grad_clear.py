@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 from optcheck.engine import check_stream  # noqa: E402
 from optcheck.pytorch import probe  # noqa: E402
 from optcheck.pytorch.grad_clear import GradClearProbe  # noqa: E402
-from optcheck.run.snapshot import SCHEMA  # noqa: E402
+from optcheck.record.snapshot import SCHEMA  # noqa: E402
 
 
 def _loop(style: str, steps: int = 12):

@@ -15,7 +15,7 @@ from hypothesis import strategies as st  # noqa: E402
 import optcheck  # noqa: E402
 from optcheck.pytorch import probe, state_read  # noqa: E402
 from optcheck.drivers.monitor import FindingError  # noqa: E402
-from optcheck.run.snapshot import validate  # noqa: E402
+from optcheck.record.snapshot import validate  # noqa: E402
 
 
 class Quantized(torch.Tensor):
