@@ -108,6 +108,7 @@ class GradClearProbe:
         self._arrived: list[int] = []  # indices accumulated into between the last two steps (arrived_ids)
         self._handles = []
         self._small_handle = None
+        self._small_i = self._large_i = self._small = None  # none watched yet (FSDP2: every member a DTensor)
         self._in_bwd = False  # steps are taken inside backward: the Monitor ends them (step_ended)
         # (small .grad, its version, large .grad, its version, clip total or None) as the last backward
         # pass left them (or clip_grad_norm_ after it): OC207's check without a kernel when untouched since
@@ -196,6 +197,8 @@ class GradClearProbe:
                 if a is not None and (a is not gb[i] or a._version != vb[i]):
                     fresh[i] = ps[i]
                     reached = True
+        if not ps:  # nothing watched (every member a DTensor, or lazy still): reached is unknown
+            return None
         gs, gl = ga[self._small_i], ga[self._large_i]
         if gs is not None and gl is not None:
             self._seen = (gs, gs._version, gl, gl._version, None)
