@@ -33,6 +33,10 @@ SERIAL_GROUPS = {"torchrun": ("tests/distributed/test_distributed_monitor.py",
                               "tests/distributed/test_distributed_lifetime.py",
                               "tests/distributed/test_next_failure_ranks.py")}
 
+# an internal error in a Monitor hook fails the test (and every process a test starts) instead of
+# becoming a note that only says the hook's checks were skipped (optcheck/pytorch/guard.py)
+os.environ.setdefault("OPTCHECK_RAISE_INTERNAL", "1")
+
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if _WORKER and "OPTCHECK_TESTLOOP_CACHE" not in os.environ:
     # the .NET test loop is built per source hash; each worker compiles into its own folder
