@@ -12,6 +12,7 @@ MB of lines with one ``json.loads`` call. Together they make ``compare`` of a
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Iterator
 
@@ -255,6 +256,16 @@ def read_jsonl_chunks(path: str | os.PathLike, defects: list[StreamDefect] | Non
 #: The largest integer a record may hold: a JSON number beyond int64 is no count, byte size or step
 #: optcheck writes, and it cannot be turned into a float (10^400: OverflowError).
 MAX_INT = 2**63 - 1
+
+
+def step_number(value) -> int | None:
+    """``value`` as an optimizer step number (an int, or a whole float, in 0..2**63-1,
+    :data:`MAX_INT`), else None (bool, NaN, 2**63, a string)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    return value if isinstance(value, int) and 0 <= value <= MAX_INT else None
 
 
 def out_of_range(obj, path: str = "") -> str | None:

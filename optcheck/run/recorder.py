@@ -18,6 +18,9 @@ worker) or is kept in :attr:`RunRecorder.record_error`, later writes dropped (``
 a Monitor never raises into ``optimizer.step()``); the run ends ``record-failed``, exit 4.
 A non-finite training loss in the metrics is OC501's finding at its step, even between
 two snapshots.
+
+Over 400 lines: the one writer and counter for one process and for a run of ranks (their
+fold), kept together so that both count and decide status the same way.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Callable
 from optcheck.engine import RuleEngine
 from optcheck.errors import RecordError
 from optcheck.findings import Finding, lead_time, severity_rank
-from optcheck.record.check import MAX_INT
+from optcheck.record.check import step_number
 from optcheck.record.summary import Summary, utc_now
 from optcheck.run import exitcodes
 from optcheck.run.checker import Checker
@@ -40,16 +43,6 @@ from optcheck.run.sequencer import Cost, cost_dict
 
 #: The rule that owns non-finite values (a NaN/inf loss in the metrics is its finding).
 NONFINITE_RULE = "OC501"
-
-
-def step_number(value) -> int | None:
-    """``value`` as an optimizer step number (an int, or a whole float, in 0..2**63-1,
-    :data:`optcheck.record.check.MAX_INT`), else None (bool, NaN, 2**63, a string)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        value = int(value)
-    return value if isinstance(value, int) and 0 <= value <= MAX_INT else None
 
 
 class RunRecorder:
