@@ -41,7 +41,10 @@ CONFIGS = {"plain": None, "auto": {"hazards": "auto"}, "off": {"hazards": False}
 SEQ, BATCH, WIDTH, LAYERS, HEADS = 32, 8, 64, 2, 4
 
 
-def child(config: str, steps: int, every: int, out: str) -> dict:
+def child(config: str, steps: int, every: int, out: str, marks=None, calibrate: bool = False) -> dict:
+    """One configuration's run (see the module docstring); under callgrind (``marks``, a
+    ``callgrind.Marks``) the counts are dumped after the calibration ("calibrate"), after
+    ``Monitor()`` ("ctor") and after the loop ("loop")."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -92,6 +95,17 @@ def child(config: str, steps: int, every: int, out: str) -> dict:
     for _ in range(20):
         step()
     mon, ctor_cpu, ctor_wall, import_cpu = None, 0.0, 0.0, 0.0
+    if marks is None and IN_CALLGRIND:
+        import callgrind
+
+        marks = callgrind.Marks()
+    if CONFIGS[config] is not None:  # (imported before counting starts)
+        import optcheck  # noqa: F401
+    if marks is not None:
+        marks.start()
+        if calibrate:
+            marks.calibrate(CALIBRATE)
+        marks.dump("calibrate")
     if CONFIGS[config] is not None:
         c0 = time.process_time()
         import optcheck
@@ -101,6 +115,8 @@ def child(config: str, steps: int, every: int, out: str) -> dict:
         c0, t0 = time.process_time(), time.perf_counter()
         mon = Monitor(model, opt, every=every, out=out, on_finding="ignore", ignore_config=False, **CONFIGS[config])
         ctor_cpu, ctor_wall = time.process_time() - c0, time.perf_counter() - t0
+    if marks is not None:
+        marks.dump("ctor")
     prof = None
     if os.environ.get("BENCH_PROFILE"):  # cProfile of the timed loop into that file (not for timings)
         import cProfile
@@ -109,13 +125,10 @@ def child(config: str, steps: int, every: int, out: str) -> dict:
         prof.enable()
     c0, t0 = time.process_time(), time.perf_counter()
     for _ in range(steps):
-        if _ON_STEP is None:
-            loss = step()
-        else:
-            t = time.thread_time_ns()
-            loss = step()
-            _ON_STEP(time.thread_time_ns() - t, mon)
+        loss = step() if _ON_STEP is None else _ON_STEP(step, mon)
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    if marks is not None:
+        marks.dump("loop")
     if prof is not None:
         prof.disable()
         prof.dump_stats(os.environ["BENCH_PROFILE"])
@@ -129,70 +142,133 @@ def child(config: str, steps: int, every: int, out: str) -> dict:
     return res
 
 
-def components(config: str, steps: int, every: int) -> None:
-    """Each piece's CPU time per call inside the running loop (``time.thread_time_ns``
-    around it: cache effects included), median over the steps; the snapshots (median
-    each, amortised at ``every``); armed steps against unarmed ones (median step each)."""
-    import torch
+# (label, class path, method, parent label or None): the pieces of the Monitor's per-step work
+# timed one by one (their parents include them)
+PIECES = (
+    ("before_backward", "optcheck.drivers.monitor:Monitor", "before_backward", None),
+    ("  hazards.check_loss", "optcheck.pytorch.hazards:HazardProbes", "check_loss", "before_backward"),
+    ("  grad_clear.before_backward", "optcheck.pytorch.grad_clear:GradClearProbe", "before_backward",
+     "before_backward"),
+    ("after_backward", "optcheck.drivers.monitor:Monitor", "after_backward", None),
+    ("  grad_clear.after_backward", "optcheck.pytorch.grad_clear:GradClearProbe", "after_backward",
+     "after_backward"),
+    ("  hazards.after_backward", "optcheck.pytorch.hazards:HazardProbes", "after_backward", "after_backward"),
+    ("ClipNorm.record (clip total kept; OC207's shortcut)", "optcheck.pytorch.monitor_hooks:ClipNorm", "record",
+     None),
+    ("Monitor._pre_step", "optcheck.drivers.monitor:Monitor", "_pre_step", None),
+    ("  hazards.check_grads_before_step (OC501)", "optcheck.pytorch.hazards:HazardProbes",
+     "check_grads_before_step", "Monitor._pre_step"),
+    ("  Sequencer.pre_step (identity fingerprint)", "optcheck.run.sequencer:Sequencer", "pre_step",
+     "Monitor._pre_step"),
+    ("GradClearProbe._before_step (OC207)", "optcheck.pytorch.grad_clear:GradClearProbe", "_before_step", None),
+    ("HazardProbes._before_step", "optcheck.pytorch.hazards:HazardProbes", "_before_step", None),
+    ("HazardProbes._after_step (arrival judged, step counted)", "optcheck.pytorch.hazards:HazardProbes",
+     "_after_step", None),
+    ("GradClearProbe._after_step (OC204, OC208)", "optcheck.pytorch.grad_clear:GradClearProbe", "_after_step",
+     None),
+    ("Monitor._post_step (step end; snapshots left out)", "optcheck.drivers.monitor:Monitor", "_post_step", None),
+    ("  step context entered (arming decided)", "optcheck.pytorch.hazards.hooks:_StepContext", "__enter__",
+     "Monitor._post_step (step end; snapshots left out)"),
+    ("  step context left", "optcheck.pytorch.hazards.hooks:_StepContext", "__exit__",
+     "Monitor._post_step (step end; snapshots left out)"),
+    ("replay pass log (the model's forward pre-hook)", "optcheck.pytorch.hazards.replay:ForwardReplay",
+     "_log_pass", None),
+    ("snapshot", "optcheck.run.sequencer:Sequencer", "take", None),
+)
+CALIBRATE, ARMED, UNARMED = 29, 30, 31  # callgrind slots: the empty callable, armed and unarmed steps
 
+
+def _resolve(path: str):
+    import importlib
+
+    mod, _, name = path.partition(":")
+    return getattr(importlib.import_module(mod), name)
+
+
+def components(config: str, steps: int, every: int, instructions: bool = False) -> None:
+    """Each piece's cost per call inside the running loop, summed per step: CPU time
+    (``time.thread_time_ns`` around it: cache effects and the timer's own ~1 µs per read
+    included; median per call), or with ``instructions`` callgrind's instruction count
+    (run under valgrind by :func:`components_instructions`). Snapshots apart (one per
+    ``every`` steps, the start snapshot left out); armed steps against unarmed ones."""
     import optcheck
     from optcheck.run import sequencer
 
+    marks = None
+    if instructions:
+        import callgrind
+
+        marks = callgrind.Marks()
     times: dict[str, list[int]] = {}
+    slot_of = {label: k for k, (label, *_rest) in enumerate(PIECES)}
 
     def timed(fn, label):
-        def wrapper(*a, **k):
+        if marks is not None:
+            k = slot_of[label]
+
+            def wrapper(*a, **kw):
+                return marks.slot(k, fn, *a, **kw)
+            return wrapper
+
+        def wrapper(*a, **kw):
             t = time.thread_time_ns()
             try:
-                return fn(*a, **k)
+                return fn(*a, **kw)
             finally:
                 times.setdefault(label, []).append(time.thread_time_ns() - t)
         return wrapper
 
-    from optcheck.drivers.monitor import Monitor
-    from optcheck.pytorch.grad_clear import GradClearProbe
-    from optcheck.pytorch.hazards import HazardProbes
-    from optcheck.pytorch.monitor_hooks import ClipNorm
-
-    real_monitor = optcheck.Monitor
     saved = []
-    for cls, name, label in ((Monitor, "before_backward", "Monitor.before_backward (loss, hazards' loss check, arrival)"),
-                             (Monitor, "after_backward", "Monitor.after_backward (arrival, hazards' judgment)"),
-                             (Monitor, "_pre_step", "Monitor._pre_step (identity check; gradients' NaN/Inf)"),
-                             (Monitor, "_post_step", "Monitor._post_step (step end, step context; no snapshot)"),
-                             (GradClearProbe, "_before_step", "GradClearProbe._before_step (OC207)"),
-                             (GradClearProbe, "_after_step", "GradClearProbe._after_step (OC204, OC208)"),
-                             (HazardProbes, "_before_step", "HazardProbes._before_step"),
-                             (HazardProbes, "_after_step", "HazardProbes._after_step (arrival judged)"),
-                             (ClipNorm, "record", "ClipNorm.record (the clip total kept)")):
-        saved.append((cls, name, cls.__dict__[name]))
-        setattr(cls, name, timed(cls.__dict__[name], label))
-
-    take = sequencer.Sequencer.take
-    sequencer.Sequencer.take = timed(take, "snapshot")
+    if config != "plain":
+        for label, cls_path, name, _parent in PIECES:
+            cls = next(c for c in _resolve(cls_path).__mro__ if name in c.__dict__)  # where it is defined
+            fn = cls.__dict__[name]
+            if isinstance(fn, staticmethod):
+                fn = fn.__func__
+            saved.append((cls, name, fn))
+            setattr(cls, name, timed(fn, label))
     per_step: list[int] = []
     armed: list[bool] = []
     global _ON_STEP
-    _ON_STEP = lambda ns, mon: (per_step.append(ns), armed.append(bool(getattr(mon.hazards, "armed", False))))
+    if marks is not None:
+        def on_step(step, mon):
+            a = bool(getattr(getattr(mon, "hazards", None), "armed", False))
+            armed.append(a)
+            return marks.slot(ARMED if a else UNARMED, step)
+        _ON_STEP = on_step
+    else:
+        def on_step(step, mon):
+            a = bool(getattr(getattr(mon, "hazards", None), "armed", False))
+            t = time.thread_time_ns()
+            loss = step()
+            per_step.append(time.thread_time_ns() - t)
+            armed.append(a)
+            return loss
+        _ON_STEP = on_step
     try:
-        child(config, steps, every, None)
+        res = child(config, steps, every, None, marks=marks, calibrate=marks is not None)
+        if marks is not None:
+            res["calls"] = marks.calls
     finally:
-        optcheck.Monitor, sequencer.Sequencer.take = real_monitor, take
         for cls, name, fn in saved:
             setattr(cls, name, fn)
+    if marks is not None:  # the parent reads the counts from the dumps
+        print(json.dumps({"armed": sum(armed), "steps": len(armed), **res}))
+        return
     print(f"{config}: {steps} steps, every={every}, 1 thread, load {os.getloadavg()[0]:.2f}")
     total = 0.0
     for label, ts in times.items():
         if label == "snapshot":
             continue
         us = statistics.median(ts) / 1e3 * len(ts) / steps
-        total += us
-        print(f"  {label:84s} {us:7.1f} µs/step")
+        parent = next(p for lb, _c, _n, p in PIECES if lb == label)
+        total += us if parent is None else 0.0
+        print(f"  {label:70s} {us:7.1f} µs/step")
     snaps = times.get("snapshot", [])[1:]  # (the first is Monitor()'s start snapshot)
     if snaps:
         us = statistics.median(snaps) / 1e3 / every
         total += us
-        print(f"  {'snapshots: median ' + f'{statistics.median(snaps) / 1e6:.2f} ms, one per every steps':84s} "
+        print(f"  {'snapshots: median ' + f'{statistics.median(snaps) / 1e6:.2f} ms, one per every steps':70s} "
               f"{us:7.1f} µs/step")
     on = [t for t, a in zip(per_step, armed) if a]
     off = [t for t, a in zip(per_step, armed) if not a]
@@ -200,12 +276,119 @@ def components(config: str, steps: int, every: int) -> None:
         extra = (statistics.median(on) - statistics.median(off)) / 1e3
         us = extra * len(on) / len(per_step)
         total += us
-        print(f"  {f'armed steps: {len(on)} of {len(per_step)}, each {extra:.0f} µs over an unarmed one':84s} "
+        print(f"  {f'armed steps: {len(on)} of {len(per_step)}, each {extra:.0f} µs over an unarmed one':70s} "
               f"{us:7.1f} µs/step")
-    print(f"  {'total':84s} {total:7.1f} µs/step; unarmed step median {statistics.median(off or per_step) / 1e3:.0f} µs")
+    print(f"  {'total (top-level rows)':70s} {total:7.1f} µs/step; unarmed step median "
+          f"{statistics.median(off or per_step) / 1e3:.0f} µs")
+
+
+def components_instructions(config: str, steps: int, every: int, baseline_tree: str | None) -> None:
+    """:func:`components` with instruction counts: this loop and the plain one, each once
+    under callgrind; what no piece covers (the backward wrapper and the step hooks'
+    dispatch, module hooks of armed steps, PyTorch's slower path for hooked calls) is
+    the difference left over."""
+    import tempfile
+
+    import callgrind
+
+    env = dict(os.environ)
+    if baseline_tree:
+        env["PYTHONPATH"] = str(Path(baseline_tree).resolve())
+    res = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for c in ("plain", config):
+            d = str(Path(tmp) / c)
+            counts = callgrind.run([__file__, "--components", c, "--instructions", "--in-callgrind", "--steps",
+                                    str(steps), "--every", str(every)], d, env=env)
+            info = json.loads(callgrind.run.stdout.strip().splitlines()[-1])
+            files = callgrind.run.files
+            res[c] = (counts, info, callgrind.inclusive(files["loop"]), callgrind.inclusive(files["calibrate"]))
+    (pc, pinfo, pincl, _), (cc, cinfo, cincl, ccal) = res["plain"], res[config]
+    calls = cinfo["calls"]
+    over = ccal.get(CALIBRATE, 0) / max(1, calls[CALIBRATE])  # one trampoline's own instructions
+    plain_step = (pc["loop"] - over * steps) / steps
+    print(f"{config} against plain: {steps} steps, every={every}, 1 thread; instructions (callgrind Ir) per step; "
+          f"trampoline {over:.0f} instructions per call taken off; plain step {plain_step / 1e6:.2f} M")
+    snap_k = slot_of_snapshot()
+    snaps = calls[snap_k]
+    snap_ir = cincl.get(snap_k, 0) - over * snaps
+    nested = {}
+    for k, (label, _c, _n, parent) in enumerate(PIECES):
+        if parent is not None:
+            nested.setdefault(parent, []).append(k)
+    top_total = 0.0
+    rows = []
+    for k, (label, _c, _n, parent) in enumerate(PIECES):
+        if not calls[k] or k == snap_k:
+            continue
+        inner = sum(calls[j] for j in nested.get(label, []))
+        ir = cincl.get(k, 0) - over * (calls[k] + inner)
+        if label.startswith("Monitor._post_step"):  # the cadence snapshots run inside it: shown apart
+            ir -= snap_ir + over * snaps
+        per = ir / steps
+        if parent is None:
+            top_total += per
+        rows.append((label, calls[k] / steps, per))
+    loop_extra = (cc["loop"] - pc["loop"]) / steps
+    n_armed, n = cinfo["armed"], cinfo["steps"]
+    armed_extra = None
+    if n_armed and n > n_armed:
+        a = (cincl.get(ARMED, 0) - over * n_armed) / n_armed
+        u = (cincl.get(UNARMED, 0) - over * (n - n_armed)) / (n - n_armed)
+        armed_extra = a - u  # (both include the pieces above; the armed step's own hooks are the difference)
+    print(f"| piece | calls/step | instructions/step | % of the plain step |")
+    print("|---|---:|---:|---:|")
+    for label, cps, per in rows:
+        print(f"| {label} | {cps:.2f} | {per:,.0f} | {100 * per / plain_step:.2f} % |")
+    print(f"| snapshots ({snaps} in the loop, {snap_ir / max(1, snaps) / 1e6:.2f} M each) | {snaps / steps:.2f} | "
+          f"{snap_ir / steps:,.0f} | {100 * snap_ir / steps / plain_step:.2f} % |")
+    trampolines = over * sum(calls[:len(PIECES)]) / steps
+    rest = loop_extra - top_total - snap_ir / steps - trampolines
+    print(f"| the rest (backward wrapper, step-hook dispatch, armed steps' module hooks, ...) | | {rest:,.0f} | "
+          f"{100 * rest / plain_step:.2f} % |")
+    print(f"| **Monitor in all** | | **{loop_extra - trampolines:,.0f}** | "
+          f"**{100 * (loop_extra - trampolines) / plain_step:.2f} %** |")
+    if armed_extra is not None:
+        print(f"armed steps: {n_armed} of {n}, each {armed_extra / 1e6:.2f} M instructions over an unarmed one "
+              f"({armed_extra * n_armed / n:,.0f} per step of the run, inside the rows above and the rest)")
+    print(f"Monitor() with its start snapshot: {cc['ctor'] / 1e6:.0f} M instructions "
+          f"({cc['ctor'] / plain_step:.1f} plain steps)")
+
+
+def slot_of_snapshot() -> int:
+    return next(k for k, (label, *_r) in enumerate(PIECES) if label == "snapshot")
+
+
+def instructions_ratio(configs: list[str], steps: int, every: int, baseline_tree: str | None) -> None:
+    """Each configuration once under callgrind (no piece wrapped): the loop's instructions
+    per step against the plain loop's, and ``Monitor()``'s own (its start snapshot)."""
+    import tempfile
+
+    import callgrind
+
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for c in configs:
+            name, _, tree = c.partition("@")
+            env = dict(os.environ)
+            if tree:
+                env["PYTHONPATH"] = str(Path(baseline_tree).resolve())
+            rows[c] = callgrind.run([__file__, "--child", name, "--steps", str(steps), "--every", str(every),
+                                     "--out", str(Path(tmp) / f"{c}-out"), "--in-callgrind"],
+                                    str(Path(tmp) / c), env=env)
+    base = rows.get("plain")
+    print(f"{steps} steps, every={every}, 1 thread; instructions (callgrind Ir), one run each (deterministic)")
+    print("| configuration | instructions/step | ratio to plain | Monitor() (start snapshot), M instructions |")
+    print("|---|---:|---:|---:|")
+    for c in configs:
+        per = rows[c]["loop"] / steps
+        ratio = f"{rows[c]['loop'] / base['loop']:.4f}x" if base else "-"
+        ctor = rows[c].get("ctor", 0) - (base or {}).get("ctor", 0)
+        print(f"| {c} | {per / 1e6:.3f} M | {ratio} | {'-' if c == 'plain' else f'{ctor / 1e6:.0f}'} |")
 
 
 _ON_STEP = None
+IN_CALLGRIND = False  # --in-callgrind: this process runs under valgrind (callgrind.run)
 
 
 def main() -> None:
@@ -218,14 +401,30 @@ def main() -> None:
                                             "(auto@base, off@base)")
     ap.add_argument("--components", metavar="CONFIG", help="time each piece of the Monitor's per-step work "
                                                              "inside the loop (auto or off), in this process")
+    ap.add_argument("--instructions", action="store_true",
+                    help="count instructions with valgrind's callgrind instead of timing (load-independent; "
+                         "about 50x slower: use --steps 300 or so); one run per configuration")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--in-callgrind", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    global IN_CALLGRIND
+    IN_CALLGRIND = a.in_callgrind
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # callgrind.py beside this file
     if a.child:
         print(json.dumps(child(a.child, a.steps, a.every, a.out)))
         return
+    if a.components and a.instructions and not a.in_callgrind:
+        components_instructions(a.components, a.steps, a.every, a.baseline_tree)
+        return
     if a.components:
-        components(a.components, a.steps, a.every)
+        components(a.components, a.steps, a.every, instructions=a.instructions)
+        return
+    if a.instructions:
+        configs = a.configs.split(",")
+        if a.baseline_tree:
+            configs += [f"{c}@base" for c in configs if c != "plain"]
+        instructions_ratio(configs, a.steps, a.every, a.baseline_tree)
         return
     import tempfile
 
