@@ -26,7 +26,7 @@ import numpy as np
 from optcheck import heap
 from optcheck.engine import RuleEngine
 from optcheck.rules import RuleConfig, catalogue
-from optcheck.run.snapshot import SCHEMA
+from optcheck.record.snapshot import SCHEMA
 
 MiB = 2**20
 

@@ -29,7 +29,7 @@ a gradient), then times with one torch thread, ``--repeat`` times, interleaved:
 - ``census``: ``probe.tensor_census()``, after the first census of the process
   (timed once, on its own row) and with ``--junk`` unrelated Python objects alive
   (dicts, as an imported library leaves behind);
-- ``JSON line``: the bytes of one ``snapshots.jsonl`` line (``optcheck.run.snapshot.dumps``);
+- ``JSON line``: the bytes of one ``snapshots.jsonl`` line (``optcheck.record.snapshot.dumps``);
 - with ``--monitor N``: N training steps of the GPT-2-small shape (batch 1 × 64
   tokens, AdamW) under ``optcheck.Monitor(every=2)``: the snapshot cost it reports in
   ``summary.json`` (``cost``, wall time) against its median step, and in CPU time all
@@ -61,7 +61,7 @@ from optcheck.pytorch.gpt import GPT, GPTConfig
 from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.hazards import HazardProbes
 from optcheck.pytorch.monitor_hooks import TorchProbe
-from optcheck.run.snapshot import assemble, dumps
+from optcheck.record.snapshot import assemble, dumps
 
 GPT2_SMALL = GPTConfig(n_layer=12, n_head=12, n_embd=768, vocab_size=50304, block_size=1024)
 

@@ -18,12 +18,15 @@ block's bookkeeping), ``call`` (the pythonnet call per block, the block's batche
 /dev/null), ``snapshots`` (the whole worker loop) — so that the components add up to the measured
 difference by construction; then the same components measured apart (a fingerprint looped in .NET, a
 one-step block's pythonnet call, ``BatchSchedule.fill``, the loop over blocks that do not reach .NET, a
-metrics message, a snapshot taken after a block's steps) and their sum against the ladder's difference
-(``--in-process-only`` runs just these two). By default the trainer is the TorchSharp STAND-IN
-(tests/dotnet/TestLoop.cs compiled with mcs: a ~1 ms step at its sizes here, no libtorch), because TorchSharp
-cannot be installed here; the output says so. On a machine with TorchSharp:
-``--torchsharp 0.107.0`` (builds the worker with the .NET SDK) or ``--dotnet-assembly DLL
---dotnet-trainer TYPE``.
+metrics message, a snapshot taken after ``--every`` steps) and their sum against the ladder's difference; and the
+worker loop's own cost measured inside one run of it (its ``train_block`` calls timed: the rest of the loop is
+what the worker adds around the trainer's blocks) plus the fingerprint and the call measured apart, against the
+same difference (``--in-process-only`` runs just these). By default the trainer is the TorchSharp STAND-IN
+(tests/dotnet/TestLoop.cs compiled with mcs: a ~1 ms step at its sizes here, no libtorch); the output says so.
+Real TorchSharp: ``--torchsharp FOLDER`` (a folder of TorchSharp.dll + libLibTorchSharp.so, e.g.
+``../shared/torchsharp-ref/0.107.0-torch2.13``: the worker built with mcs, libtorch from this Python's torch,
+docs/torchsharp.md "Real TorchSharp here"), ``--torchsharp 0.107.0`` (builds the worker with the .NET SDK) or
+``--dotnet-assembly DLL --dotnet-trainer TYPE``.
 
 Usage: ``python benchmarks/bench_torchsharp.py [--steps 2000] [--pairs 5] [--every 100]``.
 """
@@ -59,7 +62,7 @@ def soak_config(args, dll: str, trainer: str):
 def plain_child(args) -> None:
     """In a fresh process: load .NET and the assembly, run Bench.PlainLoop, print JSON."""
     from optcheck.data import BatchSchedule, load_corpus
-    from optcheck.torchsharp_bridge import runtime
+    from optcheck.torchsharp_bridge import libtorch, runtime
     from optcheck.torchsharp_bridge.worker import setup_config
 
     cfg = soak_config(args, args.dll, args.trainer)
@@ -69,6 +72,7 @@ def plain_child(args) -> None:
     for step in range(1, cfg.run.steps + 1):  # the soak's batches, made before the timed loop
         x, y = sched.batch(corpus.train, step)
         batches[step - 1, 0], batches[step - 1, 1] = x, y
+    libtorch.load_native(Path(args.dll).resolve().parent)  # as the worker does: LibTorchSharp (and libtorch) first
     runtime.load(args.runtime)
     runtime.load_assembly(args.dll)
     Bench = runtime.loaded_internal_type("OptCheck.Probe.Bench")  # internal: not importable
@@ -168,15 +172,15 @@ def _py_blocks(be, cfg, xs, ys, sched, corpus, block: int, fill: bool) -> None:
         first += be.train_block(first, count, b, t, ref, BLOCK_MAX_S)
 
 
-def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
+def breakdown(args, dll: str, trainer: str, n: int = 300, run_steps: int = 500) -> dict:
     """The per-step components, each measured on its own (none a difference of ladder stages), CPU microseconds
     of this process (``time.process_time``), median of 3: ``fingerprint`` (ProbeCore.Fingerprint looped in .NET),
-    ``call`` (a one-step StepBlock from Python less the same looped in .NET, per block, + handing a block its
-    batches), ``batch`` (BatchSchedule.fill), ``loop`` (Loop.run over a backend whose blocks do not reach .NET,
+    ``call`` (a Driver call from Python whose .NET side does next to nothing, + handing a block its batches, per
+    block of the steps StepBlock's time budget lets run), ``batch`` (BatchSchedule.fill), ``loop`` (Loop.run over a backend whose blocks do not reach .NET,
     without snapshots or messages, less its batches), ``messages`` (a metrics message of a block's steps written
-    to /dev/null, per step) and ``snapshot`` (one snapshot taken and sent to /dev/null after a block's steps, less
-    those steps: its forced .NET collections cost more there than back to back), plus ``net_step`` (the
-    trainer's step) for scale."""
+    to /dev/null, per step) and ``snapshot`` (a snapshot taken and sent to /dev/null after ``--every`` steps, the
+    take() call alone, averaged over the snapshots a run of ``run_steps`` steps takes, from a fresh probe), plus
+    ``net_step`` (the trainer's step) for scale."""
     import os
 
     from optcheck.drivers.protocol import Stream
@@ -202,70 +206,154 @@ def breakdown(args, dll: str, trainer: str, n: int = 300) -> dict:
                "step_times_s": [0.000987] * block}
     for _ in range(3):
         t0 = clock()
-        Bench.TimeSteps(d, 1, px, py, b, t, n)
+        wall_step = Bench.TimeSteps(d, 1, px, py, b, t, n) / n
         res["net_step"].append((clock() - t0) / n)
+        # steps per block as StepBlock cuts them: up to the next snapshot, or the 0.25 s budget (wall time) first
+        per_block = max(1, min(block, int(BLOCK_MAX_S / wall_step) + 1))
+        res.setdefault("per_block", []).append(per_block / 1e6)
+        res.setdefault("guarded", []).append(float(guarded(d)) / 1e6)
         t0 = clock()
         Bench.TimeFingerprints(d, n)
         res["fingerprint"].append((clock() - t0) / n)
-        t0 = clock()
-        Bench.StepBlocks(d, px, py, n, b, t, 1, BLOCK_MAX_S)
-        net1 = clock() - t0
-        ref = be.fingerprint()
+        # the pythonnet call of a block, without a step in it (a step's own noise is larger than the call on real
+        # TorchSharp): a Driver call whose .NET side does next to nothing (TakeInStep with nothing to take), + handing
+        # a block its batches
         t0 = clock()
         for i in range(n):
-            bx, by = be.block_inputs(1, b, t)
-            bx[...] = xs[i:i + 1]
-            by[...] = ys[i:i + 1]
-            be.train_block(i + 1, 1, b, t, ref, BLOCK_MAX_S)
-        res["call"].append((clock() - t0 - net1) / n / block)
-        bx, by = be.block_inputs(block, b, t)
+            bx, by = be.block_inputs(per_block, b, t)
+            d.TakeInStep()
+        res["call"].append((clock() - t0) / n / per_block)
+        bx, by = be.block_inputs(per_block, b, t)
         t0 = clock()
-        for i in range(0, n, block):
+        for i in range(0, n, per_block):
             sched.fill(corpus.train, i + 1, bx, by)
-        res["batch"].append((clock() - t0) / (-(-n // block) * block))
+        res["batch"].append((clock() - t0) / (-(-n // per_block) * per_block))
         c = soak_config(args, dll, trainer)
         c.run.steps = n
         t0 = clock()
-        _no_snapshots(Loop(_NoStep(be), c, _NullStream())).run(corpus)
+        _no_snapshots(Loop(_NoStep(be, per_block, wall_step), c, _NullStream())).run(corpus)
         res["loop"].append((clock() - t0) / n - res["batch"][-1])
         t0 = clock()
         for _ in range(n // block):
             devnull.send("metrics", **metrics)
         res["messages"].append((clock() - t0) / (n // block * block))
-        # a snapshot where the worker takes it, after `every` steps: what it adds to them (its forced .NET
-        # collections cost more after steps than back to back)
-        seq = Loop(be, c, devnull).seq
-        k = max(1, n // block)
-        t0 = clock()
-        for _ in range(k):
-            Bench.TimeSteps(d, 1, px, py, b, t, block)
-        plain = clock() - t0
-        t0 = clock()
-        for _ in range(k):
-            Bench.TimeSteps(d, 1, px, py, b, t, block)
+        # the snapshots a run of `run_steps` steps takes, where the worker takes them: a fresh probe (its first
+        # read collects, then at least every 10th), each snapshot after `every` steps of its trainer (the forced .NET
+        # collection, when it runs, costs more there than back to back); the take() calls alone, so that the
+        # steps' own noise does not enter
+        fresh = TorchSharpBackend()
+        fresh.setup(c, corpus)
+        seq = Loop(fresh, c, devnull).seq
+        n_snap, spent = snapshots_in(run_steps, args.every), 0.0
+        for _ in range(n_snap):
+            Bench.TimeSteps(fresh.driver, 1, px, py, b, t, args.every)
+            t0 = clock()
             seq.take(1, "post-step", "cadence")
-        res["snapshot"].append((clock() - t0 - plain) / k)
+            spent += clock() - t0
+        res["snapshot"].append(spent / n_snap)
     devnull.close()
-    return {k: statistics.median(v) * 1e6 for k, v in res.items()}
+    return {k: statistics.median(v) * 1e6 for k, v in res.items()}  # per_block: steps (stored / 1e6 above)
+
+
+def guarded(driver) -> bool:
+    """Whether the driver's trainer is an IGuardedTrainer (a ModuleTrainer: its optimizer's zero_grad() and step()
+    run the pre-step check, a fingerprint each, inside the trainer's own Step; StepBlock then reuses the step()
+    one instead of taking its own, so the worker adds no fingerprint to such a trainer's step)."""
+    return any(str(i.Name) == "IGuardedTrainer" for i in driver.Trainer.GetType().GetInterfaces())
 
 
 class _NoStep:
     """A TorchSharpBackend whose blocks return at once without calling .NET, every step done with a constant loss
-    (its fingerprint stays the cached one, as after real steps): the worker loop around the steps, measured apart."""
+    (its fingerprint stays the cached one, as after real steps): the worker loop around the steps, measured apart.
+    Its blocks end after ``per_block`` steps and report steps of ``step_s`` seconds, as the trainer's real blocks
+    do (StepBlock's time budget), so that the loop runs as many blocks as it does around real steps."""
 
-    def __init__(self, inner) -> None:
-        self.inner = inner
+    def __init__(self, inner, per_block: int = 1 << 30, step_s: float = 0.001) -> None:
+        self.inner, self.per_block, self.step_s = inner, per_block, step_s
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def train_block(self, first: int, count: int, b: int, t: int, reference: int, budget_s: float) -> int:
         self.inner._fp_valid = True
-        self.count = count
-        return count
+        self.count = min(count, self.per_block)
+        return self.count
 
     def block_results(self, n: int) -> tuple[list[float], list[float]]:
-        return [1.0] * n, [0.001] * n
+        return [1.0] * n, [self.step_s] * n
+
+
+class _Timed:
+    """A TorchSharpBackend whose ``train_block`` calls are timed (CPU of the process): what the worker loop spends
+    inside the trainer's blocks, the rest of the loop being its own cost."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.cpu = 0.0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def train_block(self, *args) -> int:
+        t0 = time.process_time()
+        try:
+            return self.inner.train_block(*args)
+        finally:
+            self.cpu += time.process_time() - t0
+
+
+def in_loop(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> dict:
+    """The worker loop's own cost measured inside one run of it, free of the steps' noise: the whole worker loop
+    (every probe, snapshots every ``--every``, metrics to /dev/null) with its ``train_block`` calls timed; the
+    loop's CPU outside those calls is what the worker adds around the trainer's blocks (batches, the loop,
+    messages, snapshots). Median over ``rounds``, microseconds per step: ``outside`` and ``inside`` (the blocks:
+    the trainer's steps, the fingerprint after each, the pythonnet call)."""
+    import os
+
+    from optcheck.drivers.protocol import Stream
+    from optcheck.drivers.worker_loop import Loop
+    from optcheck.torchsharp_bridge.worker import TorchSharpBackend
+
+    cfg, corpus, _sched, _xs, _ys = _setup(args, dll, trainer, 1)
+    res: dict[str, list[float]] = {"outside": [], "inside": []}
+    for _ in range(rounds):
+        c = soak_config(args, dll, trainer)
+        c.run.steps = steps
+        be = TorchSharpBackend()
+        be.setup(c, corpus)
+        timed = _Timed(be)
+        stream = Stream(os.open(os.devnull, os.O_WRONLY))
+        t0 = time.process_time()
+        Loop(timed, c, stream).run(corpus)
+        total = time.process_time() - t0
+        stream.close()
+        res["outside"].append(1e6 * (total - timed.cpu) / steps)
+        res["inside"].append(1e6 * timed.cpu / steps)
+    return {k: statistics.median(v) for k, v in res.items()}
+
+
+def print_in_loop(loop: dict, b: dict, plain_step_us: float, steps: int, every: int, diff_us: float) -> None:
+    """The worker's cost from inside its loop of ``steps`` steps, against the components measured apart
+    (:func:`breakdown`, the snapshots as many as such a run takes) and against the ladder's measured difference
+    ``diff_us`` (us/step)."""
+    snap = b["snapshot"] * snapshots_in(steps, every) / steps
+    outside_parts = {"batch": b["batch"], "loop": b["loop"], "messages": b["messages"], "snapshots": snap}
+    apart = sum(outside_parts.values())
+    gap = (apart - loop["outside"]) / loop["outside"] if loop["outside"] else float("nan")
+    fingerprint = 0.0 if b.get("guarded") else b["fingerprint"]  # a guarded trainer's Step takes it (guarded())
+    overhead = loop["outside"] + fingerprint + b["call"]
+    print(f"  inside the worker loop (CPU, median of the rounds): outside the trainer's blocks {loop['outside']:.1f} us/step, "
+          f"inside them {loop['inside']:.1f} us/step", flush=True)
+    print(f"    outside, from components measured apart: " + ", ".join(f"{k} {v:.1f}" for k, v in outside_parts.items())
+          + f" = {apart:.1f} us/step: {100 * gap:+.1f}% ({'within' if abs(gap) <= 0.10 else 'NOT within'} 10%)")
+    if b.get("guarded"):
+        print(f"    the trainer is guarded (ModuleTrainer): its own Step takes two fingerprints ({2 * b['fingerprint']:.1f} "
+              f"us/step), in its plain loop too, and the worker reuses the second: none added")
+    print(f"    the worker's cost: outside {loop['outside']:.1f} + fingerprint {fingerprint:.1f} + call {b['call']:.1f} "
+          f"= {overhead:.1f} us/step on a {plain_step_us / 1e3:.2f} ms plain step: ratio {1 + overhead / plain_step_us:.4f}")
+    gap = (overhead - diff_us) / diff_us if diff_us else float("nan")
+    print(f"    against the measured difference {diff_us:.1f} us/step (worker loop less plain loop): {100 * gap:+.1f}% "
+          f"({'within' if abs(gap) <= 0.10 else 'NOT within'} 10%)")
 
 
 class _NullStream:
@@ -293,7 +381,7 @@ COMPONENTS = {
 }
 
 
-def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> dict:
+def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3, stages: tuple = STAGES) -> dict:
     """The in-process difference, worker loop against plain loop, taken apart: the same ``steps`` steps over
     the same batches in this one process, each stage the previous one plus one component (:data:`STAGES`),
     CPU time of the process (``time.process_time``), stages alternating in order and reverse order, median
@@ -360,10 +448,10 @@ def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> d
         stream.close()
         return secs
 
-    times: dict[str, list[float]] = {s: [] for s in STAGES}
+    times: dict[str, list[float]] = {s: [] for s in stages}
     gc_s = []
     for i in range(rounds):
-        for stage in (STAGES if i % 2 == 0 else tuple(reversed(STAGES))):
+        for stage in (stages if i % 2 == 0 else tuple(reversed(stages))):
             if stage == "plain":
                 t0 = clock()
                 Bench.PlainLoop(trainer, config_json, IntPtr(batches.ctypes.data), steps, b, t)
@@ -377,6 +465,8 @@ def ladder(args, dll: str, trainer: str, steps: int = 500, rounds: int = 3) -> d
                     gc_s.append(gc_ns[0] / 1e9)
     out = {s: statistics.median(v) for s, v in times.items()}
     out["gc_s"] = statistics.median(gc_s)
+    # the spread of the difference, round by round (same round: the stages ran next to each other)
+    out["diff_s"] = sorted(w - p for w, p in zip(times["snapshots"], times["plain"]))
     return out
 
 
@@ -387,17 +477,20 @@ def snapshots_in(steps: int, every: int) -> int:
 
 def print_ladder(lad: dict, steps: int, every: int) -> None:
     """The breakdown per step, each component and their sum against the measured difference."""
-    us = {s: 1e6 * lad[s] / steps for s in STAGES}
+    stages = tuple(s for s in STAGES if s in lad)
+    us = {s: 1e6 * lad[s] / steps for s in stages}
     diff = us["snapshots"] - us["plain"]
     print(f"  one process, CPU time, {steps} steps, median of the rounds, stages alternating: plain {us['plain'] / 1e3:.3f} ms/step, "
           f"the worker's loop with every probe (snapshot every {every}) {us['snapshots'] / 1e3:.3f} ms/step, ratio "
           f"{lad['snapshots'] / lad['plain']:.3f}; difference {diff:.1f} us/step, by stage (each the one before plus one component):",
           flush=True)
     total = 0.0
-    for prev, stage in zip(STAGES, STAGES[1:]):
+    for prev, stage in zip(stages, stages[1:]):
         c = us[stage] - us[prev]
         total += c
-        print(f"    {stage:<12} {c:8.1f} us/step  {COMPONENTS[stage]}")
+        print(f"    {stage:<12} {c:8.1f} us/step  {COMPONENTS[stage] if prev == STAGES[STAGES.index(stage) - 1] else 'the rest'}")
+    spread = [1e6 * d / steps for d in lad["diff_s"]]
+    print(f"    (the difference round by round: {', '.join(f'{d:.0f}' for d in spread)} us/step)")
     print(f"    {'sum':<12} {total:8.1f} us/step  (measured difference {diff:.1f}; of the full stage, Python's own GC "
           f"{1e6 * lad['gc_s'] / steps:.1f} us/step)")
 
@@ -408,12 +501,15 @@ def print_independent(b: dict, lad: dict, steps: int, every: int) -> None:
     diff = 1e6 * (lad["snapshots"] - lad["plain"]) / steps
     n_snap = snapshots_in(steps, every)
     parts = {
-        "fingerprint": (b["fingerprint"], "ProbeCore.Fingerprint, looped in .NET"),
-        "call": (b["call"], "pythonnet call of StepBlock + a block's batches handed over, per block / block steps"),
+        "fingerprint": (0.0 if b.get("guarded") else b["fingerprint"],
+                        "ProbeCore.Fingerprint, looped in .NET" + (f" ({b['fingerprint']:.1f}): none added, the guarded "
+                                                                  f"trainer's Step takes it" if b.get("guarded") else "")),
+        "call": (b["call"], f"a pythonnet call of the Driver + a block's batches handed over, per block / "
+                            f"{b['per_block']:.0f} steps a block"),
         "batch": (b["batch"], "batch generation (BatchSchedule.fill)"),
         "loop": (b["loop"], "worker loop with blocks that do not reach .NET, no snapshots or messages, less batches"),
         "messages": (b["messages"], "one metrics message of a block's steps to /dev/null, per step"),
-        "snapshots": (b["snapshot"] * n_snap / steps, f"one snapshot after a block's steps ({b['snapshot']:.0f} us) x {n_snap} in {steps} steps"),
+        "snapshots": (b["snapshot"] * n_snap / steps, f"a snapshot after --every steps ({b['snapshot']:.0f} us on average) x {n_snap} in {steps} steps"),
     }
     total = sum(v for v, _ in parts.values())
     print(f"  the same difference from components measured apart (CPU us/step, median of 3):")
@@ -422,6 +518,15 @@ def print_independent(b: dict, lad: dict, steps: int, every: int) -> None:
     gap = (total - diff) / diff if diff else float("nan")
     print(f"    {'sum':<12} {total:8.1f} us/step  against the measured difference {diff:.1f} us/step: "
           f"{100 * gap:+.1f}% ({'within' if abs(gap) <= 0.10 else 'NOT within'} 10%)")
+
+
+def stages_of(args) -> tuple:
+    """``--ladder-stages`` in ladder order, plain and snapshots always included."""
+    chosen = {x.strip() for x in args.ladder_stages.split(",") if x.strip()} | {"plain", "snapshots"}
+    unknown = chosen - set(STAGES)
+    if unknown:
+        sys.exit(f"bench_torchsharp: --ladder-stages: no stage {', '.join(sorted(unknown))} ({', '.join(STAGES)})")
+    return tuple(s for s in STAGES if s in chosen)
 
 
 def main() -> None:
@@ -438,11 +543,14 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=None)
     ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--runtime", choices=["coreclr", "mono"], default="coreclr")
-    ap.add_argument("--torchsharp", help="build the real worker for this TorchSharp version (needs the .NET SDK)")
+    ap.add_argument("--torchsharp", help="build the real worker for this TorchSharp version (the .NET SDK) or folder (mcs)")
     ap.add_argument("--dotnet-assembly", help="a built worker assembly (with --dotnet-trainer)")
     ap.add_argument("--dotnet-trainer", default=None)
     ap.add_argument("--ladder-steps", type=int, default=500, help="steps of each in-process stage")
     ap.add_argument("--ladder-rounds", type=int, default=3, help="rounds of the in-process stages (median)")
+    ap.add_argument("--ladder-stages", default=",".join(STAGES),
+                    help="the ladder's stages (plain and snapshots always; on real TorchSharp's ~20 ms step the "
+                         "intermediate stages are within the steps' noise: plain,snapshots)")
     ap.add_argument("--in-process-only", action="store_true",
                     help="only the in-process breakdown (no subprocess pairs)")
     ap.add_argument("--plain-child", action="store_true", help=argparse.SUPPRESS)
@@ -475,9 +583,13 @@ def main() -> None:
           f"{args.block_size}), snapshot every {args.every}, {args.pairs} interleaved pairs, {args.runtime}, wall time "
           f"of the training loop", flush=True)
     if args.in_process_only:
-        lad = ladder(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds)
+        lad = ladder(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds, stages=stages_of(args))
         print_ladder(lad, args.ladder_steps, args.every)
-        print_independent(breakdown(args, dll, trainer), lad, args.ladder_steps, args.every)
+        b = breakdown(args, dll, trainer, run_steps=args.ladder_steps)
+        print_independent(b, lad, args.ladder_steps, args.every)
+        print_in_loop(in_loop(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds), b,
+                      1e6 * lad["plain"] / args.ladder_steps, args.ladder_steps, args.every,
+                      1e6 * (lad["snapshots"] - lad["plain"]) / args.ladder_steps)
         return
     plain_s, soak_s = [], []
     with tempfile.TemporaryDirectory(prefix="bench_torchsharp.") as tmp:
@@ -498,10 +610,13 @@ def main() -> None:
     print(f"  ratio soak/plain: median {statistics.median(ratios):.3f} (range {ratios[0]:.3f} to {ratios[-1]:.3f}); "
           f"median step plain {1e3 * statistics.median(plain_s) / args.steps:.2f} ms, soak "
           f"{1e3 * statistics.median(soak_s) / args.steps:.2f} ms")
-    b = breakdown(args, dll, trainer)  # loads .NET into this process
-    lad = ladder(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds)
+    b = breakdown(args, dll, trainer, run_steps=args.ladder_steps)  # loads .NET into this process
+    lad = ladder(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds, stages=stages_of(args))
     print_ladder(lad, args.ladder_steps, args.every)
     print_independent(b, lad, args.ladder_steps, args.every)
+    print_in_loop(in_loop(args, dll, trainer, steps=args.ladder_steps, rounds=args.ladder_rounds), b,
+                  1e6 * lad["plain"] / args.ladder_steps, args.ladder_steps, args.every,
+                  1e6 * (lad["snapshots"] - lad["plain"]) / args.ladder_steps)
     print(f"  for scale: the trainer's step looped inside .NET {b['net_step']:.1f} us (CPU, this process)")
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 snapshot (``optcheck/drivers/protocol.py``), against sending the same snapshot without waiting.
 
 A real ``socket.socketpair()``, a supervisor thread that reads the stream, runs the run's
-rule engine on each snapshot (``optcheck.run.summary.Checker``) and answers, and
+rule engine on each snapshot (``optcheck.run.checker.Checker``) and answers, and
 real snapshots of a soak run directory. Prints medians in ms and their ratio; nothing
 is asserted (timings on a shared machine are noisy)::
 
@@ -20,8 +20,8 @@ import time
 
 from optcheck.engine import RuleEngine
 from optcheck.drivers.protocol import Stream, read_messages, send_verdict
-from optcheck.run.summary import Checker
-from optcheck.run.snapshot import read_snapshots
+from optcheck.run.checker import Checker
+from optcheck.record.check import read_snapshots
 
 
 def supervise(sock: socket.socket) -> None:

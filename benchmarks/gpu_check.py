@@ -142,6 +142,7 @@ def _soak_loop(device: str, steps: int = 120):
     from optcheck.drivers.protocol import Stream
     from optcheck.pytorch.train import TorchBackend
     from optcheck.drivers.worker_loop import Loop
+    from optcheck.run.sequencer import Cost
 
     cfg = SoakConfig(model=ModelConfig(n_layer=2, n_embd=64, n_head=2, block_size=64),
                      data=DataConfig(val_every=40, batch_size=8),
@@ -328,10 +329,17 @@ def _soak_run(args, data: Path, clock: Clock) -> tuple[float, dict]:
         restart()
 
     loop.seq.restart_clock = timed_from_here
+    taken, emit = Cost(), loop.seq.emit  # what the snapshots cost (the supervisor's recorder counts it in a soak)
+
+    def counted(snap, seconds):
+        taken.add(seconds)
+        return emit(snap, seconds)
+
+    loop.seq.emit = counted
     loop.run(corpus)
     b = clock.mark()
     ms = clock.ms(marks[0], b)
-    info = {"snapshots": loop.seq.snapshots, "snapshot_s": loop.seq.cost.to_dict(),
+    info = {"snapshots": len(taken.seconds), "snapshot_s": taken.to_dict(),
             "step_cost": loop.step_cost.to_dict(), "hazards": be.hazard_stats(),
             "params": sum(p.numel() for p in be.trainer.model.parameters())}
     del be, loop

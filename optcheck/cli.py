@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import sys
 
 import click
@@ -13,9 +14,19 @@ from optcheck.errors import InputError, RecordError
 from optcheck.run.exitcodes import RECORD_FAILED, USAGE
 
 
+class StdoutLost(Exception):
+    """A write to stdout failed (a closed pipe, a full disk): carried past click, which would
+    otherwise end a broken pipe with exit 1 and no word (``click.core.Command.main``)."""
+
+    def __init__(self, err: OSError):
+        super().__init__(str(err))
+        self.err = err
+
+
 class _Group(click.Group):
     """A click group that turns :class:`InputError` into one line on stderr and
-    exit 2, and :class:`RecordError` (nothing could be recorded) into one line and exit 4."""
+    exit 2, :class:`RecordError` (nothing could be recorded) into one line and exit 4,
+    and a failed write to stdout into :class:`StdoutLost` (one line and exit 4 in :func:`main`)."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -26,6 +37,10 @@ class _Group(click.Group):
         except RecordError as e:
             click.echo(f"optcheck: error: {e}", err=True)
             ctx.exit(RECORD_FAILED)
+        except OSError as e:
+            if _stdout_failed(e):
+                raise StdoutLost(e) from None
+            raise
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -53,8 +68,11 @@ def main() -> None:
     """Console-script entry point: InputError anywhere becomes one line and exit 2."""
     global STANDALONE
     STANDALONE = True
+    _watch_stdout()
     try:
         rc = cli.main(standalone_mode=False)
+    except StdoutLost as e:
+        _stdout_lost(e.err)
     except OSError as e:
         if not _stdout_failed(e):
             raise
@@ -83,19 +101,44 @@ def _stdout_lost(e: OSError) -> None:
     sys.exit(RECORD_FAILED)
 
 
+class _RecordingStdout(io.FileIO):
+    """File descriptor 1 as :func:`main` writes it: a write that fails is kept in
+    :attr:`error`, so a failure is told apart from one of any other file (the
+    buffer a failed write leaves is dropped, so flushing again tells nothing)."""
+
+    error: OSError | None = None
+
+    def write(self, b):
+        try:
+            return super().write(b)
+        except OSError as e:
+            _RecordingStdout.error = e
+            raise
+
+
+def _watch_stdout() -> None:
+    """Put :class:`_RecordingStdout` under ``sys.stdout`` (same encoding and buffering)."""
+    out = sys.stdout
+    try:
+        fd = out.fileno()
+        raw = _RecordingStdout(fd, "w", closefd=False)
+        sys.stdout = io.TextIOWrapper(io.BufferedWriter(raw), encoding=out.encoding, errors=out.errors,
+                                      line_buffering=out.line_buffering, write_through=out.write_through)
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):  # no real stdout: leave it
+        return
+    try:
+        out.flush()
+    except (OSError, ValueError):
+        pass
+
+
 def _stdout_failed(e: OSError) -> bool:
     """Whether ``e`` is a write to stdout that failed (EPIPE: the reader went away;
     ENOSPC/EFBIG/EIO: stdout is redirected to a full disk): it is then one line on
-    stderr and exit 4, not a traceback."""
-    import errno
-
-    if e.errno not in (errno.EPIPE, errno.ENOSPC, errno.EFBIG, errno.EIO, errno.EDQUOT):
-        return False
-    try:
-        sys.stdout.flush()
-    except OSError:
-        return True
-    return isinstance(e, BrokenPipeError) or e.filename is None
+    stderr and exit 4, not a traceback. Told by stdout itself (:class:`_RecordingStdout`):
+    a report file that failed the same way (``--summary-md /dev/full``) is named by its writer."""
+    failed = _RecordingStdout.error
+    return failed is not None and (failed is e or failed.errno == e.errno)
 
 
 def _quiet_stdout() -> None:

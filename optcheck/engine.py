@@ -4,7 +4,7 @@ A condition that persists (a stale parameter stays stale) is reported once, at
 the first snapshot that shows it; it is reported again only if it clears and
 comes back. This is the one place rules are called, for a live soak (in the
 supervisor only: a worker runs no rules), a ``Monitor`` and ``optcheck check``
-alike; ``optcheck.run.summary.Checker`` wraps the engine of a live run.
+alike; ``optcheck.run.checker.Checker`` wraps the engine of a live run.
 """
 
 from __future__ import annotations

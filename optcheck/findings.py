@@ -25,7 +25,7 @@ class Finding:
         symbol: rule symbol, e.g. "stale-param".
         severity: "info" | "warning" | "error".
         step: training step of the snapshot that showed it.
-        phase: "pre-step" or "post-step" (see ``optcheck.run.snapshot``).
+        phase: "pre-step" or "post-step" (see ``optcheck.record.snapshot``).
         message: one line naming what and where.
         subjects: parameter names (or other subjects) the finding is about.
         next_failure: what will fail next if nothing is done.

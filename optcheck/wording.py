@@ -38,7 +38,9 @@ def describe_inplace(event: dict) -> str:
                 f"PyTorch's own version check in backward()); the op, module and line that wrote it are not "
                 f"known: {why}")
     saved_part = (f"{t.get('type') or t.get('dtype', 'tensor')} {t.get('shape')} saved by "
-                  f"{saved.get('op') or 'an op'} in {saved.get('module') or '?'} ({saved.get('where') or '?'})")
+                  f"{saved.get('op') or 'an op'} "
+                  + (f"in {saved['module']}" if saved.get("module") else "outside every module")
+                  + f" ({saved.get('where') or 'line not known'})")
     versions = f"(version {d.get('saved_version')} -> {d.get('version')})"
     if written.get("where"):
         msg = (f"{saved_part} was written in place by {written.get('op') or 'an in-place op'} at {written['where']}"

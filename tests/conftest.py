@@ -33,6 +33,10 @@ SERIAL_GROUPS = {"torchrun": ("tests/distributed/test_distributed_monitor.py",
                               "tests/distributed/test_distributed_lifetime.py",
                               "tests/distributed/test_next_failure_ranks.py")}
 
+# an internal error in a Monitor hook fails the test (and every process a test starts) instead of
+# becoming a note that only says the hook's checks were skipped (optcheck/pytorch/guard.py)
+os.environ.setdefault("OPTCHECK_RAISE_INTERNAL", "1")
+
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if _WORKER and "OPTCHECK_TESTLOOP_CACHE" not in os.environ:
     # the .NET test loop is built per source hash; each worker compiles into its own folder
@@ -76,6 +80,27 @@ def pytest_collection_modifyitems(config, items):
             except ValueError:  # a test file outside the checkout
                 path = str(item.path)
             item.add_marker(pytest.mark.xdist_group(group_of.get(path, path)))
+
+def pytest_terminal_summary(terminalreporter):
+    """One line on the real-TorchSharp tier (marker ``torchsharp_real``, tests/torchsharp_real/) when the session
+    collected any of it: how many of its tests ran and how many skipped, and why. ``.ci/run`` fails a run in
+    which none ran where real TorchSharp is there."""
+    outcomes: dict[str, str] = {}
+    reasons: set[str] = set()
+    for key in ("passed", "failed", "error", "skipped"):
+        for rep in terminalreporter.stats.get(key, []):
+            if "torchsharp_real" not in getattr(rep, "keywords", {}) or (key == "passed" and rep.when != "call"):
+                continue
+            outcomes.setdefault(rep.nodeid, "failed" if key == "error" else key)
+            if key == "skipped" and isinstance(rep.longrepr, tuple):
+                reasons.add(str(rep.longrepr[2]).removeprefix("Skipped: "))
+    if not outcomes:
+        return
+    n = {k: sum(v == k for v in outcomes.values()) for k in ("passed", "failed", "skipped")}
+    why = f": {'; '.join(sorted(reasons))}" if reasons else ""
+    terminalreporter.write_line(f"torchsharp_real: {n['passed'] + n['failed']} ran ({n['passed']} passed, "
+                                f"{n['failed']} failed), {n['skipped']} skipped{why}")
+
 
 # A model small enough for a few hundred steps in seconds on one thread.
 SMALL = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--block-size", "32", "--batch-size", "8",

@@ -93,6 +93,11 @@ namespace OptCheck.Probe
         long TensorsCreatedOutsideScope { get; }
         /// <summary>Of those, disposed by this thread (DisposedOutsideScopeCount); the rest wait for the GC.</summary>
         long TensorsDisposedOutsideScope { get; }
+        /// <summary>Tensors taken out of a DisposeScope (DetachedFromScopeCount: MoveToOuterDisposeScope with no outer
+        /// scope, DetachFromDisposeScope); -1 when not counted.</summary>
+        long TensorsDetachedFromScope { get; }
+        /// <summary>Tensors put into a DisposeScope after their creation (AttachedToScopeCount); -1 when not counted.</summary>
+        long TensorsAttachedToScope { get; }
     }
 
     /// <summary>One optimizer-state entry, as IProbeTarget.DescribeState reports it.</summary>

@@ -21,10 +21,21 @@ namespace OptCheck.Probe
 
     internal sealed class ProbeCore
     {
-        /// <summary>Run a full garbage collection (and pending finalizers) before the
-        /// memory fields of a snapshot, so that live-tensor counts and the managed heap
-        /// leave out what is only waiting for the GC. Costs a few ms per snapshot.</summary>
+        /// <summary>Run a full garbage collection (and pending finalizers) before the memory fields of a snapshot
+        /// when a tensor may be waiting for its finalizer, so that live-tensor counts and the managed heap leave out
+        /// what is only waiting for the GC (docs/memory.md). On real TorchSharp the collection after 100 steps of the
+        /// built-in GPT costs ~48 ms of CPU, nearly all of a snapshot's cost.</summary>
         public bool CollectBeforeMemory = true;
+
+        /// <summary>With DisposeScope statistics (IDisposeScopeStatistics), the collection is skipped while no tensor
+        /// can have become garbage since the last read: the training created none outside a DisposeScope and took
+        /// none out of one (created/disposed outside, detached, attached counts unchanged since the end of the last
+        /// read), which a scoped step never does. A tensor alive at the last collection and dropped since (a kept list
+        /// cleared) is still counted until the next one: at most this many reads go without one.</summary>
+        public int CollectAtLeastEvery = 10;
+
+        long[] escapesAfterLastRead;
+        int readsSinceCollection;
 
         readonly IProbeTarget target;
         StateReader stateReader;
@@ -232,6 +243,7 @@ namespace OptCheck.Probe
         /// <summary>Read() with <paramref name="note"/> (when not null) first in the snapshot's notes.</summary>
         public string Read(string note)
         {
+            long[] escapes = ScopeEscapes();  // before this read's own tensors
             var notes = new List<string>();
             if (note != null) notes.Add(note);
             var targetNotes = target as IProbeNotes;
@@ -295,10 +307,13 @@ namespace OptCheck.Probe
             w.Name("optimizer").BeginObject().Name("type").String(target.OptimizerType ?? "unknown")
              // TorchSharp's optimizers fill _state in add_param_group and look it up at every step (AdamW.cs)
              .Name("state_init").String("eager").EndObject();
-            if (CollectBeforeMemory) {
+            if (NeedsCollection(escapes)) {
                 // Tensors dropped without a DisposeScope are freed by finalizers: count what is
                 // really alive, not what the GC has not reached yet (docs/memory.md).
                 GC.Collect(); GC.WaitForPendingFinalizers(); GC.Collect();
+                readsSinceCollection = 0;
+            } else {
+                readsSinceCollection++;
             }
             w.Name("memory").BeginObject();
             Count(w, "rss_bytes", RssBytes());
@@ -325,7 +340,28 @@ namespace OptCheck.Probe
             }
             w.EndArray();
             w.EndObject();
+            escapesAfterLastRead = ScopeEscapes();  // this read's own tensors (gradient reads) included
             return w.ToString();
+        }
+
+        /// <summary>The target's counts of tensors created outside a DisposeScope, disposed outside one, detached from
+        /// one and attached to one; null without DisposeScope statistics.</summary>
+        long[] ScopeEscapes()
+        {
+            var scopes = target as IDisposeScopeStatistics;
+            if (scopes == null) return null;
+            return new[] { scopes.TensorsCreatedOutsideScope, scopes.TensorsDisposedOutsideScope,
+                           scopes.TensorsDetachedFromScope, scopes.TensorsAttachedToScope };
+        }
+
+        /// <summary>Whether this read collects before counting (CollectBeforeMemory, CollectAtLeastEvery).</summary>
+        bool NeedsCollection(long[] escapes)
+        {
+            if (!CollectBeforeMemory) return false;
+            if (escapes == null || escapesAfterLastRead == null || readsSinceCollection + 1 >= CollectAtLeastEvery) return true;
+            for (int i = 0; i < escapes.Length; i++)
+                if (escapes[i] < 0 || escapes[i] != escapesAfterLastRead[i]) return true;
+            return false;
         }
 
         static void Identity(JsonWriter w, IParameterView p)

@@ -270,7 +270,8 @@ namespace OptCheck.Worker
 
     /// <summary>The training thread's DisposeScope bookkeeping: TorchSharp's public static
     /// DisposeScopeManager.Statistics (a [ThreadStatic] ThreadDisposeScopeStatistics, in
-    /// src/TorchSharp/DisposeScopeManager.cs), CreatedOutsideScopeCount and DisposedOutsideScopeCount.
+    /// src/TorchSharp/DisposeScopeManager.cs), CreatedOutsideScopeCount, DisposedOutsideScopeCount, DetachedFromScopeCount
+    /// and AttachedToScopeCount.
     /// Bound by reflection once, so one source builds on every TorchSharp (0.107.0 has them; the
     /// 0.99 stub declares no DisposeScopeManager); -1 where this TorchSharp has no such members.</summary>
     internal static class ScopeStatistics
@@ -278,6 +279,8 @@ namespace OptCheck.Worker
         static readonly PropertyInfo Stats = Bind("TorchSharp.DisposeScopeManager", "Statistics", true);
         static readonly PropertyInfo Created = Member("CreatedOutsideScopeCount");
         static readonly PropertyInfo Disposed = Member("DisposedOutsideScopeCount");
+        static readonly PropertyInfo Detached = Member("DetachedFromScopeCount");
+        static readonly PropertyInfo Attached = Member("AttachedToScopeCount");   // 0.103 on (TorchSharp #1390)
 
         static PropertyInfo Bind(string type, string name, bool isStatic)
         {
@@ -306,5 +309,7 @@ namespace OptCheck.Worker
 
         public static long CreatedOutsideScope { get { return Read(Created); } }
         public static long DisposedOutsideScope { get { return Read(Disposed); } }
+        public static long DetachedFromScope { get { return Read(Detached); } }
+        public static long AttachedToScope { get { return Read(Attached); } }
     }
 }

@@ -164,9 +164,10 @@ namespace OptCheck.Worker
                         throw new ArgumentException("--same-init " + dir + ": " + np.name + " has shape [" + InitManifest.ShapeText(e.Shape) +
                                                     "] there, [" + InitManifest.ShapeText(have) + "] here");
                     float[] data = InitManifest.ReadFloats(dir, e);
-                    using (Tensor t = torch.tensor(data)) {
-                        using (Tensor v = t.view(e.Shape)) np.parameter.copy_(v);
-                    }
+                    // a DisposeScope, not using (Tensor t = ...): mcs compiles using's null check on a Tensor
+                    // with TorchSharp's element-wise != (Tensor.ne(Scalar)), a NullReferenceException on
+                    // TorchSharp >= 0.10x (docs/torchsharp.md, "Real TorchSharp here")
+                    using (torch.NewDisposeScope()) np.parameter.copy_(torch.tensor(data).view(e.Shape));
                 }
             }
             initSource = "--same-init " + dir;

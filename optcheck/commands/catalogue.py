@@ -23,7 +23,7 @@ def register(group: click.Group) -> None:
         summary (summary.json), snapshot (snapshots.jsonl lines), finding, metrics."""
         import json
 
-        from optcheck.run.snapshot import schema_document
+        from optcheck.record.snapshot import schema_document
 
         click.echo(json.dumps(schema_document(kind), indent=2))
 

@@ -11,7 +11,7 @@ from optcheck.errors import InputError
 from optcheck.findings import SEVERITIES
 from optcheck.run.recorder import RunRecorder
 from optcheck.report.reader import RunReader
-from optcheck.run.summary import Summary
+from optcheck.record.summary import Summary
 
 
 def check_file(path: str | Path, ignore: list | None = None) -> tuple[list, list[str], int]:
@@ -121,7 +121,7 @@ def register(group: click.Group) -> None:
         Exit codes: 0 clean, 1 findings at or above --fail-on, 2 bad input.
         """
         from optcheck.commands._paths import check_output_file
-        from optcheck.commands.soak import ignore_entries
+        from optcheck.commands.soak_plan import ignore_entries
 
         if junit:
             check_output_file(junit, "--junit")
@@ -160,7 +160,7 @@ def _report(stream, findings: list[dict], notes: list[str], counted: str, summar
     """What ``optcheck check`` prints and writes, for one run or every rank of one
     (a finding with a ``rank`` is printed with it): notes on stderr, one line per
     finding (or JSON lines), the count line, JUnit XML and the Markdown report."""
-    from optcheck.run.snapshot import dumps
+    from optcheck.record.snapshot import dumps
 
     for note in notes:
         click.echo(f"optcheck: note: {note}", err=True)

@@ -42,7 +42,7 @@ def register(group: click.Group) -> None:
         """
         from pathlib import Path
 
-        from optcheck.judge.upgrade import compare_seed_sets, seed_runs
+        from optcheck.judge.seeds import compare_seed_sets, seed_runs
 
         if not (Path(run_a) / "summary.json").exists() and seed_runs(run_a) and seed_runs(run_b):
             verdict, code, text = compare_seed_sets(run_a, run_b, window=window)

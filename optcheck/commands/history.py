@@ -9,7 +9,7 @@ from optcheck.run import exitcodes
 
 def register(group: click.Group) -> None:
     @group.command()
-    @click.argument("runs", nargs=-1, required=True, type=click.Path())
+    @click.argument("runs", nargs=-1, required=True, type=click.Path(readable=False))
     @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Also write a PNG of the trend.")
     @click.option("--k", "k", type=float, default=None,
                   help="Regression band: median + k x spread of the earlier nights (default 5).")
@@ -21,8 +21,8 @@ def register(group: click.Group) -> None:
         steps/s fell / peak RSS rose by over 15% against the previous night and
         beyond the earlier nights' spread.
 
-        RUNS: run directories, or folders holding them. Exit codes: 0 printed,
-        2 bad input.
+        RUNS: run directories, or folders holding them (a subfolder that cannot be
+        read is left out, with a note). Exit codes: 0 printed, 2 bad input.
         """
         from optcheck.commands._paths import check_output_file
         from optcheck.errors import InputError
@@ -32,7 +32,10 @@ def register(group: click.Group) -> None:
             raise InputError(f"--k {k}: must be a positive number")
         if plot:
             check_output_file(plot, "--plot")
-        nights = mark_nights(read_nights(runs), K_MAD if k is None else k)
+        skipped: list[str] = []
+        nights = mark_nights(read_nights(runs, skipped), K_MAD if k is None else k)
+        for note in skipped:
+            click.echo(f"optcheck: note: {note}", err=True)
         click.echo(render_history(nights))
         if plot:
             try:

@@ -1,15 +1,13 @@
-"""``optcheck soak``: run the built-in GPT for many steps and check it all the way."""
+"""``optcheck soak``: run the built-in GPT for many steps and check it all the way.
+
+The command parses its options and prints; what it runs is planned by
+``optcheck.commands.soak_plan.plan_soak`` and run by ``run_plan``."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import click
 
-from optcheck.config import (ChecksConfig, DataConfig, Injection, ModelConfig, OptimizerConfig, RunConfig, SoakConfig,
-                             TorchSharpConfig)
 from optcheck.findings import SEVERITIES
-from optcheck.rules import RuleConfig
 
 
 class _Int(click.ParamType):
@@ -37,22 +35,12 @@ INT = _Int()
 def _print_summary(summary: dict, findings: list) -> None:
     """The run's closing lines, then what optcheck cost it (``summary["cost"]``)."""
     from optcheck.report.text import render_summary
-    from optcheck.run.summary import cost_line
+    from optcheck.record.summary import cost_line
 
     click.echo(render_summary(summary, [f.to_dict() for f in findings]))
     line = cost_line(summary)
     if line:
         click.echo(line)
-
-
-def _embedded() -> bool:
-    """True when the command runs inside another program (a test's CliRunner),
-    whose signal handlers come back after the run; False in the ``optcheck``
-    process itself (``optcheck.cli.main``), whose handlers stay until it exits."""
-    import sys
-
-    cli = sys.modules.get("optcheck.cli")
-    return not getattr(cli, "STANDALONE", False)
 
 
 def _say_record_error(summary: dict) -> bool:
@@ -66,89 +54,6 @@ def _say_record_error(summary: dict) -> bool:
         where += f"; {summary.get('out')}/summary.json says record-failed"
     click.echo(f"optcheck: error: {summary['record_error']}; {where}", err=True)
     return True
-
-
-def ignore_entries(ignores) -> list:
-    """``--ignore`` entries after the nearest pyproject.toml's ``[tool.optcheck] ignore``;
-    InputError (exit 2) on a bad entry."""
-    from optcheck.errors import InputError
-    from optcheck.suppress import resolve
-
-    try:
-        return resolve(ignores)
-    except ValueError as e:
-        raise InputError(f"--ignore: {e}") from None
-
-
-def rule_config_for(memory_budget: str | None) -> RuleConfig:
-    """The rule knobs a soak's options set: ``--memory-budget`` (e.g. ``4GiB``; default
-    this machine's physical memory, so OC401 projects the step at which it would run
-    out). InputError (exit 2) on a bad size."""
-    rule_config = RuleConfig()
-    if memory_budget:
-        from optcheck.units import parse_bytes
-
-        rule_config.memory_budget_bytes = parse_bytes(memory_budget, "--memory-budget")
-    else:
-        import psutil
-
-        rule_config.memory_budget_bytes = psutil.virtual_memory().total
-    return rule_config
-
-
-def _write_md(path: str, runs: list, plot, baseline=None) -> None:
-    from optcheck.report.markdown import write_markdown
-
-    write_markdown(path, [(s, [f.to_dict() for f in fs]) for s, fs in runs], plot, baseline=baseline)
-
-
-def _compare(run_a, run_b) -> int:
-    """Compare two finished runs as ``optcheck compare`` does; return its exit code."""
-    from optcheck.judge.compare import compare_runs
-
-    res = compare_runs(run_a, run_b)
-    click.echo(res.render())
-    return res.exit_code
-
-
-def backends_of(o: SimpleNamespace) -> list[str]:
-    """``--backend``'s list, checked with the options that depend on how many it names
-    (InputError, exit 2)."""
-    from optcheck.errors import InputError
-
-    backends = [b.strip() for b in o.backend.split(",") if b.strip()]
-    if not backends or any(b not in ("pytorch", "torchsharp") for b in backends) or len(set(backends)) < len(backends):
-        raise InputError(f"--backend {o.backend!r}: pytorch, torchsharp or pytorch,torchsharp")
-    if o.same_init and len(backends) < 2:
-        raise InputError("--same-init needs two backends: --backend pytorch,torchsharp")
-    if (len(backends) > 1 or o.seeds is not None) and (o.junit or o.plot):
-        option = "--junit" if o.junit else "--plot"
-        many = f"--backend {o.backend} makes two" if len(backends) > 1 else f"--seeds {o.seeds} makes one per seed"
-        raise InputError(f"{option} writes one run's report, and {many}: run each with its own {option}, "
-                         f"or use --summary-md (it covers every run)")
-    return backends
-
-
-def soak_config(o: SimpleNamespace, backend: str) -> SoakConfig:
-    """``optcheck soak``'s options as a :class:`SoakConfig` for ``backend`` (the first of
-    ``--backend``), validated: InputError (exit 2) names the first bad option."""
-    from optcheck.torchsharp_bridge.options import parse_trainer_options
-
-    return SoakConfig(
-        model=ModelConfig(n_layer=o.n_layer, n_head=o.n_head, n_embd=o.n_embd, block_size=o.block_size,
-                          vocab_size=o.vocab_size),
-        optimizer=OptimizerConfig(name=o.optimizer, lr=o.lr),
-        data=DataConfig(path=o.data, batch_size=o.batch_size, val_every=o.val_every),
-        run=RunConfig(backend=backend, steps=o.steps, every=o.every, seed=o.seed, threads=o.threads, device=o.device,
-                      step_timeout_s=o.step_timeout, eval_every=o.eval_every, checkpoint_every=o.checkpoint_every,
-                      resume_at=o.resume_at, python=o.python or None),
-        checks=ChecksConfig(inject=[Injection.parse(i) for i in o.injects], stop_on_finding=o.stop_on_finding,
-                            hazards="off" if o.no_hazards else o.hazard_mode, allow_inplace=o.allow_inplace),
-        torchsharp=TorchSharpConfig(version=o.torchsharp or None, assembly=o.dotnet_assembly or None,
-                                    trainer=o.dotnet_trainer or None, runtime=o.dotnet_runtime,
-                                    dotnet_root=o.dotnet_root or None),
-        trainer_options=parse_trainer_options(o.trainer_options),
-    ).validate()
 
 
 def register(group: click.Group) -> None:
@@ -238,84 +143,31 @@ def register(group: click.Group) -> None:
 
         Runs the training in a worker process, takes a snapshot every --every steps
         (and at once when the model and optimizer stop agreeing), applies every rule,
-        and writes snapshots.jsonl, findings.jsonl, metrics.jsonl and summary.json to
+        and records snapshots.jsonl, findings.jsonl, metrics.jsonl and summary.json in
         --out. Exit codes: 0 clean, 1 findings, 2 bad input, 3 worker crashed or
         hung, 4 could not record (disk full), 130 interrupted.
         """
-        from optcheck.commands._paths import check_output_file
-        from optcheck.errors import InputError, RecordError
-        from optcheck.drivers.soak import run_backends, run_soak
-        from optcheck.drivers.watch import Signals
+        from optcheck.commands.soak_plan import plan_soak, run_plan
 
-        o = SimpleNamespace(**options)
-        backends = backends_of(o)
-        cfg = soak_config(o, backends[0])  # every option before anything is created
-        from optcheck.distributed.cli import dispatch  # optcheck.distributed hook: --nproc
+        plan = plan_soak(options)  # every option checked, nothing created yet
+        return _print_outcome(run_plan(plan))
 
-        if (code := dispatch(cfg, o.nproc, o.out, fail_on=o.fail_on, quiet=o.quiet, force=o.force,
-                             print_summary=_print_summary,
-                             other_options=bool(o.seeds or len(backends) > 1 or o.junit or o.plot or o.summary_md
-                                                 or o.baseline or o.ignores or o.memory_budget))) is not None:
-            return code
 
-        from optcheck.judge.baseline import after_soak, prepare
-        from optcheck.commands._paths import same_dir
+def _print_outcome(outcome) -> int:
+    """Print what ``run_plan`` ran (``optcheck.commands.soak_plan.SoakOutcome``): each run's closing
+    lines, the judgment against the baseline, the comparison of two backends; return the exit code."""
+    import sys
 
-        if o.baseline is not None and same_dir(o.baseline, o.out if o.out is not None else "runs"):
-            raise InputError(f"--baseline {o.baseline}: is the --out of this soak; the run would replace its own "
-                             f"baseline and be judged against itself (give the baseline another folder)")
-        prepared = prepare(o.baseline, cfg.to_json(), seeds=o.seeds, backends=backends, speed=o.speed_tolerance,
-                           memory=o.memory_tolerance, fail_on=o.fail_on)
-        for option, target in (("--junit", o.junit), ("--plot", o.plot), ("--summary-md", o.summary_md)):
-            if target:
-                check_output_file(target, option, created_dir=o.out)
-        rule_config = rule_config_for(o.memory_budget)
-        ignore = ignore_entries(o.ignores)
-        if o.seeds is not None:
-            from optcheck.judge.upgrade import parse_seeds, run_seeds
-
-            if len(backends) > 1:
-                raise InputError("--seeds runs one backend: give --backend pytorch or torchsharp")
-            results, code = run_seeds(cfg, parse_seeds(o.seeds), o.out, fail_on=o.fail_on, rule_config=rule_config,
-                                      progress=not o.quiet, force=o.force, signals=Signals(restore=_embedded()),
-                                      ignore=ignore)
-            for r in results:
-                _print_summary(r.summary, r.findings)
-                _say_record_error(r.summary)
-            if o.summary_md:
-                _write_md(o.summary_md, [(r.summary, r.findings) for r in results], None)
-            return code
-        if len(backends) > 1:
-            results, code = run_backends(cfg, backends, o.out, same_init=o.same_init, fail_on=o.fail_on,
-                                         rule_config=rule_config, progress=not o.quiet, force=o.force,
-                                         signals=Signals(restore=_embedded()), ignore=ignore)
-            for r in results:
-                _print_summary(r.summary, r.findings)
-                _say_record_error(r.summary)
-            if o.summary_md:
-                _write_md(o.summary_md, [(r.summary, r.findings) for r in results], None)
-            if all(r.summary["status"] in ("clean", "findings") for r in results):
-                code = max(code, _compare(results[0].out, results[1].out))
-            return code
-        result = run_soak(cfg, o.out, fail_on=o.fail_on, rule_config=rule_config, progress=not o.quiet, force=o.force,
-                          signals=Signals(restore=_embedded()), ignore=ignore)
-        _print_summary(result.summary, result.findings)
-        if _say_record_error(result.summary):
-            return result.exit_code
-        against, code = after_soak(result.out, prepared, result.exit_code, click.echo) if prepared else (None, None)
-        try:
-            if o.junit:
-                from optcheck.report.junit import write_junit
-
-                write_junit([f.to_dict() for f in result.findings], o.junit, suite_name=f"optcheck soak {result.out}",
-                            summary=result.summary, crash=result.summary.get("crash"), fail_on=o.fail_on,
-                            time_s=result.summary.get("elapsed_s"), baseline=against)
-            if o.plot:
-                from optcheck.report.plot import plot_run
-
-                plot_run(result.out, o.plot)
-            if o.summary_md:
-                _write_md(o.summary_md, [(result.summary, result.findings)], o.plot, against)
-        except OSError as e:
-            raise RecordError(e.filename or o.junit or o.plot or o.summary_md, e) from None
-        return result.exit_code if code is None else code
+    for r in outcome.results:
+        _print_summary(r.summary, r.findings)
+        _say_record_error(r.summary)
+    for note in outcome.notes:  # lines of the ranks' files the reader skipped
+        print(f"optcheck: note: {note}", file=sys.stderr)
+    if outcome.error is not None:
+        raise outcome.error
+    if outcome.baseline is not None:
+        for line in outcome.baseline.lines():
+            click.echo(line)
+    if outcome.compare is not None:
+        click.echo(outcome.compare.render())
+    return outcome.code

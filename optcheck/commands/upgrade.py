@@ -81,7 +81,7 @@ def register(group: click.Group) -> None:
         behaviour; 2 bad input (nothing run); 3 a side crashed; 130 interrupted.
         """
         from optcheck.commands._paths import check_output_file
-        from optcheck.commands.soak import ignore_entries, rule_config_for
+        from optcheck.commands.soak_plan import ignore_entries, rule_config_for
         from optcheck.config import DataConfig, ModelConfig, OptimizerConfig, RunConfig, SoakConfig
         from optcheck.errors import InputError
         from optcheck.judge.baseline import Tolerances, parse_fraction

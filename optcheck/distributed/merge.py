@@ -1,5 +1,5 @@
-"""The merged summary of a distributed run: ``out/summary.json`` from every
-``out/rank-K/summary.json``. Torch-free (also used by ``optcheck soak --nproc``).
+"""The ranks' records of a distributed run, read back for the merged ``out/summary.json``.
+Torch-free (also used by ``optcheck soak --nproc``).
 
 Every rank file is read by the one record reader
 (:class:`optcheck.report.reader.RunReader`) with its policy: a line that is not
@@ -8,40 +8,26 @@ JSON (a rank killed mid-write) is skipped and named in the merged summary's
 and its records are left out (the merge runs inside the user's job at close, so it
 reports, never raises).
 
-The merged summary is a ``summary_version`` 2 summary
-(``optcheck/schemas/summary-1.json``, :class:`optcheck.run.summary.Summary`):
-rank 0's, with these fields merged over the ranks:
-
-- ``status`` the worst of the ranks' (clean < running < findings < stopped <
-  crashed < record-failed < interrupted; a rank without a summary counts as
-  "crashed" and is listed in ``missing_ranks``), ``exit_code`` the highest (the
-  codes of ``optcheck.run.exitcodes`` grow with precedence: 130 > 4 > 3 > 1 > 0);
-- ``findings``/``findings_by_code``/``first_finding`` over every rank (cross-rank
-  findings, which every rank computes from the same table, counted once: same code
-  and message; see :func:`fold`), ``lead_time`` from them to ``crash``;
-- ``last_step`` the lowest, ``peak_rss_bytes`` the highest;
-- ``crash`` one rank's crash (with its ``rank``), preferring a rank's own exception
-  over the collective error or timeout it left the other ranks in;
-- added: ``world``, ``ranks`` (status, exit code, last step, findings, crash per
-  rank), ``missing_ranks``, ``notes``.
+What the merged summary counts, and who writes it, is the recorder's
+(``optcheck/run/rank_fold.py``, :class:`optcheck.run.recorder.RankRecorder`): this
+module reads the ranks' files (:func:`read_ranks`), folds their findings (a
+cross-rank finding once: :func:`fold`) and says which crash is a knock-on of a
+peer's end (:func:`knock_on`).
 """
 
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
-from optcheck.run import exitcodes
-from optcheck.errors import InputError, RecordError
-from optcheck.findings import lead_time
+from optcheck.errors import InputError
 from optcheck.report.reader import RunReader
-from optcheck.run.rundir import write_summary
-from optcheck.run.summary import Summary
+from optcheck.run.recorder import RankRecorder
 
-_ORDER = ("clean", "running", "findings", "stopped", "crashed", "record-failed", "interrupted")
-_KNOCK_ON = ("Timed out", "Connection closed", "Connection reset", "no summary.json", "LauncherStopped",
-             "SIGTERM from the launcher")  # a peer died, or the launcher stopped this rank because one did
+#: Words of a crash a peer's end caused: a collective that timed out or lost its connection, a
+#: rank with no summary, the launcher stopping this rank because another failed.
+KNOCK_ON = ("Timed out", "Connection closed", "Connection reset", "no summary.json", "LauncherStopped",
+            "SIGTERM from the launcher")
 
 
 def rank_dir(out: Path, rank: int) -> Path:
@@ -103,72 +89,33 @@ def fold(rank: int, found: list[dict], seen: set, into: list[dict]) -> list[dict
     return added
 
 
-def merged(out: Path, world: int, source: str = "monitor") -> dict:
-    """The merged summary of ranks 0..world-1 under ``out`` (see the module docstring)."""
-    return collect(out, world, source)[0]
+def knock_on(crash: dict) -> bool:
+    """Whether a rank's ``crash`` is the knock-on of a peer's end (:data:`KNOCK_ON`), not its own fault."""
+    return any(w in str(crash.get("message", "")) + str(crash.get("exc_type", "")) for w in KNOCK_ON)
 
 
-def collect(out: Path, world: int, source: str = "monitor") -> tuple[dict, list[dict]]:
-    """:func:`merged` and the folded findings it counted (each with its ``rank``)."""
+def read_ranks(out: Path, world: int) -> tuple[list[dict | None], list[dict], list[str]]:
+    """Every rank's checked ``summary.json`` (None when missing or unreadable), their findings
+    folded (:func:`fold`, each with its ``rank``) and the notes of what could not be read."""
     notes: list[str] = []
-    per, missing, findings, summaries = [], [], [], []
-    seen: set = set()
+    ranks, findings, seen = [], [], set()
     for r in range(world):
-        s = read_rank(out, r, notes)
-        summaries.append(s)
-        if s is None:
-            missing.append(r)
-            per.append({"rank": r, "status": "crashed", "exit_code": exitcodes.CRASHED, "last_step": None,
-                        "findings": None, "crash": {"message": "no summary.json from this rank"}})
-        else:
-            per.append({"rank": r, "status": s.get("status"), "exit_code": s.get("exit_code"),
-                        "last_step": s.get("last_step"), "findings": s.get("findings"), "crash": s.get("crash"),
-                        "stopped": s.get("stopped"), "findings_by_code": s.get("findings_by_code")})
+        ranks.append(read_rank(out, r, notes))
         fold(r, read_findings(out, r, notes), seen, findings)
-    base = summaries[0] if summaries[0] and summaries[0].get("summary_version") == Summary.summary_version \
-        else Summary(run=Path(out).name, backend="pytorch", source=source).to_dict()
-    s = dict(base)
-    s.update(run=Path(out).name, source=source, out=str(out))
-    refresh(s, per, findings, missing, notes)
-    peaks = [x.get("peak_rss_bytes") for x in summaries if x and isinstance(x.get("peak_rss_bytes"), int)]
-    s["peak_rss_bytes"] = max(peaks, default=s.get("peak_rss_bytes") or 0)
-    return s, findings
+    return ranks, findings, notes
 
 
-def refresh(s: dict, per: list[dict], findings: list[dict], missing: list[int], notes: list[str]) -> dict:
-    """Fill the merged fields of ``s`` from the per-rank entries ``per`` (as in
-    ``s["ranks"]``, possibly amended by the caller) and the folded ``findings``."""
-    status = max((p["status"] if p["status"] in _ORDER else "crashed" for p in per), key=_ORDER.index)
-    by_code: dict[str, int] = {}
-    for f in findings:
-        by_code[f["code"]] = by_code.get(f["code"], 0) + 1
-    steps = [p["last_step"] for p in per if isinstance(p["last_step"], int)]
-    codes = [p["exit_code"] for p in per if isinstance(p["exit_code"], int)]
-    first = min(findings, key=lambda f: (f.get("step", 0), f.get("rank", 0))) if findings else None
-    crashes = [dict(p["crash"], rank=p["rank"]) for p in per if p.get("crash")]
-    # the root cause first: a rank's own exception, not the collective timeout it left the others in
-    crashes.sort(key=lambda c: any(w in str(c.get("message", "")) + str(c.get("exc_type", "")) for w in _KNOCK_ON))
-    crash = crashes[0] if crashes else None
-    ordered = sorted(findings, key=lambda f: (f.get("step", 0), f.get("rank", 0)))
-    s.update(world=len(per), status=status, exit_code=exitcodes.worst(codes + ([exitcodes.CRASHED] if missing else [])),
-             last_step=min(steps) if steps else 0, findings=len(findings), findings_by_code=by_code,
-             first_finding=first, crash=crash, lead_time=lead_time(ordered, crash), missing_ranks=missing,
-             ranks=per, notes=notes)
-    return s
+def merged(out: Path, world: int, source: str = "monitor") -> dict:
+    """The merged summary of ranks 0..world-1 under ``out``, counted (not written)."""
+    from optcheck.run.rank_fold import fold_ranks
+
+    return fold_ranks(*read_ranks(out, world), out=out, source=source, knock_on=knock_on)
 
 
 def write_merged(out: Path, world: int) -> dict:
-    """Write :func:`merged` to ``out/summary.json`` atomically (``optcheck.run.rundir.write_summary``);
-    return it. Two ranks merging at once (rank 0 and a late rank) may collide on the temporary
-    file: tried three times, then left (the other one's is as good)."""
-    s = merged(out, world)
-    for attempt in range(3):
-        try:
-            write_summary(out, s)
-            break
-        except RecordError:
-            time.sleep(0.05 * (attempt + 1))
-    return s
+    """Fold the ranks' summaries into ``out/summary.json`` (:class:`optcheck.run.recorder.RankRecorder`,
+    tried three times: rank 0 and a late rank may fold at once); return it."""
+    return RankRecorder(out, source="monitor", knock_on=knock_on).fold(*read_ranks(out, world), attempts=3)
 
 
 def ranks_in(message: str, me: int, world: int) -> list[int]:

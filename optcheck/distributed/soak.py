@@ -6,9 +6,11 @@ same lock as a one-process soak or a Monitor: a second writer is refused naming 
 PID that holds it), starts ``python -m optcheck.distributed.launch --nproc-per-node N
 -m optcheck.distributed.worker`` (``torch.distributed.run``; gloo, CPU; a free port from
 the OS) in a new session, shows the usual progress bar from the ranks' heartbeats and
-prints each finding as it is written, and when the job ends writes the merged
-``OUT/summary.json`` (``optcheck/distributed/merge.py``, ``summary_version`` 2) over
-every ``OUT/rank-K/`` (each rank's own stream, the layout of a one-process soak).
+prints each finding as it is written, and when the job ends folds every ``OUT/rank-K/``
+(each rank's own stream, the layout of a one-process soak) into ``OUT/summary.json``
+through the run's recorder (:class:`optcheck.run.recorder.RankRecorder`, ``summary_version``
+2), with what only the supervisor saw: a rank killed or hung, optcheck signalled, the
+launcher's failure.
 
 Exit codes as ``optcheck.run.exitcodes``:
 
@@ -23,7 +25,10 @@ Exit codes as ``optcheck.run.exitcodes``:
   group's timeout (``--timeout`` of the worker, 60 s here; gloo's own default is
   30 min), and the Monitor's exchange records OC707;
 - SIGINT or SIGTERM to optcheck: every rank is asked to stop (SIGTERM, SIGCONT), killed
-  after :data:`RANK_GRACE_S` (or at a second signal); ``summary.json`` says ``interrupted``: exit 130.
+  after :data:`RANK_GRACE_S` (or at a second signal); ``summary.json`` says ``interrupted``: exit 130;
+- SIGTERM (or SIGINT) to one rank, not to optcheck: that rank closes as interrupted, the
+  launcher stops the others; ``summary.json`` says ``interrupted`` (exit 130), its
+  ``interrupted_by`` the signal and its ``crash`` the rank (``optcheck/run/rank_fold.py``).
 
 No process outlives the supervisor: ``optcheck/distributed/lifetime.py``.
 """
@@ -40,14 +45,14 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from optcheck.run import exitcodes
 from optcheck.config import SoakConfig
 from optcheck.distributed import lifetime, merge
-from optcheck.distributed.cli import check_capacity, env_timeout_s
+from optcheck.distributed.limits import check_capacity, env_timeout_s
 from optcheck.errors import InputError
-from optcheck.findings import Finding, lead_time
+from optcheck.findings import Finding
 from optcheck.run import rundir as rd
-from optcheck.run.summary import Summary, utc_now
+from optcheck.run.recorder import RankRecorder
+from optcheck.record.summary import Summary, utc_now
 
 POLL_S = 0.5
 STARTING = 2  # optcheck.distributed.worker.STARTING (the worker imports torch; this module must not)
@@ -224,8 +229,9 @@ def _supervise(cfg: SoakConfig, nproc: int, claim: _Claim, sig, fail_on: str, pr
     cfg_path = claim.fresh("config.json")
     cfg_path.write_text(cfg.to_json(), encoding="utf-8")
     started = utc_now()
-    rd.write_summary(out, {**Summary(run=out.name, backend="pytorch", source="soak", steps_requested=cfg.run.steps,
-                                     fail_on=fail_on, started=started, out=str(out)).to_dict(), "world": nproc})
+    RankRecorder(out, source="soak").write_running(
+        {**Summary(run=out.name, backend="pytorch", source="soak", steps_requested=cfg.run.steps, fail_on=fail_on,
+                   started=started, out=str(out)).to_dict(), "world": nproc})
     cmd = [sys.executable, "-m", "optcheck.distributed.launch", "--nproc-per-node", str(nproc),
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "optcheck.distributed.worker",
            "--config", str(cfg_path), "--out", str(out), "--fail-on", fail_on, "--timeout", str(timeout_s)]
@@ -259,20 +265,16 @@ def _supervise(cfg: SoakConfig, nproc: int, claim: _Claim, sig, fail_on: str, pr
                 _stop(proc, beats, sig)
             bar.close()
     live.poll()
-    return _summarise(cfg, nproc, out, proc, sig, hung, started, time.perf_counter() - t0)
+    return _summarise(cfg, nproc, out, proc, sig, hung, started, time.perf_counter() - t0, fail_on)
 
 
 def _summarise(cfg: SoakConfig, nproc: int, out: Path, proc, sig, hung: dict | None, started: str,
-               elapsed: float) -> tuple[dict, list[dict]]:
-    """The merged summary of the ended job, written to ``OUT/summary.json``, and its findings."""
-    text = (out / "launcher.log").read_text(encoding="utf-8", errors="replace")
-    summary, folded = merge.collect(out, nproc, source="soak")
+               elapsed: float, fail_on: str) -> tuple[dict, list[dict]]:
+    """The merged summary of the ended job, folded and written by the run's recorder with what
+    the supervisor saw (a hung or killed rank, a signal to optcheck, the launcher's exit), and its
+    findings."""
+    log = out / "launcher.log"
     beats = heartbeats(out, nproc)
-    per = summary["ranks"]
-    for entry in per:  # a rank stopped from outside never wrote its final summary: its heartbeat says how far
-        if entry["status"] == "running" and entry["rank"] in beats:
-            entry.update(status="stopped", last_step=beats[entry["rank"]].step)
-    merge.refresh(summary, per, folded, summary["missing_ranks"], summary["notes"])
     returncode = proc.returncode if proc is not None else None
     fault = None
     if hung is not None:
@@ -281,29 +283,19 @@ def _summarise(cfg: SoakConfig, nproc: int, out: Path, proc, sig, hung: dict | N
                  "message": f"rank {hung['rank']} {how} for {cfg.run.step_timeout_s:g} s (--step-timeout) after step "
                             f"{hung['step']}; every rank was stopped"}
     elif not sig.count and returncode not in (0, None):
-        cause = root_cause(text)
+        cause = root_cause(log.read_text(encoding="utf-8", errors="replace"))
         if cause is not None and cause["signal"] in ("SIGKILL", "SIGSEGV", "SIGABRT", "SIGBUS"):
             step = beats[cause["rank"]].step if cause["rank"] in beats else 0
             fault = {"rank": cause["rank"], "step": step + 1, "exc_type": cause["signal"], "signal": cause["signal"],
                      "message": f"rank {cause['rank']} was killed by {cause['signal']} in step {step + 1}; "
                                 f"torch.distributed.run stopped the other ranks"}
-    if sig.count:
-        summary.update(status="interrupted", exit_code=exitcodes.INTERRUPTED)
-    elif fault is not None:
-        summary.update(status="crashed", exit_code=exitcodes.CRASHED, crash=fault)
-    elif returncode not in (0, None) and summary["exit_code"] < exitcodes.CRASHED:
-        summary.update(status="crashed", exit_code=exitcodes.CRASHED,
-                       crash=summary.get("crash") or {"message": f"torch.distributed.run exited {returncode}; "
-                                                                 f"see {out / 'launcher.log'}"})
-    summary["lead_time"] = lead_time(sorted(folded, key=lambda f: (f.get("step", 0), f.get("rank", 0))),
-                                     summary.get("crash"))
-    rank0 = merge.read_rank(out, 0) or {}
-    summary.update(steps_requested=cfg.run.steps, fail_on=rank0.get("fail_on", summary.get("fail_on")),
-                   config={k: v for k, v in cfg.to_wire().items() if k != "inject"}, started=started,
-                   finished=utc_now(), nproc=nproc, inject=[f"{i.name}@{i.step}" for i in cfg.checks.inject],
-                   interrupted_by=sig.name, signals=sig.count, elapsed_s=round(elapsed, 3),
-                   steps_per_s=round(summary["last_step"] / elapsed, 2) if elapsed else None)
-    rd.write_summary(out, summary)
+    ranks, folded, notes = merge.read_ranks(out, nproc)
+    summary = RankRecorder(out, source="soak", knock_on=merge.knock_on).fold(
+        ranks, folded, notes, heartbeats={r: b.step for r, b in beats.items()}, interrupted_by=sig.name,
+        fault=fault, launcher_exit=returncode, launcher_log=str(log), elapsed_s=elapsed,
+        steps_requested=cfg.run.steps, fail_on=fail_on,
+        config={k: v for k, v in cfg.to_wire().items() if k != "inject"}, started=started, finished=utc_now(),
+        nproc=nproc, inject=[f"{i.name}@{i.step}" for i in cfg.checks.inject], signals=sig.count)
     return summary, folded
 
 

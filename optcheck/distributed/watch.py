@@ -2,7 +2,8 @@
 ``torch.distributed`` job.
 
 - its run directory is ``out/rank-K/`` (:meth:`RankWatch.locate`); at close, rank 0
-  writes ``out/summary.json``, the merged summary (``optcheck/distributed/merge.py``);
+  folds every rank's summary into ``out/summary.json`` (``optcheck/distributed/merge.py``,
+  the run's ``RankRecorder``);
 - before every ``every``-th backward pass (:meth:`before_backward`) the ranks
   exchange one fixed-size int64 row each (``optcheck/distributed/table.py``) with one
   ``all_gather`` on a process group of its own (gloo), so the exchange never
@@ -32,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from optcheck.distributed import merge, table
-from optcheck.distributed.cli import env_timeout_s
+from optcheck.distributed.limits import env_timeout_s
 from optcheck.errors import InputError
 from optcheck.run import rundir as rd
 from optcheck.rules.crossrank import disagreements
@@ -175,8 +176,8 @@ class RankWatch:
                                    "detail": detail})
 
     def close(self, summary: dict) -> None:
-        """After this rank's ``summary.json``: rank 0 writes ``out/summary.json`` merged
-        from every ``rank-K/summary.json`` at once, and again when the others have
+        """After this rank's ``summary.json``: rank 0 folds every ``rank-K/summary.json`` into
+        ``out/summary.json`` (through the run's ``RankRecorder``) at once, and again when the others have
         finished theirs (waiting up to :data:`MERGE_WAIT_S`, not after a lost rank nor when
         the launcher stopped this rank); a
         rank that finishes after rank 0 rewrites it.

@@ -95,8 +95,8 @@ def _leave(code: int) -> None:
 
 
 def _train(cfg: SoakConfig, out: Path, fail_on: str, torch, dist, monitor: bool = True) -> int:
-    import optcheck
     from optcheck.data import BatchSchedule, load_corpus
+    from optcheck.drivers.monitor import Monitor
     from optcheck.pytorch.gpt import GPT, GPTConfig
     from optcheck.pytorch.train import lr_at
 
@@ -113,7 +113,7 @@ def _train(cfg: SoakConfig, out: Path, fail_on: str, torch, dist, monitor: bool 
     beat = _Heartbeat(out / f"rank-{rank}" / "heartbeat")
     beat.beat(0, STARTING)  # this rank's PID for the supervisor, before the Monitor (collective) is built
     lr_factor = 1.0
-    with (optcheck.Monitor(model, opt, every=cfg.run.every, out=str(out), on_finding="log", fail_on=fail_on,
+    with (Monitor(model, opt, every=cfg.run.every, out=str(out), on_finding="log", fail_on=fail_on,
                            hazards=False if cfg.checks.hazards == "off" else cfg.checks.hazards,
                            allow_inplace=cfg.checks.allow_inplace) if monitor else contextlib.nullcontext()):
         for step in range(1, cfg.run.steps + 1):

@@ -23,7 +23,7 @@ check runs before that pass and the post-step snapshot after it.
 
 How it watches (all hooks, nothing copied), in the soak's own order
 (``optcheck/run/sequencer.py``: pre-step check, cadence, hazard-forced and final
-snapshots; ``optcheck/run/summary.py``: the rule check and ``summary.json``):
+snapshots; ``optcheck/run/recorder.py``: the rule check and ``summary.json``):
 
 - ``optimizer.step()`` pre- and post-hooks (``register_step_pre_hook``): the
   identity check before, a snapshot at once if it changed; after, every
@@ -83,7 +83,7 @@ from optcheck.pytorch.unwrap import unwrap_model, unwrap_optimizer
 from optcheck.run.recorder import RunRecorder
 from optcheck.rules import RuleConfig
 from optcheck.run.sequencer import Sequencer, StepCost, timed_hook
-from optcheck.run.summary import Summary, utc_now
+from optcheck.record.summary import Summary, utc_now
 from optcheck.suppress import resolve
 from optcheck.userframe import user_stacklevel
 from optcheck.errors import StepStopped
@@ -202,6 +202,7 @@ class Monitor:
         self.closed = False
         self._losses: list[tuple[int, torch.Tensor]] = []
         self._loss: torch.Tensor | None = None
+        self._loss_before: torch.Tensor | None = None
         self._crash: dict | None = None
         self._stopped: dict | None = None
         self._may_raise = True
@@ -262,8 +263,8 @@ class Monitor:
 
     @property
     def snapshots(self) -> int:
-        """Snapshots taken so far (with those of the run resumed from)."""
-        return self.seq.snapshots
+        """Snapshots taken so far (with those of the run resumed from), as the recorder counted them."""
+        return self.rec.summary.snapshots
 
     # -- hooks for subclasses (Lightning-style: no-ops by default) ------------
     def on_snapshot(self, snapshot: dict) -> None:
@@ -307,7 +308,7 @@ class Monitor:
     def state_dict(self) -> dict:
         """What a resumed job needs to keep the step count and snapshot cadence."""
         return {"step": self.step_count, "snapshots": self.snapshots, "every": self.every,
-                "loss_first": self.seq.loss_first}
+                "loss_first": self.rec.summary.loss_first}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue counting from a :meth:`state_dict` (prefer ``Monitor(..., state=...)``:
@@ -316,9 +317,9 @@ class Monitor:
         check_state(state)
         self.step_count = int(state["step"])
         self.seq.last_snap_step = self.step_count
-        self.seq.snapshots = int(state.get("snapshots", self.snapshots))
+        self.rec.resume(step=self.step_count, snapshots=int(state.get("snapshots", self.snapshots)),
+                        loss_first=state.get("loss_first"))
         self.every = int(state.get("every", self.every))
-        self.seq.loss_first = state.get("loss_first", self.seq.loss_first)
         self.hazards.arm("resume")
         if self._ctx is not None:
             self._exit_step()
@@ -339,8 +340,10 @@ class Monitor:
         elif self._crash is None and self._stopped is None and (self.step_count > self.seq.last_snap_step
                                                                  or self._losses):
             self._guard(self._snapshot, "final")
-        elif self._crash is not None and len(self._ledger):
-            self._checks_before_crash()
+        elif self._crash is not None:  # the losses of the steps taken before it, and the checks still unread
+            if len(self._ledger):
+                self._checks_before_crash()
+            self._guard(self._flush_losses)
         for h in self._handles:
             h.remove()
         self.hazards.remove()
@@ -351,7 +354,7 @@ class Monitor:
         atexit.unregister(self._atexit)
         summary = self.rec.finish(**self._ending())
         self.rec.close()
-        self.rank_watch.close(summary)  # under torchrun: rank 0 writes out/summary.json merged
+        self.rank_watch.close(summary)  # under torchrun: rank 0 folds the ranks' summaries (RankRecorder)
         self.on_close(summary)
         return summary
 
@@ -369,7 +372,7 @@ class Monitor:
             self._may_raise = True
 
     def summary(self) -> dict:
-        """The run so far: ``summary.json``'s fields (``optcheck.run.summary.Summary``,
+        """The run so far: ``summary.json``'s fields (``optcheck.record.summary.Summary``,
         filled by ``optcheck.run.recorder.RunRecorder``)."""
         if self.closed and self.rec.finished:
             return self.rec.summary.to_dict()
@@ -380,18 +383,16 @@ class Monitor:
                 "stopped": self._stopped is not None, "elapsed_s": time.perf_counter() - self.seq.t0}
 
     def _fill_summary(self, sm: Summary) -> None:
-        """The recorder's ``on_fill``: what the Monitor tracks itself."""
-        seq = self.seq
-        sm.last_step, sm.snapshots, sm.loss_first, sm.loss_last = (self.step_count, seq.snapshots, seq.loss_first,
-                                                                   seq.last_loss)
-        sm.peak_rss_bytes, sm.versions, sm.threads = seq.peak_rss, seq.probe.versions(), torch.get_num_threads()
+        """The recorder's ``on_fill``: what only the Monitor sees (the recorder counts the rest:
+        snapshots, losses, peak RSS, their cost): the optimizer steps taken, how the loop ended."""
+        self.rec.reached(self.step_count)  # steps without a loss or a snapshot count too
+        sm.versions, sm.threads = self.seq.probe.versions(), torch.get_num_threads()
         sm.crash, sm.stopped, sm.config = self._crash, self._stopped, {"every": self.every}
         if self.in_backward.active:  # the training step was a backward pass (optcheck/pytorch/in_backward.py)
             sm.config["steps_in"] = "backward"
         sm.not_checked = list(self.hazards.not_checked) + list(self.notes)
         sm.hazards = self.hazards.stats()
         sm.interrupted_by, sm.signals = self._interrupted, int(self._interrupted is not None)
-        self.rec.snapshot_cost = seq.cost
         sm.cost = {**(sm.cost or {}), "steps": self.step_cost.to_dict(), "train_cpu_s": None}  # (CPU: a worker's)
 
     def _record_failed(self, error) -> None:
@@ -479,14 +480,18 @@ class Monitor:
         if self.rank_watch.before_backward(self.step_count):  # under torchrun: the ranks differ
             self.seq.take(self.step_count + 1, "pre-step", "check")
         loss = backward_loss(roots, grads)
+        self._loss_before = self._loss  # (back to it when the pass reaches none of this optimizer's parameters)
         if loss is not None:
             self._loss = loss
 
     @guarded(FindingError, StepStopped)
     @timed_hook()
     def after_backward(self) -> None:
-        """After a backward pass that returned: its gradients are written."""
-        self.grad_clear.after_backward()
+        """After a backward pass that returned: its gradients are written. With several Monitors
+        open, a pass that reached none of the watched parameters (another Monitor's model) leaves
+        this step's loss as it was."""
+        if self.grad_clear.after_backward() is False and monitor_hooks.open_listeners() > 1:
+            self._loss = self._loss_before
         self.hazards.after_backward(self.step_count + 1)
         if not self.in_backward.retired and self.in_backward.after():  # the pass moved the parameters: a step
             self.grad_clear.step_ended()
@@ -631,16 +636,14 @@ class Monitor:
             return
         steps = [s for s, _ in self._losses]
         self._losses = []
-        if self.seq.loss_first is None:
-            self.seq.loss_first = values[0]
-        self.seq.last_loss = values[-1]
-        self.rec.metrics(steps, values)  # the steps since the last snapshot, one write(2)
+        self.seq.last_loss = values[-1]  # the next snapshot's loss
+        self.rec.metrics(steps, values)  # the steps since the last snapshot, one write(2); the recorder counts them
 
     def _emit(self, snap: dict, seconds: float) -> list[Finding]:
         """The sequencer's ``emit``: check and write the snapshot (``on_snapshot``, then each
         new finding); raise :class:`FindingError` once all are written (``on_finding="raise"``)."""
         self.rank_watch.annotate(snap)  # under torchrun: the cross-rank table (rules OC701-OC707)
-        new = self.rec.check(snap)  # written, checked; summary.json rewritten "running" with this step
+        new = self.rec.check(snap, seconds)  # written, checked, counted; summary.json rewritten "running"
         failing = [f for f in new if severity_rank(f.severity) >= self._fail_rank]
         if self.on_finding_policy == "raise" and failing and self._may_raise:
             raise FindingError(failing[0], new)

@@ -10,13 +10,14 @@ type       payload
 =========  ====================================================================
 hello      backend, versions, threads, pid, corpus: what is about to run
 metrics    steps: [int], losses: [float], step_times_s: [float] (batched)
-snapshot   snapshot: a schema-1 snapshot (``optcheck.run.snapshot``); cost_s: seconds
+snapshot   snapshot: a schema-1 snapshot (``optcheck.record.snapshot``); cost_s: seconds
            its body took; verdict: true when the worker waits for a verdict
 lifecycle  step, kind ("eval", "checkpoint", "resume", "inject"), detail
 crash      step, exc_type, message, stack, where: an exception ended the run
 stopped    step, reason: the worker stopped early on purpose
-done       step, loss_first, loss_last, val_loss_first, val_loss_last, val_step_first,
-           val_step_last, step_cost (``optcheck.run.sequencer.StepCost``), train_cpu_s
+done       step, val_loss_first, val_loss_last, val_step_first,
+           val_step_last, step_cost (``optcheck.run.sequencer.StepCost``), train_cpu_s,
+           train_cpu_block_s (``optcheck.run.sequencer.CpuBlocks``: CPU seconds per step, a block each)
 =========  ====================================================================
 
 The other way there is one message, the **verdict**: after a snapshot sent
@@ -26,11 +27,11 @@ answers one line ``{"stop": REASON}`` (REASON null: go on). The worker then
 stops before the step, or runs it.
 
 Non-finite numbers travel as the strings ``"nan"``, ``"inf"``, ``"-inf"``
-(``optcheck.run.snapshot.dumps``: strict JSON has none). :func:`read_messages`
+(``optcheck.record.snapshot.dumps``: strict JSON has none). :func:`read_messages`
 decodes them back to floats once, in the numeric fields of :data:`NUMERIC`, so
 nothing that handles a message sees a string where it expects a number (a
 snapshot's body keeps the recorded form: the rules read it with
-``optcheck.run.snapshot.to_float``). A numeric field holding anything else
+``optcheck.record.snapshot.to_float``). A numeric field holding anything else
 (a list where a number goes, a bool) is dropped to None: the message is kept.
 
 Torch-free: the TorchSharp worker imports it.
@@ -38,19 +39,20 @@ Torch-free: the TorchSharp worker imports it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 from typing import IO, Iterator
 
-from optcheck.run.snapshot import dumps
+from optcheck.record.snapshot import dumps
 
 TYPES = ("hello", "metrics", "snapshot", "lifecycle", "crash", "stopped", "done")
 #: The numeric fields of each message type: scalars, and ``[...]`` lists of numbers.
 NUMERIC: dict[str, tuple[str, ...]] = {
     "metrics": ("[losses]", "[step_times_s]"),
     "snapshot": ("cost_s",),
-    "done": ("loss_first", "loss_last", "val_loss_first", "val_loss_last", "train_cpu_s"),
+    "done": ("val_loss_first", "val_loss_last", "train_cpu_s", "[train_cpu_block_s]"),
 }
 #: Integer fields (steps, counts): anything but a whole number >= 0 becomes None (in a list: the entry is dropped).
 INTEGER: dict[str, tuple[str, ...]] = {
@@ -86,6 +88,11 @@ class Stream:
         payload["type"] = type
         self._f.write(dumps(payload) + "\n")
         self._f.flush()
+
+    def held(self):
+        """A context in which a SIGTERM waits (the worker loop's guarded stream holds it; a plain
+        stream holds nothing)."""
+        return contextlib.nullcontext()
 
     def verdict(self) -> dict:
         """Block until the supervisor's verdict line arrives; ``{}`` when there is no
@@ -199,3 +206,22 @@ def decode(msg: dict) -> dict:
         if f in msg and msg[f] is not None and not isinstance(msg[f], dict):
             msg[f] = None
     return msg
+
+
+def seconds(value) -> float | None:
+    """A duration a worker reported, when it is one: a finite number >= 0 (else None)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+        return float(value)
+    return None
+
+
+def step_cost(value) -> dict | None:
+    """The worker's ``step_cost`` (``optcheck.run.sequencer.StepCost.to_dict``) when it has that
+    shape (count, total_s, mean_us: numbers >= 0, mean_us may be None), else None."""
+    if not isinstance(value, dict):
+        return None
+    count, total, mean = value.get("count"), value.get("total_s"), value.get("mean_us")
+    if not (isinstance(count, int) and not isinstance(count, bool) and count >= 0) or seconds(total) is None \
+            or (mean is not None and seconds(mean) is None):
+        return None
+    return value

@@ -31,13 +31,13 @@ from optcheck.data import load_corpus
 from optcheck.engine import RuleEngine
 from optcheck.errors import InputError, RecordError
 from optcheck.findings import Finding, severity_rank
-from optcheck.drivers.protocol import read_messages, send_verdict
-from optcheck.run.recorder import RunRecorder, seconds, step_cost
+from optcheck.drivers.protocol import read_messages, seconds, send_verdict, step_cost
+from optcheck.run.recorder import RunRecorder
 from optcheck.run.rundir import check_space
 from optcheck.rules import RuleConfig, warm_up
 from optcheck.drivers.worker_process import (STDERR_TAIL_LINES, WORKER_MODULES, Progress, drain_stderr, signal_name,
                                       worker_command, worker_env)
-from optcheck.run.summary import Summary
+from optcheck.record.summary import Summary
 from optcheck.drivers.watch import GRACE_S, Signals, Watchdog
 
 @dataclass
@@ -213,7 +213,7 @@ def _supervise(cfg: SoakConfig, out: Path, rec: RunRecorder, bar: Progress, sig:
         cfg.run.work_dir = str(work)
         config_path = rec.write_file("config.json", cfg.to_json())
         base.config["work_dir"] = cfg.run.work_dir
-        rec.rundir.summary(rec.fill(running=True), final=False)
+        rec.write_running(first=True)
     except RecordError as e:
         record_error = e
     except OSError as e:
@@ -297,13 +297,12 @@ def _supervise(cfg: SoakConfig, out: Path, rec: RunRecorder, bar: Progress, sig:
         rec.record_error = rec.record_error or record_error
     cost = dict(base.cost)
     cost["steps"], cost["train_cpu_s"] = step_cost(done.get("step_cost")), seconds(done.get("train_cpu_s"))
+    blocks = [seconds(v) for v in done.get("train_cpu_block_s") or []]
+    cost["train_cpu_block_s"] = blocks if blocks and None not in blocks else None
     rec.set(crash=st.crash, stopped=st.stopped, hazards=st.hazards, cost=cost,
             versions=st.hello.get("versions") or {}, threads=st.hello.get("threads"),
             interrupted_by=sig.name, signals=sig.count, garbled_lines=st.garbled,
-            loss_last=done.get("loss_last", base.loss_last),
             **{k: done.get(k) for k in ("val_loss_first", "val_loss_last", "val_step_first", "val_step_last")})
-    if isinstance(done.get("step"), int):
-        base.last_step = done["step"]
     summary = rec.finish(crashed=crashed, interrupted=interrupted, stopped=st.stopped is not None)
     return SoakResult(summary, rec.findings, summary["exit_code"], out)
 
@@ -324,7 +323,7 @@ def _handle(msg: dict, st: _State, rec: RunRecorder, bar: Progress) -> str | Non
             bar.update(rec.summary.last_step, rec.summary.loss_last, len(rec.findings))
     elif kind == "snapshot":
         snap = msg["snapshot"]
-        new = rec.check(snap, msg.get("cost_s"))
+        new = rec.check(snap, seconds(msg.get("cost_s")))
         if new and msg.get("verdict"):
             return f"{new[0].code} {new[0].symbol} before step {snap.get('step')} (--stop-on-finding)"
     elif kind == "lifecycle":
@@ -337,14 +336,14 @@ def _handle(msg: dict, st: _State, rec: RunRecorder, bar: Progress) -> str | Non
     elif kind == "stopped":
         st.hazards = msg.get("hazards")
         st.stopped = {k: v for k, v in msg.items() if k not in ("type", "hazards")}
-        rec.summary.last_step = max(rec.summary.last_step, msg.get("step") or 0)
+        rec.reached(msg.get("step") or 0)
         rec.event({"kind": "stopped", **st.stopped})
     elif kind == "done":
         st.done = msg
         st.hazards = msg.get("hazards")
         if isinstance(msg.get("step"), int):
-            rec.summary.last_step = msg["step"]
-        bar.update(rec.summary.last_step, msg.get("loss_last"), len(rec.findings))
+            rec.reached(msg["step"])
+        bar.update(rec.summary.last_step, rec.summary.loss_last, len(rec.findings))
     elif kind == "garbled":
         st.garbled += 1
     return None

@@ -50,13 +50,13 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Protocol
 
 from optcheck.config import SoakConfig
 from optcheck.data import BatchSchedule, Corpus, load_corpus, val_batches
 from optcheck.errors import InputError, StepStopped  # noqa: F401 - StepStopped: caught here, defined there
 from optcheck.drivers.protocol import Stream
-from optcheck.run.sequencer import Sequencer, StepCost
+from optcheck.run.backend import Backend
+from optcheck.run.sequencer import Sequencer, StepTimer
 
 METRICS_BATCH = 200
 METRICS_FLUSH_S = 1.0
@@ -126,58 +126,6 @@ class _GuardedStream:
         raise Terminated()
 
 
-class Backend(Protocol):
-    """What a backend implements for :func:`run`. Steps are 1-based."""
-
-    name: str
-
-    def setup(self, cfg: SoakConfig, corpus: Corpus) -> None:
-        """Build model, optimizer and probes. Raise InputError for bad input."""
-
-    def versions(self) -> dict[str, str]:
-        """Library versions for the snapshot (python, torch/torchsharp, dotnet, ...)."""
-
-    def threads(self) -> int:
-        """Intra-op threads in use."""
-
-    def inject(self, name: str, step: int) -> dict:
-        """Plant fault scenario ``name`` now; return what was done ({"call": ...}).
-        Raise InputError for a scenario this backend does not have."""
-
-    def lifecycle(self, kind: str, step: int) -> dict:
-        """Run lifecycle event ``kind`` ("eval", "checkpoint", "resume"); return details."""
-
-    def fingerprint(self) -> Any:
-        """A cheap, comparable value that changes when the model's parameters, the
-        optimizer's members or (eager optimizers) its state keys change identity."""
-
-    def train_step(self, step: int, x, y) -> float:
-        """One training step on inputs/targets ``x``, ``y`` (int64, shape (B, T));
-        return the loss. May raise :class:`StepStopped`."""
-
-    def val_loss(self, batches: list) -> float:
-        """Mean loss over held-out ``(x, y)`` batches, without gradients (a float, or a
-        device value that :meth:`settle` reads)."""
-
-    # optional: ``settle(values) -> list[float | None]`` reads the device values among the
-    # losses ``train_step`` and ``val_loss`` returned (and the probes' pending checks) in one
-    # transfer; ``step_times() -> list[float] | None`` the device time of the steps since its
-    # last call. A backend without them returns floats (TorchSharp).
-    # optional, blocks (TorchSharp): ``max_block(B, T) -> int`` (0: none), ``block_inputs(count, B, T)`` the
-    # (count, B, T) input and target arrays to fill, ``train_block(first, count, B, T, reference, budget_s) -> int``
-    # steps done, ``block_done()`` steps done when a step threw, ``block_results(n)`` their losses and seconds.
-
-    def has_events(self) -> bool:
-        """True when a hazard probe recorded events since the last snapshot."""
-
-    def snapshot_body(self) -> dict:
-        """The backend part of a snapshot: params, groups, state, optimizer, memory,
-        events (drained), notes."""
-
-    def exception_info(self, exc: BaseException) -> dict:
-        """``{"exc_type", "message", "stack"}`` for an exception out of a step."""
-
-
 class Loop:
     """State of one soak in one worker process (see module docstring)."""
 
@@ -190,8 +138,10 @@ class Loop:
         self.metrics: dict[str, list] = {"steps": [], "losses": [], "step_times_s": []}
         self.val_pending: list = []  # held-out losses as the backend returned them (read at the flush)
         self.last_flush_t = time.perf_counter()
+        self.block_step_s = 0.0  # the mean step time of the last block (Backend.train_block)
         self.step = 0
-        self.step_cost = StepCost()  # the loop's own work per step (summary cost.steps)
+        self.timer = StepTimer(self.seq)  # optcheck's own work per step, step times, CPU time per block
+        self.step_cost = self.timer.cost  # (summary cost.steps)
         self.cpu_s: float | None = None  # process CPU seconds of the training loop, snapshots included
 
     def _emit(self, snap: dict, seconds: float) -> str | None:
@@ -206,9 +156,7 @@ class Loop:
         the probes' checks — in one go (``Backend.settle``); set the run's loss and held-out
         loss from them."""
         m, vals = self.metrics, self.val_pending
-        settle = getattr(self.backend, "settle", None)
-        raw = m["losses"] + vals
-        got = settle(raw) if settle is not None else raw
+        got = self.backend.settle(m["losses"] + vals)
         self.val_pending = []
         m["losses"] = got[:len(m["losses"])]
         for v in got[len(m["losses"]):]:
@@ -217,7 +165,7 @@ class Loop:
                 self.val_first = v
         for v in (m["losses"][:1] + m["losses"][-1:]):
             self.seq.loss(v)
-        times = getattr(self.backend, "step_times", lambda: None)()
+        times = self.backend.step_times()
         if times is not None and len(times) == len(m["steps"]):
             m["step_times_s"] = times
 
@@ -253,74 +201,74 @@ class Loop:
                          pid=os.getpid(), corpus=corpus.describe(), config=dict(steps=cfg.run.steps, every=cfg.run.every))
         seq.start(0)
         seq.restart_clock()  # elapsed_s counts training, not set-up
-        cpu0, now = time.process_time(), time.perf_counter_ns
-        cost = self.step_cost
+        cpu0, timer = time.process_time(), self.timer
         injections = {}
         for inj in cfg.checks.inject:
             injections.setdefault(inj.step, []).append(inj.name)
-        max_block = getattr(be, "max_block", lambda _b, _t: 0)(cfg.data.batch_size, cfg.model.block_size)
+        max_block = be.max_block(cfg.data.batch_size, cfg.model.block_size)
         step = 1
-        while step <= cfg.run.steps:
+        while step <= cfg.run.steps:  # the soak step: what is due, the check, the training, the snapshot
             self.step = first = step
             for name in injections.get(step, ()):
                 self.event("inject", step, name=name, **be.inject(name, step))
             for kind in self.due_lifecycle(step):
                 self.event("lifecycle", step, name=kind, **be.lifecycle(kind, step))
-            t0, busy = now(), seq.busy_ns
-            _, stop = seq.pre_step(step)
-            if stop:
+            timer.start()
+            if (stop := seq.pre_step(step)[1]) is not None:  # the pre-step check, and the verdict it asked
                 self.stream.send("stopped", step=step, reason=stop)
                 return 0
-            t1 = now()
-            if max_block:
-                last = self.block_end(step, max_block, injections, val is not None)
-                ts = now()
-                step, stop = self.train_block(sched, corpus, step, last)
-                if stop is not None:
-                    return 0
-                te = now()
+            timer.checked()
+            if max_block:  # TorchSharp: steps first..last in one call into .NET
+                timer.train()
+                step, stop = self.train_block(sched, corpus, step, self.block_end(step, max_block, injections,
+                                                                                  val is not None))
+                timer.trained()
             else:
-                x, y = sched.batch(corpus.train, step)
-                ts = now()
-                try:
-                    loss = be.train_step(step, x, y)
-                except StepStopped as e:
-                    seq.stopped(step, e.event)
-                    self.stream.send("stopped", step=step, reason=str(e), **self.hazard_stats())
-                    return 0
-                except BaseException:
-                    self.in_step_snapshot(step)  # what the in-step check saw before the step's exception
-                    raise
-                te = now()
-                if (stop := self.in_step_snapshot(step)) is not None:
-                    self.stream.send("stopped", step=step, reason=stop)
-                    return 0
-                self.metrics["steps"].append(step)
-                self.metrics["losses"].append(loss)
-                self.metrics["step_times_s"].append(round((te - ts) / 1e9, 6))
+                stop = self.train_one(sched, corpus, step)
+            if stop is not None:
+                return 0
             if val is not None and (step % cfg.data.val_every == 0 or step == cfg.run.steps):
-                # the last step too, so that "held-out first -> last" spans the whole run
-                tv = now()
-                self.val_pending.append(be.val_loss(val))  # read with the next metrics batch
-                te += now() - tv  # the held-out pass is training work, not optcheck's
+                with timer.also_training():  # (the last step too: "held-out first -> last" spans the run)
+                    self.val_pending.append(be.val_loss(val))  # read with the next metrics batch
                 self.val_steps.append(step)
             if (len(self.metrics["steps"]) >= METRICS_BATCH
                     or time.perf_counter() - self.last_flush_t >= METRICS_FLUSH_S):
                 self.flush_metrics()  # before the post-step: a device check read now can force its snapshot
             seq.post_step(step, hazard=be.has_events(), last=step == cfg.run.steps)
-            # own work: the pre-step check, and the bookkeeping after the step (metrics sends included;
-            # snapshots, their sends and the held-out pass left out); a block's batches are in its step time
-            cost.ns += (t1 - t0) + (now() - te) - (seq.busy_ns - busy)
-            cost.steps += step - first + 1  # a block's steps each count
+            timer.end(first, step)
             step += 1
         self.cpu_s = time.process_time() - cpu0
         self.flush_metrics()
-        self.stream.send("done", step=cfg.run.steps, loss_first=seq.loss_first, loss_last=seq.last_loss,
-                         val_loss_first=self.val_first, val_loss_last=self.val_last,
+        self.stream.send("done", step=cfg.run.steps, val_loss_first=self.val_first, val_loss_last=self.val_last,
                          val_step_first=self.val_steps[0] if self.val_steps else None,
                          val_step_last=self.val_steps[-1] if self.val_steps else None,
-                         step_cost=self.step_cost.to_dict(), train_cpu_s=round(self.cpu_s, 3), **self.hazard_stats())
+                         step_cost=self.step_cost.to_dict(), train_cpu_s=round(self.cpu_s, 3),
+                         train_cpu_block_s=timer.blocks.per_step_s, **self.hazard_stats())
         return 0
+
+    def train_one(self, sched: BatchSchedule, corpus: Corpus, step: int) -> str | None:
+        """Step ``step`` through ``Backend.train_step``, its loss and training time into the metrics.
+        Returns the reason it stopped the run (a hazard, an in-step finding with
+        ``--stop-on-finding``: already sent to the supervisor), else None."""
+        x, y = sched.batch(corpus.train, step)
+        self.timer.train()
+        try:
+            loss = self.backend.train_step(step, x, y)
+        except StepStopped as e:
+            self.seq.stopped(step, e.event)
+            self.stream.send("stopped", step=step, reason=str(e), **self.hazard_stats())
+            return str(e)
+        except BaseException:
+            self.in_step_snapshot(step)  # what the in-step check saw before the step's exception
+            raise
+        seconds = self.timer.trained()
+        if (stop := self.in_step_snapshot(step)) is not None:
+            self.stream.send("stopped", step=step, reason=stop)
+            return stop
+        self.metrics["steps"].append(step)
+        self.metrics["losses"].append(loss)
+        self.metrics["step_times_s"].append(seconds)
+        return None
 
     def block_end(self, step: int, max_block: int, injections: dict, val: bool) -> int:
         """The last step of the block that starts at ``step``: the steps after ``step`` up to it have nothing
@@ -350,13 +298,15 @@ class Loop:
         exception propagates with the steps before it recorded and :attr:`step` set to it. Returns (the last
         step done, the supervisor's reason to stop at it or None)."""
         be, cfg = self.backend, self.cfg
+        budget = max(0.0, min(BLOCK_MAX_S, METRICS_FLUSH_S - (time.perf_counter() - self.last_flush_t)))
         count = last - first + 1
+        if self.block_step_s > 0:  # no more batches than the budget will let run (real TorchSharp: ~20 ms a step)
+            count = max(1, min(count, int(budget / self.block_step_s) + 1))
         xs, ys = be.block_inputs(count, cfg.data.batch_size, cfg.model.block_size)
         sched.fill(corpus.train, first, xs, ys)
-        budget = max(0.0, min(BLOCK_MAX_S, METRICS_FLUSH_S - (time.perf_counter() - self.last_flush_t)))
         ref = self.seq.reference
         try:
-            with getattr(self.stream, "held", contextlib.nullcontext)():
+            with self.stream.held():
                 try:
                     done = be.train_block(first, count, cfg.data.batch_size, cfg.model.block_size,
                                           ref if ref is not None else 0, budget)
@@ -384,15 +334,15 @@ class Loop:
             m["steps"].extend(range(first, first + done))
             m["losses"].extend(losses)
             m["step_times_s"].extend(round(v, 6) for v in seconds)
+            self.block_step_s = sum(seconds) / done
 
     def in_step_snapshot(self, step: int) -> str | None:
         """When the backend's in-step check found something inside step ``step`` (TorchSharp: the
         guarded optimizer's ``zero_grad()``/``step()``), send the body it read then as snapshot
         ``phase="in-step"``; returns the supervisor's reason to stop (``--stop-on-finding``), else None.
         Never raises: the step's own exception, if any, is what the run reports next."""
-        pending = getattr(self.backend, "in_step", None)
         try:
-            if pending is None or not pending():
+            if not self.backend.in_step():
                 return None
             return self.seq.take(step, "in-step", "check")
         except Exception as e:  # noqa: BLE001
@@ -412,8 +362,7 @@ class Loop:
     def hazard_stats(self) -> dict:
         """``{"hazards": ...}`` for the done/stopped message: the hazard probes' arming
         (``summary.json``'s ``hazards``), when the backend has probes that report it."""
-        stats = getattr(self.backend, "hazard_stats", None)
-        value = stats() if stats is not None else None
+        value = self.backend.hazard_stats()
         return {"hazards": value} if value else {}
 
 

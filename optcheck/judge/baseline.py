@@ -17,16 +17,18 @@ on a **regression**, one check each:
   of ``optcheck compare`` (``0.03 + 5 %`` of the baseline's value: two clean soaks of the
   built-in GPT with different seeds stay well inside it, docs/verdict.md).
   Only a rise fails: a lower loss is not a regression.
-* ``speed``: the worker's **CPU time per training step** (``cost.train_cpu_s`` of
-  ``summary.json`` / steps: ``time.process_time()`` around the training loop, snapshots
-  included) is higher than the baseline's (the median of its seeds) by more than
-  ``speed_tolerance`` (default 25 %). CPU time is what the run itself spent: a busy
+* ``speed``: the worker's **CPU time per training step** (``cost.train_cpu_block_s`` of
+  ``summary.json``: ``time.process_time()`` per block of 10 steps, snapshots included) —
+  the median over blocks, the first block left out — is higher than the baseline's (its
+  seeds' blocks pooled) by more than ``speed_tolerance`` (default 25 %) *and* by more than
+  the noise band (3 standard errors of the ratio, from the blocks' own spread). A run of
+  fewer than ``MIN_SPEED_STEPS`` (60) steps is "not compared: too few steps". CPU time is
+  what the run itself spent: a busy
   neighbour on a shared runner stretches the wall-clock step time up to 2.3x, the CPU time
   per step by at most 1.18x (``benchmarks/bench_speed_noise.py``: 20 clean reruns against
-  one baseline with another soak beside them, 2 CPUs at load 10-15). Runs without
-  ``train_cpu_s`` (a Monitor, an older
-  optcheck) fall back to 1 / the median wall-clock step time of ``metrics.jsonl``, and the
-  check says so.
+  one baseline with another soak beside them, 2 CPUs at load 10-15). Runs without blocks
+  (an older optcheck) fall back to ``cost.train_cpu_s`` / steps, runs without CPU time (a
+  Monitor) to the median wall-clock step time of ``metrics.jsonl``; the check says which.
 * ``peak RSS``: higher than the baseline's (the largest of its seeds) by more than
   ``memory_tolerance`` (default 15 %).
 
@@ -39,8 +41,11 @@ between the runs (``torch 2.13.0 → 2.14.1``).
 Not comparable (:class:`~optcheck.errors.InputError`, exit 2, one line): the baseline
 is missing, not a run directory, unfinished, or trained another model (backend,
 steps, batch and model shape, optimizer) or on another corpus (``corpus.sha256``).
-When the new run itself did not finish (crashed, interrupted) the comparison is
-reported as "not compared" and the run's own exit code stands.
+When the new run itself did not finish the comparison is reported as "not compared"
+and cannot pass: exit 1, or the run's own exit code when it crashed, could not record
+or was interrupted (3, 4, 130). Finished means the same for every judge
+(``optcheck.judge.compare.RunInfo.incomplete``): status clean or findings, every step
+asked for taken, and the losses recorded up to the step the summary names.
 
 Where the bands' sizes come from, and the measurements behind them: ``docs/nightly.md``.
 Over 400 lines: the one regression policy: every check (findings, loss band, speed, memory) and the headline naming them, used by soak --baseline and upgrade alike.
@@ -61,10 +66,20 @@ from optcheck.judge.compare import (DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_WINDOW, 
 from optcheck.errors import InputError
 from optcheck.findings import SEVERITIES, severity_rank
 from optcheck.report.reader import RunReader, read_summary
+from optcheck.run.sequencer import CPU_BLOCK_STEPS
 from optcheck.series import moving_mean
 from optcheck.units import format_bytes
+from optcheck.judge.seeds import seed_runs
 from optcheck.judge.verdict import judge, judge_seed_band, same_batches, seed_band
 
+#: Blocks of CPU time per step (``cost.train_cpu_block_s``) each run needs after its first (warm-up:
+#: allocation, lazy initialisation) for a speed verdict: 5 blocks of 10 steps, so a run of
+#: MIN_SPEED_STEPS = 60 steps. Below it the speed is "not compared: too few steps" (a 10-step run's
+#: CPU time per step is mostly its start: two identical environments measured 1.29x apart, issue 35).
+MIN_SPEED_BLOCKS = 5
+MIN_SPEED_STEPS = (MIN_SPEED_BLOCKS + 1) * CPU_BLOCK_STEPS
+#: Standard errors of the ratio of the two medians that make the noise band (see speed_check).
+K_NOISE = 3.0
 #: Rise of the worker's CPU time per step allowed. Measured (benchmarks/bench_speed_noise.py, 2 CPUs at
 #: load 10-15, another soak beside): 20 clean 300-step reruns ranged 0.90x-1.18x of the baseline's CPU time
 #: per step (their wall-clock median step time 0.83x-2.32x), so 25 % leaves a margin over the noise.
@@ -110,6 +125,7 @@ class Baseline:
     path: Path
     runs: list[Path]
     summaries: list[dict]
+    reads: list[tuple] = field(default_factory=list)  # optcheck.judge.compare.read_run of each run
 
     @property
     def seeds(self) -> list:
@@ -137,8 +153,6 @@ def load_baseline(path: str | os.PathLike) -> Baseline:
         InputError: missing, not a run directory nor a seed set, a ``summary.json``
             unreadable, or a baseline run that did not finish (crashed, interrupted, short).
     """
-    from optcheck.judge.upgrade import seed_runs
-
     p = Path(path)
     if not p.is_dir():
         raise InputError(f"--baseline {path}: no such run directory (keep last night's --out folder, "
@@ -146,14 +160,15 @@ def load_baseline(path: str | os.PathLike) -> Baseline:
     runs = [p] if (p / "summary.json").is_file() else seed_runs(p)
     if not runs:
         raise InputError(f"--baseline {path}: not a run directory (no summary.json, no seed-N runs in it)")
-    summaries = []
+    summaries, reads = [], []
     for r in runs:
         s = read_summary(r)
-        if s.get("status") not in ("clean", "findings") or (s.get("last_step") or 0) < (s.get("steps_requested") or 0):
-            raise InputError(f"--baseline {r}: not a finished run (status {s.get('status')}, step "
-                             f"{s.get('last_step')} of {s.get('steps_requested')}); keep a run that finished")
+        reads.append(read_run(r))
+        why = reads[-1][0].incomplete()
+        if why is not None:
+            raise InputError(f"--baseline {r}: not a finished run ({why}); keep a run that finished")
         summaries.append(s)
-    b = Baseline(p, runs, summaries)
+    b = Baseline(p, runs, summaries, reads)
     if len(runs) > 1 and len(set(map(str, b.seeds))) < len(runs):
         raise InputError(f"--baseline {path}: its seed-N runs share a seed ({', '.join(map(str, b.seeds))}): "
                          f"a seed band needs distinct seeds")
@@ -226,7 +241,8 @@ class BaselineResult:
 
     @property
     def exit_code(self) -> int:
-        return exitcodes.FINDINGS if self.regressions else exitcodes.CLEAN
+        """1 on a regression, and for a run that did not finish (it cannot pass); else 0."""
+        return exitcodes.FINDINGS if self.regressions or not self.compared else exitcodes.CLEAN
 
     def headline(self) -> str:
         if not self.compared:
@@ -285,16 +301,16 @@ def compare_with_baseline(run: str | os.PathLike, baseline: Baseline | str | os.
     run = Path(run)
     summary = read_summary(run)
     res = BaselineResult(run, b)
-    if summary.get("status") not in ("clean", "findings"):
-        res.checks.append(Check("run", NOT_COMPARED, f"this run did not finish ({summary.get('status')} at step "
-                                                     f"{summary.get('last_step') or 0:,}); its own exit code stands"))
+    info, loss, findings = read_run(run)
+    why = info.incomplete()  # the one judgment of completeness (compare's and upgrade's too)
+    if why is not None:
+        res.checks.append(Check("run", NOT_COMPARED, f"this run did not finish ({why}): it cannot pass"))
         return res
     from optcheck.judge.policy import MIGRATION, choose
 
     chosen, why = choose(b.summaries[0], summary, policy)
     _check_same(b.summaries[0], summary, f"--baseline {b.path}", f"run {run}", backends=chosen != MIGRATION)
-    info, loss, findings = read_run(run)
-    base = [read_run(r) for r in b.runs]
+    base = b.reads or [read_run(r) for r in b.runs]
     last = info.last_step
 
     # findings the baseline does not have
@@ -412,7 +428,7 @@ def after_soak(run: str | os.PathLike, prepared: tuple, run_code: int, echo=prin
     res = compare_with_baseline(run, *prepared)
     for line in res.lines():
         echo(line)
-    if not res.compared or run_code not in (exitcodes.CLEAN, exitcodes.FINDINGS):
+    if run_code not in (exitcodes.CLEAN, exitcodes.FINDINGS):
         return res, run_code
     return res, res.exit_code
 
@@ -425,11 +441,54 @@ def cpu_per_step(info, summary: dict) -> float | None:
     return cpu / steps if cpu and steps else None
 
 
+def cpu_blocks(summary: dict) -> list[float] | None:
+    """The run's CPU seconds per step, block by block (``cost.train_cpu_block_s``,
+    ``optcheck.run.sequencer.CpuBlocks``), its first block (warm-up) left out; None when it
+    recorded none."""
+    blocks = (summary.get("cost") or {}).get("train_cpu_block_s")
+    if not isinstance(blocks, list) or not all(_finite(b) is not None and b > 0 for b in blocks):
+        return None
+    return [float(b) for b in blocks[1:]]
+
+
+def _median_se(xs: list[float]) -> tuple[float, float]:
+    """The median of ``xs`` and its relative standard error (1.2533 x 1.4826 MAD / median / sqrt(n):
+    the normal-noise estimate, robust to the odd block a snapshot or a neighbour slowed)."""
+    med = float(np.median(xs))
+    mad = float(np.median(np.abs(np.asarray(xs) - med)))
+    return med, 1.2533 * 1.4826 * mad / med / math.sqrt(len(xs))
+
+
 def speed_check(base: list[tuple], run: tuple, tolerance: float) -> Check:
     """The ``speed`` check of ``run`` ((RunInfo, summary)) against ``base`` (the baseline's
-    (RunInfo, summary) pairs): CPU time per step when every run recorded it, else 1 / the
-    median wall-clock step time, the basis named in the text. A regression when slower
-    than the baseline's median by more than ``tolerance`` (a fraction)."""
+    (RunInfo, summary) pairs); see :data:`MIN_SPEED_BLOCKS` for when it is judged at all.
+
+    The statistic: the median over blocks of :data:`~optcheck.run.sequencer.CPU_BLOCK_STEPS`
+    steps of the worker's CPU time per step (every baseline seed's blocks pooled), the first
+    block of each run left out. Slower beyond ``tolerance`` (a fraction) *and* beyond the noise
+    band — :data:`K_NOISE` standard errors of the ratio, measured from the blocks' own spread —
+    is a regression. Runs that recorded no blocks fall back to the whole run's CPU time per step,
+    then to the median wall-clock step time (each needing :data:`MIN_SPEED_STEPS` steps), the
+    basis named in the text."""
+    mine_blocks, base_blocks = cpu_blocks(run[1]), [cpu_blocks(s) for _, s in base]
+    limit_text = f"fails above {1 + tolerance:.2f}x the baseline's"
+    if mine_blocks is not None and base_blocks and None not in base_blocks:
+        pooled = [b for bs in base_blocks for b in bs]
+        if min(len(mine_blocks), *(len(bs) for bs in base_blocks)) < MIN_SPEED_BLOCKS:
+            return _too_few([run[1]] + [s for _, s in base])
+        (mine, se_m), (ref, se_r) = _median_se(mine_blocks), _median_se(pooled)
+        ratio, band = mine / ref, K_NOISE * math.hypot(se_m, se_r)
+        limit = 1 + max(tolerance, band)
+        why = f"fails above {limit:.2f}x the baseline's" + ("" if band <= tolerance else
+                                                            f" (the noise band, wider than the {tolerance:.0%} allowed)")
+        return Check("speed", REGRESSION if ratio > limit else OK,
+                     f"train CPU {mine * 1e3:.2f} vs {ref * 1e3:.2f} ms/step ({ratio:.2f}x; the worker's CPU time per "
+                     f"step, medians of {len(mine_blocks)} and {len(pooled)} blocks (cost.train_cpu_block_s), noise "
+                     f"band ±{band:.0%}; {why})",
+                     brief=f"speed: train CPU per step {ratio:.2f}x the baseline's (limit {limit:.2f}x)")
+    steps = [i.last_step for i, _ in base] + [run[0].last_step]
+    if min(steps) < MIN_SPEED_STEPS:
+        return _too_few([s for _, s in base] + [run[1]], steps)
     cpu = [cpu_per_step(i, s) for i, s in base]
     mine = cpu_per_step(*run)
     if mine is not None and cpu and None not in cpu:
@@ -437,7 +496,7 @@ def speed_check(base: list[tuple], run: tuple, tolerance: float) -> Check:
         ratio = mine / ref
         return Check("speed", REGRESSION if ratio > 1 + tolerance else OK,
                      f"train CPU {mine * 1e3:.2f} vs {ref * 1e3:.2f} ms/step ({ratio:.2f}x; the worker's CPU time "
-                     f"of the training loop, cost.train_cpu_s; fails above {1 + tolerance:.2f}x the baseline's)",
+                     f"of the training loop, cost.train_cpu_s, no blocks recorded: no noise band; {limit_text})",
                      brief=f"speed: train CPU per step {ratio:.2f}x the baseline's (limit {1 + tolerance:.2f}x)")
     times = [i.step_time_s for i, _ in base if i.step_time_s]
     if run[0].step_time_s and times:
@@ -445,8 +504,15 @@ def speed_check(base: list[tuple], run: tuple, tolerance: float) -> Check:
         ratio = run[0].step_time_s / ref_t
         return Check("speed", REGRESSION if ratio > 1 + tolerance else OK,
                      f"wall {run[0].step_time_s * 1e3:.2f} vs {ref_t * 1e3:.2f} ms/step ({ratio:.2f}x; median "
-                     f"wall-clock step time: no CPU time recorded, load on the machine moves it; fails above "
-                     f"{1 + tolerance:.2f}x the baseline's)",
+                     f"wall-clock step time: no CPU time recorded, load on the machine moves it; {limit_text})",
                      brief=f"speed: wall-clock step time {ratio:.2f}x the baseline's (limit {1 + tolerance:.2f}x; "
                            f"no CPU time recorded)")
     return Check("speed", NOT_COMPARED, "no CPU time (cost.train_cpu_s) nor step times recorded")
+
+
+def _too_few(summaries: list[dict], steps: list[int] | None = None) -> Check:
+    runs = ", ".join(f"{s.get('last_step') or 0:,}" for s in summaries) if steps is None else \
+        ", ".join(f"{n:,}" for n in steps)
+    return Check("speed", NOT_COMPARED, f"not compared: too few steps ({runs}); a speed verdict needs "
+                                        f"{MIN_SPEED_STEPS} steps a run: the medians of {MIN_SPEED_BLOCKS} blocks of "
+                                        f"{CPU_BLOCK_STEPS} steps' CPU time after the first, to tell a change from noise")

@@ -28,7 +28,7 @@ from optcheck.findings import Finding
 from optcheck.report.reader import RunReader
 from optcheck.rules.parity import RunDivergence
 from optcheck.series import moving_mean
-from optcheck.run.snapshot import clean_json
+from optcheck.record.snapshot import clean_json
 from optcheck.judge.policy import AUTO, MIGRATION, choose
 from optcheck.judge.verdict import Verdict, judge, same_batches
 
@@ -56,6 +56,7 @@ class RunInfo:
             ``memory.rss_bytes`` of the snapshots, or None.
         crash: the summary's crash record, or None.
         steps_requested: the summary's ``steps_requested`` (None if absent).
+        summary_last_step: the summary's ``last_step`` (None if absent).
         defects: lines of its record files that were not JSON (skipped), as
             ``"metrics.jsonl:12: not a JSON line (...)"``.
     """
@@ -73,17 +74,24 @@ class RunInfo:
     peak_rss_bytes: float | None = None
     crash: dict | None = None
     steps_requested: int | None = None
+    summary_last_step: int | None = None
     defects: list[str] = field(default_factory=list)
 
     def incomplete(self) -> str | None:
-        """Why this run cannot be compared as a finished run (None when it can):
-        its status is crashed, interrupted, running or stopped, or it stopped
-        short of the steps it asked for."""
+        """Why this run cannot be judged as a finished run (None when it can) — the one
+        judgment of completeness of every judge (``compare``, ``baseline``, ``soak
+        --baseline``, ``upgrade``): its status is crashed, interrupted, running or
+        stopped; it stopped short of the steps it asked for; or its losses
+        (``metrics.jsonl``) end before the step its summary says it reached (a
+        truncated or lost record: the steps after it cannot be judged)."""
         if self.status and self.status not in COMPLETE:
             where = f" at step {self.last_step:,}" + (f" of {self.steps_requested:,}" if self.steps_requested else "")
             return f"{self.status}{where}"
         if self.steps_requested and self.last_step < self.steps_requested:
             return f"incomplete: {self.last_step:,} of {self.steps_requested:,} steps"
+        if self.steps and self.summary_last_step and self.last_step < self.summary_last_step:
+            return (f"incomplete records: metrics.jsonl ends at step {self.last_step:,}, the summary says "
+                    f"{self.summary_last_step:,}")
         return None
 
 
@@ -203,7 +211,8 @@ def read_run(path: str | os.PathLike | RunReader, label: str = "") -> tuple[RunI
         loss_first=losses[steps[0]] if steps else None, loss_last=losses[steps[-1]] if steps else None,
         step_time_s=float(np.median(run.step_times)) if run.step_times else None,
         peak_rss_bytes=run.peak_rss_bytes(), crash=summary.get("crash") or None,
-        steps_requested=summary.get("steps_requested"), defects=list(run.defects))
+        steps_requested=summary.get("steps_requested"), summary_last_step=summary.get("last_step"),
+        defects=list(run.defects))
     return info, losses, run.findings
 
 

@@ -24,6 +24,7 @@ What "alike" means depends on what changed between them:
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 RERUN, MIGRATION, AUTO = "rerun", "migration", "auto"
 POLICIES = (AUTO, RERUN, MIGRATION)
@@ -56,6 +57,27 @@ def native_version(summary: dict) -> str | None:
     return (summary.get("versions") or {}).get(key) if key else None
 
 
+def same_native_library(summary_a: dict, summary_b: dict) -> str | None:
+    """``"libtorch 2.13.0+cpu (/…/torch/lib)"`` when both runs loaded libtorch from the same folder
+    (``versions["libtorch_lib"]``: PyTorch's ``torch/lib``, the folder of the ``libtorch_cpu`` a TorchSharp
+    worker mapped, ``optcheck.torchsharp_bridge.libtorch``) at the same release, else None. PyTorch and a
+    TorchSharp whose LibTorchSharp was built against that PyTorch then share the kernels, not the optimizer's
+    arithmetic: the pair stays a migration (docs/torchsharp.md, "Parity with PyTorch")."""
+    va, vb = summary_a.get("versions") or {}, summary_b.get("versions") or {}
+    la, lb = va.get("libtorch_lib"), vb.get("libtorch_lib")
+    if not la or not lb:
+        return None
+    try:
+        if Path(la).resolve() != Path(lb).resolve():
+            return None
+    except OSError:
+        return None
+    na, nb = native_version(summary_a), native_version(summary_b)
+    if na and nb and na != nb:
+        return None
+    return f"libtorch {na or nb or '?'} ({la})"
+
+
 def _release(version: str | None) -> tuple:
     """``2.13.0+cpu`` -> (2, 13, 0); ``2.10.0.0`` -> (2, 10, 0): the release, no build tag."""
     if not version:
@@ -82,6 +104,9 @@ def choose(summary_a: dict, summary_b: dict, requested: str = AUTO) -> tuple[str
     ba, bb = summary_a.get("backend") or "", summary_b.get("backend") or ""
     if ba != bb:
         why = f"backends differ: {ba or '?'} vs {bb or '?'}"
+        same = same_native_library(summary_a, summary_b)
+        if same:
+            why += f", on the same native library, {same}"
     else:
         na, nb = native_version(summary_a), native_version(summary_b)
         why = f"{_NATIVE.get(ba, 'native library')} {na} vs {nb}" if na and nb and na != nb else ""

@@ -108,6 +108,7 @@ class GradClearProbe:
         self._arrived: list[int] = []  # indices accumulated into between the last two steps (arrived_ids)
         self._handles = []
         self._small_handle = None
+        self._small_i = self._large_i = self._small = None  # none watched yet (FSDP2: every member a DTensor)
         self._in_bwd = False  # steps are taken inside backward: the Monitor ends them (step_ended)
         # (small .grad, its version, large .grad, its version, clip total or None) as the last backward
         # pass left them (or clip_grad_norm_ after it): OC207's check without a kernel when untouched since
@@ -170,10 +171,12 @@ class GradClearProbe:
         self._gb = (gb, None if not any(map(operator.is_not, gb, repeat(None)))
                     else [g._version if g is not None else -1 for g in gb])
 
-    def after_backward(self) -> None:
-        """After it: the parameters whose ``.grad`` is new or was added to are fresh."""
+    def after_backward(self) -> bool | None:
+        """After it: the parameters whose ``.grad`` is new or was added to are fresh. Returns
+        whether the pass reached any of them (a Monitor takes the pass's loss as its step's only
+        then: another optimizer's loss is not this one's), None when it cannot tell."""
         if not self._per_backward:
-            return
+            return None
         self._in_pass = False
         before, self._gb = self._gb, None
         ps = self._params
@@ -181,19 +184,25 @@ class GradClearProbe:
         self._seen = None
         if before is None or len(before[0]) != len(ga):  # not told before the pass (or parameters adopted in it)
             self._bypassed = True
-            return
+            return None
         gb, vb = before
         fresh = self._fresh
+        reached = False
         if vb is None:  # no gradient before the pass (zero_grad(set_to_none=True)): those set now
             for i in compress(range(len(ga)), map(operator.is_not, ga, repeat(None))):
                 fresh[i] = ps[i]
+                reached = True
         else:
             for i, a in enumerate(ga):
                 if a is not None and (a is not gb[i] or a._version != vb[i]):
                     fresh[i] = ps[i]
+                    reached = True
+        if not ps:  # nothing watched (every member a DTensor, or lazy still): reached is unknown
+            return None
         gs, gl = ga[self._small_i], ga[self._large_i]
         if gs is not None and gl is not None:
             self._seen = (gs, gs._version, gl, gl._version, None)
+        return reached
 
     def clipped(self, ids, total) -> None:
         """``clip_grad_norm_`` over the parameters whose ``id`` is in ``ids`` returned ``total`` (``optcheck.pytorch.monitor_hooks.ClipNorm``):

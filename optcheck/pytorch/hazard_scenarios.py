@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from optcheck.pytorch.scenarios import implements
+from optcheck.pytorch.scenario_registry import implements
 
 
 # -- kv-cache-inplace (seed 000) -------------------------------------------------

@@ -40,9 +40,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import optcheck
-
-_OPTCHECK = os.path.dirname(os.path.abspath(optcheck.__file__)) + os.sep
+_OPTCHECK = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # optcheck/
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _HERE = os.path.abspath(__file__)
 #: torch's files that only pass a call on (the read is the caller's)

@@ -8,7 +8,7 @@ Each step keeps B·T·C float32 values alive: 256 KiB with the default model.
 
 from __future__ import annotations
 
-from optcheck.pytorch.scenarios import implements
+from optcheck.pytorch.scenario_registry import implements
 
 
 @implements("state-leak")

@@ -4,15 +4,17 @@ exception types, and the process-wide hooks — the ``backward`` wrappers and th
 ``sys.excepthook`` installed while a monitor is open.
 
 ``torch.Tensor.backward`` and ``torch.autograd.backward`` are replaced while at
-least one Monitor is open, and put back when the last one closes. The newest
-open Monitor is told before and after each backward pass, through the public
-interface :class:`BackwardListener` (nothing here reads a Monitor's private
-names); ``Tensor.backward`` calls ``torch.autograd.backward`` itself
+least one Monitor is open, and put back when the last one closes. Every open
+Monitor (newest first) is told before and after each backward pass, through the
+public interface :class:`BackwardListener` (nothing here reads a Monitor's
+private names): two Monitors over one model (one per optimizer, or two on one
+optimizer) each record the loss and the gradients of the passes their optimizer
+steps on. ``Tensor.backward`` calls ``torch.autograd.backward`` itself
 (``torch/_tensor.py``), so the inner call passes straight through and each pass
 is seen once.
 
 ``torch.nn.utils.clip_grad_norm_`` is wrapped the same way: the total norm the
-user's clipping computed is handed to the newest Monitor (:class:`ClipNorm`), so
+user's clipping computed is handed to every open Monitor (:class:`ClipNorm`), so
 its NaN/Inf check of the gradients before ``optimizer.step()`` (OC501) reads that
 one number instead of every gradient again (a ``torch._foreach_norm`` over all of
 them: 0.5 ms a step on a 0.8 M-parameter GPT, one thread). A loop that imported
@@ -36,7 +38,7 @@ from optcheck.pytorch.train import CENSUS_EVERY
 
 log = logging.getLogger("optcheck")
 
-#: open monitors, newest last
+#: open monitors, newest last (each a BackwardListener)
 _ACTIVE: list = []
 #: the original ``Tensor.backward`` ("tensor") and ``torch.autograd.backward`` ("autograd") while wrapped
 _ORIG: dict[str, Any] = {}
@@ -179,27 +181,49 @@ def _grad_tensors(key: str, tensors, args: tuple, kwargs: dict):
 
 def _watched(key: str):
     """A wrapper of ``torch.Tensor.backward`` (key "tensor") or ``torch.autograd.backward``
-    ("autograd") that tells the newest open :class:`BackwardListener` before and after."""
+    ("autograd") that tells every open :class:`BackwardListener` before and after (newest
+    first). A listener that raises (``StepStopped``, ``FindingError``) does not keep the
+    others from being told; the first exception raised goes on to the user."""
 
     def backward(tensors, *args, **kwargs):
-        listener: BackwardListener | None = _ACTIVE[-1] if _ACTIVE else None
-        roots = backward_roots(tensors) if listener is not None and not _IN_BACKWARD else []
+        listeners = _ACTIVE[::-1] if _ACTIVE and not _IN_BACKWARD else ()  # a copy: a listener may close inside
+        roots = backward_roots(tensors) if listeners else []
         if not roots:
             return _ORIG[key](tensors, *args, **kwargs)
-        listener.before_backward(roots, _grad_tensors(key, tensors, args, kwargs))
+        grads = _grad_tensors(key, tensors, args, kwargs)
+        try:
+            _tell(listeners, "before_backward", roots, grads)
+        except BaseException:
+            _tell(listeners, "backward_ended")
+            raise
         _IN_BACKWARD.append(True)
         try:
             out = _ORIG[key](tensors, *args, **kwargs)
         except RuntimeError as e:  # PyTorch's version check on an unarmed step: StepStopped (OC301) from it
-            listener.backward_failed(e)
+            _tell(listeners, "backward_failed", e)
             raise
         finally:
             _IN_BACKWARD.pop()
-            listener.backward_ended()
-        listener.after_backward()
+            _tell(listeners, "backward_ended")
+        _tell(listeners, "after_backward")
         return out
 
     return backward
+
+
+def _tell(listeners, method: str, *args) -> None:
+    """Call ``method`` on each listener; the first exception is raised once all were told."""
+    if len(listeners) == 1:  # one Monitor: the common case
+        getattr(listeners[0], method)(*args)
+        return
+    first = None
+    for listener in listeners:
+        try:
+            getattr(listener, method)(*args)
+        except BaseException as e:  # noqa: BLE001 - raised below, after the others
+            first = first or e
+    if first is not None:
+        raise first
 
 
 class ClipNorm:
@@ -231,20 +255,20 @@ class ClipNorm:
 
 
 def _clip_watched(orig):
-    """A wrapper of ``clip_grad_norm_`` that hands its total norm to the newest open listener."""
+    """A wrapper of ``clip_grad_norm_`` that hands its total norm to every open listener."""
 
     def clip_grad_norm_(parameters, *args, **kwargs):
-        mon = _ACTIVE[-1] if _ACTIVE else None
-        if mon is None:
+        if not _ACTIVE:
             return orig(parameters, *args, **kwargs)
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         total = orig(params, *args, **kwargs)
-        try:
-            mon.clip_norm.record(params, total)
-        except Exception as e:  # never into the user's loop
-            if raised_by_signal_handler(e):
-                raise
-            log.debug("optcheck: clip_grad_norm_ not recorded", exc_info=True)
+        for mon in list(_ACTIVE):
+            try:
+                mon.clip_norm.record(params, total)
+            except Exception as e:  # never into the user's loop
+                if raised_by_signal_handler(e):
+                    raise
+                log.debug("optcheck: clip_grad_norm_ not recorded", exc_info=True)
         return total
 
     clip_grad_norm_.__wrapped__ = orig
@@ -264,6 +288,11 @@ def _excepthook(exc_type, exc, tb) -> None:
             log.exception("optcheck: could not record the crash")
     prev = _PREV_EXCEPTHOOK[0] if _PREV_EXCEPTHOOK else sys.__excepthook__
     prev(exc_type, exc, tb)
+
+
+def open_listeners() -> int:
+    """How many listeners (Monitors) are open."""
+    return len(_ACTIVE)
 
 
 def install(mon: BackwardListener) -> None:

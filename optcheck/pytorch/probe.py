@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import os
 import platform
 import weakref
 from itertools import chain
@@ -65,7 +66,9 @@ def versions() -> dict[str, str]:
     upgrade run can be compared with the last good one)."""
     import numpy
 
-    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__}
+    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__,
+            # the libtorch folder, so that a TorchSharp run over the same one is known to share its native library
+            "libtorch_lib": os.path.join(os.path.dirname(torch.__file__), "lib")}
 
 
 class _Layout:
@@ -476,7 +479,7 @@ def memory(state_bytes: int, census: bool = True, model: torch.nn.Module | None 
 
 def snapshot_body(model: torch.nn.Module, optimizer: torch.optim.Optimizer, census: bool = True,
                   norms: Norms | None = None) -> dict:
-    """The backend part of a schema-1 snapshot (see ``optcheck.run.snapshot``):
+    """The backend part of a schema-1 snapshot (see ``optcheck.record.snapshot``):
     params, groups, state, optimizer, memory, notes. The caller adds step, phase,
     trigger, loss, events and versions. ``norms`` (an empty :class:`Norms`): also read
     the optimizer state in the same pass as values and gradients, and hand every norm

@@ -3,29 +3,20 @@
 Each implementation is ``fn(trainer, step) -> dict`` and does to the running
 ``Trainer`` exactly what the real-world bug does, returning ``{"call": ...}``:
 the line of user code it stands for. The autograd seeds live in
-``optcheck/pytorch/hazard_scenarios.py`` and register here through
-:data:`IMPLEMENTATIONS` too.
+``optcheck/pytorch/hazard_scenarios.py`` and ``memory_scenarios.py``; all register
+through ``optcheck/pytorch/scenario_registry.py``.
 """
 
 from __future__ import annotations
 
-from typing import Callable
 
 import torch
 import torch.nn as nn
 
 from optcheck import scenarios as catalogue
+from optcheck.pytorch.scenario_registry import IMPLEMENTATIONS, implements
 
-IMPLEMENTATIONS: dict[str, Callable] = {}
 NEEDS_UNTIED = {"tie-after-optimizer"}
-
-
-def implements(name: str):
-    """Decorator: register ``fn(trainer, step) -> dict`` for scenario ``name``."""
-    def deco(fn):
-        IMPLEMENTATIONS[name] = fn
-        return fn
-    return deco
 
 
 def _load_all() -> None:

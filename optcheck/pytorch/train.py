@@ -1,7 +1,7 @@
 """The PyTorch training step and the PyTorch ``Backend`` of the soak loop.
 
 ``Trainer`` owns model, optimizer, schedule and hazard probes; ``TorchBackend``
-adapts it to ``optcheck.drivers.worker_loop.Backend``. The step is the ordinary one:
+adapts it to ``optcheck.run.backend.Backend``. The step is the ordinary one:
 ``zero_grad(set_to_none=True)``, forward, ``backward()``, clip, ``step()`` — so a
 post-step snapshot sees this step's gradients.
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import math
 import os
 import traceback
@@ -33,9 +34,9 @@ from optcheck.pytorch import device as devices, probe
 from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.pytorch.gpt import GPT, GPTConfig
 from optcheck.pytorch.grad_clear import GradClearProbe
-from optcheck.pytorch.hazards.arming import pytorch_inplace_error
+from optcheck.pytorch.hazard_replay import run_step
 from optcheck.pytorch.null_hazards import NullHazards
-from optcheck.errors import StepStopped
+from optcheck.run.backend import Backend
 
 CENSUS_EVERY = 10  # tensor census on every 10th snapshot (~1-2 ms after the first full walk; docs/memory.md)
 
@@ -133,17 +134,9 @@ class Trainer:
 
     def train_step(self, step: int, x, y) -> torch.Tensor:
         """One step on int64 arrays ``x``, ``y`` of shape (B, T); returns the loss, a
-        0-d tensor on the device (detached; read later, in a batch).
-
-        With the hazard probes in mode "auto", a step run unarmed (no module or
-        saved-tensor hooks, docs/hazards.md) is re-run armed — same batch, the RNG state
-        of its start, gradients cleared; the optimizer has not stepped — when it failed
-        with PyTorch's "modified by an inplace operation" error, stopped on a loss
-        without ``grad_fn``, or parameters that had a gradient at the previous step got
-        none: the armed run names the write site, module and line at this step. Not
-        when ``zero_grad`` is off (the ``no-zero-grad`` scenario: earlier steps'
-        gradients are in ``.grad`` and clearing them would change the step); the
-        probes' next-step confirmation applies then.
+        0-d tensor on the device (detached; read later, in a batch). The ordinary step:
+        learning rate, ``zero_grad``, forward and ``backward()`` (run again armed when the
+        hazard probes ask: ``optcheck/pytorch/hazard_replay.py``), clip, ``step()``.
 
         Raises:
             optcheck.errors.StepStopped: a hazard stopped the step.
@@ -152,26 +145,11 @@ class Trainer:
         xb, yb = self.batch(x, y)
         for g in self.optimizer.param_groups:
             g["lr"] = lr_at(self.cfg, step)
-        hz = self.hazards
-        replayable = self.zero_grad and hz.can_replay
-        rng = torch.get_rng_state() if replayable else None
-        if self.zero_grad:
-            self.optimizer.zero_grad(set_to_none=True)
-        first: BaseException | None = None
-        try:
-            loss = self._forward_backward(step, xb, yb)
-            replay = replayable and not hz.armed and hz.end_step(step)
-        except StepStopped as e:  # unarmed: a loss without grad_fn (the armed run names the module)
-            if not (replayable and not hz.armed):
-                raise
-            replay, first = True, e
-        except RuntimeError as e:  # unarmed: PyTorch's version check (the armed run names the write)
-            if not (replayable and not hz.armed and pytorch_inplace_error(e)):
-                hz.backward_failed(e, step)
-                raise
-            replay, first = True, e
-        if replay:
-            loss = self._replay(step, xb, yb, rng, first)
+        clear = functools.partial(self.optimizer.zero_grad, set_to_none=True)
+        if self.zero_grad:  # (the no-zero-grad scenario turns it off)
+            clear()
+        loss = run_step(self.hazards, step, lambda: self._forward_backward(step, xb, yb),
+                        clear if self.zero_grad else None)
         if self.cfg.optimizer.grad_clip:
             self.clip(step)
         self.optimizer.step()
@@ -216,30 +194,6 @@ class Trainer:
             self.hazards.check_loss(loss, step)
             loss.backward()
         self.hazards.after_backward(step)
-        return loss
-
-    def _replay(self, step: int, xb, yb, rng: torch.Tensor, first: BaseException | None) -> torch.Tensor:
-        """Re-run step ``step`` armed (see :meth:`train_step`); ``first`` is what stopped the
-        unarmed run (None after a gradient-arrival trigger)."""
-        torch.set_rng_state(rng)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.hazards.replay(step)
-        try:
-            loss = self._forward_backward(step, xb, yb)
-        except StepStopped as e:
-            e.event["detail"]["replayed"] = True
-            if pytorch_inplace_error(first) and e.event["kind"] == "inplace_on_saved":
-                e.event["detail"]["pytorch_error"] = str(first).split("\n", 1)[0]  # what PyTorch said
-            raise
-        except RuntimeError as e:
-            self.hazards.backward_failed(e, step)
-            raise
-        if isinstance(first, StepStopped):  # the armed run did not reproduce it: report the unarmed one
-            raise first
-        if first is not None:
-            self.hazards.backward_failed(first, step)
-            raise first
-        self.hazards.end_step(step)
         return loss
 
     @property
@@ -298,8 +252,8 @@ class Trainer:
         raise ValueError(f"unknown lifecycle event {kind!r}")
 
 
-class TorchBackend:
-    """``optcheck.drivers.worker_loop.Backend`` for PyTorch."""
+class TorchBackend(Backend):
+    """The soak backend (``optcheck.run.backend.Backend``) for PyTorch."""
 
     name = "pytorch"
 

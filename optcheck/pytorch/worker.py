@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from optcheck.config import SoakConfig
+# (upward: this module is the worker process's entry point, itself a driver; the probes below it import no driver)
 from optcheck.drivers.protocol import Stream
 from optcheck.drivers.worker_loop import run
 

@@ -64,15 +64,17 @@ class Night:
     marks: list[str] = field(default_factory=list)
 
 
-def read_nights(paths) -> list[Night]:
-    """The nights of ``paths`` (run directories, or folders of them), oldest first.
+def read_nights(paths, skipped: list[str] | None = None) -> list[Night]:
+    """The nights of ``paths`` (run directories, or folders of them), oldest first;
+    a subfolder that cannot be read is named in ``skipped`` (``optcheck.report.reader.run_dirs``).
 
     Raises:
-        InputError: a path that is not a run directory nor holds one; a
-            ``summary.json`` that is unreadable or of the wrong shape.
+        InputError: a path that is not a run directory nor holds one, or cannot be read; a
+            ``summary.json`` that is unreadable or of the wrong shape (an integer beyond
+            int64 included).
     """
     nights = []
-    for p in run_dirs(paths):
+    for p in run_dirs(paths, skipped):
         s = read_summary(p)
         nights.append(Night(path=p, run=str(s.get("run") or p.name), started=str(s.get("started") or ""),
                             status=str(s.get("status") or "?"), loss_last=s.get("loss_last"),

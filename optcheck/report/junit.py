@@ -152,7 +152,7 @@ def _in_baseline(baseline):
     Always False without a baseline, or when the run was not compared with it."""
     if baseline is None or not baseline.compared:
         return lambda f: False
-    from optcheck.judge.compare import finding_difference
+    from optcheck.judge.compare import finding_difference  # (upward: a finding matches as the judge matches it)
 
     theirs = list(baseline.baseline_findings)
     return lambda f: not finding_difference([f], theirs)
@@ -160,18 +160,20 @@ def _in_baseline(baseline):
 
 def _baseline_cases(suite: ET.Element, baseline) -> tuple[int, int, int]:
     """One ``baseline <check>`` test case per check of ``baseline`` (an
-    ``optcheck.judge.baseline.BaselineResult``): a regression is a ``<failure>``, a check
-    not compared is ``<skipped>``, the others pass with their line in ``<system-out>``.
+    ``optcheck.judge.baseline.BaselineResult``): a regression is a ``<failure>``, and so is
+    a run that did not finish (it cannot pass: exit 1); another check not compared is
+    ``<skipped>``; the others pass with their line in ``<system-out>``.
     Returns (test cases, failures, skipped)."""
-    from optcheck.judge.baseline import NOT_COMPARED, REGRESSION
+    from optcheck.judge.baseline import NOT_COMPARED, REGRESSION  # (upward: renders the judge's own result)
 
     failed = skipped = 0
     for c in baseline.checks:
         tc = ET.SubElement(suite, "testcase", name=_text(f"baseline {c.name}"), classname="optcheck.judge.baseline",
                            time="0")
         at = f" (step {c.step})" if c.step is not None else ""
-        if c.status == REGRESSION:
-            el = ET.SubElement(tc, "failure", message=_text(f"{c.name}{at}: {c.text}"), type=f"regression {c.name}")
+        if c.status == REGRESSION or (c.status == NOT_COMPARED and c.name == "run"):  # an unfinished run cannot pass
+            kind = f"regression {c.name}" if c.status == REGRESSION else "not compared: the run did not finish"
+            el = ET.SubElement(tc, "failure", message=_text(f"{c.name}{at}: {c.text}"), type=kind)
             el.text = _text(f"against the baseline {baseline.baseline.text()}\n{c.line().strip()}")
             failed += 1
         elif c.status == NOT_COMPARED:

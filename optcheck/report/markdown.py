@@ -154,12 +154,18 @@ def write_markdown(path: str | os.PathLike, runs: list[tuple[dict, list[dict]]],
     sharing it. ``baseline``: the first run's comparison with its baseline (``--baseline``).
 
     Raises:
-        OSError: the file cannot be written.
+        RecordError: the file cannot be written (one line naming ``--summary-md`` and the
+            file, exit 4: never mistaken for stdout).
     """
+    from optcheck.errors import RecordError
+
     p = Path(path)
     text = "\n".join(render_markdown(s, f, plot=plot, relative_to=p.parent, baseline=baseline if i == 0 else None)
                      for i, (s, f) in enumerate(runs))
     gh = os.environ.get("GITHUB_STEP_SUMMARY")
     append = bool(gh) and Path(gh).absolute() == p.absolute()
-    with open(p, "a" if append else "w", encoding="utf-8") as fh:
-        fh.write(text)
+    try:
+        with open(p, "a" if append else "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as e:
+        raise RecordError(f"--summary-md {path}", e) from None

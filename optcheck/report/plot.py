@@ -18,7 +18,7 @@ import numpy as np
 from optcheck.errors import InputError
 from optcheck.report.reader import RunReader
 from optcheck.series import moving_mean, subsample
-from optcheck.run.snapshot import to_float
+from optcheck.record.snapshot import to_float
 
 MAX_POINTS = 4000          # raw series are thinned to about this many points
 MAX_MARKED_FINDINGS = 24   # vertical lines drawn; the rest are counted in the legend

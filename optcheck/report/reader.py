@@ -6,7 +6,7 @@ and ``docs/run-directory.md``. :class:`RunReader` reads each file once, on first
 use. Validation policy (one for every record file): the summary and the first
 ``FULL_CHECK_LINES`` records of each file are checked against their published
 schema (``optcheck/schemas/``), every later record by a cheap structural check
-derived from the same schema (``optcheck.run.record_check.ShallowCheck``: required
+derived from the same schema (``optcheck.record.check.ShallowCheck``: required
 fields, top-level types and enums), and fully again when that check fails, so
 the error names the field. ``compare`` of a 20,000-step run reads in about a
 second that way, against half a minute with every line schema-checked
@@ -27,8 +27,8 @@ The rule for a bad line (the same for every file and every command):
   bad input too: one line, exit 2.
 
 Non-finite numbers are written as the strings ``"nan"``, ``"inf"``, ``"-inf"``
-(``optcheck.run.snapshot.dumps``; strict JSON has no NaN) and read back with
-:func:`optcheck.run.snapshot.to_float`; ``null`` means "not recorded".
+(``optcheck.record.snapshot.dumps``; strict JSON has no NaN) and read back with
+:func:`optcheck.record.snapshot.to_float`; ``null`` means "not recorded".
 """
 
 from __future__ import annotations
@@ -43,9 +43,8 @@ from pathlib import Path
 from optcheck.errors import InputError
 from optcheck.run.exitcodes import CRASHED
 from optcheck.run.rundir import writer_gone
-from optcheck.run.record_check import FULL_CHECK_LINES
-from optcheck.run.snapshot import SCHEMA_DIR, SchemaError, StreamDefect, read_jsonl, read_records, read_snapshots, \
-    to_float, validate_record
+from optcheck.record.check import FULL_CHECK_LINES, check_old_summary, out_of_range, read_records, read_snapshots
+from optcheck.record.snapshot import SCHEMA_DIR, SchemaError, StreamDefect, read_jsonl, to_float, validate_record
 
 #: The status a reader gives a run whose summary says ``running`` and whose writer is gone.
 UNCLOSED = "ended without closing"
@@ -143,9 +142,11 @@ class RunReader:
         try:
             s = validate_record(s, "summary")
             if "summary_version" not in s:  # an older summary: every field it has must still have its type
-                _loose_validator().validate_fields(s)
+                check_old_summary(s)
         except SchemaError as e:
             raise InputError(f"{p}: {e}") from None
+        if (bad := out_of_range(s)) is not None:  # 10^400: no float holds it, and no optcheck wrote it
+            raise InputError(f"{p}: {bad} (not written by optcheck: the file was edited or damaged)")
         if s.get("status") == "running":
             gone = writer_gone(self.path)
             if gone:
@@ -272,63 +273,6 @@ class RunReader:
         return out
 
 
-class _LooseSummary:
-    """The typed fields of a versioned summary applied to an unversioned one (written
-    before ``summary_version``): a field it has must be of its type or null; fields
-    may be missing, enums and required sub-fields are not enforced. So an old
-    summary with ``last_step: "abc"`` is one line, exit 2, not a traceback in the
-    command that reads it."""
-
-    def __init__(self):
-        import jsonschema
-
-        from optcheck.run.snapshot import inline_refs, schema_document
-
-        schema = schema_document("summary")
-        props = inline_refs(schema["then"]["properties"], schema.get("$defs", {}))
-        loose = {"type": "object", "properties": {k: _loosen(v, top=True) for k, v in props.items()
-                                                  if k != "summary_version"}}
-        self._v = jsonschema.validators.validator_for(schema)(loose)
-
-    def validate_fields(self, s: dict) -> None:
-        import jsonschema
-
-        err = jsonschema.exceptions.best_match(self._v.iter_errors(s))
-        if err is not None:
-            from optcheck.run.snapshot import field_path
-
-            msg = err.message if len(err.message) <= 160 else err.message[:157] + "..."
-            raise SchemaError(f"{field_path(err.absolute_path)}: {msg}")
-
-
-def _loosen(node, top: bool = False):
-    """``node`` without ``required`` (anywhere), and at the top without ``enum``/``const``
-    (an old status or source), null allowed."""
-    if isinstance(node, list):
-        return [_loosen(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    drop = ("required", "enum", "const") if top else ("required",)
-    out = {k: _loosen(v) for k, v in node.items() if k not in drop}
-    if top and not any(k in out for k in ("type", "anyOf", "oneOf", "$ref")):
-        return out
-    t = out.get("type")
-    if isinstance(t, str):
-        out["type"] = [t, "null"]
-    elif isinstance(t, list) and "null" not in t:
-        out["type"] = [*t, "null"]
-    return out
-
-
-_LOOSE: list[_LooseSummary] = []
-
-
-def _loose_validator() -> _LooseSummary:
-    if not _LOOSE:
-        _LOOSE.append(_LooseSummary())
-    return _LOOSE[0]
-
-
 def _number(value) -> float | None:
     """A record's number as a float (``"nan"``/``"inf"`` strings decoded); None for
     None, a bool, or a string that is no number."""
@@ -360,25 +304,37 @@ def _last_step(path: Path) -> int:
     return 0
 
 
-def run_dirs(paths) -> list[Path]:
+def run_dirs(paths, skipped: list[str] | None = None) -> list[Path]:
     """Run directories named by ``paths``: each is a run directory (has a
     ``summary.json``) or a folder whose immediate subfolders holding one are
-    taken, in name order. Duplicates are dropped, order kept.
+    taken, in name order. Duplicates are dropped, order kept. A subfolder that
+    cannot be read (another user's, mode 700) is left out and named in ``skipped``
+    (``"<path>: cannot read (Permission denied)"``).
 
     Raises:
-        InputError: a path that does not exist, or a folder with no run in it.
+        InputError: a path that does not exist or cannot be read, or a folder with no run in it.
     """
     found: list[Path] = []
     for raw in paths:
         p = Path(raw)
-        if (p / "summary.json").is_file():
-            runs = [p]
-        elif p.is_dir():
-            runs = sorted(c for c in p.iterdir() if (c / "summary.json").is_file())
-            if not runs:
-                raise InputError(f"{raw}: no run directory in it (no summary.json in it or its subfolders)")
-        else:
-            raise InputError(f"{raw}: no such run directory")
+        try:
+            if (p / "summary.json").is_file():
+                runs = [p]
+            elif p.is_dir():
+                runs = []
+                for c in sorted(p.iterdir()):
+                    try:
+                        if (c / "summary.json").is_file():
+                            runs.append(c)
+                    except OSError as e:
+                        if skipped is not None:
+                            skipped.append(f"{c}: cannot read ({e.strerror or e}); left out")
+                if not runs:
+                    raise InputError(f"{raw}: no run directory in it (no summary.json in it or its subfolders)")
+            else:
+                raise InputError(f"{raw}: no such run directory")
+        except OSError as e:
+            raise InputError(f"{raw}: cannot read ({e.strerror or e})") from None
         found += [r for r in runs if r not in found]
     return found
 

@@ -19,7 +19,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from optcheck.run.snapshot import SCHEMA, validate
+from optcheck.record.snapshot import SCHEMA, validate
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ def with_grads(snap: dict, names: Iterable[str], grad: str = "none", grad_norm: 
 
 
 def event(kind: str, step: int, where: str | None = None, count: int = 1, **detail) -> dict:
-    """A hazard event record (``optcheck.run.snapshot``'s Event)."""
+    """A hazard event record (``optcheck.record.snapshot``'s Event)."""
     return {"kind": kind, "step": step, "where": where, "count": count, "detail": detail}
 
 

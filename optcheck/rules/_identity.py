@@ -1,7 +1,7 @@
 """How the reference rules (``references.py``, ``references_state.py``,
 ``references_disposed.py``) tell tensors apart and name them.
 
-Two identities are compared (``optcheck.run.snapshot``): ``ref`` (the key the optimizer
+Two identities are compared (``optcheck.record.snapshot``): ``ref`` (the key the optimizer
 state uses) answers "will the state lookup throw"; ``data_ptr`` answers "is the
 optimizer still training the model's tensor". Which one makes a parameter depends on
 the backend (:func:`identity_by_ref`, ``docs/parameter-identity.md``); whether a

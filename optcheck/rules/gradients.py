@@ -15,7 +15,7 @@ from optcheck.rules._events import events, names
 from optcheck.rules._fixtures import (Invalid, Valid, at, cases, clean, edit, event, steps, with_events, with_grads,
                                       with_params)
 from optcheck.rules.base import Rule, RuleContext, register
-from optcheck.run.snapshot import members
+from optcheck.record.snapshot import members
 
 
 @register

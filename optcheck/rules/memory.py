@@ -1,6 +1,6 @@
 """Memory rule OC401: does memory keep growing with the step count?
 
-Reads the ``memory`` block of every snapshot (``optcheck.run.snapshot``: every field
+Reads the ``memory`` block of every snapshot (``optcheck.record.snapshot``: every field
 optional) and tests each metric for a sustained upward trend against the step.
 Torch-free: it sees numbers only.
 """
@@ -18,7 +18,7 @@ from optcheck.rules._memory_shapes import (STEADY_MIN_INTERVAL_STEPS, STEADY_MIN
                                            level_shift, steady_growth, thin)
 from optcheck.rules._memory_trend import RETEST_FRACTION, Trend, _stats, find_trend, window_trend  # noqa: F401
 from optcheck.rules.base import Rule, RuleConfig, RuleContext, register
-from optcheck.run.snapshot import to_float
+from optcheck.record.snapshot import to_float
 from optcheck.units import format_bytes, format_steps, round_sig
 
 MiB = 2**20

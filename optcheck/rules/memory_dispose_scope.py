@@ -1,6 +1,6 @@
 """Memory rule OC402: TorchSharp tensors created outside any DisposeScope, left for the GC.
 
-Reads the ``memory`` block of the snapshots (``optcheck.run.snapshot``); only a
+Reads the ``memory`` block of the snapshots (``optcheck.record.snapshot``); only a
 TorchSharp run records the fields it needs, so it is silent on PyTorch.
 Torch-free: numbers only.
 """
@@ -12,7 +12,7 @@ from typing import Iterable
 from optcheck.findings import Finding
 from optcheck.rules._fixtures import Invalid, Valid, cases, memory_stream
 from optcheck.rules.base import Rule, RuleContext, register
-from optcheck.run.snapshot import to_float
+from optcheck.record.snapshot import to_float
 from optcheck.units import format_bytes, format_steps
 
 #: tensors per step created outside any scope and not disposed, at or above which it is a finding

@@ -4,7 +4,7 @@ groups still talk about the same tensors? (State rules OC103, OC107, OC108 are i
 
 Each rule compares the model's parameters with the param-group members of one
 snapshot and, for OC104, with the previous snapshot. Two identities are compared
-(``optcheck.run.snapshot``, ``_identity.py``): ``ref`` answers "will the state lookup
+(``optcheck.record.snapshot``, ``_identity.py``): ``ref`` answers "will the state lookup
 throw"; ``data_ptr`` answers "is the optimizer still training the model's tensor".
 Comparing handles alone is wrong on TorchSharp: after ``model.to(Float64)`` with an
 eager optimizer, 29 handles change but 27 still share the model's data
@@ -22,7 +22,7 @@ from optcheck.rules._fixtures import DISPOSED, Invalid, Valid, at, cases, clean,
 from optcheck.rules._identity import (DISPOSED_NEXT, LATE, by_identity, former_name, lazy_state, name_of, nonempty,
                                       parametrization, parametrized_into, prestep_finding, state_keys)
 from optcheck.rules.base import Rule, RuleContext, listing, register
-from optcheck.run.snapshot import is_disposed, live_members, members
+from optcheck.record.snapshot import is_disposed, live_members, members
 
 
 def held_under(snap: dict, name: str) -> str | None:

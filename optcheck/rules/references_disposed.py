@@ -4,7 +4,7 @@ TorchSharp frees a tensor's native memory on ``Dispose()``; the .NET object live
 with an empty handle (``Tensor.IsInvalid``), and every later use of it throws
 ``InvalidOperationException: Tensor invalid -- empty handle``. The probe records such
 a param-group member with ``dtype`` "disposed", ref 0 and no name, shape or data
-(``optcheck.run.snapshot.is_disposed``). The other reference rules skip these members, so
+(``optcheck.record.snapshot.is_disposed``). The other reference rules skip these members, so
 handle 0 is never taken for a tensor (26 members "stepped 26 times", "not leaf",
 "no state for key 0"). Facts and sources: ``docs/torchsharp.md`` ("Disposed tensors").
 """
@@ -17,7 +17,7 @@ from optcheck.findings import Finding
 from optcheck.rules.base import Rule, RuleContext, listing, register
 from optcheck.rules._fixtures import Invalid, Valid, cases, clean, disposed_after_to_dtype, steps
 from optcheck.rules._identity import name_of
-from optcheck.run.snapshot import disposed_members
+from optcheck.record.snapshot import disposed_members
 
 EXCEPTION = "System.InvalidOperationException"
 #: The text TorchSharp's exception carries (recorded on 0.107.0:

@@ -19,7 +19,7 @@ from optcheck.rules._fixtures import (Invalid, Valid, at, cases, clean, disposed
 from optcheck.rules._events import events
 from optcheck.rules._identity import DISPOSED_NEXT, factored, lazy_state, name_of, prestep_finding, state_keys
 from optcheck.rules.base import Rule, RuleContext, listing, register
-from optcheck.run.snapshot import disposed_members, is_disposed, live_members, members
+from optcheck.record.snapshot import disposed_members, is_disposed, live_members, members
 
 
 @register

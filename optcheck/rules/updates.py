@@ -27,7 +27,7 @@ from optcheck.rules._events import events
 from optcheck.rules._fixtures import Invalid, Valid, at, cases, clean, event, steps, with_events, with_lr, with_params
 from optcheck.rules._identity import identity_by_ref
 from optcheck.rules.base import Rule, RuleContext, listing, register
-from optcheck.run.snapshot import members
+from optcheck.record.snapshot import members
 
 _LOW_PRECISION = ("bfloat16", "float16")
 

@@ -2,7 +2,7 @@
 
 Reads the ``nonfinite`` events of the PyTorch hazard probes and, so that it also
 works on any recorded stream and on TorchSharp, the snapshot's own ``loss`` and
-params' ``grad_norm`` (written as "nan"/"inf" strings by ``optcheck.run.snapshot.dumps``).
+params' ``grad_norm`` (written as "nan"/"inf" strings by ``optcheck.record.snapshot.dumps``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from optcheck.findings import Finding
 from optcheck.rules._events import dated_at_cause, events, names
 from optcheck.rules._fixtures import Invalid, Valid, cases, clean, edit, event, steps, with_events, with_params
 from optcheck.rules.base import Rule, RuleContext, register
-from optcheck.run.snapshot import to_float
+from optcheck.record.snapshot import to_float
 
 
 def _nonfinite(value) -> bool:

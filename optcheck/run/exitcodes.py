@@ -79,3 +79,33 @@ def worst(codes) -> int:
         return CLEAN
     rank = {c: i for i, c in enumerate(SEVERITY_ORDER)}
     return max(codes, key=lambda c: rank.get(c, len(SEVERITY_ORDER)))
+
+
+#: A run's statuses from least to most severe, beside :data:`SEVERITY_ORDER`: the status of a
+#: run of several ranks is the worst of theirs (:func:`worst_status`). A rank still ``running``
+#: ranks below one with findings; ``stopped`` (a hazard stopped the step) below a crash.
+#: A one-process run's own status is picked by :func:`run_status` in the same order
+#: (``running`` first while it runs).
+STATUS_ORDER = ("clean", "running", "findings", "stopped", "crashed", "record-failed", "interrupted")
+
+
+def worst_status(statuses) -> str:
+    """The worst of several runs' statuses by :data:`STATUS_ORDER`; an unknown one (an older
+    optcheck's, "ended without closing") counts as ``crashed``; none: ``clean``.
+
+    >>> worst_status(["clean", "findings", "running"])
+    'findings'
+    """
+    known = [s if s in STATUS_ORDER else "crashed" for s in statuses]
+    return max(known, key=STATUS_ORDER.index, default="clean")
+
+
+def run_status(*, running: bool = False, interrupted: bool = False, record_failed: bool = False,
+               crashed: bool = False, stopped: bool = False, exit_code: int = CLEAN) -> str:
+    """A one-process run's ``status``: the worst that holds by :data:`STATUS_ORDER`
+    (``running`` first while it runs; ``findings`` when ``exit_code`` is :data:`FINDINGS`)."""
+    holds = {"running": running, "interrupted": interrupted, "record-failed": record_failed, "crashed": crashed,
+             "stopped": stopped, "findings": exit_code == FINDINGS}
+    if running:
+        return "running"
+    return worst_status(s for s, on in holds.items() if on)

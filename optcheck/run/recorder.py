@@ -1,34 +1,23 @@
-"""The run recorder: where a run directory is written and its ``summary.json`` filled.
+"""The run recorder: the one writer of a run directory and the one counter of its ``summary.json``.
 
-Every driver of a run — the soak supervisor (``optcheck/drivers/soak.py``, fed by the
-worker's socket), ``optcheck.Monitor`` (in-process), the ``--nproc`` launcher
-(folding each rank's summary, :func:`fold_rank_summaries`) and ``optcheck check``
-(replaying records) — writes through one :class:`RunRecorder`. It is the only
-code that
+Every driver — the soak supervisor (``optcheck/drivers/soak.py``, fed by the worker's
+socket), ``optcheck.Monitor`` (in-process), ``optcheck check`` (replaying records) —
+records through one :class:`RunRecorder`; a run of several ranks (``--nproc``, rank 0 of a
+Monitor under torchrun) folds its ranks' summaries through one :class:`RankRecorder`. Only
+they lock the run directory (``optcheck.run.rundir.RunDir``), append records (snapshots
+checked by the run's one rule engine, their findings after them; metrics; events), count the
+:class:`~optcheck.record.summary.Summary` from what they recorded (last step, losses,
+snapshots, peak RSS, findings, costs; a driver adds only what it alone sees, with
+:meth:`RunRecorder.set`, :meth:`RunRecorder.reached`), write ``summary.json`` atomically
+(``running`` after each snapshot, the final one from the reserve on a full disk) and pick
+the status and exit code (``optcheck.run.exitcodes``). ``docs/run-recorder.md`` has the rest.
 
-* creates and locks the run directory (``optcheck.run.rundir.RunDir``: one
-  writer, no silent overwrite, no symlink followed, no torn line);
-* appends records: snapshots (checked by the run's one rule engine, their
-  findings written after them), metrics, events;
-* fills the :class:`~optcheck.run.summary.Summary` from what it recorded
-  (last step, first/last loss, snapshots, peak RSS, findings, costs) plus what
-  the driver adds with :meth:`RunRecorder.set`;
-* writes ``summary.json`` atomically — ``running`` at the start and after each
-  snapshot, the final one at :meth:`RunRecorder.finish`, from the reserve on a
-  full disk;
-* picks the status and the exit code (``optcheck.run.exitcodes.run_exit_code``, and
-  :func:`optcheck.run.exitcodes.worst` over several runs).
-
-A record that cannot be written (disk full, ``ulimit -f``, EIO) either raises
-:class:`~optcheck.errors.RecordError` (``on_record_error="raise"``: the soak stops
-its worker) or is kept in :attr:`RunRecorder.record_error` and every later write
-is dropped (``"keep"``: a Monitor never raises into the user's ``optimizer.step()``);
-the run then ends ``record-failed``, exit 4.
-
-A non-finite training loss in the metrics is the finding of the rule owning
-non-finite values (OC501) at its step, even between two snapshots.
-
-Adding a field to ``summary.json``: the :class:`Summary` dataclass, filled here.
+A record that cannot be written (disk full, ``ulimit -f``, EIO) raises
+:class:`~optcheck.errors.RecordError` (``on_record_error="raise"``: the soak stops its
+worker) or is kept in :attr:`RunRecorder.record_error`, later writes dropped (``"keep"``:
+a Monitor never raises into ``optimizer.step()``); the run ends ``record-failed``, exit 4.
+A non-finite training loss in the metrics is OC501's finding at its step, even between
+two snapshots.
 """
 
 from __future__ import annotations
@@ -39,13 +28,14 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from optcheck.run import exitcodes
 from optcheck.engine import RuleEngine
 from optcheck.errors import RecordError
-from optcheck.findings import Finding, severity_rank
-from optcheck.run.rundir import FATAL_LOG, RunDir, open_record_file
-from optcheck.run.sequencer import Cost
-from optcheck.run.summary import Checker, Summary, run_status, utc_now
+from optcheck.findings import Finding, lead_time, severity_rank
+from optcheck.record.summary import Summary, utc_now
+from optcheck.run import exitcodes
+from optcheck.run.checker import Checker
+from optcheck.run.rundir import RunDir
+from optcheck.run.sequencer import Cost, cost_dict
 
 #: The rule that owns non-finite values (a NaN/inf loss in the metrics is its finding).
 NONFINITE_RULE = "OC501"
@@ -101,7 +91,7 @@ class RunRecorder:
         self._t0 = time.time()
         self._nonfinite_step: int | None = None
         self._detached = False
-        self._fatal: tuple[int, bool] | None = None
+        self._fatal = None  # optcheck.run.fatal_log.FatalLog while open
 
     @property
     def path(self) -> Path | None:
@@ -140,7 +130,7 @@ class RunRecorder:
 
     def check(self, snap: dict, cost_s: float | None = None) -> list[Finding]:
         """Write snapshot ``snap``, run the rules on it; write, report and return the new findings.
-        ``cost_s``: what taking it cost (seconds), for ``cost.snapshots``."""
+        ``cost_s``: what taking it cost (seconds, a finite number >= 0), for ``cost.snapshots``."""
         sm = self.summary
         sm.snapshots += 1
         step = snap.get("step")
@@ -149,12 +139,24 @@ class RunRecorder:
         rss = (snap.get("memory") or {}).get("rss_bytes") if isinstance(snap.get("memory"), dict) else None
         if isinstance(rss, (int, float)) and not isinstance(rss, bool) and math.isfinite(rss):
             sm.peak_rss_bytes = max(sm.peak_rss_bytes or 0, int(rss))
-        if seconds(cost_s) is not None:
+        if cost_s is not None:
             self.snapshot_cost.add(cost_s)
         new = self.checker.check(snap)
         if self.rundir is not None and sm.snapshots % self.running_summary_every == 0:
             self.write_running()
         return new
+
+    def reached(self, step: int) -> None:
+        """The driver saw the run reach optimizer step ``step`` (steps without a loss or a
+        snapshot count too: ``last_step`` is the furthest step reported, recorded or checked)."""
+        self.summary.last_step = max(self.summary.last_step, step)
+
+    def resume(self, *, step: int, snapshots: int, loss_first: float | None) -> None:
+        """Count on from a resumed run's numbers (``optcheck.Monitor(state=...)``): its steps,
+        snapshots and first loss."""
+        sm = self.summary
+        sm.last_step, sm.snapshots = max(sm.last_step, step), max(sm.snapshots, snapshots)
+        sm.loss_first = sm.loss_first if loss_first is None else loss_first
 
     def metrics(self, steps: list[int], losses: list, step_times_s: list | None = None) -> list[Finding]:
         """Append one ``metrics.jsonl`` line per step (one ``write(2)``); the first
@@ -209,7 +211,7 @@ class RunRecorder:
         """
         for k, v in fields.items():
             if not hasattr(self.summary, k):
-                raise AttributeError(f"summary.json has no field {k!r} (optcheck.run.summary.Summary)")
+                raise AttributeError(f"summary.json has no field {k!r} (optcheck.record.summary.Summary)")
             setattr(self.summary, k, v)
 
     @property
@@ -231,32 +233,44 @@ class RunRecorder:
             self.on_fill(sm)
         code = self.exit_code_now(crashed=crashed, interrupted=interrupted)
         sm.exit_code = code  # while running: what it would be now
-        sm.status = status or run_status(running=running, interrupted=interrupted,
-                                         record_failed=self.record_error is not None, crashed=crashed,
-                                         stopped=stopped, exit_code=code)
-        sm.fill_findings(self.checker)
-        steps_cost, cpu = (sm.cost or {}).get("steps"), (sm.cost or {}).get("train_cpu_s")
-        sm.fill_timing(time.time() - self._t0 if elapsed_s is None else elapsed_s, self.snapshot_cost,
-                       self.checker.cost)
-        sm.cost["steps"], sm.cost["train_cpu_s"] = steps_cost, cpu
+        sm.status = status or exitcodes.run_status(running=running, interrupted=interrupted,
+                                                   record_failed=self.record_error is not None, crashed=crashed,
+                                                   stopped=stopped, exit_code=code)
+        fs = self.checker.findings
+        by_code: dict[str, int] = {}
+        for f in fs:
+            by_code[f.code] = by_code.get(f.code, 0) + 1
+        sm.findings, sm.findings_by_code = len(fs), by_code
+        sm.suppressed = self.engine.suppressed_by_code()
+        sm.first_finding = fs[0].to_dict() if fs else None
+        sm.lead_time = lead_time([f.to_dict() for f in fs], sm.crash)
+        elapsed = time.time() - self._t0 if elapsed_s is None else elapsed_s
+        sm.elapsed_s = round(elapsed, 3)
+        sm.steps_per_s = round(sm.last_step / elapsed, 2) if elapsed else None
+        old = sm.cost or {}  # steps and train CPU: what the driver set
+        sm.cost = {**cost_dict(self.snapshot_cost, self.checker.cost), "steps": old.get("steps"),
+                   "train_cpu_s": old.get("train_cpu_s"),
+                   **{k: v for k, v in old.items() if k not in ("snapshots", "checks", "steps", "train_cpu_s")}}
         sm.record_error = str(self.record_error) if self.record_error else sm.record_error
         if not running:
             sm.finished = sm.finished or utc_now()
         return sm.to_dict()
 
-    def write_running(self) -> None:
+    def write_running(self, *, first: bool = False) -> None:
         """Rewrite ``summary.json`` with status ``running`` and what is recorded so far.
         Best effort, never raises: when it cannot be written (no inode left for its
         temporary file, a full disk) the previous one stays; the records themselves
         decide whether the run is ``record-failed``, and the final summary has the
-        reserve."""
+        reserve. ``first``: the soak's first one, before its worker starts: RecordError
+        is raised then (nothing is started on a disk that takes no summary)."""
         if self.rundir is None or self.finished or self._detached:
             return
         s = self.fill(running=True)
         try:
             self.rundir.summary(s, final=False)
         except RecordError:
-            pass
+            if first:
+                raise
 
     def finish(self, *, crashed: bool = False, interrupted: bool = False, stopped: bool = False,
                status: str | None = None, elapsed_s: float | None = None) -> dict:
@@ -283,37 +297,18 @@ class RunRecorder:
 
     # -- a fatal signal's stack -------------------------------------------------
     def catch_fatal_signals(self) -> None:
-        """Point ``faulthandler`` at ``fatal.log`` in the run directory: a segfault,
-        SIGABRT, SIGBUS or SIGFPE (a fused kernel, a native library) writes every
-        thread's Python stack there before the process dies. Undone by :meth:`close`
-        (``faulthandler`` back on stderr if it was on before)."""
-        import faulthandler
+        """Point ``faulthandler`` at ``fatal.log`` in the run directory (``optcheck.run.fatal_log``):
+        a segfault, SIGABRT, SIGBUS or SIGFPE (a fused kernel, a native library) writes every
+        thread's Python stack there before the process dies. Undone by :meth:`close`."""
+        from optcheck.run.fatal_log import FatalLog
 
-        if self.rundir is None or self._fatal is not None:
-            return
-        try:
-            self._fatal = (open_record_file(self.rundir.path / FATAL_LOG), faulthandler.is_enabled())
-            faulthandler.enable(file=self._fatal[0], all_threads=True)
-        except (OSError, ValueError, RuntimeError):
-            self._fatal = None
+        if self.rundir is not None and self._fatal is None:
+            self._fatal = FatalLog(self.rundir.path)
 
     def _release_fatal(self) -> None:
-        import faulthandler
-
-        if self._fatal is None:
-            return
-        fd, was_enabled = self._fatal
-        self._fatal = None
-        try:
-            faulthandler.disable()
-            if was_enabled:
-                faulthandler.enable()
-            empty = os.fstat(fd).st_size == 0
-            os.close(fd)
-            if empty and not self._detached:
-                os.unlink(self.rundir.path / FATAL_LOG)
-        except (OSError, ValueError, RuntimeError):
-            pass
+        if self._fatal is not None:
+            self._fatal.release(remove_empty=not self._detached)
+            self._fatal = None
 
     # -- closing ---------------------------------------------------------------
     def close(self) -> None:
@@ -338,25 +333,6 @@ class RunRecorder:
         self.rundir.abandon()
 
 
-def seconds(value) -> float | None:
-    """A duration a worker reported, when it is one: a finite number >= 0 (else None)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
-        return float(value)
-    return None
-
-
-def step_cost(value) -> dict | None:
-    """The worker's ``step_cost`` (``optcheck.run.sequencer.StepCost.to_dict``) when it has that
-    shape (count, total_s, mean_us: numbers >= 0, mean_us may be None), else None."""
-    if not isinstance(value, dict):
-        return None
-    count, total, mean = value.get("count"), value.get("total_s"), value.get("mean_us")
-    if not (isinstance(count, int) and not isinstance(count, bool) and count >= 0) or seconds(total) is None \
-            or (mean is not None and seconds(mean) is None):
-        return None
-    return value
-
-
 class _Sink:
     """What :class:`Checker` writes through: the recorder's guarded writes."""
 
@@ -370,29 +346,53 @@ class _Sink:
         self._rec.finding(finding)
 
 
-def fold_rank_summaries(out: str | os.PathLike, world: int, merged: dict) -> dict:
-    """Write a ``--nproc``/torchrun run's merged summary (``optcheck.distributed.merge.merged``)
-    to ``out/summary.json`` as every recorder does (atomic, never through a symlink,
-    ``summary_version`` and ``schema`` set; from the reserve on a full disk), with its
-    exit code taken by :func:`optcheck.run.exitcodes.worst` over the ranks'. Returns it.
+class RankRecorder:
+    """The recorder of a run of several ranks (``optcheck soak --nproc``, a Monitor under
+    ``torchrun``): the only writer of ``OUT/summary.json`` there, and, through
+    :func:`optcheck.run.rank_fold.fold_ranks`, the only counter of its numbers (each rank's
+    own run directory ``OUT/rank-K`` has its :class:`RunRecorder`).
 
-    Raises:
-        RecordError: it could not be written.
+    Args:
+        out: the run directory holding ``rank-0`` .. ``rank-(world-1)``.
+        source: "soak" (the ``--nproc`` supervisor) or "monitor" (rank 0 at its close).
+        knock_on: ``knock_on(crash) -> bool``: a crash a peer's end caused (a collective's
+            "Connection closed by peer"), so that a rank's own exception is named first.
     """
-    from optcheck.run.rundir import RESERVE_NAME, write_summary
 
-    s = dict(merged)
-    codes = [r.get("exit_code") for r in s.get("ranks") or [] if isinstance(r, dict)]
-    if s.get("missing_ranks"):
-        codes.append(exitcodes.CRASHED)
-    s["exit_code"] = exitcodes.worst(c for c in codes if isinstance(c, int))
-    s.setdefault("world", world)
-    try:
-        write_summary(out, s)
-    except RecordError:
+    def __init__(self, out: str | os.PathLike, *, source: str, knock_on: Callable[[dict], bool] | None = None):
+        self.out, self.source, self.knock_on = Path(out), source, knock_on
+
+    def write_running(self, summary: dict) -> None:
+        """The supervisor's first ``summary.json`` (status ``running``). Raises RecordError."""
+        self._write(summary)
+
+    def fold(self, ranks: list[dict | None], findings: list[dict], notes: list[str], *, attempts: int = 1,
+             **supervisor) -> dict:
+        """Count the merged summary (:func:`optcheck.run.rank_fold.fold_ranks`, ``supervisor`` its
+        keyword arguments), write it atomically (from the reserve on a full disk) and return it.
+        ``attempts`` > 1: two ranks folding at once may collide on the temporary file: tried that
+        many times, then left (the other one's is as good); with 1, RecordError is raised."""
+        from optcheck.run.rank_fold import fold_ranks
+
+        s = fold_ranks(ranks, findings, notes, out=self.out, source=self.source, knock_on=self.knock_on, **supervisor)
+        for attempt in range(1, attempts + 1):
+            try:
+                self._write(s)
+                return s
+            except RecordError:
+                if attempts == 1:
+                    raise
+                time.sleep(0.05 * attempt)
+        return s
+
+    def _write(self, s: dict) -> None:
+        from optcheck.run.rundir import RESERVE_NAME, write_summary
+
         try:
-            os.unlink(Path(out) / RESERVE_NAME)
-        except OSError:
-            raise
-        write_summary(out, s)
-    return s
+            write_summary(self.out, s)
+        except RecordError:
+            try:
+                os.unlink(self.out / RESERVE_NAME)  # the reserve set aside for the last summary
+            except OSError:
+                raise
+            write_summary(self.out, s)

@@ -57,7 +57,7 @@ import stat
 from pathlib import Path
 
 from optcheck.errors import InputError, RecordError
-from optcheck.run.snapshot import clean_json, dumps
+from optcheck.record.snapshot import clean_json, dumps
 
 SUMMARY_SCHEMA = "optcheck.summary/1"
 FILES = ("snapshots.jsonl", "findings.jsonl", "metrics.jsonl", "events.jsonl")
@@ -151,7 +151,7 @@ def open_record_file(path: Path) -> int:
 
 
 def writer_gone(path: str | os.PathLike) -> str | None:
-    """Whether the writer of a run whose ``summary.json`` still says ``running`` is gone.
+    """Whether the process recording a run whose ``summary.json`` still says ``running`` is gone.
 
     Returns None while the process named in ``.optcheck.lock`` lives; else a
     description: ``"PID 4242 is gone"``, or ``"no writer holds it"`` (no lock
@@ -435,7 +435,7 @@ class RunDir:
         self._write("events.jsonl", event)
 
     def summary(self, summary: dict, *, final: bool = True) -> None:
-        """Replace ``summary.json`` atomically (write a temporary file, then rename).
+        """Replace the summary file atomically (:func:`write_summary`; for the recorder only).
         On a full disk the reserve is given back and the write tried once more —
         for the ``final`` summary only: a ``running`` one never spends the reserve
         the last summary needs.
@@ -522,7 +522,9 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def write_summary(path: str | os.PathLike, summary: dict) -> None:
-    """Atomically write ``summary.json`` in run directory ``path`` (never through a symlink).
+    """Atomically replace the summary file of run directory ``path`` (a temporary file, then
+    rename(2); never through a symlink). Called by ``optcheck/run/recorder.py`` only: the one
+    writer of a run's summary (``tests/unit/test_layout.py``).
 
     Raises:
         RecordError: the temporary file could not be written or renamed.

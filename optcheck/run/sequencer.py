@@ -20,7 +20,7 @@ keeps, per optimizer step ``n`` (1-based):
 :meth:`Sequencer.take` is the one place a snapshot is built (hook it to add
 per-rank fields); it hands the snapshot to the driver's ``emit`` (the worker
 sends it to the supervisor, the Monitor checks and writes it:
-:class:`optcheck.run.summary.Checker`). What a run cost — seconds spent in
+:class:`optcheck.run.checker.Checker`). What a run cost — seconds spent in
 snapshots and in rule checks — is counted in :class:`Cost`, optcheck's own
 work per step outside snapshots in :class:`StepCost`; both land in
 ``summary.json``'s ``cost`` (``docs/summary.md``).
@@ -28,12 +28,13 @@ work per step outside snapshots in :class:`StepCost`; both land in
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import time
 from typing import Any, Callable, Protocol
 
-from optcheck.run.snapshot import assemble
+from optcheck.record.snapshot import assemble
 
 
 class Cost:
@@ -76,6 +77,83 @@ class StepCost:
                 "mean_us": round(self.ns / self.steps / 1e3, 2) if self.steps else None}
 
 
+#: Training steps per block of :class:`CpuBlocks` (the speed check's unit, ``optcheck.judge.baseline``).
+CPU_BLOCK_STEPS = 10
+#: Most blocks a run keeps: at this many, neighbours are averaged in pairs and blocks are twice as long.
+MAX_CPU_BLOCKS = 200
+
+
+class CpuBlocks:
+    """The process's CPU time per training step, block by block (at least :data:`CPU_BLOCK_STEPS`
+    steps each, snapshots included): what the speed check compares, with the spread of the blocks
+    as its noise (``optcheck.judge.baseline.speed_check``). One ``time.process_time()`` per block;
+    at most :data:`MAX_CPU_BLOCKS` kept however long the run (longer blocks then).
+    """
+
+    def __init__(self, steps: int = CPU_BLOCK_STEPS) -> None:
+        self.size = steps
+        self.per_step_s: list[float] = []  # CPU seconds per step of each block
+        self._t = time.process_time()
+        self._step = 0
+
+    def tick(self, step: int) -> None:
+        """Step ``step`` (1-based; a block of the TorchSharp backend may advance several) is done."""
+        if step - self._step >= self.size:
+            now = time.process_time()
+            self.per_step_s.append(round((now - self._t) / (step - self._step), 7))
+            self._t, self._step = now, step
+            if len(self.per_step_s) >= MAX_CPU_BLOCKS:
+                b = self.per_step_s
+                self.per_step_s = [round((b[i] + b[i + 1]) / 2, 7) for i in range(0, len(b) - 1, 2)]
+                self.size *= 2
+
+
+class StepTimer:
+    """The clock of a soak loop's steps (``optcheck/drivers/worker_loop.py``), in one place:
+    optcheck's own work per step (:attr:`cost`, a :class:`StepCost`: the pre-step check and the
+    bookkeeping after the step, snapshots left out), each step's training time (the metrics'
+    ``step_time_s``) and the CPU time per block (:attr:`blocks`, :class:`CpuBlocks`).
+
+    Per step: :meth:`start`, :meth:`checked` (the pre-step check is done), :meth:`train` /
+    :meth:`trained` around the training (:meth:`also_training` around other training work, a
+    held-out pass), :meth:`end`.
+    """
+
+    def __init__(self, seq: "Sequencer") -> None:
+        self.seq, self.cost, self.blocks = seq, StepCost(), CpuBlocks()
+        self._t0 = self._t1 = self._ts = self._te = self._busy = 0
+
+    def start(self) -> None:
+        self._t0, self._busy = time.perf_counter_ns(), self.seq.busy_ns
+
+    def checked(self) -> None:
+        self._t1 = time.perf_counter_ns()
+
+    def train(self) -> None:
+        self._ts = time.perf_counter_ns()
+
+    def trained(self) -> float:
+        """The training's seconds since :meth:`train` (a step's ``step_time_s``)."""
+        self._te = time.perf_counter_ns()
+        return round((self._te - self._ts) / 1e9, 6)
+
+    @contextlib.contextmanager
+    def also_training(self):
+        """Time inside counts as training, not as optcheck's own work."""
+        t = time.perf_counter_ns()
+        try:
+            yield
+        finally:
+            self._te += time.perf_counter_ns() - t
+
+    def end(self, first: int, step: int) -> None:
+        """Steps ``first``..``step`` are done (a block's steps each count)."""
+        now = time.perf_counter_ns()
+        self.cost.ns += (self._t1 - self._t0) + (now - self._te) - (self.seq.busy_ns - self._busy)
+        self.cost.steps += step - first + 1
+        self.blocks.tick(step)
+
+
 def timed_hook(step_end: bool = False):
     """Decorator for a driver's per-step hook method (``self.step_cost``: a
     :class:`StepCost`; ``self.seq``: its :class:`Sequencer`): adds the method's time,
@@ -104,7 +182,7 @@ def cost_dict(snapshots: Cost, checks: Cost) -> dict:
 
 
 class Probe(Protocol):
-    """What the sequencer needs from a backend (``optcheck.drivers.worker_loop.Backend`` has it)."""
+    """What the sequencer needs from a backend (``optcheck.run.backend.Backend`` has it)."""
 
     name: str
 
@@ -133,21 +211,19 @@ class Sequencer:
         flush: called first thing in :meth:`take` (send or write the losses
             held so far, so they precede the snapshot and set :attr:`last_loss`).
         step: the step the run starts after (a resumed Monitor), 0 otherwise.
-        snapshots: snapshots already taken (a resumed Monitor).
+
+    It counts nothing the summary reports (snapshots, losses, peak RSS, their cost): the
+    run's recorder counts those from what ``emit`` hands it (``optcheck.run.recorder``).
     """
 
     def __init__(self, probe: Probe, *, run_id: str, every: int, emit: Callable[[dict, float], Any],
-                 flush: Callable[[], None] | None = None, step: int = 0, snapshots: int = 0):
+                 flush: Callable[[], None] | None = None, step: int = 0):
         self.probe, self.run_id, self.every, self.emit, self.flush = probe, run_id, every, emit, flush
         self.t0 = self.last_snap_t = time.perf_counter()
         self.last_snap_step = step
-        self.snapshots = snapshots
-        self.last_loss: float | None = None
-        self.loss_first: float | None = None
+        self.last_loss: float | None = None  # the loss the next snapshot carries
         self.val_loss: float | None = None   # held-out loss not yet put in a snapshot
         self.pending_events: list[dict] = []
-        self.peak_rss = 0
-        self.cost = Cost()
         self.busy_ns = 0  # nanoseconds inside take(), emit included: what a driver's StepCost leaves out
         self._fp: Any = None
 
@@ -157,10 +233,8 @@ class Sequencer:
         self.pending_events.append(event)
 
     def loss(self, value: float) -> None:
-        """The loss of the step just taken."""
+        """The loss of the step just taken (the next snapshot carries it)."""
         self.last_loss = value
-        if self.loss_first is None:
-            self.loss_first = value
 
     def restart_clock(self) -> None:
         """``elapsed_s`` counts from now (the soak: training, not set-up)."""
@@ -222,11 +296,8 @@ class Sequencer:
                             versions=self.probe.versions(), threads=self.probe.threads())
             self._fp = self.probe.fingerprint()
             seconds = time.perf_counter() - t
-            self.cost.add(seconds)
             self.val_loss = None
             self.last_snap_t, self.last_snap_step = t, step
-            self.snapshots += 1
-            self.peak_rss = max(self.peak_rss, (snap.get("memory") or {}).get("rss_bytes") or 0)
             return self.emit(snap, seconds)
         finally:
             self.busy_ns += time.perf_counter_ns() - t_in

@@ -5,7 +5,8 @@ Torch-free.
 package ``TorchSharp-cpu`` at exactly VERSION (``[VERSION]``: NuGet may not substitute a
 nearby version) with ``dotnet build``; ``--torchsharp PATH`` builds it
 against a local TorchSharp build (``PATH`` = its ``TorchSharp.dll`` or the folder holding it,
-with the native ``LibTorchSharp`` beside it). Each build lives in its own folder of the cache,
+with the native ``LibTorchSharp`` beside it), with Mono's ``mcs`` where there is no .NET SDK
+(:mod:`optcheck.torchsharp_bridge.mcs_build`). Each build lives in its own folder of the cache,
 ``$OPTCHECK_CACHE/torchsharp/<key>/`` (default ``~/.cache/optcheck/torchsharp/<key>/``; key =
 the version, or ``local-<hash of the path>``): ``src/`` (a copy of ``dotnet/Worker`` and
 ``dotnet/Probe``), ``bin/OptCheck.Worker.dll`` with TorchSharp and its native libraries beside
@@ -14,18 +15,14 @@ TorchSharp, its ``TorchSharp.dll``) are unchanged. ``build.json`` records the ve
 actually restored (read from the restore's ``obj/project.assets.json``).
 
 The C# sources come from the checkout's ``dotnet/`` folder, or, in an installed wheel, from
-``optcheck/dotnet_src/`` (the same files, copied there by ``setup.py``'s ``build_py`` when the
-wheel is built: :func:`sources_dir`). The first build says on stderr what it restores and
-compiles, and how long it took (the first restore downloads about 1.4 GB).
+``optcheck/dotnet_src/`` (copied there by ``setup.py``'s ``build_py``: :func:`sources_dir`). The first
+build says on stderr what it restores and compiles, and how long it took (the first restore downloads ~1.4 GB).
 
 Every failure is one line naming the cause and the command to run
-(:class:`optcheck.errors.InputError`, exit code 2): no ``dotnet`` on PATH, a ``dotnet``
-without an SDK or with one older than 8, a version NuGet does not have (NuGet's NU1101 /
-NU1102: the line names the version asked for and what each source offers), a restore without network (NU1301), a compile error (the first ``error`` line of
-MSBuild's output, with the log's path and the command to re-run it by hand).
-
-Public: :func:`ensure_worker_assembly`, :func:`built_worker`, :func:`cached_builds`,
-:func:`parse_spec`, :data:`TRAINER_TYPE`, :data:`DEFAULT_VERSION`.
+(:class:`optcheck.errors.InputError`, exit code 2): no ``dotnet`` on PATH (nor ``mcs`` for a local
+netstandard TorchSharp), no SDK or one older than 8, a version NuGet does not have (NU1101 / NU1102:
+the version asked for and what each source offers), no network (NU1301), a compile error (the first
+``error`` line, the log's path and the command to re-run it by hand).
 """
 
 from __future__ import annotations
@@ -45,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from optcheck.errors import InputError
+from optcheck.torchsharp_bridge import mcs_build
 from optcheck.torchsharp_bridge.msbuild import PACKAGE, explain_failure, restored_versions
 
 #: The ITrainer in the worker assembly (dotnet/Worker/Trainer.cs).
@@ -181,8 +179,7 @@ def source_hash(dotnet_dir: Path = _DOTNET_DIR) -> str:
 
 
 def _dll_stamp(dll: Path) -> str:
-    st = dll.stat()
-    return f"{st.st_size}:{st.st_mtime_ns}"
+    return f"{dll.stat().st_size}:{dll.stat().st_mtime_ns}"
 
 
 @contextlib.contextmanager
@@ -295,7 +292,16 @@ def ensure_worker_assembly(spec: str | None = None, *, rebuild: bool = False, do
         rec = _read_record(folder)
         if not rebuild and _is_current(rec, sp, src_hash, folder):
             return folder / "bin" / ASSEMBLY
-        cli, sdk = find_sdk(sp.text)
+        try:
+            cli, sdk = find_sdk(sp.text)
+        except InputError:  # no SDK: a local netstandard TorchSharp is built with Mono's mcs (mcs_build.py)
+            if sp.dll is None or not mcs_build.usable(sp.dll):
+                raise
+            _copy_sources(folder / "src", dotnet_dir)
+            dll, extra = mcs_build.build(sp.dll, sorted((folder / "src").rglob("*.cs")), folder / "bin", ASSEMBLY,
+                                         folder / "build.log", say)
+            _write_record(folder, sp, src_hash, dll, "mcs " + (mcs_build.mcs() or ""), extra)
+            return dll
         project = _copy_sources(folder / "src", dotnet_dir)
         out = folder / "bin"
         log = folder / "build.log"
@@ -330,14 +336,19 @@ def ensure_worker_assembly(spec: str | None = None, *, rebuild: bool = False, do
                              f"{restored}; log: {log}")
         say(f"built {dll.name} against {f'{PACKAGE} {restored or sp.version}' if sp.version else sp.dll} in "
             f"{time.monotonic() - t0:.1f} s")
-        record = {"torchsharp": restored or sp.version or str(sp.dll), "requested": sp.version or str(sp.dll),
-                  "restored_from_nuget": bool(restored), "kind": sp.kind, "spec": sp.text,
-                  "source_sha256": src_hash, "sdk": sdk, "assembly": str(dll),
-                  "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-        if sp.dll is not None:
-            record.update(torchsharp_dll=str(sp.dll), dll_stamp=_dll_stamp(sp.dll))
-        (folder / "build.json").write_text(json.dumps(record, indent=1) + "\n")
+        _write_record(folder, sp, src_hash, dll, sdk, {"restored_from_nuget": bool(restored)}, restored)
         return dll
+
+
+def _write_record(folder: Path, sp: Spec, src_hash: str, dll: Path, sdk: str, extra: dict,
+                  restored: str | None = None) -> None:
+    """``build.json`` of a finished build (``sdk``: the .NET SDK's version, or ``mcs`` and its path)."""
+    record = {"torchsharp": restored or sp.version or str(sp.dll), "requested": sp.version or str(sp.dll),
+              "kind": sp.kind, "spec": sp.text, "source_sha256": src_hash, "sdk": sdk, "assembly": str(dll),
+              "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **extra}
+    if sp.dll is not None:
+        record.update(torchsharp_dll=str(sp.dll), dll_stamp=_dll_stamp(sp.dll))
+    (folder / "build.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 def built_worker(spec: str | None = None) -> tuple[str, str, str]:

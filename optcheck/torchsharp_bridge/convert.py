@@ -1,7 +1,7 @@
 """Decode the .NET probe's snapshot body (``OptCheck.Probe.ProbeCore.Read``,
 ``dotnet/Probe/ProbeCore.cs``) and name what the probe could not. Torch-free and
 .NET-free: the probe writes the body as one JSON object in the snapshot's own field
-names (``optcheck/run/snapshot.py``: ``params``, ``groups``, ``state``, ``optimizer``,
+names (``optcheck/record/snapshot.py``: ``params``, ``groups``, ``state``, ``optimizer``,
 ``memory``, ``notes``, and ``prestep_findings``, the pre-step check's problems);
 :func:`body_from_json` reads it with :func:`json.loads`, checks its top-level shape and
 turns the non-finite numbers the probe writes as the strings ``"nan"``, ``"inf"``,
@@ -19,7 +19,7 @@ import math
 
 #: The members every probe body has (ProbeCore.Read writes them all, in this order).
 BODY_FIELDS = ("params", "groups", "state", "optimizer", "memory", "notes", "prestep_findings")
-#: The spellings of non-finite numbers (``JsonWriter.Double``, ``optcheck.run.snapshot.clean_json``).
+#: The spellings of non-finite numbers (``JsonWriter.Double``, ``optcheck.record.snapshot.clean_json``).
 NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 #: The float members of a body's ``params`` entries; every value of a group's ``options`` is a float too.
 PARAM_FLOATS = ("grad_norm", "value_norm")

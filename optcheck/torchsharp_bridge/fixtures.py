@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from optcheck.run.snapshot import SCHEMA, validate
+from optcheck.record.snapshot import SCHEMA, validate
 from optcheck.torchsharp_bridge.convert import name_members
 
 BEFORE_STEP_NOTE = "after fault, before step"

@@ -74,7 +74,16 @@ def write_runtimeconfig(rt: DotnetRuntime, directory: str | os.PathLike,
                               "framework": {"name": NETCORE_APP, "version": rt.version},
                               "configProperties": {"System.Globalization.Invariant": bool(invariant_globalization)}}}
     path = Path(directory) / "optcheck.runtimeconfig.json"
-    path.write_text(json.dumps(cfg, indent=2))
+    # Written beside and renamed over: another process reading this folder's config (two
+    # workers, a user's own ``dotnet exec``) sees the old file or the new one, never half.
+    fd, tmp = tempfile.mkstemp(prefix=".runtimeconfig-", suffix=".json", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(cfg, indent=2))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -58,10 +58,12 @@ import numpy as np
 from optcheck.config import SoakConfig
 from optcheck.data import Corpus
 from optcheck.errors import InputError
+# (upward: this module is the TorchSharp worker process's entry point, itself a driver: it runs the soak loop)
 from optcheck.drivers.protocol import Stream
-from optcheck.torchsharp_bridge import native, runtime
-from optcheck.torchsharp_bridge.convert import body_from_json, name_members
 from optcheck.drivers.worker_loop import run
+from optcheck.run.backend import Backend
+from optcheck.torchsharp_bridge import libtorch, native, runtime
+from optcheck.torchsharp_bridge.convert import body_from_json, name_members
 
 DEFAULT_TRAINER = "OptCheck.Worker.GptTrainer"
 #: Most steps in one ``Driver.StepBlock`` call (the loop's metrics batch; a block also ends at the next snapshot,
@@ -84,8 +86,8 @@ def setup_config(cfg: SoakConfig, corpus: Corpus) -> str:
     return json.dumps(doc, default=str)
 
 
-class TorchSharpBackend:
-    """:class:`optcheck.drivers.worker_loop.Backend` over a .NET trainer driven through pythonnet."""
+class TorchSharpBackend(Backend):
+    """:class:`optcheck.run.backend.Backend` over a .NET trainer driven through pythonnet."""
 
     name = "torchsharp"
 
@@ -129,9 +131,7 @@ class TorchSharpBackend:
                              f"coreclr, the default")
         # TorchSharp's type initializer hides the loader's reason behind a TypeInitializationException:
         # load its native library first, and say what is missing (docs/torchsharp.md, "The native library")
-        _lib, problem = native.check_folder(Path(asm_path).expanduser().resolve().parent)
-        if problem:
-            raise InputError(problem)
+        libtorch.load_native(Path(asm_path).expanduser().resolve().parent)
         self.rt = runtime.load(kind, ts.dotnet_root, config_dir=cfg.run.work_dir or None)
         assembly = runtime.load_assembly(asm_path)
         from System import IntPtr
@@ -161,6 +161,12 @@ class TorchSharpBackend:
             k, _, v = str(pair).partition("=")
             if k and k not in ("dotnet", "dotnet_runtime", "python", "pythonnet"):
                 self._versions[k] = v
+        # TorchSharp's torch.__version__ names the libtorch its package pairs with, not the one loaded
+        actual = libtorch.loaded_versions()
+        declared = self._versions.get("libtorch")
+        self._versions.update(actual)
+        if declared and actual.get("libtorch", declared) != declared:
+            self._versions["torchsharp_libtorch"] = declared
 
     @staticmethod
     def _setup_error(e: BaseException, asm_path: str, trainer: str) -> InputError:

@@ -12,7 +12,7 @@ from snapfactory import clean
 from optcheck.distributed.merge import merged, ranks_in
 from optcheck.engine import RuleEngine
 from optcheck.rules import _crossrank_table
-from optcheck.run.snapshot import validate
+from optcheck.record.snapshot import validate
 
 NAMES = ["fc.weight", "fc.bias"]
 
@@ -123,7 +123,7 @@ def test_merged_summary_reads_rank_files_with_the_record_readers_policy(tmp_path
     merged summary is a summary_version 2 one that validates like every other."""
     from optcheck.report.reader import read_summary
     from optcheck.run.rundir import write_summary
-    from optcheck.run.summary import Summary
+    from optcheck.record.summary import Summary
 
     good = {"code": "OC104", "symbol": "ref-churn", "severity": "error", "step": 4, "message": "m", "phase": "pre-step",
             "subjects": ["w"]}

@@ -127,6 +127,26 @@ def test_a_signal_ends_the_run_interrupted_130_with_no_rank_left(tmp_path, start
     assert "INTERRUPTED (exit 130)" in (tmp_path / "stdout").read_text()
 
 
+def test_sigterm_to_one_rank_names_the_rank_and_the_signal(tmp_path, start):
+    """Issue 35: SIGTERM to rank 1 (not to optcheck) read "INTERRUPTED (exit 130)" with rank 0's
+    gloo "Connection closed by peer" as the crash: neither rank 1 nor the signal named,
+    interrupted_by null. The run's recorder folds the ranks now: rank 1 and SIGTERM are the story."""
+    out = tmp_path / "run"
+    proc = start(out, "--every", "5", "-q")
+    pids = ranks_at(out, 3, proc)
+    os.kill(pids[1], signal.SIGTERM)
+    assert proc.wait(timeout=START_CAP_S) == 130, (tmp_path / "stderr").read_text()[-2000:]
+    assert gone(pids, 1.0)
+    s = read_summary(out)
+    assert (s["status"], s["exit_code"], s["interrupted_by"]) == ("interrupted", 130, "SIGTERM"), s
+    assert (s["crash"]["rank"], s["crash"]["signal"]) == (1, "SIGTERM"), s["crash"]
+    assert "rank 1 got SIGTERM (not from optcheck)" in s["crash"]["message"]
+    assert "Connection closed" not in s["crash"]["message"]
+    assert read_summary(out / "rank-1")["interrupted_by"] == "SIGTERM"  # the rank's own record says so too
+    stdout = (tmp_path / "stdout").read_text()
+    assert "INTERRUPTED (exit 130)" in stdout and "rank 1 got SIGTERM" in stdout, stdout
+
+
 def test_a_killed_optcheck_takes_its_launcher_and_ranks_with_it(tmp_path, start):
     out = tmp_path / "run"
     proc = start(out, "--every", "10", "-q")

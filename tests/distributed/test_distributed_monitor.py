@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from optcheck.run.snapshot import validate
+from optcheck.record.snapshot import validate
 
 LOOP = Path(__file__).with_name("dist_loop.py")
 ROOT = Path(__file__).resolve().parents[2]

@@ -113,7 +113,7 @@ def test_usage_errors_are_one_line_and_exit_2(tmp_path):
 def test_nproc_beyond_the_machine_or_a_junk_timeout_is_one_line_exit_2_before_any_rank_starts(tmp_path):
     import psutil
 
-    from optcheck.distributed.cli import RANK_BYTES_PER_PARAM, usable_cores
+    from optcheck.distributed.limits import RANK_BYTES_PER_PARAM, usable_cores
 
     too_many = 2 * usable_cores() + 1
     layers = psutil.virtual_memory().available // (2 * RANK_BYTES_PER_PARAM * 12 * 1024 ** 2) + 1  # 2 ranks > memory

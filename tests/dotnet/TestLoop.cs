@@ -400,6 +400,8 @@ namespace OptCheckTest
         public long PeakTensors { get { return System.Threading.Interlocked.Read(ref Storage.Peak); } }
         public long TensorsCreatedOutsideScope { get { return Temp.CreatedOutsideScope; } }
         public long TensorsDisposedOutsideScope { get { return Temp.DisposedOutsideScope; } }
+        public long TensorsDetachedFromScope { get { return 0; } }   // the stand-in has no scopes to leave
+        public long TensorsAttachedToScope { get { return 0; } }
     }
 
     // -- the trainers ----------------------------------------------------------------------------

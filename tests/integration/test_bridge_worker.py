@@ -18,7 +18,8 @@ from optcheck.config import (ChecksConfig, DataConfig, Injection, ModelConfig, O
                              TorchSharpConfig)
 from optcheck.errors import InputError
 from optcheck.drivers.protocol import read_messages
-from optcheck.run.snapshot import read_snapshots, validate
+from optcheck.record.snapshot import validate
+from optcheck.record.check import read_snapshots
 from optcheck.torchsharp_bridge import runtime
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dotnet"))

@@ -18,7 +18,7 @@ import optcheck  # noqa: E402
 from conftest import SMALL, run_clis  # noqa: E402
 from optcheck.config import ChecksConfig, DataConfig, ModelConfig, OptimizerConfig, RunConfig, SoakConfig  # noqa: E402
 from optcheck.pytorch.train import Trainer  # noqa: E402
-from optcheck.run.snapshot import read_jsonl  # noqa: E402
+from optcheck.record.snapshot import read_jsonl  # noqa: E402
 from optcheck.drivers.worker_loop import StepStopped  # noqa: E402
 
 BUG_AT = 37

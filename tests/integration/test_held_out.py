@@ -10,7 +10,7 @@ import pytest
 
 from conftest import SMALL, run_clis
 from optcheck.run import exitcodes
-from optcheck.run.snapshot import read_snapshots
+from optcheck.record.check import read_snapshots
 
 
 @pytest.fixture(scope="module")

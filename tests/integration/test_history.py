@@ -99,6 +99,61 @@ def test_unreadable_summary_is_one_line_exit_2(tmp_path):
     assert len(err) == 1 and "summary.json: unreadable" in err[0] and "Traceback" not in proc.stderr
 
 
+def _history(args, prefix=()) -> subprocess.CompletedProcess:
+    import os
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    return subprocess.run([*prefix, sys.executable, "-m", "optcheck", "history", *args], capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+@pytest.mark.parametrize("field", ["peak_rss_bytes", "steps_per_s"])
+def test_an_integer_beyond_int64_in_an_old_summary_is_one_line_exit_2(field, tmp_path):
+    """Issue 35: 10^400 in an old-format summary was an OverflowError / ufunc 'isfinite' traceback."""
+    shutil.copytree(NIGHTS, tmp_path / "nights")
+    p = tmp_path / "nights" / "night-2-torch2.13" / "summary.json"
+    s = json.loads(p.read_text())
+    assert "summary_version" not in s  # the old format: its fields are typed loosely
+    s[field] = 10 ** 400
+    p.write_text(json.dumps(s))
+    proc = _history([str(tmp_path / "nights")])
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == exitcodes.USAGE and "Traceback" not in proc.stderr, proc.stderr
+    assert len(err) == 1 and f"summary.json: {field}: an integer of 401 digits, out of range" in err[0], err
+
+
+def _unreadable(path: Path) -> tuple:
+    """Make ``path`` unreadable to the command about to run; the prefix to run it with. As root
+    (which reads every file) the folder goes to another user and the command runs without the
+    capabilities that bypass file permissions (util-linux ``setpriv``)."""
+    import os
+    if os.geteuid() != 0:
+        path.chmod(0)
+        return ()
+    if shutil.which("setpriv") is None:
+        pytest.skip("root without setpriv: no folder is unreadable")
+    os.chown(path, 65534, 65534)
+    path.chmod(0o700)
+    return ("setpriv", "--bounding-set=-dac_override,-dac_read_search")
+
+
+def test_an_unreadable_night_folder_is_left_out_with_a_note(tmp_path):
+    """Issue 35: another user's night folder (mode 700) was a PermissionError traceback."""
+    shutil.copytree(NIGHTS, tmp_path / "nights")
+    other = tmp_path / "nights" / "night-3-torch2.13"
+    prefix = _unreadable(other)
+    try:
+        proc = _history([str(tmp_path / "nights")], prefix)
+        assert proc.returncode == exitcodes.CLEAN and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.strip().splitlines() == [f"optcheck: note: {other}: cannot read (Permission denied); "
+                                                    f"left out"]
+        assert "4 night(s)" in proc.stdout and "night-3" not in proc.stdout
+        named = _history([str(other)], prefix)  # named itself: one line, exit 2
+        assert named.returncode == exitcodes.USAGE and named.stderr.strip().splitlines() == [
+            f"optcheck: error: {other}: cannot read (Permission denied)"], named.stderr
+    finally:
+        other.chmod(0o700)
+
+
 # -- five recorded nights (tests/fixtures/nights/README.md): real runs, torch 2.13.0 -> 2.14.1 ------------
 
 NIGHTS = Path(__file__).resolve().parents[1] / "fixtures" / "nights"

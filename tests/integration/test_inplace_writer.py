@@ -278,6 +278,26 @@ def test_a_write_in_the_loop_on_a_step_4_is_named_when_armed_and_its_window_give
         assert d["rerun"] == "forward: no write seen" and "outside it" in f.message and 'hazards="always"' in f.message
 
 
+def test_a_tensor_saved_and_written_in_the_loop_says_outside_every_module_not_a_question_mark():
+    """The saving op ran in the loop (a softmax of the model's output): the finding says so in words."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3))
+    x, y = torch.randn(4, 8), torch.nn.functional.one_hot(torch.arange(4) % 3, 3)
+
+    def step_loss(model, step):
+        probs = model(x).softmax(-1)  # SAVE: the loop's softmax
+        loss = -(probs * y).sum()
+        if step == 2:
+            probs.clamp_(min=1e-6)  # WRITE: the loop clamps the saved softmax
+        return loss
+
+    mon, exc = train(model, torch.optim.SGD(model.parameters(), lr=0.01), step_loss, steps=4, hazards="always")
+    f, d = stopped(mon, exc)
+    assert f.step == 3
+    assert (d["written"]["op"], d["written"]["where"]) == ("clamp_", line_of("WRITE: the loop clamps"))
+    assert f"outside every module ({line_of('SAVE: the loop')})" in f.message and " ? " not in f.message
+
+
 # ----------------------------------------------------------------------------- clean runs, the mode stack
 class Doubler(torch.overrides.TorchFunctionMode):
     """A user's own torch-function mode: counts the calls it sees."""

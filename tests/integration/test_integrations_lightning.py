@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from optcheck.integrations.lightning import OptcheckCallback  # noqa: E402
 from optcheck.drivers.monitor import OptcheckWarning  # noqa: E402
-from optcheck.run.snapshot import read_jsonl  # noqa: E402
+from optcheck.record.snapshot import read_jsonl  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ from torch import nn  # noqa: E402
 
 from optcheck.integrations.transformers import OptcheckCallback  # noqa: E402
 from optcheck.drivers.monitor import OptcheckWarning  # noqa: E402
-from optcheck.run.snapshot import read_jsonl  # noqa: E402
+from optcheck.record.snapshot import read_jsonl  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -19,7 +19,7 @@ from torch import nn  # noqa: E402
 
 import optcheck  # noqa: E402
 from optcheck.drivers.monitor import FindingError, OptcheckWarning  # noqa: E402
-from optcheck.run.snapshot import read_jsonl  # noqa: E402
+from optcheck.record.snapshot import read_jsonl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

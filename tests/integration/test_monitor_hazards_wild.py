@@ -396,7 +396,7 @@ def train_compiled(bug=None, steps=12, monitor=True, out=None):
 
 
 def test_a_compiled_model_clean_no_graph_break_no_recompile(tmp_path):
-    from optcheck.run.snapshot import read_jsonl
+    from optcheck.record.snapshot import read_jsonl
 
     plain_mon, plain, _, plain_counters = train_compiled(monitor=False)
     mon, losses, exc, counters = train_compiled(out=str(tmp_path / "run"))
@@ -443,7 +443,7 @@ def test_a_hazard_between_two_snapshots_is_found_at_its_step(tmp_path, bug, code
         except StepStopped as e:
             exc = e
     assert (exc is not None) == stops
-    from optcheck.run.snapshot import read_jsonl
+    from optcheck.record.snapshot import read_jsonl
 
     found = [(f["code"], f["step"]) for f in read_jsonl(tmp_path / bug / "findings.jsonl")]
     assert (code, 11) in found and all(step == 11 for c, step in found if c == code), found

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import in_backward_zoo as zoo  # noqa: E402
-from optcheck.run.snapshot import read_jsonl  # noqa: E402
+from optcheck.record.snapshot import read_jsonl  # noqa: E402
 
 STEPS, EVERY, AT = 30, 5, 12  # AT: no cadence step, after two cadence snapshots
 REPLACED = {"OC101", "OC102", "OC104"}

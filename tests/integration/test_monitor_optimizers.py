@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import optimizer_zoo as zoo  # noqa: E402
-from optcheck.run.snapshot import read_jsonl  # noqa: E402
+from optcheck.record.snapshot import read_jsonl  # noqa: E402
 
 EVERY = 10  # 120 steps: 12 post-step snapshots compared pairwise
 

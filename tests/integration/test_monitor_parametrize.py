@@ -25,7 +25,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.utils import parametrizations, parametrize  # noqa: E402
 
 import optcheck  # noqa: E402
-from optcheck.run.snapshot import read_jsonl  # noqa: E402
+from optcheck.record.snapshot import read_jsonl  # noqa: E402
 
 AT = 25  # the loop step (0-based) at which the parametrization is applied: optimizer step 26
 

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from optcheck.run.snapshot import read_jsonl  # noqa: E402
+from optcheck.record.snapshot import read_jsonl  # noqa: E402
 from optcheck.drivers.worker_loop import StepStopped  # noqa: E402
 from plain_loop import train  # noqa: E402
 

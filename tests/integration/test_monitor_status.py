@@ -192,11 +192,16 @@ def _ends_at(at: int, statement: str) -> str:
     """)
 
 
-def test_an_exception_is_crashed(tmp_path):
-    res, out = _run(tmp_path, _ends_at(9, 'raise RuntimeError("user bug at 9")'))
-    assert res.returncode == 1 and "user bug at 9" in res.stderr
+def test_an_exception_is_crashed_and_the_losses_before_it_are_kept(tmp_path):
+    """Ended at step 12 with a snapshot every 5: steps 11 and 12 have their losses in
+    metrics.jsonl (issue 35: it ended at step 10, the last losses dropped at close)."""
+    res, out = _run(tmp_path, _ends_at(12, 'raise RuntimeError("user bug at 12")'))
+    assert res.returncode == 1 and "user bug at 12" in res.stderr
     s = _summary(out)
-    assert s["status"] == "crashed" and s["exit_code"] == 3 and s["crash"]["message"] == "user bug at 9"
+    assert s["status"] == "crashed" and s["exit_code"] == 3 and s["crash"]["message"] == "user bug at 12"
+    assert _metric_steps(out) == list(range(1, 13)) and s["last_step"] == 12
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["loss"] == s["loss_last"]
 
 
 def test_sys_exit_0_inside_with_is_clean_and_sys_exit_1_is_crashed(tmp_path):
@@ -224,6 +229,7 @@ def test_a_loop_that_dies_in_its_thread_is_crashed(tmp_path):
     assert "died in the thread" in res.stderr  # the previous threading.excepthook still reports it
     s = _summary(out)
     assert s["status"] == "crashed" and s["crash"]["exc_type"] == "ValueError" and s["last_step"] == 11
+    assert _metric_steps(out) == list(range(1, 12))  # the losses of steps 11 (and 10) kept at the crash
 
 
 def test_a_forked_child_never_writes_to_the_parents_run(tmp_path):

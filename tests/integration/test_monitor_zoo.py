@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import monitor_zoo as zoo  # noqa: E402
-from optcheck.run.snapshot import read_jsonl  # noqa: E402
+from optcheck.record.snapshot import read_jsonl  # noqa: E402
 from optcheck.drivers.worker_loop import StepStopped  # noqa: E402
 
 

@@ -25,7 +25,7 @@ nn, F = torch.nn, torch.nn.functional
 import optcheck  # noqa: E402
 from optcheck.engine import check_stream  # noqa: E402
 from optcheck.errors import StepStopped  # noqa: E402
-from optcheck.run.snapshot import read_jsonl  # noqa: E402
+from optcheck.record.snapshot import read_jsonl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BUG_AT, STEPS = 4, 10

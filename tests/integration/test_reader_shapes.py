@@ -143,6 +143,40 @@ def test_a_full_stdout_is_one_line_and_exit_4():
     assert res.stderr.strip().splitlines() == ["optcheck: error: cannot write to stdout (No space left on device)"]
 
 
+NIGHTS = ROOT / "tests" / "fixtures" / "nights"
+
+
+def test_a_full_summary_md_file_is_named_not_stdout():
+    """Issue 35: ``baseline --summary-md /dev/full > /dev/null`` said "cannot write to stdout"."""
+    res = subprocess.run([sys.executable, "-m", "optcheck", "baseline", str(NIGHTS / "night-2-torch2.13"),
+                          str(NIGHTS / "night-1-torch2.13"), "--summary-md", "/dev/full"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(), timeout=300)
+    assert res.returncode == 4, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        "optcheck: error: cannot record to --summary-md /dev/full: No space left on device (ENOSPC)"]
+
+
+@pytest.mark.parametrize("args", [
+    ["baseline", str(NIGHTS / "night-2-torch2.13"), str(NIGHTS / "night-1-torch2.13")],
+    ["compare", str(CLEAN), str(CLEAN)],
+    ["history", str(NIGHTS)],
+    ["rules"],
+], ids=lambda a: a[0])
+def test_a_reader_gone_is_one_line_and_exit_4_not_clicks_silent_exit_1(args):
+    """Issue 35: ``optcheck baseline R A | head -1`` exited 1 (the regression code) with no
+    word, 4 times in 5: click ended the broken pipe before optcheck could. Here the
+    reader is gone before the first line, every time."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        res = subprocess.run([sys.executable, "-m", "optcheck", *args], stdout=w, stderr=subprocess.PIPE,
+                             text=True, env=_env(), timeout=300)
+    finally:
+        os.close(w)
+    assert res.returncode == 4, (res.returncode, res.stderr)
+    assert res.stderr.strip().splitlines() == ["optcheck: error: cannot write to stdout (Broken pipe)"]
+
+
 @pytest.mark.parametrize("name", ["snapshots.jsonl", "metrics.jsonl", "summary.json"])
 def test_an_unreadable_record_file_is_one_line(tmp_path, name):
     """A record file the user may not read (as a non-root user: root here drops

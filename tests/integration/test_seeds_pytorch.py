@@ -22,7 +22,7 @@ from optcheck.config import ChecksConfig, DataConfig, ModelConfig, OptimizerConf
 from optcheck.engine import check_stream
 from optcheck.pytorch import hazard_scenarios, scenarios
 from optcheck.pytorch.train import Trainer
-from optcheck.run.snapshot import read_jsonl
+from optcheck.record.snapshot import read_jsonl
 from optcheck.drivers.worker_loop import StepStopped
 
 torch.set_num_threads(1)

@@ -14,7 +14,8 @@ import pytest
 
 from conftest import SMALL, run_cli, run_clis, start_long_soak
 from optcheck.run import exitcodes
-from optcheck.run.snapshot import read_jsonl, read_snapshots
+from optcheck.record.snapshot import read_jsonl
+from optcheck.record.check import read_snapshots
 
 
 def lines(path: Path) -> list[dict]:

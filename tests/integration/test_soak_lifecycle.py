@@ -13,7 +13,7 @@ import pytest
 
 from conftest import start_long_soak
 from optcheck.run import exitcodes
-from optcheck.run.snapshot import read_snapshots
+from optcheck.record.check import read_snapshots
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import SMALL, run_cli
 from optcheck.run import exitcodes
-from optcheck.run.snapshot import read_jsonl
+from optcheck.record.snapshot import read_jsonl
 
 
 def test_state_leak_is_flagged_with_a_projected_step(tmp_path):

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from conftest import SMALL, run_cli
 from optcheck.run import exitcodes
-from optcheck.run.snapshot import read_jsonl
+from optcheck.record.snapshot import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,7 +90,7 @@ def messages(draw):
                                                                  HealthCheck.too_slow])
 @given(st.lists(messages(), min_size=1, max_size=8))
 def test_every_message_kind_with_non_finite_numbers_goes_through_the_supervisor(tmp_path_factory, msgs):
-    """Each message is sent as the worker sends it (``optcheck.run.snapshot.dumps``: non-finite
+    """Each message is sent as the worker sends it (``optcheck.record.snapshot.dumps``: non-finite
     numbers as strings), read back by ``protocol.read_messages`` and handled by the
     supervisor; the summary it ends with is written and reads back through the
     published schema, with no traceback on the way."""
@@ -101,8 +101,8 @@ def test_every_message_kind_with_non_finite_numbers_goes_through_the_supervisor(
     from optcheck.run.recorder import RunRecorder
     from optcheck.report.reader import read_summary
     from optcheck.drivers.worker_process import Progress
-    from optcheck.run.summary import Summary
-    from optcheck.run.snapshot import dumps
+    from optcheck.record.summary import Summary
+    from optcheck.record.snapshot import dumps
     from optcheck.drivers.soak import _handle, _State
 
     out = tmp_path_factory.mktemp("fuzz") / "run"

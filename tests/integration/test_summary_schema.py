@@ -16,8 +16,9 @@ import pytest
 from conftest import SMALL, run_cli
 from optcheck.run import exitcodes
 from optcheck.report.reader import read_summary
-from optcheck.run.summary import SUMMARY_VERSION, Summary
-from optcheck.run.snapshot import read_jsonl, read_snapshots, schema_document
+from optcheck.record.summary import SUMMARY_VERSION, Summary
+from optcheck.record.snapshot import read_jsonl, schema_document
+from optcheck.record.check import read_snapshots
 
 SCHEMA = schema_document("summary")
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "torchsharp" / "0.107.0-runs"

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from optcheck.run.backend import Backend
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 from test_bridge_worker import config, dll, need, soak  # noqa: E402,F401  (dll: the module fixture)
@@ -87,8 +89,8 @@ def test_a_hung_step_mid_block_is_killed_by_the_step_timeout(dll, tmp_path):  # 
     assert steps == list(range(1, len(steps) + 1)) and len(steps) < 150  # nothing past the hung step
 
 
-class _BlockBackend:
-    """A backend with blocks and no .NET: each block does all its steps, and the one that reaches step
+class _BlockBackend(Backend):
+    """A backend with blocks and no .NET (the optional methods it lacks are the base's no-ops): each block does all its steps, and the one that reaches step
     ``term_at`` sends this process SIGTERM from inside it (as if it arrived while .NET was stepping)."""
 
     name = "fake"
@@ -181,3 +183,41 @@ def test_a_clean_block_run_records_every_step_once_and_counts_each_in_the_cost(d
     assert res.exit_code == 0 and not res.findings, [f.to_dict() for f in res.findings]
     assert metric_steps(res.out) == list(range(1, 251))
     assert s["last_step"] == 250 and s["cost"]["steps"]["count"] == 250, s["cost"]
+
+
+class _SlowBlockBackend(_BlockBackend):
+    """Steps of 50 ms (what block_results reports) that stop a block when its time budget is spent, as
+    Driver.StepBlock does: the batches a block is handed are counted."""
+
+    def __init__(self) -> None:
+        super().__init__(term_at=-1)
+        self.filled: list[int] = []
+
+    def block_inputs(self, count, b, t):
+        self.filled.append(count)
+        return super().block_inputs(count, b, t)
+
+    def train_block(self, first, count, b, t, reference, budget_s):
+        self.blocks.append((first, count))
+        self.n = min(count, max(1, -(-int(budget_s * 1000) // 50)))  # steps until the budget is spent
+        return self.n
+
+    def block_results(self, n):
+        return [1.0] * n, [0.05] * n
+
+
+def test_a_block_is_handed_no_more_batches_than_its_time_budget_lets_run():
+    """Real TorchSharp's ~20 ms steps end a 0.25 s block after ~12 steps: after the first block the loop fills the
+    batches of about as many steps as the last block's step time lets run, not of every step up to the next
+    snapshot (it generated ~10x the batches it used); every step is still run and recorded once."""
+    from optcheck.config import DataConfig, ModelConfig, RunConfig, SoakConfig
+    from optcheck.drivers.worker_loop import BLOCK_MAX_S, run
+
+    be, stream = _SlowBlockBackend(), _Recorder()
+    cfg = SoakConfig(model=ModelConfig(block_size=8), data=DataConfig(batch_size=2, val_every=0),
+                     run=RunConfig(backend="torchsharp", steps=300, every=100))
+    assert run(be, cfg, stream) == 0
+    assert be.filled[0] == 100  # the first block knows no step time yet
+    assert max(be.filled[1:]) <= int(BLOCK_MAX_S / 0.05) + 1 < 100, be.filled
+    steps = [s for t, p in stream.msgs if t == "metrics" for s in p["steps"]]
+    assert steps == list(range(1, 301))

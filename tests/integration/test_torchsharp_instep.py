@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from optcheck.run.snapshot import read_snapshots
+from optcheck.record.check import read_snapshots
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import run_clis
 from optcheck.run import exitcodes
-from optcheck.run.snapshot import read_jsonl
+from optcheck.record.snapshot import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))

@@ -161,3 +161,99 @@ def test_baseline_command_bad_input_is_one_line_exit_2(args, needle):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and "Traceback" not in proc.stderr
+
+
+def _truncate_metrics(run: Path, last: int) -> None:
+    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run / "metrics.jsonl").write_text("".join(ln for ln in lines if json.loads(ln)["step"] <= last))
+
+
+@pytest.mark.parametrize("requested,why", [
+    (300, "incomplete: 150 of 300 steps"),
+    (None, "incomplete records: metrics.jsonl ends at step 150, the summary says 300"),  # (as a Monitor's)
+])
+def test_a_run_whose_losses_stop_early_fails_baseline_as_it_fails_compare(tmp_path, requested, why):
+    """Issue 35: metrics.jsonl ends at step 150 while the summary says 300 of 300: ``baseline``
+    said NO REGRESSION (exit 0), ``compare`` of the same pair failed it. One judgment now."""
+    from conftest import run_cli
+
+    run = _copy(N2, tmp_path / "run", steps_requested=requested)
+    _truncate_metrics(run, 150)
+    s = json.loads((run / "summary.json").read_text())
+    assert (s["status"], s["last_step"], s["steps_requested"]) == ("clean", 300, requested)
+    rc, out, _ = run_cli(["baseline", str(run), str(N1)])
+    assert rc == 1 and out.splitlines()[0] == (f"optcheck baseline: NOT COMPARED with the baseline: this run did not "
+                                               f"finish ({why}): it cannot pass"), out
+    rc, out, _ = run_cli(["compare", str(N1), str(run)])
+    assert rc == 1 and f"B: {why}" in out, out
+    # the same record as the baseline: not a finished run (exit 2), as a crashed one is
+    with pytest.raises(InputError, match=f"--baseline .*run: not a finished run \\({why}\\)"):
+        load_baseline(run)
+
+
+@pytest.mark.parametrize("field,value", [("config.extra", [1, 2]), ("config.extra", "adamw"),
+                                         ("corpus", {"sha256": 7})])
+def test_a_summary_with_a_nested_field_of_the_wrong_type_is_one_line_exit_2(tmp_path, field, value):
+    """Issue 35: ``config.extra`` not an object was an AttributeError traceback, exit 1."""
+    import os
+    import subprocess
+    import sys
+
+    run = _copy(N2, tmp_path / "run", **{field: value})
+    proc = subprocess.run([sys.executable, "-m", "optcheck", "baseline", str(run), str(N1)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    path, bad, kind = ("corpus.sha256", 7, "string") if field == "corpus" else (field, value, "object")
+    assert proc.stderr.strip().splitlines() == [f"optcheck: error: {run}/summary.json: {path}: {bad!r} is not of "
+                                                f"type '{kind}', 'null'"]
+
+
+def _cost(cpu_s: float | None = None, blocks: list | None = None) -> dict:
+    return {"snapshots": {"count": 1, "total_s": 0.1, "median_s": 0.1}, "checks": {"count": 1, "total_s": 0.01,
+            "median_s": 0.01}, "steps": None, "train_cpu_s": cpu_s, "train_cpu_block_s": blocks}
+
+
+def _short(src: Path, dst: Path, steps: int, **changes) -> Path:
+    run = _copy(src, dst, last_step=steps, steps_requested=steps, val_step_last=None, val_loss_last=None,
+                **{"config.steps": steps}, **changes)
+    _truncate_metrics(run, steps)
+    return run
+
+
+def test_ten_steps_of_cpu_time_are_no_speed_verdict(tmp_path):
+    """Issue 35: a 10-step upgrade between two identical environments was judged "speed REGRESSION:
+    train CPU 9.70 vs 7.50 ms/step (1.29x, limit 1.25x)" at load 5-9: ten steps of CPU time are
+    mostly the start. Below MIN_SPEED_STEPS the speed is not compared, and says why."""
+    from optcheck.judge.baseline import MIN_SPEED_STEPS
+
+    base = _short(N1, tmp_path / "base", 10, cost=_cost(0.075))
+    run = _short(N2, tmp_path / "run", 10, cost=_cost(0.097))
+    res = compare_with_baseline(run, base)
+    speed = next(c for c in res.checks if c.name == "speed")
+    assert speed.status == NOT_COMPARED and res.exit_code == 0, speed
+    assert speed.text.startswith(f"not compared: too few steps (10, 10); a speed verdict needs {MIN_SPEED_STEPS} "
+                                 f"steps a run"), speed.text
+    # the same rise over enough steps is judged (whole-run CPU time when no blocks were recorded)
+    base = _short(N1, tmp_path / "base2", MIN_SPEED_STEPS, cost=_cost(0.0075 * MIN_SPEED_STEPS))
+    run = _short(N2, tmp_path / "run2", MIN_SPEED_STEPS, cost=_cost(0.0097 * MIN_SPEED_STEPS))
+    speed = next(c for c in compare_with_baseline(run, base).checks if c.name == "speed")
+    assert speed.status == REGRESSION and "1.29x" in speed.text and "no noise band" in speed.text, speed.text
+
+
+@pytest.mark.parametrize("spread,status", [(0.02, REGRESSION), (1.2, OK)])
+def test_the_speed_band_is_the_tolerance_or_the_runs_own_noise_whichever_is_wider(tmp_path, spread, status):
+    """Medians of 10-step blocks of CPU time per step: 1.30x the baseline's fails the 25 % tolerance
+    when the blocks agree (spread 2 %), not when they scatter by ±60 % (the noise band is wider)."""
+    import random
+
+    rng = random.Random(0)
+
+    def blocks(ms):
+        return [ms / 1e3 * 3] + [ms / 1e3 * (1 + spread * (rng.random() - 0.5)) for _ in range(29)]  # 300 steps
+
+    base = _copy(N1, tmp_path / "base", cost=_cost(2.3, blocks(7.5)))
+    run = _copy(N2, tmp_path / "run", cost=_cost(2.9, blocks(7.5 * 1.3)))
+    speed = next(c for c in compare_with_baseline(run, base).checks if c.name == "speed")
+    assert speed.status == status, speed.text
+    assert "medians of 29 and 29 blocks (cost.train_cpu_block_s)" in speed.text and "noise band ±" in speed.text
+    assert ("the noise band, wider than the 25% allowed" in speed.text) == (status == OK), speed.text

@@ -42,7 +42,7 @@ def test_writer_output_is_what_json_loads_reads(exe):
 
     d = json.loads(res.stdout.decode("utf-8"), parse_constant=strict)
     assert d['quote"back\\slash'] == "tab\tnewline\ncr\rbell\x07nul\x00end \u00e9\u4e2d"
-    assert (d["nan"], d["inf"], d["-inf"]) == ("nan", "inf", "-inf")  # as optcheck.run.snapshot.clean_json spells them
+    assert (d["nan"], d["inf"], d["-inf"]) == ("nan", "inf", "-inf")  # as optcheck.record.snapshot.clean_json spells them
     assert d["null_nan"] is None
     assert d["tiny"] == 5e-324 and d["third"] == 1 / 3  # round-trip precision
     assert d["big"] == -(2 ** 63) and d["longs"] == [1, -2] and d["empty"] == []
@@ -77,7 +77,7 @@ def test_probe_body_of_a_target_without_readable_state(exe):
     """ProbeCore.Read's JSON for a target with no TorchSharp: the schema's field names, betas joined,
     no grad = null, unmeasured memory left out, the unreadable state null with its reason in notes, the
     untracked parameter in prestep_findings as OC102; the schema validates it."""
-    from optcheck.run.snapshot import SCHEMA, validate
+    from optcheck.record.snapshot import SCHEMA, validate
     from optcheck.torchsharp_bridge.convert import body_from_json
 
     res = run(exe, "probe")

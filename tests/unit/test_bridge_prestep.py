@@ -60,7 +60,7 @@ def test_without_the_csharp_check_the_rule_derives_it():
 def test_the_schema_holds_prestep_findings():
     import pytest
 
-    from optcheck.run.snapshot import SchemaError, validate
+    from optcheck.record.snapshot import SchemaError, validate
 
     ok = ts(prestep=[{"code": "OC109", "line": "1 optimizer member(s) are disposed tensors", "names": [], "refs": [],
                       "predicted_exception": "System.InvalidOperationException"}])

@@ -32,6 +32,31 @@ def test_tfm_and_version_order():
     assert discovery.newest([]) is None
 
 
+def test_runtimeconfig_written_by_others_is_never_read_half_written(tmp_path):
+    """Two processes (CI's -n 2 workers, a user's second run) write the same folder's
+    runtimeconfig while a third reads it as hostfxr does: every read parses. Before, the
+    truncate-then-write left a moment with an empty or partial file ("Malformed token")."""
+    writer = ("import sys; from optcheck.torchsharp_bridge import runtime; "
+              "from optcheck.torchsharp_bridge.discovery import DotnetRuntime; "
+              "rt = DotnetRuntime('coreclr', '3.1.23', '/x', 't'); "
+              "[runtime.write_runtimeconfig(rt, sys.argv[1]) for _ in range(400)]")
+    procs = [subprocess.Popen([sys.executable, "-c", writer, str(tmp_path)]) for _ in range(2)]
+    path, reads, bad = tmp_path / "optcheck.runtimeconfig.json", 0, []
+    while any(p.poll() is None for p in procs):
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            continue
+        reads += 1
+        try:
+            json.loads(text)
+        except ValueError:
+            bad.append(text)
+    assert all(p.returncode == 0 for p in procs)
+    assert reads > 0 and not bad, f"{len(bad)} of {reads} reads were partial: {bad[:1]!r}"
+    assert [f.name for f in tmp_path.iterdir()] == ["optcheck.runtimeconfig.json"]  # no temporary left
+
+
 def test_runtimeconfig_rolls_forward(tmp_path, monkeypatch):
     monkeypatch.delenv("DOTNET_SYSTEM_GLOBALIZATION_INVARIANT", raising=False)
     rt = DotnetRuntime("coreclr", "3.1.23", "/x", "t")

@@ -123,6 +123,44 @@ def test_choose_policy_from_versions():
         choose(pt, pt, "lenient")
 
 
+def test_a_pair_on_one_libtorch_is_said_to_share_its_native_library(tmp_path):
+    lib = tmp_path / "torch" / "lib"
+    lib.mkdir(parents=True)
+    pt = {"backend": "pytorch", "versions": {"torch": "2.13.0+cpu", "libtorch_lib": str(lib)}}
+    ts = {"backend": "torchsharp", "versions": {"libtorch": "2.13.0+cpu", "libtorch_lib": str(lib / ".." / "lib"),
+                                                "torchsharp_libtorch": "2.10.0.0"}}
+    policy, why = choose(pt, ts)
+    assert policy == MIGRATION and why == (f"backends differ: pytorch vs torchsharp, on the same native library, "
+                                           f"libtorch 2.13.0+cpu ({lib})")
+    # another folder, another release, or a run that does not say: no such claim
+    other = {**ts, "versions": {**ts["versions"], "libtorch_lib": str(tmp_path)}}
+    older = {**ts, "versions": {**ts["versions"], "libtorch": "2.10.0"}}
+    for b in (other, older, {"backend": "torchsharp", "versions": {"libtorch": "2.13.0+cpu"}}):
+        assert choose(pt, b) == (MIGRATION, "backends differ: pytorch vs torchsharp")
+
+
+ONE_LIBTORCH = Path(__file__).resolve().parents[1] / "fixtures" / "parity-one-libtorch"
+
+
+def test_the_pair_on_one_libtorch_names_the_shared_library_and_stays_a_migration():
+    """tests/fixtures/parity-one-libtorch: the same soak with TorchSharp over PyTorch's own libtorch. compare says the
+    two share their native library, and judges the pair as a migration (it leaves float-rounding agreement as
+    early as the pair across libtorch builds: the optimizers round differently, README there)."""
+    res = compare_runs(ONE_LIBTORCH / "pytorch-2.13.0", ONE_LIBTORCH / "torchsharp-0.107.0")
+    v = res.verdict
+    assert res.exit_code == exitcodes.CLEAN and res.policy == MIGRATION and v.kind == WITHIN_SEED_BAND, res.render()
+    lib = json.loads((ONE_LIBTORCH / "pytorch-2.13.0" / "summary.json").read_text())["versions"]["libtorch_lib"]
+    assert v.policy_why == f"backends differ: pytorch vs torchsharp, on the same native library, libtorch 2.13.0+cpu ({lib})"
+    assert 1_000 < v.rounding_until < 7_000 and 0.005 < v.max_rel_diff < 0.02
+
+    def losses(side):
+        return {json.loads(ln)["step"]: json.loads(ln)["loss"] for ln in (ONE_LIBTORCH / side / "metrics.jsonl").open()}
+
+    a, b = losses("pytorch-2.13.0"), losses("torchsharp-0.107.0")
+    assert [a[k] == b[k] for k in (1, 2, 3, 4)] == [True, True, True, False]  # the first update that rounds apart
+    assert max(abs(a[k] - b[k]) for k in range(1, 1001)) < 1e-5
+
+
 def test_option_names_map_across_backends():
     pt = {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1, "amsgrad": False, "foreach": False}
     ts = {"LearningRate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1, "amsgrad": 0,

@@ -15,7 +15,7 @@ from optcheck.errors import InputError
 from optcheck.run.exitcodes import CLEAN, FINDINGS
 from optcheck.run.rundir import RunDir
 from optcheck.rules import get
-from optcheck.run.snapshot import SCHEMA
+from optcheck.record.snapshot import SCHEMA
 
 MiB = 2**20
 

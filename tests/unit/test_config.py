@@ -101,7 +101,7 @@ def test_the_cli_defaults_are_the_sections_defaults():
     from types import SimpleNamespace
 
     from optcheck.cli import cli
-    from optcheck.commands.soak import soak_config
+    from optcheck.commands.soak_plan import soak_config
 
     ctx = cli.commands["soak"].make_context("soak", [])
     assert soak_config(SimpleNamespace(**ctx.params), "pytorch") == SoakConfig()

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from optcheck.engine import check_stream
-from optcheck.run.snapshot import SCHEMA, validate
+from optcheck.record.snapshot import SCHEMA, validate
 from optcheck.torchsharp_bridge.fixtures import fixture_dir, load_all
 
 

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 from optcheck.engine import check_stream  # noqa: E402
 from optcheck.pytorch import probe  # noqa: E402
 from optcheck.pytorch.grad_clear import GradClearProbe  # noqa: E402
-from optcheck.run.snapshot import SCHEMA  # noqa: E402
+from optcheck.record.snapshot import SCHEMA  # noqa: E402
 
 
 def _loop(style: str, steps: int = 12):
@@ -185,3 +185,21 @@ def test_per_backward_a_pass_it_was_not_told_of_leaves_arrival_unknown():
 
     assert _codes(model, opt, gp, body) == []
     assert gp.arrival() == (set(), set())
+
+
+def test_a_pass_with_no_watched_parameter_is_told_as_unknown_not_an_error():
+    """Every member unwatchable (FSDP2's DTensor parameters; here lazy parameters not yet
+    materialised): before/after a backward pass and a step say nothing and raise nothing.
+    Before, after_backward raised AttributeError ('_small_i') inside the Monitor's guard,
+    so the rest of its after-backward work (FSDP2's cross-rank exchange) never ran."""
+    lazy = torch.nn.LazyLinear(4)
+    opt = torch.optim.SGD(lazy.parameters(), lr=0.1)
+    gp = GradClearProbe(opt, per_backward=True)
+    other = torch.nn.Linear(3, 1)
+    gp.before_backward()
+    other(torch.randn(2, 3)).sum().backward()
+    assert gp.after_backward() is None
+    gp.clipped({id(p) for p in other.parameters()}, torch.tensor(1.0))
+    opt.step()
+    assert gp.drain() == [] and gp.arrival() == (set(), set())
+    gp.remove()

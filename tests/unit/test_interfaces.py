@@ -125,3 +125,34 @@ def test_record_crash_is_how_a_loop_that_catches_its_own_exception_says_it_crash
     assert s["crash"] == {"step": 7, "exc_type": "ValueError", "message": "a bad batch at step 7"}
     mon.record_crash(ValueError("after close"))  # nothing after close
     assert mon.summary()["crash"]["message"] == "a bad batch at step 7"
+
+
+def test_every_soak_backend_is_a_backend_and_implements_what_it_must():
+    """The soak loop calls a backend's optional methods without asking (no getattr probe): each
+    backend inherits the no-op defaults and implements every required method itself."""
+    from optcheck.pytorch.train import TorchBackend
+    from optcheck.run.backend import Backend
+    from optcheck.torchsharp_bridge.worker import TorchSharpBackend
+
+    required = [n for n, v in vars(Backend).items() if inspect.isfunction(v) and not n.startswith("_")
+                and "raise NotImplementedError" in inspect.getsource(v) and not n.startswith("block")
+                and n != "train_block"]
+    assert {"setup", "train_step", "snapshot_body", "fingerprint"} <= set(required)
+    for cls in (TorchBackend, TorchSharpBackend):
+        assert issubclass(cls, Backend)
+        assert [n for n in required if vars(Backend)[n] is inspect.getattr_static(cls, n)] == [], cls
+    blocks = ("max_block", "block_inputs", "train_block", "block_done", "block_results")
+    assert all(inspect.getattr_static(TorchSharpBackend, n) is not vars(Backend)[n] for n in blocks)
+    assert Backend().max_block(8, 32) == 0 and Backend().settle([1.0]) == [1.0] and not Backend().in_step()
+
+
+def test_the_worker_loop_asks_no_backend_what_it_has():
+    import ast
+    from pathlib import Path
+
+    import optcheck.drivers.worker_loop as wl
+
+    tree = ast.parse(Path(wl.__file__).read_text(encoding="utf-8"))
+    probes = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+              and n.func.id in ("getattr", "hasattr")]
+    assert probes == []

@@ -7,7 +7,13 @@
   ``optcheck.drivers`` (the probes are the lowest layer; the drivers and the rules sit
   on top of them), except the PyTorch worker's entry module, which *is* a driver
   (``python -m optcheck.pytorch.worker`` runs ``worker_loop.run``);
-- a module over 400 lines says why at its top (``Over 400 lines: ...`` in its docstring).
+- a module over 400 lines says why at its top (``Over 400 lines: ...`` in its docstring);
+- no import circle anywhere in ``optcheck/`` (imports inside functions count too), and an
+  import from a lower layer (:data:`LAYERS`) up to a higher one says why on its line or the
+  line above (``# (upward: ...)``); the record format (``optcheck/record/``) imports
+  nothing of optcheck's above the base modules (issue 35);
+- one writer of ``summary.json``: ``optcheck/run/recorder.py`` alone calls the file layer's
+  ``write_summary`` or ``RunDir.summary`` (issue 35).
 """
 
 from __future__ import annotations
@@ -166,6 +172,175 @@ def test_the_layering_check_fires_on_a_planted_import():
     assert [m for m, _ in _imports(planted, text) if m.startswith(RUN_FORBIDDEN)] == [
         "optcheck.drivers.monitor", "optcheck.pytorch.probe"]
     assert [m for m, _ in _imports(planted, text) if m.startswith(LOWER_FORBIDDEN)] == ["optcheck.drivers.monitor"]
+
+
+#: optcheck's packages and top modules from the lowest layer up; an import points down (or sideways)
+LAYERS = (
+    ("errors", "units", "wording", "findings", "series", "heap", "userframe", "torch_version", "config", "data",
+     "scenarios"),                               # base: no run, no rule, no backend
+    ("record",),                                 # the record format the rules and every reader read
+    ("rules", "suppress", "engine"),             # the rule catalogue and the engine running it
+    ("run",),                                    # the run's writer: recorder, run directory, sequencer
+    ("report",),                                 # reading runs back, and what is printed of them
+    ("pytorch", "torchsharp_bridge"),            # the backends' probes
+    ("drivers", "distributed"),                  # what runs a training and feeds its recorder
+    ("judge",),                                  # two runs judged (upgrade runs soaks)
+    ("commands", "integrations", "cli", "__init__", "__main__"),
+)
+_LAYER = {u: i for i, units in enumerate(LAYERS) for u in units}
+
+
+def _module_name(p: Path) -> str:
+    parts = p.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+_NAMES = {_module_name(p): p for p in MODULES}
+
+
+def _target(module: str) -> str | None:
+    """The optcheck module (or package) an import names: ``optcheck.run.exitcodes.CLEAN`` -> the module."""
+    while module and module not in _NAMES:
+        module = module.rpartition(".")[0]
+    return module or None
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def import_edges(p: Path, text: str | None = None):
+    """``(line, target module)`` of every optcheck import in ``p`` (``from a import b`` counts
+    ``a.b`` when it is a module), at any depth."""
+    tree = _TREES[p] if text is None else ast.parse(text)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("optcheck"):
+            targets = {_target(f"{node.module}.{a.name}") for a in node.names}
+        elif isinstance(node, ast.Import):
+            targets = {_target(a.name) for a in node.names if a.name.startswith("optcheck")}
+        else:
+            continue
+        for t in targets - {None, _module_name(p)}:
+            yield node.lineno, t
+
+
+def import_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle_in_optcheck():
+    edges = {_module_name(p): {t for _, t in import_edges(p)} for p in MODULES}
+    assert import_cycles(edges) == []
+
+
+def test_the_circle_check_fires_on_a_planted_circle():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _says_why(lines: list[str], n: int) -> bool:
+    """``(upward: ...)`` on import line ``n`` (1-based), or above the block of imports it is in."""
+    i = n - 1
+    while True:
+        if "(upward:" in lines[i]:
+            return True
+        if i == 0 or not lines[i - 1].lstrip().startswith(("from optcheck", "import optcheck", "# (upward:")):
+            return i > 0 and "(upward:" in lines[i - 1]
+        i -= 1
+
+
+def upward_imports(p: Path, text: str | None = None) -> list[str]:
+    """Imports of ``p`` into a higher layer without ``(upward: ...)`` on their line or above their block."""
+    lines = (p.read_text(encoding="utf-8") if text is None else text).splitlines()
+    me = _LAYER[_unit(_module_name(p))]
+    return [f"{n}: {t}" for n, t in import_edges(p, text) if _LAYER[_unit(t)] > me and not _says_why(lines, n)]
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_rel)
+def test_every_import_points_down_or_says_why(path):
+    assert _unit(_module_name(path)) in _LAYER, f"{_rel(path)}: its package has no layer in LAYERS"
+    assert upward_imports(path) == []
+
+
+def test_the_upward_check_fires_on_a_planted_import():
+    text = ("from optcheck.errors import InputError\nfrom optcheck.rules import catalogue\n"
+            "# (upward: a reason)\nfrom optcheck.run.exitcodes import CLEAN\nfrom optcheck.run import rundir\n\n"
+            "from optcheck.engine import RuleEngine\n")
+    assert upward_imports(PKG / "record" / "summary.py", text) == ["2: optcheck.rules", "7: optcheck.engine"]
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if _rel(p).startswith("optcheck/record/")], ids=_rel)
+def test_the_record_format_imports_only_the_base(path):
+    up = [t for _, t in import_edges(path) if _LAYER[_unit(t)] > _LAYER["record"]]
+    assert up == [], f"{_rel(path)} imports {up}"
+
+
+SUMMARY_WRITER = "optcheck/run/recorder.py"
+
+
+def summary_writes(p: Path, text: str | None = None) -> list[str]:
+    """Calls in ``p`` that put a ``summary.json`` on disk: the file layer's ``write_summary``, or
+    ``RunDir.summary`` (``<...>rundir.summary(...)``); its own definitions left out."""
+    tree = _TREES[p] if text is None else ast.parse(text)
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+        on_rundir = isinstance(f, ast.Attribute) and f.attr == "summary" and (
+            (isinstance(f.value, ast.Attribute) and f.value.attr == "rundir")
+            or (isinstance(f.value, ast.Name) and f.value.id == "rundir"))
+        if name == "write_summary" or on_rundir:
+            out.append(f"{node.lineno}: {ast.unparse(f)}")
+    return out
+
+
+def test_one_writer_of_summary_json():
+    writers = {_rel(p): w for p in MODULES if (w := summary_writes(p))}
+    # the file layer itself (RunDir.summary calls write_summary) and the recorder; nothing else
+    assert set(writers) <= {SUMMARY_WRITER, "optcheck/run/rundir.py"}, writers
+    assert all(w.endswith(": write_summary") for w in writers.get("optcheck/run/rundir.py", [])), writers
+    # the issue's own look at the source: the lines that write summary.json are the recorder's
+    import re
+    hits = {_rel(p) for p in MODULES for line in p.read_text(encoding="utf-8").splitlines()
+            if "summary.json" in line and re.search("write", line, re.I)}
+    assert hits == {SUMMARY_WRITER}, hits
+
+
+def test_the_writer_check_fires_on_planted_writes():
+    text = ("from optcheck.run import rundir as rd\nrd.write_summary(out, s)\nrec.rundir.summary(s, final=False)\n"
+            "rundir.summary(s)\nrec.summary()\n")
+    assert summary_writes(PKG / "distributed" / "soak.py", text) == [
+        "2: rd.write_summary", "3: rec.rundir.summary", "4: rundir.summary"]
 
 
 def test_the_readme_is_a_guide_of_at_most_250_lines():

@@ -23,7 +23,7 @@ from optcheck.engine import RuleEngine  # noqa: E402
 from optcheck.pytorch import probe  # noqa: E402
 from optcheck.rules import RuleConfig  # noqa: E402
 from optcheck.rules.memory import MemoryGrowth  # noqa: E402
-from optcheck.run.snapshot import SCHEMA, validate  # noqa: E402
+from optcheck.record.snapshot import SCHEMA, validate  # noqa: E402
 
 RECORDED = json.loads((Path(__file__).parents[1] / "fixtures" / "cuda" / "memory_stats_gpt2_small_step200.json")
                       .read_text())

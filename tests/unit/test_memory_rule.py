@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from optcheck.engine import RuleEngine
 from optcheck.rules import RuleConfig, RuleContext, get
 from optcheck.rules.memory import MemoryGrowth, find_trend
-from optcheck.run.snapshot import SCHEMA, validate
+from optcheck.record.snapshot import SCHEMA, validate
 
 MiB = 2**20
 BASE = 400 * MiB
@@ -361,7 +361,7 @@ RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "torchsharp" / "0.107.
 
 def check_run(name: str, budget: int | None = None) -> list:
     from optcheck.rules import catalogue
-    from optcheck.run.snapshot import read_snapshots
+    from optcheck.record.check import read_snapshots
 
     engine = RuleEngine(RuleConfig(memory_budget_bytes=budget), rules=[r for r in catalogue() if r.family == "memory"])
     for s in read_snapshots(RUNS / name / "snapshots.jsonl"):

@@ -9,7 +9,7 @@ from PIL import Image
 from optcheck.errors import InputError
 from optcheck.report.plot import plot_run
 from optcheck.run.rundir import RunDir
-from optcheck.run.snapshot import SCHEMA
+from optcheck.record.snapshot import SCHEMA
 
 MiB = 2**20
 

@@ -14,9 +14,9 @@ import pytest
 from optcheck.run import exitcodes
 from optcheck.engine import RuleEngine
 from optcheck.errors import InputError
-from optcheck.run.recorder import RunRecorder, fold_rank_summaries
+from optcheck.run.recorder import RankRecorder, RunRecorder
 from optcheck.report.reader import read_summary
-from optcheck.run.summary import Summary
+from optcheck.record.summary import Summary
 from snapfactory import clean
 
 
@@ -69,16 +69,61 @@ def test_set_refuses_a_field_the_summary_does_not_have(tmp_path):
         rec.set(no_such_field=1)
 
 
-def test_rank_summaries_fold_with_the_worst_exit_code(tmp_path):
+def _ranks(tmp_path, *summaries):
     from optcheck.distributed import merge
 
-    for r, (status, code) in enumerate([("record-failed", 4), ("findings", 1), ("crashed", 3)]):
+    for r, fields in enumerate(summaries):
         d = tmp_path / f"rank-{r}"
-        d.mkdir()
-        (d / "summary.json").write_text(json.dumps({"status": status, "exit_code": code, "last_step": 5 + r,
-                                                    "findings": 0}))
-    s = fold_rank_summaries(tmp_path, 3, merge.merged(tmp_path, 3))
-    assert s["exit_code"] == exitcodes.RECORD_FAILED
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"findings": 0, **fields}))
+    return merge.read_ranks(tmp_path, len(summaries))
+
+
+def _fold(tmp_path, *summaries, **supervisor):
+    from optcheck.distributed import merge
+
+    return RankRecorder(tmp_path, source="soak", knock_on=merge.knock_on).fold(*_ranks(tmp_path, *summaries),
+                                                                                **supervisor)
+
+
+def test_rank_summaries_fold_with_the_worst_exit_code(tmp_path):
+    s = _fold(tmp_path, {"status": "record-failed", "exit_code": 4, "last_step": 5},
+              {"status": "findings", "exit_code": 1, "last_step": 6}, {"status": "crashed", "exit_code": 3, "last_step": 7})
+    assert (s["status"], s["exit_code"], s["last_step"]) == ("record-failed", exitcodes.RECORD_FAILED, 5)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["exit_code"] == 4 and on_disk["schema"] == "optcheck.summary/1" and on_disk["world"] == 3
     assert not list(tmp_path.glob("*.tmp"))
+
+
+GLOO = {"step": 6, "exc_type": "RuntimeError", "message": "[gloo/transport/tcp/pair.cc:553] Connection closed by peer"}
+
+
+def test_a_signal_to_one_rank_names_the_rank_and_the_signal_not_the_peers_knock_on(tmp_path):
+    """Issue 35: SIGTERM to rank 1 of ``soak --nproc 2`` (not to optcheck) read "INTERRUPTED (exit 130)"
+    with rank 0's gloo "Connection closed by peer" as the crash, interrupted_by null."""
+    s = _fold(tmp_path, {"status": "crashed", "exit_code": 3, "last_step": 5, "crash": GLOO},
+              {"status": "interrupted", "exit_code": 130, "last_step": 5, "interrupted_by": "SIGTERM"},
+              launcher_exit=1)
+    assert (s["status"], s["exit_code"], s["interrupted_by"]) == ("interrupted", 130, "SIGTERM")
+    assert (s["crash"]["rank"], s["crash"]["signal"], s["crash"]["step"]) == (1, "SIGTERM", 6)
+    assert "rank 1 got SIGTERM (not from optcheck) in step 6" in s["crash"]["message"]
+
+
+def test_one_status_order_a_ranks_own_crash_outranks_the_launchers_stop_of_the_others(tmp_path):
+    own = {"step": 12, "exc_type": "RuntimeError", "message": "Expected to have finished reduction"}
+    s = _fold(tmp_path, {"status": "interrupted", "exit_code": 130, "last_step": 11, "interrupted_by": "SIGTERM"},
+              {"status": "crashed", "exit_code": 3, "last_step": 11, "crash": own}, launcher_exit=1)
+    assert (s["status"], s["exit_code"], s["crash"]["rank"]) == ("crashed", 3, 1)
+    # optcheck itself signalled: interrupted whatever the ranks say; a fault seen from outside: crashed
+    assert _fold(tmp_path / "a", {"status": "clean", "exit_code": 0, "last_step": 9},
+                 {"status": "running", "exit_code": 0, "last_step": 8}, interrupted_by="SIGINT",
+                 heartbeats={1: 9})["status"] == "interrupted"
+    hang = {"rank": 1, "step": 9, "exc_type": "Hang", "message": "rank 1 made no progress"}
+    s = _fold(tmp_path / "b", {"status": "interrupted", "exit_code": 130, "last_step": 8, "interrupted_by": "SIGTERM"},
+              {"status": "running", "exit_code": 0, "last_step": 3}, fault=hang, heartbeats={1: 8})
+    assert (s["status"], s["exit_code"], s["crash"]) == ("crashed", 3, hang)
+
+
+def test_every_rank_interrupted_by_one_signal_is_the_jobs_interruption(tmp_path):
+    s = _fold(tmp_path, *[{"status": "interrupted", "exit_code": 130, "last_step": 4, "interrupted_by": "SIGINT"}] * 2)
+    assert (s["status"], s["exit_code"], s["interrupted_by"], s["crash"]) == ("interrupted", 130, "SIGINT", None)

@@ -14,7 +14,7 @@ from optcheck.judge.compare import compare_runs
 from optcheck.engine import check_stream
 from optcheck.rules import RuleConfig
 from optcheck.rules._fixtures import Invalid
-from optcheck.run.snapshot import validate
+from optcheck.record.snapshot import validate
 
 CASES = [(cls, kind, i, case) for cls in rules.catalogue()
          for kind, cases in (("valid", cls.VALID), ("invalid", cls.INVALID)) for i, case in enumerate(cases)]

@@ -9,7 +9,7 @@ from snapfactory import clean
 
 from optcheck.engine import RuleEngine, check_stream
 from optcheck.rules import RuleConfig
-from optcheck.run.snapshot import dumps
+from optcheck.record.snapshot import dumps
 
 
 def ev(kind, step, where=None, count=1, **detail):

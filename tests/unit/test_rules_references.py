@@ -103,7 +103,7 @@ def _real(inject: str | None):
     from optcheck.data import load_corpus, BatchSchedule
     from optcheck.pytorch import probe, scenarios
     from optcheck.pytorch.train import Trainer
-    from optcheck.run.snapshot import SCHEMA
+    from optcheck.record.snapshot import SCHEMA
 
     torch.set_num_threads(1)
     cfg = SoakConfig(model=ModelConfig(n_layer=1, n_embd=32, block_size=32), data=DataConfig(batch_size=4),

@@ -128,7 +128,7 @@ torch = pytest.importorskip("torch")
 @pytest.mark.parametrize("call_step", [True, False])
 def test_real_loop_without_optimizer_step(call_step):
     from optcheck.pytorch import probe
-    from optcheck.run.snapshot import SCHEMA
+    from optcheck.record.snapshot import SCHEMA
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
@@ -152,7 +152,7 @@ def test_oc204_on_a_loop_that_never_clears_counts_every_step(tmp_path):
     (its check is read on the host at the next snapshot, step 10: no sync per step,
     docs/gpu.md) and every snapshot after it carries the running numbers."""
     import optcheck
-    from optcheck.run.snapshot import read_jsonl
+    from optcheck.record.snapshot import read_jsonl
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

@@ -23,7 +23,7 @@ from optcheck.errors import InputError
 from optcheck.run.exitcodes import CLEAN, FINDINGS, USAGE
 from optcheck.report.plot import plot_run
 from optcheck.report.reader import RunReader, known_version
-from optcheck.run.snapshot import read_jsonl
+from optcheck.record.snapshot import read_jsonl
 
 OLD = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
 

@@ -14,7 +14,7 @@ import textwrap
 from optcheck.run import rundir
 from optcheck.report.reader import RunReader
 from optcheck.run.rundir import RunDir
-from optcheck.run.snapshot import to_float
+from optcheck.record.snapshot import to_float
 
 
 def test_a_batch_of_metrics_is_one_write_and_reads_back(tmp_path, monkeypatch):

@@ -1,6 +1,6 @@
 """Every published schema (``optcheck/schemas/``) is a valid JSON Schema of its own
 draft (checked here once, not at run time by every reader), and the cheap structural
-check the reader applies after a file's first records (``optcheck.run.record_check.ShallowCheck``)
+check the reader applies after a file's first records (``optcheck.record.check.ShallowCheck``)
 never passes what the full schema refuses at the top level, nor refuses a valid record."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import jsonschema
 import pytest
 
-from optcheck.run.record_check import shallow_check
-from optcheck.run.snapshot import SCHEMA_FILES, SchemaError, read_jsonl, schema_document, validate_record
+from optcheck.record.check import shallow_check
+from optcheck.record.snapshot import SCHEMA_FILES, SchemaError, read_jsonl, schema_document, validate_record
 from snapfactory import clean
 
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optcheck.run.snapshot import SchemaError, dumps, loads, read_jsonl, read_snapshots, to_float, validate
+from optcheck.record.snapshot import SchemaError, dumps, loads, read_jsonl, to_float, validate
+from optcheck.record.check import read_snapshots
 from snapfactory import clean, param
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st  # noqa: E402
 import optcheck  # noqa: E402
 from optcheck.pytorch import probe, state_read  # noqa: E402
 from optcheck.drivers.monitor import FindingError  # noqa: E402
-from optcheck.run.snapshot import validate  # noqa: E402
+from optcheck.record.snapshot import validate  # noqa: E402
 
 
 class Quantized(torch.Tensor):
@@ -175,6 +175,7 @@ def test_monitor_on_a_quantized_state_optimizer_runs_and_stays_silent():
 
 
 def test_an_internal_error_is_a_note_not_an_exception(monkeypatch):
+    monkeypatch.delenv("OPTCHECK_RAISE_INTERNAL", raising=False)  # as users run it (tests/conftest.py sets it)
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with optcheck.Monitor(model, opt, every=2, on_finding="ignore") as mon:
@@ -345,3 +346,21 @@ def test_lbfgs_history_past_the_cap_is_one_note_and_the_run_stays_clean(tmp_path
     s = mon.summary()
     capped = [n for n in s["not_checked"] if f"past the first {state_read.MAX_TENSORS} tensors" in n]
     assert s["status"] == "clean" and len(capped) == 1 and len(s["not_checked"]) <= 3, s["not_checked"]
+
+
+def test_optcheck_raise_internal_makes_an_internal_error_fail_the_test(monkeypatch):
+    """What tests/conftest.py sets for the whole suite: optcheck's own bug raises."""
+    monkeypatch.setenv("OPTCHECK_RAISE_INTERNAL", "1")
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = optcheck.Monitor(model, opt, every=1, on_finding="ignore")
+    try:
+        monkeypatch.setattr(probe, "snapshot_body", lambda *a, **k: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            for _ in range(2):
+                opt.zero_grad()
+                model(torch.randn(3, 4)).sum().backward()
+                opt.step()
+    finally:
+        monkeypatch.undo()
+        mon.close()

@@ -1,5 +1,5 @@
 """A ``summary.json`` field is declared in one place (issue 26): each field of
-:class:`optcheck.run.summary.Summary` carries its JSON Schema fragment, and the
+:class:`optcheck.record.summary.Summary` carries its JSON Schema fragment, and the
 published schema's version-2 part (``optcheck schema summary``) is built from them.
 A field added to the dataclass is required and typed by the schema with no other
 file changed; the frame on disk holds no per-field list of its own."""
@@ -13,10 +13,10 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
-import optcheck.run.summary as summary_mod
+import optcheck.record.summary as summary_mod
 from optcheck.cli import cli
-from optcheck.run.snapshot import SCHEMA_DIR, schema_document, schema_validator
-from optcheck.run.summary import Summary, json_type, summary_field
+from optcheck.record.snapshot import SCHEMA_DIR, schema_document, schema_validator
+from optcheck.record.summary import Summary, json_type, summary_field
 
 
 def _validator(schema: dict):

@@ -220,3 +220,21 @@ def test_tensors_made_in_the_step_take_the_inputs_or_models_device(file, signatu
     if file == "GPT.cs":
         assert len(calls) >= 2  # the causal mask and the positions
     assert calls and all("device:" in c for c in calls), calls
+
+
+_USING_TENSOR = re.compile(r"using\s*\(\s*(?:Tensor|Parameter|torch\.Tensor)\s+\w+\s*=")
+
+
+def test_no_csharp_disposes_a_tensor_with_using():
+    """mcs compiles the null check of ``using (Tensor t = ...)`` with TorchSharp's element-wise ``!=``
+    (``Tensor.op_Inequality(Tensor, Scalar)``): leaving the block throws NullReferenceException on TorchSharp
+    0.10x (what --same-init hit on real TorchSharp, docs/torchsharp.md). optcheck's C# and the examples use a
+    DisposeScope instead; the pattern is caught here, in every C# file mcs compiles."""
+    files = [*REPO.joinpath("dotnet").rglob("*.cs"), *REPO.joinpath("examples").rglob("*.cs"),
+             *REPO.joinpath("tests", "dotnet").rglob("*.cs")]
+    assert len(files) > 20
+    code = {f: re.sub(r"//.*", "", f.read_text()) for f in files}  # comments may name the pattern
+    bad = [f"{f.relative_to(REPO)}: {m.group(0)}" for f, text in code.items() for m in _USING_TENSOR.finditer(text)]
+    assert bad == []
+    assert _USING_TENSOR.search("using (Tensor t = torch.tensor(data)) {") and not _USING_TENSOR.search(
+        "using (torch.NewDisposeScope()) np.parameter.copy_(torch.tensor(data));")

@@ -50,7 +50,7 @@ namespace OptCheck.Contract
             get { return guarded; }
             protected set {
                 optimizer = ReferenceEquals(value, null) ? null : GuardedOptimizer.Unwrap(value);
-                guarded = ReferenceEquals(optimizer, null) ? null : new GuardedOptimizer(optimizer, guard.Before);
+                guarded = ReferenceEquals(optimizer, null) ? null : GuardedOptimizer.Over(optimizer, guard.Before);
             }
         }
 
@@ -118,15 +118,26 @@ namespace OptCheck.Contract
 
     /// <summary>An optimizer that runs a check before each zero_grad() and step() of the optimizer it wraps, and
     /// forwards everything else (parameters(), ParamGroups, add_param_group) to it. It owns no native handle;
-    /// disposing it disposes the wrapped optimizer.</summary>
-    internal sealed class GuardedOptimizer : optim.Optimizer
+    /// disposing it disposes the wrapped optimizer. It is an optim.IMomentum / optim.IBetas exactly when the wrapped
+    /// optimizer is (Over): OneCycleLR and CyclicLR ask the optimizer object itself for one of them when they cycle
+    /// momentum (run on 0.107.0: "optimizer must support momentum with `cycle_momentum` option enabled").</summary>
+    internal class GuardedOptimizer : optim.Optimizer
     {
         readonly optim.Optimizer inner;
         readonly Action<string> before;
 
+        /// <summary>The wrapper for <paramref name="inner"/>: a GuardedOptimizer that is also an IMomentum or an
+        /// IBetas when <paramref name="inner"/> is one.</summary>
+        public static GuardedOptimizer Over(optim.Optimizer inner, Action<string> before)
+        {
+            if (inner is optim.IMomentum) return new GuardedMomentum(inner, before);
+            if (inner is optim.IBetas) return new GuardedBetas(inner, before);
+            return new GuardedOptimizer(inner, before);
+        }
+
         /// <param name="inner">the optimizer to run</param>
         /// <param name="before">called with "zero_grad()" or "step()" before that call (PreStepGuard.Before)</param>
-        public GuardedOptimizer(optim.Optimizer inner, Action<string> before) : base(IntPtr.Zero)
+        protected GuardedOptimizer(optim.Optimizer inner, Action<string> before) : base(IntPtr.Zero)
         {
             if (ReferenceEquals(inner, null)) throw new ArgumentNullException("inner");
             if (before == null) throw new ArgumentNullException("before");
@@ -169,6 +180,28 @@ namespace OptCheck.Contract
         }
     }
 
+    /// <summary>A GuardedOptimizer over an optimizer with momentum (SGD, RMSProp): the momentum is the wrapped one's.</summary>
+    internal sealed class GuardedMomentum : GuardedOptimizer, optim.IMomentum
+    {
+        public GuardedMomentum(optim.Optimizer inner, Action<string> before) : base(inner, before) { }
+
+        public double Momentum {
+            get { return ((optim.IMomentum)Inner).Momentum; }
+            set { ((optim.IMomentum)Inner).Momentum = value; }
+        }
+    }
+
+    /// <summary>A GuardedOptimizer over an optimizer with betas (the Adam family): the betas are the wrapped one's.</summary>
+    internal sealed class GuardedBetas : GuardedOptimizer, optim.IBetas
+    {
+        public GuardedBetas(optim.Optimizer inner, Action<string> before) : base(inner, before) { }
+
+        public (double, double) Betas {
+            get { return ((optim.IBetas)Inner).Betas; }
+            set { ((optim.IBetas)Inner).Betas = value; }
+        }
+    }
+
     /// <summary>The pre-step guard over a TorchSharp (Module, Optimizer) pair, for loops run without optcheck.
     /// One line: <code>optimizer = TorchSharpGuard.Wrap(model, optimizer);</code> and every zero_grad() and step()
     /// is checked first (PreStepCheckException naming the parameters, before TorchSharp's KeyNotFoundException
@@ -182,7 +215,7 @@ namespace OptCheck.Contract
         {
             optim.Optimizer inner = GuardedOptimizer.Unwrap(optimizer);
             var guard = new PreStepGuard(new TorchSharpTarget(model, inner));
-            return new GuardedOptimizer(inner, guard.Before);
+            return GuardedOptimizer.Over(inner, guard.Before);
         }
 
         /// <summary>A guard over this model and optimizer (fixed: make a new one if you rebuild either).</summary>

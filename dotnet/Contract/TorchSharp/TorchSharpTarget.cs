@@ -160,5 +160,7 @@ namespace OptCheck.Contract
         long IProbeTarget.PeakTensors { get { return Tensor.PeakCount; } }
         long IDisposeScopeStatistics.TensorsCreatedOutsideScope { get { return ScopeStatistics.CreatedOutsideScope; } }
         long IDisposeScopeStatistics.TensorsDisposedOutsideScope { get { return ScopeStatistics.DisposedOutsideScope; } }
+        long IDisposeScopeStatistics.TensorsDetachedFromScope { get { return ScopeStatistics.DetachedFromScope; } }
+        long IDisposeScopeStatistics.TensorsAttachedToScope { get { return ScopeStatistics.AttachedToScope; } }
     }
 }

@@ -29,24 +29,10 @@ public static class WrappedGuardCheck
             try {
                 trainer.Step(step, x, y, B, T);
             } catch (PreStepCheckException e) {
-                Console.WriteLine("guard_step " + step);
-                Console.WriteLine("guard_call " + e.Call);
-                foreach (PreStepProblem p in e.Problems) {
-                    Console.WriteLine("guard_code " + p.Code);
-                    Console.WriteLine("guard_names " + p.Code + " " + string.Join(",", p.Names.ToArray()));
-                    if (p.PredictedKey != null) Console.WriteLine("guard_key " + p.PredictedKey);
-                    if (p.PredictedException != null) Console.WriteLine("guard_predicts " + p.Code + " " + p.PredictedException);
-                }
-                Console.WriteLine("guard_message " + e.Message.Split('\n')[0]);
+                GuardReport.Print(e, step);
                 // the call the guard stopped, made without it: what TorchSharp (the stand-in) throws
                 trainer.Optimizer.Before = null;
-                try {
-                    if (e.Call == "zero_grad()") trainer.Optimizer.ZeroGrad(); else trainer.Optimizer.Step();
-                    Console.WriteLine("unguarded_threw nothing");
-                } catch (Exception u) {
-                    Console.WriteLine("unguarded_threw " + u.GetType().FullName);
-                    Console.WriteLine("unguarded_message " + u.Message);
-                }
+                GuardReport.Unguarded(() => { if (e.Call == "zero_grad()") trainer.Optimizer.ZeroGrad(); else trainer.Optimizer.Step(); });
                 return 3;
             }
         }

@@ -96,12 +96,12 @@ public static class NativeOptimizerCheck
         Console.WriteLine("body " + core.Read());
         // a GuardedOptimizer runs its check, then the native optimizer's own call, and forwards the rest
         var seen = new List<string>();
-        var wrapped = new GuardedOptimizer(fake, call => seen.Add(call));
+        var wrapped = GuardedOptimizer.Over(fake, call => seen.Add(call));
         wrapped.zero_grad(); wrapped.step(); wrapped.step(() => null);
         int groupsSeen = 0;
         foreach (var g in wrapped.ParamGroups) groupsSeen++;
         Console.WriteLine("forwarded " + string.Join(",", seen.ToArray()) + " zero_grad=" + fake.ZeroGrads + " step=" + fake.Steps +
-                          " groups=" + groupsSeen + " unwrap=" + ReferenceEquals(GuardedOptimizer.Unwrap(new GuardedOptimizer(wrapped, c => { })), fake));
+                          " groups=" + groupsSeen + " unwrap=" + ReferenceEquals(GuardedOptimizer.Unwrap(GuardedOptimizer.Over(wrapped, c => { })), fake));
         // under optcheck (recording) a check that cannot read the target never raises into the user's step
         var guard = ((IGuardedTrainer)trainer).Guard;
         guard.Recording = true;

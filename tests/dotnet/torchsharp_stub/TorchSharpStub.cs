@@ -255,6 +255,17 @@ namespace TorchSharp
                 double InitialLearningRate { set; get; }
             }
 
+            // Optimizers/Optimizer.cs (0.99 through 0.107): what OneCycleLR / CyclicLR ask the optimizer object for
+            public interface IMomentum
+            {
+                double Momentum { get; set; }
+            }
+
+            public interface IBetas
+            {
+                (double, double) Betas { get; set; }
+            }
+
             public static TorchSharp.Modules.AdamW AdamW(IEnumerable<TorchSharp.Modules.Parameter> parameters, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8, double weight_decay = 0, bool amsgrad = false, bool maximize = false) { throw null; }
             public static TorchSharp.Modules.AdamW AdamW(IEnumerable<(string name, TorchSharp.Modules.Parameter parameter)> parameters, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8, double weight_decay = 0, bool amsgrad = false, bool maximize = false) { throw null; }
             public static TorchSharp.Modules.AdamW AdamW(IEnumerable<TorchSharp.Modules.AdamW.ParamGroup> parameters, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8, double weight_decay = 0, bool amsgrad = false, bool maximize = false) { throw null; }

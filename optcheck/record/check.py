@@ -15,8 +15,8 @@ import json
 import os
 from typing import Any, Iterator
 
-from optcheck.run.snapshot import LineParser, SchemaError, StreamDefect, inline_refs, schema_document, validate, \
-    validate_record
+from optcheck.record.snapshot import (LineParser, SchemaError, StreamDefect, field_path, inline_refs, schema_document,
+                                      validate, validate_record)
 
 _PY_TYPES = {"integer": (int,), "number": (int, float), "string": (str,), "object": (dict,), "array": (list,),
              "boolean": (bool,), "null": (type(None),)}
@@ -250,3 +250,122 @@ def read_jsonl_chunks(path: str | os.PathLike, defects: list[StreamDefect] | Non
     parser.end()
 
 
+
+
+#: The largest integer a record may hold: a JSON number beyond int64 is no count, byte size or step
+#: optcheck writes, and it cannot be turned into a float (10^400: OverflowError).
+MAX_INT = 2**63 - 1
+
+
+def out_of_range(obj, path: str = "") -> str | None:
+    """The field path (``peak_rss_bytes``, ``cost.steps.count``, ``ranks[1].x``) of the
+    first integer in ``obj`` beyond ±:data:`MAX_INT`, with a short account of it; None
+    when there is none. (Non-finite floats are numbers: old summaries wrote them.)"""
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        if abs(obj) > MAX_INT:
+            digits = len(str(abs(obj))) if abs(obj) < 10**4000 else "over 4000"
+            return f"{path or '(the record)'}: an integer of {digits} digits, out of range"
+        return None
+    if isinstance(obj, dict):
+        items = ((f"{path}.{k}" if path else str(k), v) for k, v in obj.items())
+    elif isinstance(obj, list):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(obj))
+    else:
+        return None
+    for p, v in items:
+        if isinstance(v, (int, dict, list)) and (bad := out_of_range(v, p)) is not None:
+            return bad
+    return None
+
+
+def read_records(path: str | os.PathLike, kind: str, defects: list[StreamDefect] | None = None,
+                 full_lines: int | None = None) -> list[dict]:
+    """Every line of a record file (``metrics.jsonl``, ``findings.jsonl``), each
+    checked against the published schema of ``kind`` (``full_lines``: only the
+    first that many; the rest by :class:`ShallowCheck`); unreadable lines go to
+    ``defects`` as in ``optcheck.record.snapshot.read_jsonl``.
+
+    Raises:
+        FileNotFoundError.
+        SchemaError: ``"<path>:<line>: <field>: <what is wrong>"``.
+    """
+    return read_checked(path, kind, defects if defects is not None else [], full_lines)
+
+
+def read_snapshots(path: str | os.PathLike, defects: list[StreamDefect] | None = None,
+                   full_lines: int | None = None) -> list[dict]:
+    """Read a recorded snapshot stream (``snapshots.jsonl``), validating every line
+    (``full_lines``: the first that many, the rest by :class:`ShallowCheck`)
+    against ``optcheck/schemas/snapshot-1.json``.
+
+    Lines that are not JSON go to ``defects`` (see ``optcheck.record.snapshot.read_jsonl``).
+
+    Raises:
+        FileNotFoundError, ValueError (an unreadable line, without ``defects``),
+        SchemaError: ``"<path>:<line>: <field>: <what is wrong>"``.
+    """
+    return read_checked(path, "snapshot", defects, full_lines)
+
+
+class _LooseSummary:
+    """The typed fields of a versioned summary applied to an unversioned one (written
+    before ``summary_version``): a field it has must be of its type or null; fields
+    may be missing, enums and required sub-fields are not enforced. So an old
+    summary with ``last_step: "abc"`` is one line, exit 2, not a traceback in the
+    command that reads it."""
+
+    def __init__(self):
+        import jsonschema
+
+        schema = schema_document("summary")
+        props = inline_refs(schema["then"]["properties"], schema.get("$defs", {}))
+        loose = {"type": "object", "properties": {k: _loosen(v, top=True) for k, v in props.items()
+                                                  if k != "summary_version"}}
+        self._v = jsonschema.validators.validator_for(schema)(loose)
+
+    def validate_fields(self, s: dict) -> None:
+        import jsonschema
+
+        err = jsonschema.exceptions.best_match(self._v.iter_errors(s))
+        if err is not None:
+            msg = err.message if len(err.message) <= 160 else err.message[:157] + "..."
+            raise SchemaError(f"{field_path(err.absolute_path)}: {msg}")
+
+
+def _loosen(node, top: bool = False):
+    """``node`` without ``required`` (anywhere), and at the top without ``enum``/``const``
+    (an old status or source), null allowed."""
+    if isinstance(node, list):
+        return [_loosen(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    drop = ("required", "enum", "const") if top else ("required",)
+    out = {k: _loosen(v) for k, v in node.items() if k not in drop}
+    if top and not any(k in out for k in ("type", "anyOf", "oneOf", "$ref")):
+        return out
+    t = out.get("type")
+    if isinstance(t, str):
+        out["type"] = [t, "null"]
+    elif isinstance(t, list) and "null" not in t:
+        out["type"] = [*t, "null"]
+    return out
+
+
+_LOOSE: list[_LooseSummary] = []
+
+
+def _loose_validator() -> _LooseSummary:
+    if not _LOOSE:
+        _LOOSE.append(_LooseSummary())
+    return _LOOSE[0]
+
+
+
+
+def check_old_summary(s: dict) -> None:
+    """Check an older summary (no ``summary_version``) loosely (:class:`_LooseSummary`).
+
+    Raises:
+        SchemaError: ``"<field>: <what is wrong>"``.
+    """
+    _loose_validator().validate_fields(s)

@@ -124,11 +124,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from optcheck.record.summary import SCHEMA_DIR  # optcheck/schemas
+
 SCHEMA = "optcheck.snapshot/1"
 BACKENDS = ("pytorch", "torchsharp")
 PHASES = ("pre-step", "in-step", "post-step")
 
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"  # optcheck/schemas
 #: Published JSON Schemas (draft 2020-12) of the record files, by kind.
 SCHEMA_FILES = {"snapshot": "snapshot-1.json", "finding": "finding-1.json", "metrics": "metrics-1.json",
                 "summary": "summary-1.json"}
@@ -141,10 +142,10 @@ class SchemaError(ValueError):
 def schema_document(kind: str) -> dict:
     """The published JSON Schema of record ``kind`` (a key of :data:`SCHEMA_FILES`), a new
     dict each call: the file in ``optcheck/schemas/``; for ``summary``, that file's frame
-    with the per-field part built from ``optcheck.run.summary.Summary``
-    (:func:`optcheck.run.summary.summary_schema`)."""
+    with the per-field part built from ``optcheck.record.summary.Summary``
+    (:func:`optcheck.record.summary.summary_schema`)."""
     if kind == "summary":
-        from optcheck.run.summary import summary_schema
+        from optcheck.record.summary import summary_schema  # (lazy: only for the summary kind)
 
         return summary_schema()
     return json.loads((SCHEMA_DIR / SCHEMA_FILES[kind]).read_text(encoding="utf-8"))
@@ -335,39 +336,6 @@ def bad_line(path, n: int, what: str, *, last: bool, defects: list[StreamDefect]
         defects.append(StreamDefect(n, ("truncated last line" if last else "not a JSON line") + f" ({what})"))
     elif not last:
         raise ValueError(f"{path}:{n}: not a JSON line ({what})")
-
-
-def read_records(path: str | os.PathLike, kind: str, defects: list[StreamDefect] | None = None,
-                 full_lines: int | None = None) -> list[dict]:
-    """Every line of a record file (``metrics.jsonl``, ``findings.jsonl``), each
-    checked against the published schema of ``kind`` (``full_lines``: only the
-    first that many; the rest by ``optcheck.run.record_check.ShallowCheck``); unreadable
-    lines go to ``defects`` as in :func:`read_jsonl`.
-
-    Raises:
-        FileNotFoundError.
-        SchemaError: ``"<path>:<line>: <field>: <what is wrong>"``.
-    """
-    from optcheck.run.record_check import read_checked
-
-    return read_checked(path, kind, defects if defects is not None else [], full_lines)
-
-
-def read_snapshots(path: str | os.PathLike, defects: list[StreamDefect] | None = None,
-                   full_lines: int | None = None) -> list[dict]:
-    """Read a recorded snapshot stream (``snapshots.jsonl``), validating every line
-    (``full_lines``: the first that many, the rest by ``optcheck.run.record_check.ShallowCheck``)
-    against ``optcheck/schemas/snapshot-1.json``.
-
-    Lines that are not JSON go to ``defects`` (see :func:`read_jsonl`).
-
-    Raises:
-        FileNotFoundError, ValueError (an unreadable line, without ``defects``),
-        SchemaError: ``"<path>:<line>: <field>: <what is wrong>"``.
-    """
-    from optcheck.run.record_check import read_checked
-
-    return read_checked(path, "snapshot", defects, full_lines)
 
 
 def members(snap: dict) -> list[tuple[int, dict]]:
