@@ -282,77 +282,105 @@ def components(config: str, steps: int, every: int, instructions: bool = False) 
           f"{statistics.median(off or per_step) / 1e3:.0f} µs")
 
 
-def components_instructions(config: str, steps: int, every: int, baseline_tree: str | None) -> None:
-    """:func:`components` with instruction counts: this loop and the plain one, each once
-    under callgrind; what no piece covers (the backward wrapper and the step hooks'
-    dispatch, module hooks of armed steps, PyTorch's slower path for hooked calls) is
-    the difference left over."""
+def components_instructions(configs: list[str], steps: int, every: int, baseline_tree: str | None) -> None:
+    """:func:`components` with instruction counts: the plain loop once, then each of
+    ``configs`` (``auto``, ``off``; ``auto@base``: the same with ``baseline_tree``'s optcheck),
+    each once under callgrind. What no piece covers (the backward wrapper and the step
+    hooks' dispatch, module hooks of armed steps, PyTorch's slower path for hooked calls)
+    is the difference left over. Last, what 1,000 steps at ``every=100`` would cost: the
+    unarmed per-step pieces, one snapshot per 100 steps and the armed steps a 1,000-step
+    run at ``every=100`` takes (``ARMED_PER_1000``), each at the count measured here."""
     import tempfile
 
     import callgrind
 
-    env = dict(os.environ)
-    if baseline_tree:
-        env["PYTHONPATH"] = str(Path(baseline_tree).resolve())
     res = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for c in ("plain", config):
-            d = str(Path(tmp) / c)
-            counts = callgrind.run([__file__, "--components", c, "--instructions", "--in-callgrind", "--steps",
+        for c in ["plain", *configs]:
+            name, _, tree = c.partition("@")
+            env = dict(os.environ)
+            if tree:  # auto@base: --baseline-tree's optcheck; auto@/some/checkout: that one's
+                env["PYTHONPATH"] = str(Path(tree if "/" in tree else baseline_tree).resolve())
+            d = str(Path(tmp) / c.replace("/", "_"))
+            counts = callgrind.run([__file__, "--components", name, "--instructions", "--in-callgrind", "--steps",
                                     str(steps), "--every", str(every)], d, env=env)
             info = json.loads(callgrind.run.stdout.strip().splitlines()[-1])
             files = callgrind.run.files
             res[c] = (counts, info, callgrind.inclusive(files["loop"]), callgrind.inclusive(files["calibrate"]))
-    (pc, pinfo, pincl, _), (cc, cinfo, cincl, ccal) = res["plain"], res[config]
-    calls = cinfo["calls"]
-    over = ccal.get(CALIBRATE, 0) / max(1, calls[CALIBRATE])  # one trampoline's own instructions
-    plain_step = (pc["loop"] - over * steps) / steps
-    print(f"{config} against plain: {steps} steps, every={every}, 1 thread; instructions (callgrind Ir) per step; "
-          f"trampoline {over:.0f} instructions per call taken off; plain step {plain_step / 1e6:.2f} M")
+            print(f"({c}: {counts['loop'] / steps / 1e6:.3f} M instructions per step in the loop)", flush=True)
+    pc, _pinfo, _pincl, _ = res["plain"]
+    cal = [res[c][3].get(CALIBRATE, 0) / max(1, res[c][1]["calls"][CALIBRATE]) for c in configs]
+    over = statistics.median(cal)  # one trampoline's own instructions (the same code in every run)
+    plain_step = pc["loop"] / steps
+    print(f"{steps} steps, every={every}, 1 thread; instructions (callgrind Ir) per step, each run once "
+          f"(deterministic); trampoline {over:.0f} instructions per call taken off; plain step "
+          f"{plain_step / 1e6:.3f} M")
     snap_k = slot_of_snapshot()
-    snaps = calls[snap_k]
-    snap_ir = cincl.get(snap_k, 0) - over * snaps
-    nested = {}
+    nested: dict[str, list[int]] = {}
     for k, (label, _c, _n, parent) in enumerate(PIECES):
         if parent is not None:
             nested.setdefault(parent, []).append(k)
-    top_total = 0.0
-    rows = []
-    for k, (label, _c, _n, parent) in enumerate(PIECES):
-        if not calls[k] or k == snap_k:
-            continue
-        inner = sum(calls[j] for j in nested.get(label, []))
-        ir = cincl.get(k, 0) - over * (calls[k] + inner)
-        if label.startswith("Monitor._post_step"):  # the cadence snapshots run inside it: shown apart
-            ir -= snap_ir + over * snaps
-        per = ir / steps
-        if parent is None:
-            top_total += per
-        rows.append((label, calls[k] / steps, per))
-    loop_extra = (cc["loop"] - pc["loop"]) / steps
-    n_armed, n = cinfo["armed"], cinfo["steps"]
-    armed_extra = None
-    if n_armed and n > n_armed:
-        a = (cincl.get(ARMED, 0) - over * n_armed) / n_armed
-        u = (cincl.get(UNARMED, 0) - over * (n - n_armed)) / (n - n_armed)
-        armed_extra = a - u  # (both include the pieces above; the armed step's own hooks are the difference)
-    print(f"| piece | calls/step | instructions/step | % of the plain step |")
-    print("|---|---:|---:|---:|")
-    for label, cps, per in rows:
-        print(f"| {label} | {cps:.2f} | {per:,.0f} | {100 * per / plain_step:.2f} % |")
-    print(f"| snapshots ({snaps} in the loop, {snap_ir / max(1, snaps) / 1e6:.2f} M each) | {snaps / steps:.2f} | "
-          f"{snap_ir / steps:,.0f} | {100 * snap_ir / steps / plain_step:.2f} % |")
-    trampolines = over * sum(calls[:len(PIECES)]) / steps
-    rest = loop_extra - top_total - snap_ir / steps - trampolines
-    print(f"| the rest (backward wrapper, step-hook dispatch, armed steps' module hooks, ...) | | {rest:,.0f} | "
-          f"{100 * rest / plain_step:.2f} % |")
-    print(f"| **Monitor in all** | | **{loop_extra - trampolines:,.0f}** | "
-          f"**{100 * (loop_extra - trampolines) / plain_step:.2f} %** |")
-    if armed_extra is not None:
-        print(f"armed steps: {n_armed} of {n}, each {armed_extra / 1e6:.2f} M instructions over an unarmed one "
-              f"({armed_extra * n_armed / n:,.0f} per step of the run, inside the rows above and the rest)")
-    print(f"Monitor() with its start snapshot: {cc['ctor'] / 1e6:.0f} M instructions "
-          f"({cc['ctor'] / plain_step:.1f} plain steps)")
+    table: dict[str, dict[str, float]] = {}
+    summary = {}
+    for c in configs:
+        cc, cinfo, cincl, _ = res[c]
+        calls = cinfo["calls"]
+        snaps = calls[snap_k]
+        snap_ir = cincl.get(snap_k, 0) - over * snaps
+        top_total = 0.0
+        for k, (label, _c, _n, parent) in enumerate(PIECES):
+            if not calls[k] or k == snap_k:
+                continue
+            inner = sum(calls[j] for j in nested.get(label, []))
+            ir = cincl.get(k, 0) - over * (calls[k] + inner)
+            if label.startswith("Monitor._post_step"):  # the cadence snapshots run inside it: shown apart
+                ir -= snap_ir + over * snaps
+            if parent is None:
+                top_total += ir
+            table.setdefault(label, {})[c] = ir / steps
+        trampolines = over * sum(calls[:len(PIECES)])
+        loop_extra = cc["loop"] - pc["loop"] - trampolines  # (both loops ran each step in a slot)
+        n_armed, n = cinfo["armed"], cinfo["steps"]
+        armed_each = 0.0
+        if n_armed and n > n_armed:
+            a = (cincl.get(ARMED, 0) - over * n_armed) / n_armed
+            # (the cadence snapshots ran inside unarmed steps: a clean loop's are; taken out)
+            u = (cincl.get(UNARMED, 0) - snap_ir - over * (n - n_armed + snaps)) / (n - n_armed)
+            armed_each = a - u
+        rest = loop_extra - top_total - snap_ir
+        # the rest holds the armed steps' module hooks too: take them out for the unarmed step's figure
+        rest_unarmed = (rest - armed_each * n_armed) / steps if n_armed else rest / steps
+        unarmed = top_total / steps + rest_unarmed  # per-step pieces; the armed steps' own pieces are in there too
+        snap_each = snap_ir / max(1, snaps)
+        projected = unarmed + snap_each / 100 + armed_each * ARMED_PER_1000 / 1000
+        table.setdefault("the rest (backward wrapper, step-hook dispatch, ...), armed steps' extra taken out",
+                         {})[c] = rest_unarmed
+        table.setdefault(f"snapshots ({snaps} in the loop; per step of this run)", {})[c] = snap_ir / steps
+        table.setdefault("armed steps (their extra over an unarmed step; per step of this run)", {})[c] = \
+            armed_each * n_armed / steps
+        table.setdefault("**Monitor in all, this run**", {})[c] = loop_extra / steps
+        summary[c] = (unarmed, snap_each, armed_each, n_armed, n, projected, cc.get("ctor", 0) - pc.get("ctor", 0))
+    print("| piece (instructions per step) | " + " | ".join(configs) + " |")
+    print("|---|" + "---:|" * len(configs))
+    for label, by in table.items():
+        print(f"| {label} | " + " | ".join(f"{by[c]:,.0f}" if c in by else "-" for c in configs) + " |")
+    print()
+    print(f"| per configuration | " + " | ".join(configs) + " |")
+    print("|---|" + "---:|" * len(configs))
+    rows = (("unarmed step's work, instructions", lambda s: f"{s[0]:,.0f}"),
+            ("... as % of the plain step", lambda s: f"{100 * s[0] / plain_step:.2f} %"),
+            ("one snapshot, M instructions", lambda s: f"{s[1] / 1e6:.2f}"),
+            ("one armed step's extra, M instructions", lambda s: f"{s[2] / 1e6:.2f} ({s[3]} of {s[4]} armed)"),
+            (f"projected ratio, 1,000 steps at every=100 ({ARMED_PER_1000} armed)",
+             lambda s: f"{1 + s[5] / plain_step:.4f}x"),
+            ("Monitor() (start snapshot, census), M instructions", lambda s: f"{s[6] / 1e6:.0f}"))
+    for label, fmt in rows:
+        print(f"| {label} | " + " | ".join(fmt(summary[c]) for c in configs) + " |")
+
+
+#: armed steps of a 1,000-step run at every=100 with hazards="auto" (the first step, and the steps after
+#: the 1st, 2nd, 4th and 8th snapshot: optcheck/pytorch/hazards/hooks.py, HazardProbes.drain)
+ARMED_PER_1000 = 5
 
 
 def slot_of_snapshot() -> int:
@@ -415,14 +443,14 @@ def main() -> None:
         print(json.dumps(child(a.child, a.steps, a.every, a.out)))
         return
     if a.components and a.instructions and not a.in_callgrind:
-        components_instructions(a.components, a.steps, a.every, a.baseline_tree)
+        components_instructions(a.components.split(","), a.steps, a.every, a.baseline_tree)
         return
     if a.components:
         components(a.components, a.steps, a.every, instructions=a.instructions)
         return
     if a.instructions:
         configs = a.configs.split(",")
-        if a.baseline_tree:
+        if a.baseline_tree and not any("@" in c for c in configs):
             configs += [f"{c}@base" for c in configs if c != "plain"]
         instructions_ratio(configs, a.steps, a.every, a.baseline_tree)
         return
