@@ -175,7 +175,11 @@ PIECES = (
      "_log_pass", None),
     ("snapshot", "optcheck.run.sequencer:Sequencer", "take", None),
 )
-CALIBRATE, ARMED, UNARMED = 29, 30, 31  # callgrind slots: the empty callable, armed and unarmed steps
+# callgrind slots: the empty callable; whole steps: armed, quiet (neither armed nor with a snapshot), with a
+# cadence snapshot; a piece K runs in slot K on a quiet step and in slot NOISY + K on the others
+SNAP_STEP, CALIBRATE, ARMED, UNARMED = 28, 29, 30, 31
+NOISY = 32
+_NOISY = [0]  # the running step's slot offset (0 or NOISY), set by the step's wrapper
 
 
 def _resolve(path: str):
@@ -207,7 +211,7 @@ def components(config: str, steps: int, every: int, instructions: bool = False) 
             k = slot_of[label]
 
             def wrapper(*a, **kw):
-                return marks.slot(k, fn, *a, **kw)
+                return marks.slot(k + _NOISY[0], fn, *a, **kw)
             return wrapper
 
         def wrapper(*a, **kw):
@@ -233,8 +237,10 @@ def components(config: str, steps: int, every: int, instructions: bool = False) 
     if marks is not None:
         def on_step(step, mon):
             a = bool(getattr(getattr(mon, "hazards", None), "armed", False))
+            snap = mon is not None and (mon.step_count + 1) % mon.every == 0  # (a clean run: cadence only)
             armed.append(a)
-            return marks.slot(ARMED if a else UNARMED, step)
+            _NOISY[0] = NOISY if (a or snap) else 0
+            return marks.slot(ARMED if a else SNAP_STEP if snap else UNARMED, step)
         _ON_STEP = on_step
     else:
         def on_step(step, mon):
@@ -284,37 +290,44 @@ def components(config: str, steps: int, every: int, instructions: bool = False) 
 
 def components_instructions(configs: list[str], steps: int, every: int, baseline_tree: str | None) -> None:
     """:func:`components` with instruction counts: the plain loop once, then each of
-    ``configs`` (``auto``, ``off``; ``auto@base``: the same with ``baseline_tree``'s optcheck),
-    each once under callgrind. What no piece covers (the backward wrapper and the step
-    hooks' dispatch, module hooks of armed steps, PyTorch's slower path for hooked calls)
-    is the difference left over. Last, what 1,000 steps at ``every=100`` would cost: the
-    unarmed per-step pieces, one snapshot per 100 steps and the armed steps a 1,000-step
-    run at ``every=100`` takes (``ARMED_PER_1000``), each at the count measured here."""
+    ``configs`` (``auto``, ``off``; ``auto@base``: the same with ``baseline_tree``'s optcheck;
+    ``auto@/a/checkout``: that one's), each once under callgrind.
+
+    Steps fall in three classes: armed, with a cadence snapshot, and quiet (neither: the
+    steady state, 985 of 1,000 steps at ``every=100``). Each piece is counted apart on quiet
+    steps (its own slot) and on the others; each whole step's extra over the plain loop's
+    mean step, per class. What no piece covers on a quiet step (the backward wrapper and
+    the step hooks' dispatch, PyTorch's slower path for hooked calls) is the quiet step's
+    extra less its pieces. The projection to 1,000 steps at ``every=100``: the quiet step's
+    extra on 1,000 - 10 - ``ARMED_PER_1000`` steps, a snapshot step's on 10, an armed
+    step's on ``ARMED_PER_1000``."""
     import tempfile
 
     import callgrind
 
-    res = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for c in ["plain", *configs]:
-            name, _, tree = c.partition("@")
-            env = dict(os.environ)
-            if tree:  # auto@base: --baseline-tree's optcheck; auto@/some/checkout: that one's
-                env["PYTHONPATH"] = str(Path(tree if "/" in tree else baseline_tree).resolve())
-            d = str(Path(tmp) / c.replace("/", "_"))
-            counts = callgrind.run([__file__, "--components", name, "--instructions", "--in-callgrind", "--steps",
-                                    str(steps), "--every", str(every)], d, env=env)
-            info = json.loads(callgrind.run.stdout.strip().splitlines()[-1])
-            files = callgrind.run.files
-            res[c] = (counts, info, callgrind.inclusive(files["loop"]), callgrind.inclusive(files["calibrate"]))
-            print(f"({c}: {counts['loop'] / steps / 1e6:.3f} M instructions per step in the loop)", flush=True)
-    pc, _pinfo, _pincl, _ = res["plain"]
-    cal = [res[c][3].get(CALIBRATE, 0) / max(1, res[c][1]["calls"][CALIBRATE]) for c in configs]
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(c: str, tmp: str):
+        name, _, tree = c.partition("@")
+        env = dict(os.environ)
+        if tree:  # auto@base: --baseline-tree's optcheck; auto@/some/checkout: that one's
+            env["PYTHONPATH"] = str(Path(tree if "/" in tree else baseline_tree).resolve())
+        d = str(Path(tmp) / c.replace("/", "_"))
+        counts, files, out = callgrind.run_full([__file__, "--components", name, "--instructions", "--in-callgrind",
+                                                 "--steps", str(steps), "--every", str(every)], d, env=env)
+        info = json.loads(out.strip().splitlines()[-1])
+        print(f"({c}: {counts['loop'] / steps / 1e6:.3f} M instructions per step in the loop)", flush=True)
+        return counts, info, callgrind.inclusive(files["loop"]), callgrind.inclusive(files["calibrate"])
+
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(JOBS[0]) as pool:  # counts: load-independent
+        futures = {c: pool.submit(one, c, tmp) for c in ["plain", *configs]}
+        res = {c: f.result() for c, f in futures.items()}
+    cal = [res[c][3].get(CALIBRATE, 0) / max(1, res[c][1]["calls"][CALIBRATE]) for c in res]
     over = statistics.median(cal)  # one trampoline's own instructions (the same code in every run)
-    plain_step = pc["loop"] / steps
-    print(f"{steps} steps, every={every}, 1 thread; instructions (callgrind Ir) per step, each run once "
-          f"(deterministic); trampoline {over:.0f} instructions per call taken off; plain step "
-          f"{plain_step / 1e6:.3f} M")
+    pc, pinfo, pincl, _ = res["plain"]
+    plain_step = (pincl.get(UNARMED, 0) - over * steps) / steps  # (every plain step runs in the quiet slot)
+    print(f"{steps} steps, every={every}, 1 thread; instructions (callgrind Ir), each run once (deterministic); "
+          f"trampoline {over:.0f} instructions per call taken off; plain step {plain_step / 1e6:.3f} M")
     snap_k = slot_of_snapshot()
     nested: dict[str, list[int]] = {}
     for k, (label, _c, _n, parent) in enumerate(PIECES):
@@ -325,55 +338,60 @@ def components_instructions(configs: list[str], steps: int, every: int, baseline
     for c in configs:
         cc, cinfo, cincl, _ = res[c]
         calls = cinfo["calls"]
-        snaps = calls[snap_k]
-        snap_ir = cincl.get(snap_k, 0) - over * snaps
-        top_total = 0.0
-        for k, (label, _c, _n, parent) in enumerate(PIECES):
-            if not calls[k] or k == snap_k:
-                continue
-            inner = sum(calls[j] for j in nested.get(label, []))
-            ir = cincl.get(k, 0) - over * (calls[k] + inner)
-            if label.startswith("Monitor._post_step"):  # the cadence snapshots run inside it: shown apart
-                ir -= snap_ir + over * snaps
-            if parent is None:
-                top_total += ir
-            table.setdefault(label, {})[c] = ir / steps
-        trampolines = over * sum(calls[:len(PIECES)])
-        loop_extra = cc["loop"] - pc["loop"] - trampolines  # (both loops ran each step in a slot)
         n_armed, n = cinfo["armed"], cinfo["steps"]
-        armed_each = 0.0
-        if n_armed and n > n_armed:
-            a = (cincl.get(ARMED, 0) - over * n_armed) / n_armed
-            # (the cadence snapshots ran inside unarmed steps: a clean loop's are; taken out)
-            u = (cincl.get(UNARMED, 0) - snap_ir - over * (n - n_armed + snaps)) / (n - n_armed)
-            armed_each = a - u
-        rest = loop_extra - top_total - snap_ir
-        # the rest holds the armed steps' module hooks too: take them out for the unarmed step's figure
-        rest_unarmed = (rest - armed_each * n_armed) / steps if n_armed else rest / steps
-        unarmed = top_total / steps + rest_unarmed  # per-step pieces; the armed steps' own pieces are in there too
-        snap_each = snap_ir / max(1, snaps)
-        projected = unarmed + snap_each / 100 + armed_each * ARMED_PER_1000 / 1000
-        table.setdefault("the rest (backward wrapper, step-hook dispatch, ...), armed steps' extra taken out",
-                         {})[c] = rest_unarmed
-        table.setdefault(f"snapshots ({snaps} in the loop; per step of this run)", {})[c] = snap_ir / steps
-        table.setdefault("armed steps (their extra over an unarmed step; per step of this run)", {})[c] = \
-            armed_each * n_armed / steps
-        table.setdefault("**Monitor in all, this run**", {})[c] = loop_extra / steps
-        summary[c] = (unarmed, snap_each, armed_each, n_armed, n, projected, cc.get("ctor", 0) - pc.get("ctor", 0))
-    print("| piece (instructions per step) | " + " | ".join(configs) + " |")
+        n_snap = calls[SNAP_STEP]
+        n_quiet = calls[UNARMED]
+
+        def step_extra(k, count, inner_calls):
+            return ((cincl.get(k, 0) - over * (count + inner_calls)) / count - plain_step) if count else 0.0
+
+        per_class_calls = {}
+        for k in range(len(PIECES)):
+            per_class_calls[k] = (calls[k], calls[NOISY + k])
+        top_quiet = 0.0
+        for k, (label, _c, _n, parent) in enumerate(PIECES):
+            if k == snap_k:
+                continue
+            q = calls[k]
+            inner = sum(calls[j] for j in nested.get(label, []))
+            ir = cincl.get(k, 0) - over * (q + inner)
+            if parent is None:
+                top_quiet += ir
+            if q or calls[NOISY + k]:
+                table.setdefault(label, {})[c] = ir / max(1, n_quiet)
+        quiet_calls = sum(calls[k] for k in range(len(PIECES)))
+        quiet_extra = step_extra(UNARMED, n_quiet, quiet_calls)
+        table.setdefault("the rest (backward wrapper, step-hook dispatch, ...)", {})[c] = \
+            quiet_extra - top_quiet / max(1, n_quiet)
+        table.setdefault("**a quiet step in all**", {})[c] = quiet_extra
+        noisy_calls = sum(calls[NOISY + k] for k in range(len(PIECES)))
+        # (the pieces' trampolines of noisy steps split between the two classes by their count)
+        armed_extra = step_extra(ARMED, n_armed, noisy_calls * n_armed / max(1, n_armed + n_snap))
+        snap_extra = step_extra(SNAP_STEP, n_snap, noisy_calls * n_snap / max(1, n_armed + n_snap))
+        snaps = calls[NOISY + snap_k]  # (the quiet slot's calls are Monitor()'s and close()'s, outside the loop)
+        snap_ir = (cincl.get(NOISY + snap_k, 0) - over * snaps) / max(1, snaps)
+        quiet_n = 1000 - 10 - ARMED_PER_1000
+        projected = (quiet_extra * quiet_n + snap_extra * 10 + armed_extra * ARMED_PER_1000) / 1000
+        total = (cc["loop"] - pc["loop"] - over * (quiet_calls + noisy_calls)) / steps
+        summary[c] = dict(quiet=quiet_extra, n_quiet=n_quiet, snap_step=snap_extra, n_snap=n_snap, snap=snap_ir,
+                          armed=armed_extra, n_armed=n_armed, n=n, projected=projected, total=total,
+                          ctor=cc.get("ctor", 0) - pc.get("ctor", 0))
+    print("| on a quiet step: piece (instructions per step) | " + " | ".join(configs) + " |")
     print("|---|" + "---:|" * len(configs))
     for label, by in table.items():
         print(f"| {label} | " + " | ".join(f"{by[c]:,.0f}" if c in by else "-" for c in configs) + " |")
     print()
     print(f"| per configuration | " + " | ".join(configs) + " |")
     print("|---|" + "---:|" * len(configs))
-    rows = (("unarmed step's work, instructions", lambda s: f"{s[0]:,.0f}"),
-            ("... as % of the plain step", lambda s: f"{100 * s[0] / plain_step:.2f} %"),
-            ("one snapshot, M instructions", lambda s: f"{s[1] / 1e6:.2f}"),
-            ("one armed step's extra, M instructions", lambda s: f"{s[2] / 1e6:.2f} ({s[3]} of {s[4]} armed)"),
-            (f"projected ratio, 1,000 steps at every=100 ({ARMED_PER_1000} armed)",
-             lambda s: f"{1 + s[5] / plain_step:.4f}x"),
-            ("Monitor() (start snapshot, census), M instructions", lambda s: f"{s[6] / 1e6:.0f}"))
+    rows = (("quiet step's extra, % of the plain step (steps)",
+             lambda s: f"{100 * s['quiet'] / plain_step:.2f} % ({s['n_quiet']})"),
+            ("a step with a cadence snapshot: its extra, M (steps)", lambda s: f"{s['snap_step'] / 1e6:.2f} ({s['n_snap']})"),
+            ("... of which the snapshot, M", lambda s: f"{s['snap'] / 1e6:.2f}"),
+            ("an armed step: its extra, M (steps)", lambda s: f"{s['armed'] / 1e6:.2f} ({s['n_armed']})"),
+            ("this run's loop: Monitor's extra per step, % of plain", lambda s: f"{100 * s['total'] / plain_step:.2f} %"),
+            (f"projected: 1,000 steps at every=100 ({ARMED_PER_1000} armed), instruction ratio",
+             lambda s: f"{1 + s['projected'] / plain_step:.4f}x"),
+            ("Monitor() (start snapshot, census), M instructions", lambda s: f"{s['ctor'] / 1e6:.0f}"))
     for label, fmt in rows:
         print(f"| {label} | " + " | ".join(fmt(summary[c]) for c in configs) + " |")
 
@@ -416,6 +434,7 @@ def instructions_ratio(configs: list[str], steps: int, every: int, baseline_tree
 
 
 _ON_STEP = None
+JOBS = [1]  # --jobs: callgrind runs at once (instruction counts do not move with the load)
 IN_CALLGRIND = False  # --in-callgrind: this process runs under valgrind (callgrind.run)
 
 
@@ -432,12 +451,14 @@ def main() -> None:
     ap.add_argument("--instructions", action="store_true",
                     help="count instructions with valgrind's callgrind instead of timing (load-independent; "
                          "about 50x slower: use --steps 300 or so); one run per configuration")
+    ap.add_argument("--jobs", type=int, default=1, help="with --instructions: callgrind runs at once")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--in-callgrind", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     global IN_CALLGRIND
     IN_CALLGRIND = a.in_callgrind
+    JOBS[0] = max(1, a.jobs)
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # callgrind.py beside this file
     if a.child:
         print(json.dumps(child(a.child, a.steps, a.every, a.out)))

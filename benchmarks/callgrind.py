@@ -16,7 +16,7 @@ This module is the harness both sides use:
   ``--instr-atstart=no``, so importing torch runs at valgrind's uninstrumented speed and
   counts nothing), ``dump(label)`` writes the counts since the last dump to a file of
   their own (``CALLGRIND_DUMP_STATS_AT``); :meth:`Marks.slot` runs a Python callable
-  through one of 32 distinct C functions (``oc_slot_K``), so that callgrind's
+  through one of 64 distinct C functions (``oc_slot_K``), so that callgrind's
   *inclusive* cost of ``oc_slot_K`` is every instruction of that callable, the
   trampoline's own (measured with an empty callable: :meth:`Marks.calibrate`) aside.
   Outside valgrind each client request is a handful of instructions that do nothing.
@@ -39,7 +39,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-SLOTS = 32
+SLOTS = 64
 _SOURCE = r"""
 #include <valgrind/callgrind.h>
 typedef void (*cb_t)(void);
@@ -134,7 +134,15 @@ def python() -> str:
 def run(args: list[str], out_dir: str, env: dict | None = None) -> dict[str, int]:
     """Run ``python args...`` under callgrind (instrumentation off until ``Marks.start``);
     returns ``{label: instructions}`` of each ``Marks.dump(label)``, and the dump files
-    by label in ``run.files`` (``{label: path}``)."""
+    by label in ``run.files`` (``{label: path}``). :func:`run_full` returns all three
+    (for runs made in parallel threads)."""
+    totals, files, stdout = run_full(args, out_dir, env)
+    run.files, run.stdout = files, stdout
+    return totals
+
+
+def run_full(args: list[str], out_dir: str, env: dict | None = None) -> tuple[dict, dict, str]:
+    """:func:`run`'s ``(totals, files, stdout)``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     base = out / "callgrind.out"
@@ -151,9 +159,7 @@ def run(args: list[str], out_dir: str, env: dict | None = None) -> dict[str, int
         if m and t:
             totals[m.group(1).strip()] = int(t.group(1))
             files[m.group(1).strip()] = f
-    run.files = files
-    run.stdout = p.stdout
-    return totals
+    return totals, files, p.stdout
 
 
 def inclusive(path: Path) -> dict[int, int]:
@@ -168,6 +174,6 @@ def inclusive(path: Path) -> dict[int, int]:
     return out
 
 
-__all__ = ["Marks", "SLOTS", "run", "inclusive", "python"]
+__all__ = ["Marks", "SLOTS", "run", "run_full", "inclusive", "python"]
 if sysconfig.get_platform().startswith("win"):  # pragma: no cover - valgrind is Linux/macOS only
     raise ImportError("callgrind needs valgrind (Linux)")
