@@ -20,6 +20,17 @@ the start one first) and ``Monitor()``'s own time (CPU and wall).
     python benchmarks/bench_small_loop.py --components auto --steps 1000   # where the Monitor's time goes
     PYTHONPATH=/other/checkout python benchmarks/bench_small_loop.py ...   # another optcheck
 
+Instruction counts (valgrind's callgrind, ``benchmarks/callgrind.py``: the same count on a
+quiet and a loaded machine; about 1,000 times slower here, so 20 steps, ``every=10``):
+
+    python benchmarks/bench_small_loop.py --components auto,off --instructions --steps 20 --every 10 --jobs 3
+    python benchmarks/bench_small_loop.py --components auto,off,auto@base,off@base --instructions \
+        --steps 20 --every 10 --jobs 3 --baseline-tree /other/checkout     # (auto@/a/checkout: that one)
+    python benchmarks/bench_small_loop.py --instructions --steps 60        # whole loops only, no piece wrapped
+
+(Over 400 lines: the loop, its timed rounds and its two instruction-count modes share the
+loop and the table of pieces; the callgrind plumbing itself is ``benchmarks/callgrind.py``.)
+
 Configurations: ``plain``; ``auto`` (``Monitor(every=100)``: every probe,
 ``hazards="auto"``, the default); ``off`` (``Monitor(every=100, hazards=False)``).
 """
