@@ -41,6 +41,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -330,9 +331,25 @@ def components_instructions(configs: list[str], steps: int, every: int, baseline
         print(f"({c}: {counts['loop'] / steps / 1e6:.3f} M instructions per step in the loop)", flush=True)
         return counts, info, callgrind.inclusive(files["loop"]), callgrind.inclusive(files["calibrate"])
 
+    def kept_plain(folder: str):
+        """The plain run's dumps kept from an earlier run of this command (``--plain-dumps``):
+        the plain loop does not depend on optcheck's code."""
+        totals, files = {}, {}
+        for f in sorted(Path(folder).glob("callgrind.out.*")):
+            m = re.search(r"^desc: Trigger: Client Request: (.*)$", f.read_text(errors="replace"), re.M)
+            t = re.search(r"^totals: (\d+)", f.read_text(errors="replace"), re.M)
+            if m and t:
+                totals[m.group(1).strip()], files[m.group(1).strip()] = int(t.group(1)), f
+        calls = [0] * 64
+        calls[UNARMED], calls[CALIBRATE] = steps, 200
+        return totals, {"calls": calls, "armed": 0, "steps": steps}, callgrind.inclusive(files["loop"]), \
+            callgrind.inclusive(files["calibrate"])
+
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(JOBS[0]) as pool:  # counts: load-independent
-        futures = {c: pool.submit(one, c, tmp) for c in ["plain", *configs]}
-        res = {c: f.result() for c, f in futures.items()}
+        runs = configs if PLAIN_DUMPS[0] else ["plain", *configs]
+        futures = {c: pool.submit(one, c, tmp) for c in runs}
+        res = {"plain": kept_plain(PLAIN_DUMPS[0])} if PLAIN_DUMPS[0] else {}
+        res.update({c: f.result() for c, f in futures.items()})
     cal = [res[c][3].get(CALIBRATE, 0) / max(1, res[c][1]["calls"][CALIBRATE]) for c in res]
     over = statistics.median(cal)  # one trampoline's own instructions (the same code in every run)
     pc, pinfo, pincl, _ = res["plain"]
@@ -445,6 +462,7 @@ def instructions_ratio(configs: list[str], steps: int, every: int, baseline_tree
 
 
 _ON_STEP = None
+PLAIN_DUMPS = [None]  # --plain-dumps: a folder with an earlier plain run's callgrind dumps (same --steps)
 JOBS = [1]  # --jobs: callgrind runs at once (instruction counts do not move with the load)
 IN_CALLGRIND = False  # --in-callgrind: this process runs under valgrind (callgrind.run)
 
@@ -463,6 +481,8 @@ def main() -> None:
                     help="count instructions with valgrind's callgrind instead of timing (load-independent; "
                          "about 50x slower: use --steps 300 or so); one run per configuration")
     ap.add_argument("--jobs", type=int, default=1, help="with --instructions: callgrind runs at once")
+    ap.add_argument("--plain-dumps", help="with --instructions --components: reuse the plain loop's callgrind dumps "
+                                          "(callgrind.out.PID.1 and .3 of an earlier run with the same --steps)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--in-callgrind", action="store_true", help=argparse.SUPPRESS)
@@ -470,6 +490,7 @@ def main() -> None:
     global IN_CALLGRIND
     IN_CALLGRIND = a.in_callgrind
     JOBS[0] = max(1, a.jobs)
+    PLAIN_DUMPS[0] = a.plain_dumps
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # callgrind.py beside this file
     if a.child:
         print(json.dumps(child(a.child, a.steps, a.every, a.out)))
