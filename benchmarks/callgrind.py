@@ -174,6 +174,26 @@ def inclusive(path: Path) -> dict[int, int]:
     return out
 
 
-__all__ = ["Marks", "SLOTS", "run", "run_full", "inclusive", "python"]
+def trampoline_ns(n: int = 100_000, repeats: int = 3) -> float:
+    """CPU ns of one empty :meth:`Marks.slot` call outside valgrind (the least of ``repeats``
+    rounds of ``n``): with its instruction count (``calibrate``, printed by the
+    ``--instructions --components`` mode of ``bench_small_loop.py``), the rate at which this
+    machine runs Python-level code like optcheck's hooks, against the plain training
+    loop's (mostly torch kernels)."""
+    import time
+
+    marks, best = Marks(), float("inf")
+    for _ in range(repeats):
+        t = time.thread_time_ns()
+        for _ in range(n):
+            marks.slot(0, _nothing)
+        best = min(best, (time.thread_time_ns() - t) / n)
+    return best
+
+
+__all__ = ["Marks", "SLOTS", "run", "run_full", "inclusive", "python", "trampoline_ns"]
 if sysconfig.get_platform().startswith("win"):  # pragma: no cover - valgrind is Linux/macOS only
     raise ImportError("callgrind needs valgrind (Linux)")
+
+if __name__ == "__main__":  # python benchmarks/callgrind.py: one trampoline call's CPU time here
+    print(f"{trampoline_ns():.0f} ns CPU per empty slot call (1 thread; load {os.getloadavg()[0]:.2f})")
