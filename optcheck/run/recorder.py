@@ -31,6 +31,7 @@ from typing import Callable
 from optcheck.engine import RuleEngine
 from optcheck.errors import RecordError
 from optcheck.findings import Finding, lead_time, severity_rank
+from optcheck.record.check import MAX_INT
 from optcheck.record.summary import Summary, utc_now
 from optcheck.run import exitcodes
 from optcheck.run.checker import Checker
@@ -39,6 +40,16 @@ from optcheck.run.sequencer import Cost, cost_dict
 
 #: The rule that owns non-finite values (a NaN/inf loss in the metrics is its finding).
 NONFINITE_RULE = "OC501"
+
+
+def step_number(value) -> int | None:
+    """``value`` as an optimizer step number (an int, or a whole float, in 0..2**63-1,
+    :data:`optcheck.record.check.MAX_INT`), else None (bool, NaN, 2**63, a string)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    return value if isinstance(value, int) and 0 <= value <= MAX_INT else None
 
 
 class RunRecorder:
@@ -148,8 +159,12 @@ class RunRecorder:
 
     def reached(self, step: int) -> None:
         """The driver saw the run reach optimizer step ``step`` (steps without a loss or a
-        snapshot count too: ``last_step`` is the furthest step reported, recorded or checked)."""
-        self.summary.last_step = max(self.summary.last_step, step)
+        snapshot count too: ``last_step`` is the furthest step reported, recorded or checked).
+        A value that is no step number (not a whole number in 0..2**63-1: a damaged worker
+        message) is passed over, so the summary never holds what its readers refuse."""
+        step = step_number(step)
+        if step is not None:
+            self.summary.last_step = max(self.summary.last_step, step)
 
     def resume(self, *, step: int, snapshots: int, loss_first: float | None) -> None:
         """Count on from a resumed run's numbers (``optcheck.Monitor(state=...)``): its steps,
@@ -168,7 +183,7 @@ class RunRecorder:
         if sm.loss_first is None:
             sm.loss_first = losses[0]
         sm.loss_last = losses[-1]
-        sm.last_step = max(sm.last_step, steps[-1])
+        self.reached(steps[-1])
         if self._nonfinite_step is None:
             for s, v in zip(steps, losses):
                 if isinstance(v, float) and not math.isfinite(v):

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import SMALL, run_cli
@@ -89,6 +89,7 @@ def messages(draw):
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(st.lists(messages(), min_size=1, max_size=8))
+@example(msgs=[{"type": "stopped", "step": 2.0**63, "message": "x", "reason": "y", "exc_type": "E"}])  # found in CI
 def test_every_message_kind_with_non_finite_numbers_goes_through_the_supervisor(tmp_path_factory, msgs):
     """Each message is sent as the worker sends it (``optcheck.record.snapshot.dumps``: non-finite
     numbers as strings), read back by ``protocol.read_messages`` and handled by the

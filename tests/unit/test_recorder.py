@@ -127,3 +127,18 @@ def test_one_status_order_a_ranks_own_crash_outranks_the_launchers_stop_of_the_o
 def test_every_rank_interrupted_by_one_signal_is_the_jobs_interruption(tmp_path):
     s = _fold(tmp_path, *[{"status": "interrupted", "exit_code": 130, "last_step": 4, "interrupted_by": "SIGINT"}] * 2)
     assert (s["status"], s["exit_code"], s["interrupted_by"], s["crash"]) == ("interrupted", 130, "SIGINT", None)
+
+
+@pytest.mark.parametrize("bad", [2.0**63, 9.223372036854776e18, float("nan"), float("inf"), -3, True, "7", [1]])
+def test_a_step_number_out_of_range_never_reaches_the_summary(tmp_path, bad):
+    """A damaged worker message (hypothesis found a 'stopped' at step 9.22e18 = 2**63): the
+    recorder passes it over, so the summary it writes reads back (before: last_step
+    2**63 was written, and every reader refused the file as damaged)."""
+    rec = _rec(tmp_path / "run")
+    rec.metrics([1, 2], [2.0, 1.9], [0.1] * 2)
+    rec.reached(bad)
+    rec.reached(5.0)  # a whole float is a step
+    summary = rec.finish()
+    rec.close()
+    assert summary["last_step"] == 5 and isinstance(summary["last_step"], int)
+    assert read_summary(tmp_path / "run")["last_step"] == 5
