@@ -224,6 +224,7 @@ class Monitor:
                                         grad_check_every=0)  # gradients: before the step writes them (_pre_step)
             self.hazards.on_stop = self._on_stop
         self.grad_clear = GradClearProbe(optimizer, ledger=self._ledger, per_backward=True)  # told by before_backward
+        self.hazards.arrival_source = self.grad_clear  # one map of the gradients per backward pass, not two
         # the user's clip_grad_norm_ total (monitor_hooks): the NaN check's shortcut, and OC207's (grad_clear)
         self.clip_norm = ClipNorm(on_record=self.grad_clear.clipped)
         # steps taken inside backward (optimizer-in-backward, gradient release, LOMO): which pass was a step

@@ -95,6 +95,10 @@ class GradClearProbe:
         self.ledger = ledger if ledger is not None else DeviceLedger()
         self._per_backward = per_backward  # arrival from before/after_backward, no per-parameter hook
         self._gb: tuple | None = None  # (.grad of each parameter, their versions) before the pass under way
+        # indices (into the watched parameters) that got a gradient in the last pass, None when unknown
+        # (not per pass, or not told before it): the hazard probes' gradient arrival reads it (shared pass)
+        self.pass_arrived: list[int] | None = None
+        self.ids: tuple = ()  # id of each watched parameter, in order
         self._in_pass = False
         self._bypassed = False  # a gradient arrived outside a pass this probe was told of: arrival unknown
         self.events: list[dict] = []  # kinds first seen since the last drain()
@@ -128,6 +132,7 @@ class GradClearProbe:
             return
         start = len(self._params)
         self._params.extend(params)
+        self.ids = tuple(map(id, self._params))
         for i, p in enumerate(params, start):  # C-level: no Python frame per parameter per backward()
             if not self._per_backward:
                 self._handles.append(p.register_post_accumulate_grad_hook(functools.partial(operator.setitem,
@@ -161,12 +166,19 @@ class GradClearProbe:
                 self._pending = [p for p in self._pending if _uninitialized(p)]
                 self._add(ready)
 
+    @property
+    def per_pass(self) -> bool:
+        """Arrival is read around each backward pass (:meth:`before_backward` /
+        :meth:`after_backward`), and :attr:`pass_arrived` says which parameters got a gradient."""
+        return self._per_backward
+
     def before_backward(self) -> None:
         """Before an outermost backward pass (``per_backward``): each parameter's ``.grad``
         and its version counter."""
         if not self._per_backward:
             return
         self._in_pass = True
+        self.pass_arrived = None
         gb = list(map(_GRAD, self._params))
         self._gb = (gb, None if not any(map(operator.is_not, gb, repeat(None)))
                     else [g._version if g is not None else -1 for g in gb])
@@ -175,6 +187,7 @@ class GradClearProbe:
         """After it: the parameters whose ``.grad`` is new or was added to are fresh. Returns
         whether the pass reached any of them (a Monitor takes the pass's loss as its step's only
         then: another optimizer's loss is not this one's), None when it cannot tell."""
+        self.pass_arrived = None
         if not self._per_backward:
             return None
         self._in_pass = False
@@ -186,17 +199,16 @@ class GradClearProbe:
             self._bypassed = True
             return None
         gb, vb = before
-        fresh = self._fresh
-        reached = False
         if vb is None:  # no gradient before the pass (zero_grad(set_to_none=True)): those set now
-            for i in compress(range(len(ga)), map(operator.is_not, ga, repeat(None))):
-                fresh[i] = ps[i]
-                reached = True
-        else:
-            for i, a in enumerate(ga):
-                if a is not None and (a is not gb[i] or a._version != vb[i]):
-                    fresh[i] = ps[i]
-                    reached = True
+            new = list(compress(range(len(ga)), map(operator.is_not, ga, repeat(None))))
+        else:  # a new .grad tensor, or the same one added to (its version moved)
+            new = [i for i, a, b, v in zip(range(len(ga)), ga, gb, vb)
+                   if a is not None and (a is not b or a._version != v)]
+        fresh = self._fresh
+        for i in new:
+            fresh[i] = ps[i]
+        self.pass_arrived = new
+        reached = bool(new)
         if not ps:  # nothing watched (every member a DTensor, or lazy still): reached is unknown
             return None
         gs, gl = ga[self._small_i], ga[self._large_i]

@@ -236,11 +236,15 @@ class ClipNorm:
     def __init__(self, on_record=None):
         self.total: torch.Tensor | None = None
         self._ids: frozenset = frozenset()
+        self._params: list = []  # the parameters of the last record (their ids are _ids)
+        self._covered: tuple = (None, [], False)  # (_ids, the parameters covers() was last asked about, its answer)
         self.on_record = on_record  # f(ids of params, total) after each record (the gradient-flow probe's OC207)
 
     def record(self, params: list, total) -> None:
         if isinstance(total, torch.Tensor) and total.numel() == 1:
-            self.total, self._ids = total.detach(), frozenset(map(id, params))
+            if not probe.same_objects(params, self._params):  # (per step the same parameters: their id set is kept)
+                self._params, self._ids = params, frozenset(map(id, params))
+            self.total = total.detach()
         else:
             self.total = None
         if self.on_record is not None:
@@ -251,7 +255,14 @@ class ClipNorm:
         self.total = None
 
     def covers(self, params: list) -> bool:
-        return self.total is not None and self._ids.issuperset(map(id, params))  # (C-level: no frame per parameter)
+        """The last total stands for the gradients of every one of ``params`` (same objects)."""
+        if self.total is None:
+            return False
+        ids, asked, answer = self._covered
+        if ids is not self._ids or not probe.same_objects(params, asked):
+            answer = self._ids.issuperset(map(id, params))  # (C-level: no frame per parameter)
+            self._covered = (self._ids, params, answer)
+        return answer
 
 
 def _clip_watched(orig):

@@ -25,6 +25,7 @@ class NullHazards:
     def __init__(self, optimizer=None):
         self.optimizer = optimizer  # the watched optimizer (a Monitor updates it when the optimizer is swapped)
         self.on_stop = None  # HazardProbes calls it before raising StepStopped; nothing stops a step here
+        self.arrival_source = None  # HazardProbes reads a pass's gradient arrival from it; nothing here
 
     @property
     def not_checked(self) -> list[str]:

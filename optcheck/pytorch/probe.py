@@ -99,7 +99,7 @@ class _Layout:
 
     def update(self, params: list, members: list) -> None:
         """Remember ``params`` and ``members`` (when they are not the same objects as last time)."""
-        if _same(params, self.params) and _same(members, self.members):
+        if same_objects(params, self.params) and same_objects(members, self.members):
             return
         self.params, self.members = params, members
         self.key = (tuple(map(id, params)), tuple(map(id, members)))
@@ -108,7 +108,8 @@ class _Layout:
         self.outside = [p for p in members if id(p) not in ids]
 
 
-def _same(a: list, b: list) -> bool:
+def same_objects(a: list, b: list) -> bool:
+    """The same objects in the same order (C-level: one identity test per element, no hashing)."""
     return len(a) == len(b) and all(map(operator.is_, a, b))
 
 

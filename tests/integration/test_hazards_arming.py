@@ -51,11 +51,14 @@ class Net(nn.Module):
         return self.head(s)
 
 
-def loop(tmp_path, steps=60, bug=None, every=100, **kw):
-    """Returns (monitor, exception, findings from findings.jsonl)."""
+def loop(tmp_path, steps=60, bug=None, every=100, frozen=False, **kw):
+    """Returns (monitor, exception, findings from findings.jsonl). ``frozen``: the optimizer
+    also holds a parameter that never requires grad (a param group of its own)."""
     torch.manual_seed(0)
     model = Net()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    if frozen:
+        opt.add_param_group({"params": [nn.Parameter(torch.zeros(3), requires_grad=False)]})
     x, y = torch.randn(32, 8), torch.randn(32, 1)
     mon = optcheck.Monitor(model, opt, every=every, out=str(tmp_path / "run"), on_finding="ignore", **kw)
     exc = None
@@ -109,8 +112,15 @@ def test_always_arms_every_step_and_names_the_write_site(tmp_path):
     assert hz["mode"] == "always" and hz["armed_steps"] == hz["steps"] == BUG_AT - 1
 
 
-def test_a_partial_cut_from_an_unarmed_step_on_is_named_at_its_first_step(tmp_path):
-    mon, exc, found = loop(tmp_path, bug="cut")
+@pytest.mark.parametrize("frozen", [False, True], ids=["one-map-shared", "own-maps"])
+def test_a_partial_cut_from_an_unarmed_step_on_is_named_at_its_first_step(tmp_path, frozen):
+    """Which parameters got a gradient in each backward pass: read once per pass by the
+    gradient-flow probe and shared with the hazard probes when both watch the same parameters
+    (issue 34); with a frozen member in the optimizer the gradient-flow probe watches fewer,
+    and the hazard probes map the gradients themselves. The cut is named at the same step."""
+    mon, exc, found = loop(tmp_path, bug="cut", frozen=frozen)
+    members = tuple(id(p) for g in mon.optimizer.param_groups for p in g["params"])
+    assert (mon.grad_clear.ids == members) is not frozen
     assert exc is None
     cuts = [f for f in found if f["code"] == "OC203"]
     assert cuts and cuts[0]["step"] == BUG_AT, found

@@ -203,3 +203,22 @@ def test_a_pass_with_no_watched_parameter_is_told_as_unknown_not_an_error():
     opt.step()
     assert gp.drain() == [] and gp.arrival() == (set(), set())
     gp.remove()
+
+
+def test_the_clip_total_covers_the_parameters_it_was_taken_over_not_a_stale_answer():
+    """ClipNorm keeps the id set and the last ``covers`` answer while the same parameters come
+    (issue 34: no id set rebuilt per step); a parameter replaced since is not covered."""
+    from optcheck.pytorch.monitor_hooks import ClipNorm
+
+    a, b = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(3))
+    clip = ClipNorm()
+    clip.record([a, b], torch.tensor(1.0))
+    assert clip.covers([a, b]) and clip.covers([a, b]) and clip.covers([a])
+    new = torch.nn.Parameter(torch.ones(3))
+    assert not clip.covers([a, new])  # the layer replaced after the clip: its gradient is not in the total
+    clip.record([a, new], torch.tensor(2.0))
+    assert clip.covers([a, new]) and not clip.covers([a, b])
+    clip.clear()
+    assert not clip.covers([a, new])  # a backward pass since: the total is stale
+    clip.record([a, new], torch.tensor(float("nan")).expand(2))  # not one value: no total
+    assert not clip.covers([a, new])

@@ -33,6 +33,7 @@ import torch
 from optcheck.wording import describe_inplace
 
 MODES = ("auto", "always")
+_SHARED = ("shared",)  # _gb's mark: this pass's arrival is read from ``arrival_source``
 _GRAD = attrgetter("grad")
 _FORWARD = methodcaller("get", "forward")  # a forward replaced on the instance lives in its __dict__
 _top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
@@ -80,6 +81,9 @@ class ArmingPolicy:
         self._got_prev: frozenset | None = None  # ... of the previous step
         self._prev_saved: frozenset | None = None  # _got_prev before this step's end (a replay restores it)
         self._gb: tuple | None = None  # grads (and their versions) before the running backward
+        # a GradClearProbe (per pass) over the same parameters whose pass arrival is read instead of
+        # mapping the gradients a second time (set by optcheck.Monitor: one pass per backward, issue 34)
+        self.arrival_source = None
         self._ended = 0  # the last step whose gradient arrival was judged
         self._clean_sets: set[frozenset] = set()  # gradless sets an armed step found no cut for
         self._trigger: tuple | None = None  # (step, frozenset of ids): a gradless set waiting for an armed step
@@ -198,8 +202,14 @@ class ArmingPolicy:
         return self._arrival_ps
 
     def _before_backward_grads(self) -> None:
-        """Before a backward: each trainable parameter's ``.grad`` and its version counter."""
-        gb = list(map(_GRAD, self._arrival_params()))
+        """Before a backward: each trainable parameter's ``.grad`` and its version counter (or
+        nothing, when :attr:`arrival_source` watches the same parameters pass by pass)."""
+        ps = self._arrival_params()
+        src = self.arrival_source
+        if src is not None and src.per_pass and src.ids == self._arrival_ids:
+            self._gb = _SHARED
+            return
+        gb = list(map(_GRAD, ps))
         if not any(map(is_not, gb, repeat(None))):  # zero_grad(set_to_none=True): nothing to compare
             # (not gb.count(None): list.count compares with ==, and Tensor == None runs a torch op)
             self._gb = None
@@ -210,6 +220,16 @@ class ArmingPolicy:
         """After it: the parameters whose ``.grad`` is new or was added to (AccumulateGrad
         replaces a missing gradient or adds in place, which bumps the version)."""
         ps = self._arrival_params()
+        if self._gb is _SHARED:  # the gradient-flow probe's map of this pass (its parameters are these)
+            self._gb = None
+            arrived = self.arrival_source.pass_arrived
+            if arrived is not None and self.arrival_source.ids == self._arrival_ids:
+                ids = self._arrival_ids
+                self._got.update(map(ids.__getitem__, arrived))
+                return
+            # unknown to it (it was not told before the pass): those whose .grad is set now
+            self._got.update(compress(self._arrival_ids, map(is_not, map(_GRAD, ps), repeat(None))))
+            return
         ga = list(map(_GRAD, ps))
         if self._gb is None:  # C-level: the ids of the parameters whose .grad is set now
             self._got.update(compress(self._arrival_ids, map(is_not, ga, repeat(None))))
