@@ -23,8 +23,8 @@ worker loop's own cost measured inside one run of it (its ``train_block`` calls 
 what the worker adds around the trainer's blocks) plus the fingerprint and the call measured apart, against the
 same difference (``--in-process-only`` runs just these). By default the trainer is the TorchSharp STAND-IN
 (tests/dotnet/TestLoop.cs compiled with mcs: a ~1 ms step at its sizes here, no libtorch); the output says so.
-Real TorchSharp: ``--torchsharp FOLDER`` (a folder of TorchSharp.dll + libLibTorchSharp.so, e.g.
-``../shared/torchsharp-ref/0.107.0-torch2.13``: the worker built with mcs, libtorch from this Python's torch,
+Real TorchSharp: ``--torchsharp FOLDER`` (a folder of TorchSharp.dll + libLibTorchSharp.so, docs/torchsharp.md
+"Making such a folder": the worker built with mcs, libtorch from this Python's torch,
 docs/torchsharp.md "Real TorchSharp here"), ``--torchsharp 0.107.0`` (builds the worker with the .NET SDK) or
 ``--dotnet-assembly DLL --dotnet-trainer TYPE``.
 
