@@ -336,13 +336,12 @@ def _handle(msg: dict, st: _State, rec: RunRecorder, bar: Progress) -> str | Non
     elif kind == "stopped":
         st.hazards = msg.get("hazards")
         st.stopped = {k: v for k, v in msg.items() if k not in ("type", "hazards")}
-        rec.reached(msg.get("step") or 0)
+        rec.reached(msg.get("step"))
         rec.event({"kind": "stopped", **st.stopped})
     elif kind == "done":
         st.done = msg
         st.hazards = msg.get("hazards")
-        if isinstance(msg.get("step"), int):
-            rec.reached(msg["step"])
+        rec.reached(msg.get("step"))
         bar.update(rec.summary.last_step, rec.summary.loss_last, len(rec.findings))
     elif kind == "garbled":
         st.garbled += 1

@@ -137,9 +137,7 @@ class RunRecorder:
         ``cost_s``: what taking it cost (seconds, a finite number >= 0), for ``cost.snapshots``."""
         sm = self.summary
         sm.snapshots += 1
-        step = snap.get("step")
-        if isinstance(step, int) and not isinstance(step, bool):
-            sm.last_step = max(sm.last_step, step)
+        self.reached(snap.get("step"))
         rss = (snap.get("memory") or {}).get("rss_bytes") if isinstance(snap.get("memory"), dict) else None
         if isinstance(rss, (int, float)) and not isinstance(rss, bool) and math.isfinite(rss):
             sm.peak_rss_bytes = max(sm.peak_rss_bytes or 0, int(rss))
