@@ -142,3 +142,26 @@ def test_a_step_number_out_of_range_never_reaches_the_summary(tmp_path, bad):
     rec.close()
     assert summary["last_step"] == 5 and isinstance(summary["last_step"], int)
     assert read_summary(tmp_path / "run")["last_step"] == 5
+
+
+def test_a_fold_racing_another_ranks_fold_writes_the_summary(tmp_path, monkeypatch):
+    """Two ranks fold OUT/summary.json in turn (rank 0 at its close, a later rank after it):
+    one's write can fail while the other replaces the file, and the reserve is already gone.
+    Seen in a full run: FileNotFoundError on the reserve out of rank 0's close (exit 1). Now
+    the fold writes again."""
+    from optcheck.errors import RecordError
+    from optcheck.run import rundir
+
+    real, calls = rundir.write_summary, []
+
+    def racing(path, summary):
+        calls.append(path)
+        if len(calls) == 1:  # the other rank's rename took our temporary file away
+            raise RecordError(path, FileNotFoundError(2, "No such file or directory"))
+        return real(path, summary)
+
+    monkeypatch.setattr(rundir, "write_summary", racing)
+    s = _fold(tmp_path, {"status": "clean", "exit_code": 0, "last_step": 5},
+              {"status": "clean", "exit_code": 0, "last_step": 5})
+    assert not (tmp_path / rundir.RESERVE_NAME).exists() and len(calls) == 2
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == s["status"] == "clean"
