@@ -173,8 +173,11 @@ class GradClearProbe:
         return self._per_backward
 
     def before_backward(self) -> None:
-        """Before an outermost backward pass (``per_backward``): each parameter's ``.grad``
-        and its version counter."""
+        """Before an outermost backward pass: the lazy parameters materialised since are adopted
+        (:meth:`adopt_materialized`); with ``per_backward``, each parameter's ``.grad`` and its
+        version counter."""
+        if self._pending:  # lazy modules materialise in their first forward: adopt them first
+            self.adopt_materialized()
         if not self._per_backward:
             return
         self._in_pass = True
@@ -268,7 +271,8 @@ class GradClearProbe:
     def _before_step(self, optimizer, args, kwargs) -> None:
         if self._in_bwd:
             return
-        self.adopt_materialized()
+        if self._pending:
+            self.adopt_materialized()
         if not self._fresh or self._bypassed:
             return
         # (torch's step wrapper hands the hooks step's whole args: the optimizer, then the closure)

@@ -172,13 +172,6 @@ def backward_loss(roots: list[torch.Tensor], grads=None) -> torch.Tensor | None:
     return terms[0] if len(roots) == 1 else torch.stack([t.float().reshape(()) for t in terms]).sum()
 
 
-def _grad_tensors(key: str, tensors, args: tuple, kwargs: dict):
-    """The ``grad_tensors`` (``torch.autograd.backward``) or ``gradient`` (``Tensor.backward``)
-    argument of a call, as given (None when absent)."""
-    name = "gradient" if key == "tensor" else "grad_tensors"
-    return args[0] if args else kwargs.get(name)
-
-
 def _watched(key: str):
     """A wrapper of ``torch.Tensor.backward`` (key "tensor") or ``torch.autograd.backward``
     ("autograd") that tells every open :class:`BackwardListener` before and after (newest
@@ -186,13 +179,18 @@ def _watched(key: str):
     others from being told; the first exception raised goes on to the user."""
 
     def backward(tensors, *args, **kwargs):
-        listeners = _ACTIVE[::-1] if _ACTIVE and not _IN_BACKWARD else ()  # a copy: a listener may close inside
-        roots = backward_roots(tensors) if listeners else []
+        if not _ACTIVE or _IN_BACKWARD:
+            return _ORIG[key](tensors, *args, **kwargs)
+        listeners = _ACTIVE[::-1]  # a copy: a listener may close inside
+        roots = [tensors] if isinstance(tensors, torch.Tensor) else backward_roots(tensors)
         if not roots:
             return _ORIG[key](tensors, *args, **kwargs)
-        grads = _grad_tensors(key, tensors, args, kwargs)
+        # the grad_tensors (torch.autograd.backward) or gradient (Tensor.backward) argument, as given
+        grads = args[0] if args else kwargs.get("gradient" if key == "tensor" else "grad_tensors")
+        one = listeners[0] if len(listeners) == 1 else None  # one Monitor, the common case: told directly
         try:
-            _tell(listeners, "before_backward", roots, grads)
+            one.before_backward(roots, grads) if one is not None else _tell(listeners, "before_backward", roots,
+                                                                            grads)
         except BaseException:
             _tell(listeners, "backward_ended")
             raise
@@ -204,8 +202,8 @@ def _watched(key: str):
             raise
         finally:
             _IN_BACKWARD.pop()
-            _tell(listeners, "backward_ended")
-        _tell(listeners, "after_backward")
+            one.backward_ended() if one is not None else _tell(listeners, "backward_ended")
+        one.after_backward() if one is not None else _tell(listeners, "after_backward")
         return out
 
     return backward

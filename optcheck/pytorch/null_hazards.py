@@ -10,6 +10,11 @@ from __future__ import annotations
 import contextlib
 
 
+#: what :meth:`NullHazards.step_context` returns: one shared ``contextlib.nullcontext()`` (a caller
+#: may skip entering it: ``optcheck.Monitor`` does, once per training step)
+NO_CONTEXT = contextlib.nullcontext()
+
+
 class NullHazards:
     """Hazard probes switched off: every hook does nothing.
 
@@ -32,7 +37,7 @@ class NullHazards:
         return []
 
     def step_context(self, step: int):
-        return contextlib.nullcontext()
+        return NO_CONTEXT
 
     def check_loss(self, loss, step: int) -> None:
         pass

@@ -114,7 +114,7 @@ class _Following:
 
     @property
     def stepping(self) -> bool:
-        return self.watch.stepping
+        return self.watch._stepping is not None  # (the watch's stepping, one frame less: read every backward)
 
     def remove(self) -> None:
         self.watch._unfollow(self.on_switch)
@@ -288,7 +288,7 @@ class StepWatch:
 
     def _own_pre(self, opt, args, kwargs) -> None:
         caller = sys._getframe(1)
-        if self._nested(opt, caller):
+        if self._frame is not None and self._nested(opt, caller):
             return
         if _graph_task_id() != -1:  # from a gradient hook: a per-parameter step in backward
             if not self._global:  # (else the global hook, run before this one, told them)

@@ -162,10 +162,8 @@ class ModeSlot:
     def __init__(self, mode: WriteWatch):
         self.mode = mode
         self._thread = None
-
-    @property
-    def on(self) -> bool:
-        return self._thread is not None
+        #: the mode is in this slot (an attribute, not a property: read by every probe hook, issue 34)
+        self.on = False
 
     def push(self) -> None:
         if self._thread is not None:
@@ -177,6 +175,7 @@ class ModeSlot:
         for m in modes[:k] + [self.mode] + modes[k:]:
             _push(m)
         self._thread = threading.get_ident()
+        self.on = True
 
     def pop(self) -> bool:
         """Take the mode out (True), or leave it for a later call when called from another
@@ -197,6 +196,7 @@ class ModeSlot:
             for m in [m for m in _take_all() if m is not self.mode]:
                 _push(m)
         self._thread = None
+        self.on = False
 
 
 def _take_all() -> list:
