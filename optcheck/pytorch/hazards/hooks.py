@@ -16,6 +16,7 @@ import torch
 from optcheck.pytorch.hazards._tensors import (_VERSION, _clean, _float_outputs, _float_tensors, _grad_fns, _ptr,
                                                _storage_ptr, _tensors)
 from optcheck.pytorch.hazards.arming import MODES, ArmingPolicy, _hooks_owner
+from optcheck.pytorch.hazards.compiled import EntryHook, compiled_modules, is_compile_wrapper
 from optcheck.pytorch.hazards.graph_cut import GraphCutProbe
 from optcheck.pytorch.hazards.inplace import InplaceProbe, _is_recompute_pack, _top_hooks, graph_task_id
 from optcheck.pytorch.hazards.nonfinite import NonfiniteProbe
@@ -70,10 +71,14 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         if mode not in MODES:
             raise ValueError(f"hazard probe mode must be one of {MODES}, got {mode!r}")
         self.model, self.optimizer = model, optimizer
-        # module hooks installed (armed); unarmed steps have none, except under torch.compile: Dynamo guards on
-        # a module's hooks (adding or removing them recompiles), and inside the compiled forward they do nothing
-        self._hooks_on = mode == "always" or compiled
-        self.compiled = compiled
+        # module hooks installed (armed); unarmed steps have none. Never on a module that runs under
+        # torch.compile (compiled.py): Dynamo would trace them (it keeps no guard on hooks: no recompile)
+        self._hooks_on = mode == "always"
+        self.compiled = compiled  # some module of the model runs under torch.compile (sticky)
+        self._root_compiled = compiled  # the model's call is a compiled region's entry (compiled.py)
+        self._compiled_ids: set[int] = set()  # ids of the modules that run under Dynamo (never hooked)
+        self._hooked_dicts: list[dict] = []  # the hooked modules' __dict__ (compiled in place since? compiled.py)
+        self._entry_pre, self._entry_post = EntryHook(self, "_pre"), EntryHook(self, "_post")  # the model's own
         self.allow_inplace = allow_inplace
         self.grad_check_every = grad_check_every
         self.ledger = ledger if ledger is not None else DeviceLedger()
@@ -138,6 +143,8 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
             self._nchild[id(m)] = len(m._modules)
             mods.setdefault(id(m), m)
         self._mods = {k: weakref.ref(m) for k, m in mods.items()}
+        self._compiled_ids = compiled_modules(self.model, self._root_compiled)
+        self.compiled = self.compiled or bool(self._compiled_ids)
         self._mod_dicts = [m.__dict__ for m in mods.values()]
         self._mod_children = [m._modules for m in mods.values()]
         self._struct = self._structure()
@@ -152,7 +159,13 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
 
     def _registered(self, module, name, submodule):
         """Global module-registration hook: a sub-module was assigned to a watched module
-        (or a watched module was put into a new one)."""
+        (or a watched module was put into a new one). ``torch.compile(model)`` puts the model
+        into an ``OptimizedModule``: from now on its call is a compiled region's entry, and
+        every module hook comes off before it is first called (``compiled.py``)."""
+        if submodule is self.model and is_compile_wrapper(module):
+            self._root_compiled = True
+            self._scan()
+            return None
         if id(module) in self._names or (submodule is not None and id(submodule) in self._names):
             self._dirty = True
             self._arm_now()
@@ -225,13 +238,12 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
     @unmoded
     def _pre(self, module, args):
         if torch.compiler.is_compiling():
-            # under torch.compile the hooks are traced: returning at once keeps them out of the graph
-            # (no graph break, no guard on optcheck's state); see docs/hazards.md. The model is compiled
-            # although the Monitor was given the plain module (nanoGPT: Monitor, then torch.compile):
-            # keep the module hooks from now on, as for a compiled model (removing them recompiles)
+            # traced by Dynamo: a module compiled in a way the probes did not see (compiled.py takes the hooks
+            # off every module it knows runs under Dynamo). Returning at once keeps it out of the graph (no
+            # graph break, no guard on optcheck's state); see docs/hazards.md
             self.compiled = True
             return None
-        if not self._active:
+        if not self._active or id(module) in self._compiled_ids:  # (the model's own: compiled since, _log_pass)
             return None
         if self._dirty:
             self._scan()
@@ -283,7 +295,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
 
     @unmoded
     def _post(self, module, args, out):
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or id(module) in self._compiled_ids:
             return None
         if self._bw_pushed and self._bw_pushed[-1] is module:
             self._bw_pushed.pop()
