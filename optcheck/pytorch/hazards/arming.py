@@ -175,7 +175,7 @@ class ArmingPolicy:
 
     def _leave_compiled(self, frame) -> None:
         """Armed, at the start of the model's call (its first hook, an :class:`EntryHook` run
-        outside Dynamo; ``frame``: the hook's caller): when the call enters a compiled region
+        outside Dynamo; ``frame``: its frame): when the call enters a compiled region
         (``torch.compile(model)`` made before the Monitor, ``model.compile()``), or a hooked
         sub-module was compiled in place or a module assigned since the last scan, re-scan:
         every hook of a module that runs under Dynamo comes off before the compiled frame is
@@ -186,6 +186,7 @@ class ArmingPolicy:
             self._scan()
 
     def _set_armed(self, on: bool) -> None:
+        on = on or self._hook_traced  # (Dynamo may guard on the hooks it traced: adding or removing them recompiles)
         if on and self._dirty:
             self._hooks_on = True
             self._scan()

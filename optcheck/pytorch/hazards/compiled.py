@@ -82,37 +82,64 @@ def any_compiled_in_place(module_dicts) -> bool:
 
 
 def called_from_compiled(frame) -> bool:
-    """Whether the module call that ``frame`` (the caller of an :class:`EntryHook`: its
-    ``torch.compiler.disable`` wrapper) belongs to runs as a compiled region's entry: above it,
-    past ``Module._call_impl`` / ``_wrapped_call_impl``, a Dynamo wrapper's frame
-    (``OptimizedModule.forward``, ``Module.compile``'s ``_compiled_call_impl``). Reads at most
-    six frames' file names; False when the frames are laid out otherwise (another torch)."""
-    f = frame.f_back if frame is not None else None
-    for _ in range(6):
-        if f is None:
-            return False
+    """Whether the module call an :class:`EntryHook` runs in (``frame``: the hook's own frame)
+    is a compiled region's entry: above ``Module._call_impl`` / ``_wrapped_call_impl``, the frame
+    of a Dynamo wrapper (``OptimizedModule.forward``, ``Module.compile``'s
+    ``_compiled_call_impl``). Reads at most a dozen frames' file names; False when the frames
+    are laid out otherwise (another torch)."""
+    f, n = frame, 0
+    while f is not None and f.f_code.co_filename != _MODULE and n < 6:  # up to Module._call_impl
+        f, n = f.f_back, n + 1
+    while f is not None and n < 12:
         name = f.f_code.co_filename
         if name == _EVAL_FRAME:
             return True
         if name != _MODULE:
             return False
-        f = f.f_back
+        f, n = f.f_back, n + 1
     return False
 
 
-class EntryHook(functools.partial):
-    """A module hook that Dynamo never traces: ``torch.compiler.disable(owner.name)``, called
-    through ``functools.partial``'s C-level ``__call__`` (no Python frame of optcheck's
-    for Dynamo's frame callback to compile). ``torch.save(model)`` pickles it as
-    ``getattr(owner, name)`` (the owner decides what it unpickles as: the probes unpickle
-    as no-ops), and ``copy.deepcopy(model)`` keeps it (the owner ignores modules it was not
-    built for).
+def _call_hook(hook, *args, **kwargs):
+    return hook(*args, **kwargs)
 
-    Only for hooks of a module whose call may be the entry of a compiled region (the watched
-    model): inside a compiled region a disabled function is a graph break."""
+
+def _no_hook(hook, *args, **kwargs):
+    """What Dynamo traces in place of an :class:`EntryHook` it inlines: nothing."""
+    return None
+
+
+def _call_hook_unless_compiling(hook, *args, **kwargs):
+    """(torch without ``torch.compiler.substitute_in_graph``: a no-op when traced, as before)"""
+    if torch.compiler.is_compiling():
+        return None
+    return hook(*args, **kwargs)
+
+
+if hasattr(torch.compiler, "substitute_in_graph"):  # torch >= 2.5
+    #: run outside Dynamo when called as a frame; traced as :func:`_no_hook` when inlined
+    _ENTRY = torch.compiler.substitute_in_graph(torch.compiler.disable(_call_hook),
+                                                skip_signature_check=True)(_no_hook)
+else:  # pragma: no cover - torch < 2.5: traced as a no-op both ways (one frame per hook under compile)
+    _ENTRY = _call_hook_unless_compiling
+
+
+class EntryHook(functools.partial):
+    """A module hook for the watched model itself, whose call may be a compiled region's entry.
+
+    Called eagerly (or as the entry of a compiled region: ``torch.compile(model)``,
+    ``model.compile()``), it runs ``owner.name`` with Dynamo's frame callback off
+    (``torch.compiler.disable``), so Dynamo compiles no frame of optcheck's. Inlined into a
+    graph (the model called from a compiled function, or a ``torch.nn`` container compiled
+    whole), Dynamo traces :func:`_no_hook` in its place (``torch.compiler.substitute_in_graph``):
+    no graph break, no guard, and the hook does not run. The call goes through
+    ``functools.partial``'s C-level ``__call__`` (no Python frame of optcheck's for the frame
+    callback). ``torch.save(model)`` pickles it as ``getattr(owner, name)`` (the probes unpickle
+    as no-ops), and ``copy.deepcopy(model)`` keeps it (the owner ignores modules it was not
+    built for)."""
 
     def __new__(cls, owner: object, name: str):
-        self = super().__new__(cls, torch.compiler.disable(getattr(owner, name)))
+        self = super().__new__(cls, _ENTRY, getattr(owner, name))
         self.owner, self.name = owner, name
         return self
 

@@ -77,6 +77,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self.compiled = compiled  # some module of the model runs under torch.compile (sticky)
         self._root_compiled = compiled  # the model's call is a compiled region's entry (compiled.py)
         self._compiled_ids: set[int] = set()  # ids of the modules that run under Dynamo (never hooked)
+        self._hook_traced = False  # a module hook was traced all the same (_pre): the hooks stay as they are
         self._hooked_dicts: list[dict] = []  # the hooked modules' __dict__ (compiled in place since? compiled.py)
         self._entry_pre, self._entry_post = EntryHook(self, "_pre"), EntryHook(self, "_post")  # the model's own
         self.allow_inplace = allow_inplace
@@ -240,8 +241,9 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         if torch.compiler.is_compiling():
             # traced by Dynamo: a module compiled in a way the probes did not see (compiled.py takes the hooks
             # off every module it knows runs under Dynamo). Returning at once keeps it out of the graph (no
-            # graph break, no guard on optcheck's state); see docs/hazards.md
-            self.compiled = True
+            # graph break, no guard on optcheck's state); see docs/hazards.md. Dynamo may guard on the hooks
+            # there (a model called from a compiled function): keep them as they are from now on
+            self.compiled = self._hook_traced = True
             return None
         if not self._active or id(module) in self._compiled_ids:  # (the model's own: compiled since, _log_pass)
             return None
@@ -252,7 +254,9 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
             return None
         if self._pending is not None:
             self._raise_pending(_tensors(args))
-        if graph_task_id() == -1:
+        if self.compiled:
+            pass  # never the mode while a module runs compiled: Dynamo would trace it (docs/hazards.md)
+        elif graph_task_id() == -1:
             if not self._slot.on:
                 self._slot.push()  # the first eager module call of an armed step (see __init__)
         elif not self._bw_slot.on:

@@ -48,7 +48,7 @@ class ForwardReplay:
         if module is not self.model:
             return None  # (a deepcopy of the model copies this hook: its calls are not the model's)
         if self._hooks_on:  # armed: the module hooks come off the modules that run compiled (arming.py)
-            self._leave_compiled(sys._getframe(1))
+            self._leave_compiled(sys._getframe())
         if self.compiled or self._replaying:
             return None
         passes = self._passes
