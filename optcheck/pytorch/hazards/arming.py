@@ -124,7 +124,7 @@ class ArmingPolicy:
         self._hook_modules()  # the modules there now; the new one at the first forward (_dirty)
         self._reset_step()
         self._active = self._fresh = True
-        self._late = torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack)
+        self._late = torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack_hook)
         self._late.__enter__()
 
     def _disarm_late(self) -> None:

@@ -103,6 +103,10 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self.faults: list[str] = []  # optcheck's own errors inside the step (reported in not_checked)
         self._replaying = False  # the armed re-run of an unarmed step's forward (replay.py)
         self._init_replay()
+        # the saved-tensor hooks: one bound method each, the innermost hook is ours when it is this object;
+        # the torch.compiler.disable'd pair once a module runs compiled (_saved_hooks_outside)
+        self._pack_plain = self._pack_hook = self._pack
+        self._unpack_hook = self._unpack
         self.rescans = 0
         self._scan()
         # a sub-module assigned later (``ff[1] = Gate()``, ``m.blocks = Wrapper(m.blocks)``) marks the
@@ -112,7 +116,6 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._handles.append(torch.nn.modules.module.register_module_module_registration_hook(self._registered))
         self._handles += step_hooks.register(optimizer, self._before_step, self._after_step)  # once per outer step()
         self._internal_code: dict[Any, bool] = {}
-        self._pack_hook = self._pack  # one bound method: the innermost hook is ours when it is this object
         self._trainable_key: tuple | None = None
         self._trainable_all: list[tuple[str, torch.Tensor]] = []
         self._install_warning_hook()
@@ -146,6 +149,8 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._mods = {k: weakref.ref(m) for k, m in mods.items()}
         self._compiled_ids = compiled_modules(self.model, self._root_compiled)
         self.compiled = self.compiled or bool(self._compiled_ids)
+        if self.compiled:
+            self._saved_hooks_outside()
         self._mod_dicts = [m.__dict__ for m in mods.values()]
         self._mod_children = [m._modules for m in mods.values()]
         self._struct = self._structure()
@@ -157,6 +162,21 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
             self._param_names.setdefault(id(p), _clean(name))
         self._dirty = False
         self.rescans += 1
+
+    def _saved_hooks_outside(self) -> None:
+        """A module runs compiled: the saved-tensor hooks from now on are ``torch.compiler.disable``'d.
+        Autograd calls them from C++ inside the compiled call, where Dynamo's frame callback is on
+        and would compile them (a ``torch.nn`` layer compiled in place: its own frames are skipped,
+        the first frame it meets is ours). This step's pair, when it is the innermost, is swapped."""
+        if self._pack_hook is not self._pack_plain:
+            return
+        pack, unpack = torch.compiler.disable(self._pack), torch.compiler.disable(self._unpack)
+        pack.optcheck = True  # (ours: not someone else's hooks, arming.py)
+        self._pack_hook, self._unpack_hook = pack, unpack
+        top = _top_hooks(False)
+        if top is not None and top[0] is self._pack_plain:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+            torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
 
     def _registered(self, module, name, submodule):
         """Global module-registration hook: a sub-module was assigned to a watched module
@@ -221,7 +241,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._in_ctx = True
         if not self.armed:  # no hook: PyTorch's own version check is on (backward_failed reads its error)
             return None
-        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack)
+        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack_hook)
         try:
             hooks.__enter__()
         except BaseException:
@@ -270,7 +290,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
             self._scan()
             name = self._names.get(id(module), name)
         top = _top_hooks(False)
-        if top is not None and top[0] is not self._pack_hook:
+        if top is not None and top[0] is not self._pack_hook and top[0] is not self._pack_plain:
             if _is_recompute_pack(top[0]):
                 self._stay_armed("checkpoint (non-reentrant)")  # PyTorch checks no version in its recompute
                 self._compose(module, *top)

@@ -78,7 +78,7 @@ class ForwardReplay:
                 self._hook_modules()
                 self._reset_step()
                 self.armed, self._active = True, True
-                with torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack):
+                with torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack_hook):
                     for args, kwargs, grad in passes:
                         with torch.set_grad_enabled(grad):
                             model(*args, **kwargs)
