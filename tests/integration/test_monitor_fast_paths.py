@@ -191,4 +191,5 @@ def test_dynamo_traces_and_recompiles_none_of_optcheck_under_torch_compile(witho
     assert mon.findings == [] and mon.step_count == 14
     if hazards == "auto":  # armed on the first step and after snapshots: the toggling costs no frame
         assert mon.summary()["hazards"]["armed_steps"] >= 4
-    assert any("OC203" in s for s in mon.summary()["not_checked"])  # what the probes do not see, said
+    if hazards:
+        assert any("OC203" in s for s in mon.summary()["not_checked"])  # what the probes do not see, said
