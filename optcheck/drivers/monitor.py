@@ -82,7 +82,7 @@ from optcheck.pytorch.null_hazards import NullHazards
 from optcheck.pytorch.unwrap import unwrap_model, unwrap_optimizer
 from optcheck.run.recorder import RunRecorder
 from optcheck.rules import RuleConfig
-from optcheck.run.sequencer import Sequencer, StepCost, timed_hook
+from optcheck.run.sequencer import Sequencer, StepCost
 from optcheck.record.summary import Summary, utc_now
 from optcheck.suppress import resolve
 from optcheck.userframe import user_stacklevel
@@ -461,8 +461,7 @@ class Monitor:
     # -- what optcheck's own hooks call (the BackwardListener of optcheck/pytorch/monitor_hooks.py and the
     #    RunEnd of optcheck/drivers/monitor_end.py): public so no module reaches into the Monitor's privates;
     #    a training loop has no reason to call them
-    @guarded(FindingError, StepStopped)
-    @timed_hook()
+    @guarded(FindingError, StepStopped, timed=True)
     def before_backward(self, roots: list[torch.Tensor], grads=None) -> None:
         """Before a backward pass from ``roots`` (one tensor, or the tensors of
         ``torch.autograd.backward([l1, l2], grad_tensors)``): the hazard checks on each;
@@ -485,8 +484,7 @@ class Monitor:
         if loss is not None:
             self._loss = loss
 
-    @guarded(FindingError, StepStopped)
-    @timed_hook()
+    @guarded(FindingError, StepStopped, timed=True)
     def after_backward(self) -> None:
         """After a backward pass that returned: its gradients are written. With several Monitors
         open, a pass that reached none of the watched parameters (another Monitor's model) leaves
@@ -570,8 +568,7 @@ class Monitor:
             self._signals.restore()
             self._signals = None
 
-    @guarded(FindingError, StepStopped)
-    @timed_hook()
+    @guarded(FindingError, StepStopped, timed=True)
     def _pre_step(self, optimizer, args, kwargs) -> None:
         self.hazards.check_grads_before_step(self.step_count + 1, kwargs, self.clip_norm)
         self.seq.pre_step(self.step_count + 1)
@@ -606,8 +603,7 @@ class Monitor:
         self._step_done()
         self.on_step_end(self.step_count)
 
-    @guarded(FindingError, StepStopped)
-    @timed_hook(step_end=True)
+    @guarded(FindingError, StepStopped, timed=True, step_end=True)
     def _step_done(self) -> None:
         self._end_step()
 

@@ -204,9 +204,7 @@ class GradClearProbe:
         else:  # a new .grad tensor, or the same one added to (its version moved)
             new = [i for i, a, b, v in zip(range(len(ga)), ga, gb, vb)
                    if a is not None and (a is not b or a._version != v)]
-        fresh = self._fresh
-        for i in new:
-            fresh[i] = ps[i]
+        self._fresh.update(zip(new, map(ps.__getitem__, new)))  # (C-level: no frame per parameter)
         self.pass_arrived = new
         reached = bool(new)
         if not ps:  # nothing watched (every member a DTensor, or lazy still): reached is unknown
@@ -274,7 +272,7 @@ class GradClearProbe:
         if not self._fresh or self._bypassed:
             return
         # (torch's step wrapper hands the hooks step's whole args: the optimizer, then the closure)
-        if any(callable(a) for a in args or ()) or callable((kwargs or {}).get("closure")):
+        if any(map(callable, args or ())) or callable((kwargs or {}).get("closure")):
             # step(closure): the step's gradients arrive inside it, from the closure's backward (a
             # wrapper such as heavyball's SAMWrapper zeroes them before calling it); what .grad
             # holds now says nothing about what the step will write

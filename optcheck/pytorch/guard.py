@@ -21,8 +21,10 @@ import logging
 import os
 import signal
 import sys
+import time
 
 log = logging.getLogger("optcheck")
+_now_ns = time.perf_counter_ns
 
 
 class Notes(list):
@@ -100,30 +102,57 @@ def _torch_dirs() -> tuple:
 RAISE_INTERNAL_ENV = "OPTCHECK_RAISE_INTERNAL"
 
 
-def guarded(*passing: type[BaseException]):
+def guarded(*passing: type[BaseException], timed: bool = False, step_end: bool = False):
     """Decorator for a Monitor hook method (``self.notes``: :class:`Notes`): exceptions
     other than ``passing`` become a note (``"<hook> raised <type>: <message>; ..."``,
     once per hook and exception type) and the hook returns None. With
-    ``OPTCHECK_RAISE_INTERNAL=1`` (:data:`RAISE_INTERNAL_ENV`) they are raised."""
+    ``OPTCHECK_RAISE_INTERNAL=1`` (:data:`RAISE_INTERNAL_ENV`) they are raised.
+
+    ``timed``: the hook's time in nanoseconds (``time.perf_counter_ns``), less what it spent
+    taking snapshots (``self.seq.busy_ns``, ``optcheck.run.sequencer.Sequencer.take``), is
+    added to ``self.step_cost.ns`` (``optcheck.run.sequencer.StepCost``: the summary's
+    ``cost.steps``), even when the hook raises; ``step_end`` also counts a step there. In
+    the same frame as the guard: a per-step hook costs one Python call of optcheck's, not two."""
 
     def deco(fn):
+        def note(self, e: Exception) -> None:
+            if raised_by_signal_handler(e):  # the process is being stopped, not optcheck failing
+                raise e
+            if os.environ.get(RAISE_INTERNAL_ENV) == "1":  # optcheck's own tests: never hidden
+                raise e
+            first = str(e).splitlines()[0][:200] if str(e) else ""
+            self.notes.add(f"internal error in {fn.__name__.lstrip('_')} ({type(e).__name__}: {first}); "
+                           f"the step went on unchecked there", logging.WARNING, exc_info=e,
+                           key=(fn.__name__, type(e)))
+
+        if not timed:
+            @functools.wraps(fn)
+            def hook(self, *args, **kwargs):
+                try:
+                    return fn(self, *args, **kwargs)
+                except passing:
+                    raise
+                except Exception as e:  # noqa: BLE001 - optcheck's own failure is not the user's
+                    note(self, e)
+                    return None
+
+            return hook
+
         @functools.wraps(fn)
-        def hook(self, *args, **kwargs):
+        def timed_hook(self, *args, **kwargs):
+            t0, busy = _now_ns(), self.seq.busy_ns
             try:
                 return fn(self, *args, **kwargs)
             except passing:
                 raise
             except Exception as e:  # noqa: BLE001 - optcheck's own failure is not the user's
-                if raised_by_signal_handler(e):  # the process is being stopped, not optcheck failing
-                    raise
-                if os.environ.get(RAISE_INTERNAL_ENV) == "1":  # optcheck's own tests: never hidden
-                    raise
-                first = str(e).splitlines()[0][:200] if str(e) else ""
-                self.notes.add(f"internal error in {fn.__name__.lstrip('_')} ({type(e).__name__}: {first}); "
-                               f"the step went on unchecked there", logging.WARNING, exc_info=e,
-                               key=(fn.__name__, type(e)))
+                note(self, e)
                 return None
+            finally:
+                cost = self.step_cost
+                cost.ns += _now_ns() - t0 - (self.seq.busy_ns - busy)
+                cost.steps += step_end
 
-        return hook
+        return timed_hook
 
     return deco

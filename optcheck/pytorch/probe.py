@@ -121,6 +121,7 @@ torch.nn.modules.module.register_module_parameter_registration_hook(_registered)
 torch.nn.modules.module.register_module_module_registration_hook(_registered)
 _LAYOUTS: "weakref.WeakKeyDictionary[torch.nn.Module, _Layout]" = weakref.WeakKeyDictionary()
 _data_ptr = torch.Tensor.data_ptr
+_PARAMS = operator.itemgetter("params")
 
 
 def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple:
@@ -135,7 +136,7 @@ def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tup
     if layout is None or not layout.current():
         layout = _LAYOUTS[model] = _Layout(model)
     layout.update(list(chain.from_iterable(map(dict.values, layout.dicts))),
-                  [p for g in optimizer.param_groups for p in g["params"]])
+                  list(chain.from_iterable(map(_PARAMS, optimizer.param_groups))))
     try:
         return layout.key, tuple(map(_data_ptr, layout.tensors)), tuple(map(_data_ptr, layout.outside))
     except Exception as caught:  # noqa: BLE001 - a lazy module's UninitializedParameter (no data yet): 0

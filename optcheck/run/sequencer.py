@@ -29,7 +29,6 @@ work per step outside snapshots in :class:`StepCost`; both land in
 from __future__ import annotations
 
 import contextlib
-import functools
 import statistics
 import time
 from typing import Any, Callable, Protocol
@@ -152,28 +151,6 @@ class StepTimer:
         self.cost.ns += (self._t1 - self._t0) + (now - self._te) - (self.seq.busy_ns - self._busy)
         self.cost.steps += step - first + 1
         self.blocks.tick(step)
-
-
-def timed_hook(step_end: bool = False):
-    """Decorator for a driver's per-step hook method (``self.step_cost``: a
-    :class:`StepCost`; ``self.seq``: its :class:`Sequencer`): adds the method's time,
-    less what it spent in ``Sequencer.take`` (``seq.busy_ns``), to the step cost;
-    ``step_end`` also counts a step. The time is added even when the hook raises."""
-
-    def deco(fn):
-        @functools.wraps(fn)
-        def hook(self, *args, **kwargs):
-            t0, busy = time.perf_counter_ns(), self.seq.busy_ns
-            try:
-                return fn(self, *args, **kwargs)
-            finally:
-                cost = self.step_cost
-                cost.ns += time.perf_counter_ns() - t0 - (self.seq.busy_ns - busy)
-                cost.steps += step_end
-
-        return hook
-
-    return deco
 
 
 def cost_dict(snapshots: Cost, checks: Cost) -> dict:

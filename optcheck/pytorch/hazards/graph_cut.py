@@ -22,7 +22,11 @@ class GraphCutProbe:
     """Graph cuts (OC203): the ``graph_cut`` event."""
 
     def _forget_cuts(self) -> None:
-        """Drop the cut records (after a backward judged them, or at a new step)."""
+        """Drop the cut records (after a backward judged them, or at a new step). Nothing to do
+        when there are none (every unarmed step, issue 34: no new containers per step)."""
+        if getattr(self, "_cut_passes", None) == {} and not (self._cut or self._pass_out or self._judged
+                                                              or self._fed or self._eval_ptrs):
+            return
         self._cut: list[dict] = []  # modules whose floating outputs lost grad_fn, since the last backward
         self._cut_passes: dict[int, int] = {}  # pass (call index) -> number of its cut records
         self._pass_out: dict[int, tuple] = {}  # finished pass with cut records -> (output requires grad, grad_fns)
@@ -90,7 +94,8 @@ class GraphCutProbe:
     def _check_loss_graph(self, loss: torch.Tensor) -> None:
         """A loss without ``grad_fn`` (stop), a leaf loss (record); passes reaching the loss."""
         if loss.grad_fn is not None:
-            if any(self._pass_out.get(p, (True,))[0] for p in self._cut_passes if p not in self._judged):
+            if self._cut_passes and any(self._pass_out.get(p, (True,))[0] for p in self._cut_passes
+                                        if p not in self._judged):
                 self._judged |= self._passes_reaching(loss.grad_fn)
         elif not loss.requires_grad:
             self._stop(*self._full_cut(loss))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import sys
 import weakref
+from itertools import chain, compress
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import torch
@@ -26,6 +28,9 @@ from optcheck.pytorch.hazards.writes import ModeSlot, WriteWatch, unmoded
 from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.errors import StepStopped
 from optcheck.pytorch import step_hooks
+from optcheck.pytorch.probe import same_objects
+
+_PARAMS, _SECOND, _REQUIRES_GRAD = itemgetter("params"), itemgetter(1), attrgetter("requires_grad")
 
 #: what the probes cannot see inside a ``torch.compile``d forward (module hooks are traced as no-ops
 #: there, so the compiled graph has no break and no guard on optcheck's state); see docs/hazards.md
@@ -116,8 +121,13 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._handles.append(torch.nn.modules.module.register_module_module_registration_hook(self._registered))
         self._handles += step_hooks.register(optimizer, self._before_step, self._after_step)  # once per outer step()
         self._internal_code: dict[Any, bool] = {}
-        self._trainable_key: tuple | None = None
-        self._trainable_all: list[tuple[str, torch.Tensor]] = []
+        self._trainable_key: object | None = None  # a token, new whenever _trainable_all is rebuilt
+        self._trainable_all: list[tuple[str, torch.Tensor]] = []  # every param-group member, named
+        self._trainable_flat: list = []  # the members it was made from, in order
+        self._trainable_at = -1  # self.rescans when it was made
+        self._trainable_rg: tuple | None = None  # their requires_grad flags when _trainable_now was made
+        self._trainable_now: list[tuple[str, torch.Tensor]] = []  # those that require grad
+        self._trainable_ps: list = []  # and their parameters
         self._install_warning_hook()
         self._init_arming(mode)
         self._reset_step()
@@ -400,9 +410,9 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         once per step, at the optimizer's step pre-hook (:meth:`_before_step`)."""
         self._in_backward = False
         self._forget_passes()  # the passes of this backward are done (replay.py)
-        trainable = self._trainable()
         self._after_backward_grads()
-        self._judge_at_backward(trainable)
+        if self._cut:  # cut records to judge (none on an unarmed step: no module hook recorded one)
+            self._judge_at_backward(self._trainable())
 
     @unmoded
     def _before_step(self, optimizer, args, kwargs) -> None:
@@ -414,15 +424,28 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._check_grads_finite(self._trainable(), self._step)
 
     def _trainable(self) -> list[tuple[str, torch.Tensor]]:
-        """(name, parameter) of the optimizer's parameters that require grad now. The names are
-        kept until a param group's parameters or the model's names (a re-scan) change."""
-        groups = self.optimizer.param_groups
-        key = (self.rescans, *[tuple(map(id, g["params"])) for g in groups])
-        if key != self._trainable_key:
-            self._trainable_all = [(self._param_names.get(id(p), f"<param {id(p)}>"), p)
-                                   for g in groups for p in g["params"]]
-            self._trainable_key = key
-        return [np for np in self._trainable_all if np[1].requires_grad]
+        """(name, parameter) of the optimizer's parameters that require grad now (a list shared
+        between calls: read it, never change it). Kept, names and all, while the param groups
+        hold the same objects in the same order, the model's names are not re-scanned and no
+        ``requires_grad`` flag moved: per call two C-level maps over the parameters and no
+        Python frame per parameter (issue 34: called twice per training step)."""
+        flat = list(chain.from_iterable(map(_PARAMS, self.optimizer.param_groups)))
+        if self._trainable_at != self.rescans or not same_objects(flat, self._trainable_flat):
+            self._trainable_all = [(self._param_names.get(id(p), f"<param {id(p)}>"), p) for p in flat]
+            self._trainable_flat, self._trainable_at = flat, self.rescans
+            self._trainable_key = object()  # a new token: the arrival list (arming.py) is rebuilt from it
+            self._trainable_rg = None
+        rg = tuple(map(_REQUIRES_GRAD, flat))
+        if rg != self._trainable_rg:
+            self._trainable_now = list(compress(self._trainable_all, rg))
+            self._trainable_ps = list(map(_SECOND, self._trainable_now))
+            self._trainable_rg = rg
+        return self._trainable_now
+
+    def _trainable_params(self) -> list[torch.Tensor]:
+        """The parameters of :meth:`_trainable`, in its order (shared between calls: never change it)."""
+        self._trainable()
+        return self._trainable_ps
 
     @unmoded
     def _after_step(self, optimizer, args, kwargs) -> None:

@@ -96,7 +96,7 @@ class NonfiniteProbe:
             return
         trainable = self._trainable()
         total = getattr(clip, "total", None)
-        if clip is not None and isinstance(total, torch.Tensor) and clip.covers([p for _, p in trainable]):
+        if clip is not None and isinstance(total, torch.Tensor) and clip.covers(self._trainable_params()):
             # the user's clip_grad_norm_ total over every trainable gradient: queued like the norms
             # (read at the next snapshot or metrics batch, no host read now); a non-finite total
             # names no parameter (the per-tensor norms were not kept)
