@@ -85,12 +85,18 @@ def main() -> None:
 
     variants = ("eager", "compiled", "ckpt")
     times: dict[tuple[str, bool], list[float]] = {(v, m): [] for v in variants for m in (False, True)}
-    breaks, graphs = {}, []
+    breaks, graphs, frames, recompiles = {}, [], {False: [], True: []}, {False: [], True: []}
+    from torch._dynamo.utils import guard_failures
     for _ in range(a.rounds):
         for v in variants:
             for m in (False, True):
                 counters.clear()
+                guard_failures.clear()
+                torch._dynamo.reset()  # each run compiles afresh: frames and recompiles per run, with and without
                 times[(v, m)].append(run(v, m, a.steps, a.backend))
+                if v == "compiled":
+                    frames[m].append(counters["frames"]["total"])
+                    recompiles[m].append(sum(len(r) for r in guard_failures.values()))
                 if v == "compiled" and m:
                     breaks.update(counters["graph_break"])
                     graphs.append(counters["stats"]["unique_graphs"])
@@ -98,8 +104,9 @@ def main() -> None:
     for v in variants:
         plain, mon = statistics.median(times[(v, False)]), statistics.median(times[(v, True)])
         print(f"  {v:9s} plain {plain * 1e3:7.2f} ms/step   Monitor {mon * 1e3:7.2f} ms/step   {mon / plain:.2f}x")
-    print(f"  compiled with Monitor: graph breaks {breaks or 0}; graphs compiled per round {graphs} "
-          f"(0: it reused the graph compiled for the same loop without the Monitor, i.e. no recompilation)")
+    print(f"  compiled with Monitor: graph breaks {breaks or 0}; unique graphs per round {graphs}")
+    print(f"  frames Dynamo compiled per round: plain {frames[False]}, Monitor {frames[True]}; "
+          f"recompilations: plain {recompiles[False]}, Monitor {recompiles[True]}")
     print(f"  one re-scan of the modules: {rescan_cost() * 1e6:.0f} us")
 
 

@@ -30,18 +30,25 @@ from operator import attrgetter, is_not, methodcaller
 
 import torch
 
+from optcheck.pytorch.hazards.compiled import any_compiled_in_place, called_from_compiled
 from optcheck.wording import describe_inplace
 
 MODES = ("auto", "always")
 _SHARED = ("shared",)  # _gb's mark: this pass's arrival is read from ``arrival_source``
 _GRAD = attrgetter("grad")
-_FORWARD = methodcaller("get", "forward")  # a forward replaced on the instance lives in its __dict__
+_FORWARD = methodcaller("get", "forward")
+  # a forward replaced on the instance lives in its __dict__
 _top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 # torch/csrc/autograd/saved_variable.cpp (SavedVariable::unpack), torch 2.x wording
 _PYTORCH_INPLACE = re.compile(
     r"modified by an inplace operation: \[(?P<type>[\w.]+) \[(?P<shape>[^\]]*)\]\]"
     r"(?:, which is output (?P<nr>\d+) of (?P<node>\w+),)? is at version (?P<version>\d+); "
     r"expected version (?P<saved>\d+) instead")
+
+
+def _live(hooked: tuple):
+    """An entry of ``_hooked`` (weakref, handles) -> the module, or None once it is gone."""
+    return hooked[0]()
 
 
 def _hooks_owner(pack) -> str:
@@ -117,7 +124,7 @@ class ArmingPolicy:
         self._hook_modules()  # the modules there now; the new one at the first forward (_dirty)
         self._reset_step()
         self._active = self._fresh = True
-        self._late = torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack)
+        self._late = torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack_hook)
         self._late.__enter__()
 
     def _disarm_late(self) -> None:
@@ -140,16 +147,22 @@ class ArmingPolicy:
         return reason
 
     def _hook_modules(self) -> None:
-        """Module hooks on every module of the model not hooked yet; off those no longer in it."""
+        """Module hooks on every module of the model not hooked yet, except those that run under
+        ``torch.compile`` (``compiled.py``: Dynamo would trace them); off those no longer in it or
+        compiled since. The model's own are :class:`EntryHook` s (never traced when its call is
+        a compiled region's entry)."""
+        compiled, root = self._compiled_ids, id(self.model)
         for key, ref in self._mods.items():
             m = ref()
             have = self._hooked.get(key)
-            if m is not None and (have is None or have[0]() is not m):
-                self._hooked[key] = (ref, (m.register_forward_pre_hook(self._pre),
-                                           m.register_forward_hook(self._post, always_call=True)))
-        for key in [k for k in self._hooked if k not in self._mods]:
+            if m is not None and key not in compiled and (have is None or have[0]() is not m):
+                pre, post = (self._entry_pre, self._entry_post) if key == root else (self._pre, self._post)
+                self._hooked[key] = (ref, (m.register_forward_pre_hook(pre),
+                                           m.register_forward_hook(post, always_call=True)))
+        for key in [k for k in self._hooked if k not in self._mods or k in compiled]:
             for h in self._hooked.pop(key)[1]:
                 h.remove()
+        self._hooked_dicts = [m.__dict__ for m in map(_live, self._hooked.values()) if m is not None]
 
     def _unhook_modules(self) -> None:
         """No module hook at all (an unarmed step): every module call takes
@@ -158,9 +171,22 @@ class ArmingPolicy:
             for h in hs:
                 h.remove()
         self._hooked = {}
+        self._hooked_dicts = []
+
+    def _leave_compiled(self, frame) -> None:
+        """Armed, at the start of the model's call (its first hook, an :class:`EntryHook` run
+        outside Dynamo; ``frame``: its frame): when the call enters a compiled region
+        (``torch.compile(model)`` made before the Monitor, ``model.compile()``), or a hooked
+        sub-module was compiled in place or a module assigned since the last scan, re-scan:
+        every hook of a module that runs under Dynamo comes off before the compiled frame is
+        traced (``compiled.py``)."""
+        if not self._root_compiled and called_from_compiled(frame):
+            self._root_compiled = self._dirty = True
+        if self._dirty or any_compiled_in_place(self._hooked_dicts):
+            self._scan()
 
     def _set_armed(self, on: bool) -> None:
-        on = on or self.compiled
+        on = on or self._hook_traced  # (Dynamo may guard on the hooks it traced: adding or removing them recompiles)
         if on and self._dirty:
             self._hooks_on = True
             self._scan()

@@ -18,6 +18,7 @@ import torch
 from optcheck.pytorch.hazards._tensors import (_VERSION, _clean, _float_outputs, _float_tensors, _grad_fns, _ptr,
                                                _storage_ptr, _tensors)
 from optcheck.pytorch.hazards.arming import MODES, ArmingPolicy, _hooks_owner
+from optcheck.pytorch.hazards.compiled import EntryHook, compiled_modules, is_compile_wrapper
 from optcheck.pytorch.hazards.graph_cut import GraphCutProbe
 from optcheck.pytorch.hazards.inplace import InplaceProbe, _is_recompute_pack, _top_hooks, graph_task_id
 from optcheck.pytorch.hazards.nonfinite import NonfiniteProbe
@@ -75,10 +76,15 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         if mode not in MODES:
             raise ValueError(f"hazard probe mode must be one of {MODES}, got {mode!r}")
         self.model, self.optimizer = model, optimizer
-        # module hooks installed (armed); unarmed steps have none, except under torch.compile: Dynamo guards on
-        # a module's hooks (adding or removing them recompiles), and inside the compiled forward they do nothing
-        self._hooks_on = mode == "always" or compiled
-        self.compiled = compiled
+        # module hooks installed (armed); unarmed steps have none. Never on a module that runs under
+        # torch.compile (compiled.py): Dynamo would trace them (it keeps no guard on hooks: no recompile)
+        self._hooks_on = mode == "always"
+        self.compiled = compiled  # some module of the model runs under torch.compile (sticky)
+        self._root_compiled = compiled  # the model's call is a compiled region's entry (compiled.py)
+        self._compiled_ids: set[int] = set()  # ids of the modules that run under Dynamo (never hooked)
+        self._hook_traced = False  # a module hook was traced all the same (_pre): the hooks stay as they are
+        self._hooked_dicts: list[dict] = []  # the hooked modules' __dict__ (compiled in place since? compiled.py)
+        self._entry_pre, self._entry_post = EntryHook(self, "_pre"), EntryHook(self, "_post")  # the model's own
         self.allow_inplace = allow_inplace
         self.grad_check_every = grad_check_every
         self.ledger = ledger if ledger is not None else DeviceLedger()
@@ -102,6 +108,10 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self.faults: list[str] = []  # optcheck's own errors inside the step (reported in not_checked)
         self._replaying = False  # the armed re-run of an unarmed step's forward (replay.py)
         self._init_replay()
+        # the saved-tensor hooks: one bound method each, the innermost hook is ours when it is this object;
+        # the torch.compiler.disable'd pair once a module runs compiled (_saved_hooks_outside)
+        self._pack_plain = self._pack_hook = self._pack
+        self._unpack_hook = self._unpack
         self.rescans = 0
         self._scan()
         # a sub-module assigned later (``ff[1] = Gate()``, ``m.blocks = Wrapper(m.blocks)``) marks the
@@ -111,7 +121,6 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._handles.append(torch.nn.modules.module.register_module_module_registration_hook(self._registered))
         self._handles += step_hooks.register(optimizer, self._before_step, self._after_step)  # once per outer step()
         self._internal_code: dict[Any, bool] = {}
-        self._pack_hook = self._pack  # one bound method: the innermost hook is ours when it is this object
         self._trainable_key: object | None = None  # a token, new whenever _trainable_all is rebuilt
         self._trainable_all: list[tuple[str, torch.Tensor]] = []  # every param-group member, named
         self._trainable_flat: list = []  # the members it was made from, in order
@@ -148,6 +157,10 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
             self._nchild[id(m)] = len(m._modules)
             mods.setdefault(id(m), m)
         self._mods = {k: weakref.ref(m) for k, m in mods.items()}
+        self._compiled_ids = compiled_modules(self.model, self._root_compiled)
+        self.compiled = self.compiled or bool(self._compiled_ids)
+        if self.compiled:
+            self._saved_hooks_outside()
         self._mod_dicts = [m.__dict__ for m in mods.values()]
         self._mod_children = [m._modules for m in mods.values()]
         self._struct = self._structure()
@@ -160,9 +173,30 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._dirty = False
         self.rescans += 1
 
+    def _saved_hooks_outside(self) -> None:
+        """A module runs compiled: the saved-tensor hooks from now on are ``torch.compiler.disable``'d.
+        Autograd calls them from C++ inside the compiled call, where Dynamo's frame callback is on
+        and would compile them (a ``torch.nn`` layer compiled in place: its own frames are skipped,
+        the first frame it meets is ours). This step's pair, when it is the innermost, is swapped."""
+        if self._pack_hook is not self._pack_plain:
+            return
+        pack, unpack = torch.compiler.disable(self._pack), torch.compiler.disable(self._unpack)
+        pack.optcheck = True  # (ours: not someone else's hooks, arming.py)
+        self._pack_hook, self._unpack_hook = pack, unpack
+        top = _top_hooks(False)
+        if top is not None and top[0] is self._pack_plain:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+            torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
+
     def _registered(self, module, name, submodule):
         """Global module-registration hook: a sub-module was assigned to a watched module
-        (or a watched module was put into a new one)."""
+        (or a watched module was put into a new one). ``torch.compile(model)`` puts the model
+        into an ``OptimizedModule``: from now on its call is a compiled region's entry, and
+        every module hook comes off before it is first called (``compiled.py``)."""
+        if submodule is self.model and is_compile_wrapper(module):
+            self._root_compiled = True
+            self._scan()
+            return None
         if id(module) in self._names or (submodule is not None and id(submodule) in self._names):
             self._dirty = True
             self._arm_now()
@@ -217,7 +251,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._in_ctx = True
         if not self.armed:  # no hook: PyTorch's own version check is on (backward_failed reads its error)
             return None
-        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack)
+        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack_hook)
         try:
             hooks.__enter__()
         except BaseException:
@@ -235,13 +269,13 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
     @unmoded
     def _pre(self, module, args):
         if torch.compiler.is_compiling():
-            # under torch.compile the hooks are traced: returning at once keeps them out of the graph
-            # (no graph break, no guard on optcheck's state); see docs/hazards.md. The model is compiled
-            # although the Monitor was given the plain module (nanoGPT: Monitor, then torch.compile):
-            # keep the module hooks from now on, as for a compiled model (removing them recompiles)
-            self.compiled = True
+            # traced by Dynamo: a module compiled in a way the probes did not see (compiled.py takes the hooks
+            # off every module it knows runs under Dynamo). Returning at once keeps it out of the graph (no
+            # graph break, no guard on optcheck's state); see docs/hazards.md. Dynamo may guard on the hooks
+            # there (a model called from a compiled function): keep them as they are from now on
+            self.compiled = self._hook_traced = True
             return None
-        if not self._active:
+        if not self._active or id(module) in self._compiled_ids:  # (the model's own: compiled since, _log_pass)
             return None
         if self._dirty:
             self._scan()
@@ -250,7 +284,9 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
             return None
         if self._pending is not None:
             self._raise_pending(_tensors(args))
-        if graph_task_id() == -1:
+        if self.compiled:
+            pass  # never the mode while a module runs compiled: Dynamo would trace it (docs/hazards.md)
+        elif graph_task_id() == -1:
             if not self._slot.on:
                 self._slot.push()  # the first eager module call of an armed step (see __init__)
         elif not self._bw_slot.on:
@@ -264,7 +300,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
             self._scan()
             name = self._names.get(id(module), name)
         top = _top_hooks(False)
-        if top is not None and top[0] is not self._pack_hook:
+        if top is not None and top[0] is not self._pack_hook and top[0] is not self._pack_plain:
             if _is_recompute_pack(top[0]):
                 self._stay_armed("checkpoint (non-reentrant)")  # PyTorch checks no version in its recompute
                 self._compose(module, *top)
@@ -293,7 +329,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
 
     @unmoded
     def _post(self, module, args, out):
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or id(module) in self._compiled_ids:
             return None
         if self._bw_pushed and self._bw_pushed[-1] is module:
             self._bw_pushed.pop()

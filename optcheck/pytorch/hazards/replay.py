@@ -24,9 +24,12 @@ and names the window.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from optcheck.errors import StepStopped
+from optcheck.pytorch.hazards.compiled import EntryHook
 from optcheck.pytorch.guard import raised_by_signal_handler
 
 MAX_PASSES = 4  # calls of the watched model kept since the last backward
@@ -38,11 +41,16 @@ class ForwardReplay:
     def _init_replay(self) -> None:
         self._passes: list[tuple] = []
         self._replay_code = ForwardReplay._replay_passes.__code__  # a write's frames stop there (inplace.py)
-        self._pass_hook = self.model.register_forward_pre_hook(self._log_pass, with_kwargs=True)
+        # the model's first hook on every call, outside Dynamo when the call is compiled (compiled.py)
+        self._pass_hook = self.model.register_forward_pre_hook(EntryHook(self, "_log_pass"), with_kwargs=True)
 
     def _log_pass(self, module, args, kwargs):
-        if torch.compiler.is_compiling() or self._replaying or module is not self.model:
+        if module is not self.model:
             return None  # (a deepcopy of the model copies this hook: its calls are not the model's)
+        if self._hooks_on:  # armed: the module hooks come off the modules that run compiled (arming.py)
+            self._leave_compiled(sys._getframe())
+        if self.compiled or self._replaying:
+            return None
         passes = self._passes
         if len(passes) >= MAX_PASSES:
             del passes[0]
@@ -70,7 +78,7 @@ class ForwardReplay:
                 self._hook_modules()
                 self._reset_step()
                 self.armed, self._active = True, True
-                with torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack):
+                with torch.autograd.graph.saved_tensors_hooks(self._pack_hook, self._unpack_hook):
                     for args, kwargs, grad in passes:
                         with torch.set_grad_enabled(grad):
                             model(*args, **kwargs)
