@@ -82,6 +82,7 @@ class _Layout:
 
     def __init__(self, model: torch.nn.Module) -> None:
         mods = list(model.modules())
+        self.model = weakref.ref(model, _forget_layout)
         self.at = _Layout.generation
         # a module without children or parameters gets them through the hooks; a deletion
         # (``del seq[3]``) bypasses them but shrinks its parent's ``_modules``
@@ -93,9 +94,6 @@ class _Layout:
         self.key: tuple = ((), ())  # their ids
         self.tensors: list = []  # the parameters that are tensors, whose data pointers are read
         self.outside: list = []  # members that are not model parameters: their data pointers too
-
-    def current(self) -> bool:
-        return self.at == _Layout.generation and tuple(map(len, self.children)) == self.sizes
 
     def update(self, params: list, members: list) -> None:
         """Remember ``params`` and ``members`` (when they are not the same objects as last time)."""
@@ -119,7 +117,15 @@ def _registered(*_args) -> None:
 
 torch.nn.modules.module.register_module_parameter_registration_hook(_registered)
 torch.nn.modules.module.register_module_module_registration_hook(_registered)
-_LAYOUTS: "weakref.WeakKeyDictionary[torch.nn.Module, _Layout]" = weakref.WeakKeyDictionary()
+#: id(model) -> its _Layout (a plain dict: looked up every step; the entry goes with the model,
+#: and a new model at a freed one's address is told apart by ``_Layout.model``)
+_LAYOUTS: "dict[int, _Layout]" = {}
+
+
+def _forget_layout(ref) -> None:
+    for key, layout in list(_LAYOUTS.items()):
+        if layout.model is ref:
+            del _LAYOUTS[key]
 _data_ptr = torch.Tensor.data_ptr
 _PARAMS = operator.itemgetter("params")
 
@@ -132,11 +138,16 @@ def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tup
     param group gains or loses a member. Cost on GPT-2 small (148 tensors, 1 thread):
     0.04–0.07 ms on this 2-core machine at load 10 (``benchmarks/bench_snapshot.py``;
     0.17–0.5 ms before the module walk was cached in :class:`_Layout`)."""
-    layout = _LAYOUTS.get(model)
-    if layout is None or not layout.current():
-        layout = _LAYOUTS[model] = _Layout(model)
-    layout.update(list(chain.from_iterable(map(dict.values, layout.dicts))),
-                  list(chain.from_iterable(map(_PARAMS, optimizer.param_groups))))
+    layout = _LAYOUTS.get(id(model))
+    if (layout is None or layout.model() is not model or layout.at != _Layout.generation
+            or tuple(map(len, layout.children)) != layout.sizes):  # (layout.current(), inline: every step)
+        layout = _LAYOUTS[id(model)] = _Layout(model)
+    params = list(chain.from_iterable(map(dict.values, layout.dicts)))
+    members = list(chain.from_iterable(map(_PARAMS, optimizer.param_groups)))
+    old_p, old_m = layout.params, layout.members  # (same_objects twice, inline: the common case)
+    if not (len(params) == len(old_p) and all(map(operator.is_, params, old_p))
+            and len(members) == len(old_m) and all(map(operator.is_, members, old_m))):
+        layout.update(params, members)
     try:
         return layout.key, tuple(map(_data_ptr, layout.tensors)), tuple(map(_data_ptr, layout.outside))
     except Exception as caught:  # noqa: BLE001 - a lazy module's UninitializedParameter (no data yet): 0

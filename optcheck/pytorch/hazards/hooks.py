@@ -127,7 +127,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._trainable_at = -1  # self.rescans when it was made
         self._trainable_rg: tuple | None = None  # their requires_grad flags when _trainable_now was made
         self._trainable_now: list[tuple[str, torch.Tensor]] = []  # those that require grad
-        self._trainable_ps: list = []  # and their parameters
+        self._trainable_ps: list = []  # and their parameters (as the last _trainable() call left them)
         self._install_warning_hook()
         self._init_arming(mode)
         self._reset_step()
@@ -442,10 +442,6 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
             self._trainable_rg = rg
         return self._trainable_now
 
-    def _trainable_params(self) -> list[torch.Tensor]:
-        """The parameters of :meth:`_trainable`, in its order (shared between calls: never change it)."""
-        self._trainable()
-        return self._trainable_ps
 
     @unmoded
     def _after_step(self, optimizer, args, kwargs) -> None:

@@ -94,9 +94,9 @@ class NonfiniteProbe:
         every gradient finite (a non-finite one then names no parameter)."""
         if kwargs and ("found_inf" in kwargs or "grad_scaler" in kwargs):
             return
-        trainable = self._trainable()
+        trainable = self._trainable()  # (and self._trainable_ps, their parameters)
         total = getattr(clip, "total", None)
-        if clip is not None and isinstance(total, torch.Tensor) and clip.covers(self._trainable_params()):
+        if clip is not None and isinstance(total, torch.Tensor) and clip.covers(self._trainable_ps):
             # the user's clip_grad_norm_ total over every trainable gradient: queued like the norms
             # (read at the next snapshot or metrics batch, no host read now); a non-finite total
             # names no parameter (the per-tensor norms were not kept)
