@@ -201,7 +201,7 @@ class Monitor:
         self.checker = self.rec.checker
         self.step_count = 0
         self.closed = False
-        self._losses: list[tuple[int, torch.Tensor]] = []
+        self._losses: list[tuple[int, object]] = []  # (step, its loss as DeviceLedger.keep kept it)
         self._loss: torch.Tensor | None = None
         self._loss_before: torch.Tensor | None = None
         self._crash: dict | None = None
@@ -621,7 +621,7 @@ class Monitor:
         step = self.step_count
         self._exit_step()
         if self._loss is not None:
-            self._losses.append((step, self._loss))
+            self._losses.append((step, self._ledger.keep(self._loss)))  # (copied on the device: no tensor held)
             self._loss = None
         try:
             if self._switch_event is not None:

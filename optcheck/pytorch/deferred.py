@@ -64,37 +64,107 @@ def host_values(tensors: list[torch.Tensor]) -> list[list[float]]:
     return out  # type: ignore[return-value]
 
 
+#: values per buffer of a :class:`DeviceLedger` (one buffer per device is made at the first value
+#: and kept: later values are copied into it, no allocation)
+CHUNK = 256
+
+
+class Kept:
+    """Where :meth:`DeviceLedger.keep` put a tensor's values: ``n`` elements from ``at`` in
+    the ledger's buffers on ``device``."""
+
+    __slots__ = ("device", "at", "n")
+
+    def __init__(self, device: torch.device, at: int, n: int):
+        self.device, self.at, self.n = device, at, n
+
+
 class DeviceLedger:
     """Small device tensors made at a step, read on the host at the driver's next read.
 
-    ``add(tensor, on_read)``: keep ``tensor`` (detached; it is computed on the device
-    already, nothing waits); ``on_read(values)`` is called at :meth:`read` with its
-    elements as floats. :meth:`read` reads every pending tensor — and the ``extra``
-    tensors a driver passes (its losses) — in one transfer per device. A callback that
-    raises is logged, never passed on (optcheck never breaks the run it watches).
+    ``add(tensor, on_read)``: keep ``tensor``'s values (nothing waits: copied on the device,
+    see below); ``on_read(values)`` is called at :meth:`read` with its elements as floats.
+    :meth:`read` reads every pending value — and the ``extra`` values a driver passes (its
+    losses, each a tensor or what :meth:`keep` returned) — in one transfer per device. A
+    callback that raises is logged, never passed on (optcheck never breaks the run it watches).
+
+    The values are copied, on their device, into a buffer the ledger keeps (``CHUNK`` float64
+    values per buffer, float32 on MPS): the small tensors themselves are let go at once. Held
+    until the next read instead (a loss and a flag or two per step, up to a snapshot interval),
+    each would pin its few bytes among the step's large temporaries, and the C allocator,
+    unable to merge the space around them, would take fresh pages from the kernel for those
+    temporaries at every step (issue 34: 30-60 page faults a step more than the plain loop, and
+    0.05-0.4 ms of system and user time, on a 6 ms CPU step; ``benchmarks/bench_small_loop.py``).
+    A tensor that cannot be copied so (complex, sparse, a subclass such as DTensor, more than
+    ``CHUNK`` elements, or a copy that fails) is held as it is.
     """
 
-    __slots__ = ("_items",)
+    __slots__ = ("_items", "_bufs", "_pos", "_out")
 
     def __init__(self) -> None:
-        self._items: list[tuple[torch.Tensor, Callable[[list[float]], None]]] = []
+        self._items: list[tuple[object, Callable[[list[float]], None]]] = []
+        self._bufs: dict[torch.device, list[torch.Tensor]] = {}  # device -> its buffers, CHUNK values each
+        self._pos: dict[torch.device, int] = {}  # device -> values written since the last rewind
+        self._out = 0  # Kept handed out by keep() and not read back yet (the buffers rewind at 0)
 
     def __len__(self) -> int:
         return len(self._items)
 
     def add(self, tensor: torch.Tensor, on_read: Callable[[list[float]], None]) -> None:
-        self._items.append((tensor.detach() if tensor.requires_grad else tensor, on_read))
+        self._items.append((self._put(tensor), on_read))
         if len(self._items) >= MAX_PENDING:
             self.read()
 
-    def read(self, extra: list[torch.Tensor] = ()) -> list[list[float]]:
-        """Read the pending tensors and ``extra`` (one transfer per device); run the
-        callbacks in the order the tensors were added; return ``extra``'s values."""
+    def keep(self, tensor: torch.Tensor) -> "Kept | torch.Tensor":
+        """Keep ``tensor``'s values until a :meth:`read` that is handed the result in ``extra``
+        (a :class:`Kept`; or ``tensor`` itself, detached, when it cannot be copied)."""
+        kept = self._put(tensor)
+        if type(kept) is Kept:
+            self._out += 1
+        return kept
+
+    def _put(self, tensor: torch.Tensor):
+        t = tensor.detach() if tensor.requires_grad else tensor
+        n = t.numel()
+        if type(t) is not torch.Tensor or n > CHUNK or n == 0 or t.is_complex() or t.layout != torch.strided:
+            return t
+        device = t.device
+        try:
+            at = self._pos.get(device, 0)
+            if at % CHUNK + n > CHUNK:  # (a value never straddles two buffers)
+                at += CHUNK - at % CHUNK
+            bufs = self._bufs.get(device)
+            if bufs is None:
+                bufs = self._bufs[device] = []
+            while len(bufs) <= at // CHUNK:
+                with torch.inference_mode(False):  # (made inside inference_mode, it could never be written outside)
+                    bufs.append(torch.empty(CHUNK, dtype=torch.float32 if device.type == "mps" else torch.float64,
+                                            device=device))
+            buf = bufs[at // CHUNK]
+            if n == 1:
+                buf[at % CHUNK].copy_(t if t.dim() == 0 else t.reshape(()))
+            else:
+                buf.narrow(0, at % CHUNK, n).copy_(t.reshape(-1))
+        except Exception as e:  # noqa: BLE001 - a device or dtype the buffer cannot take: held as it is
+            if raised_by_signal_handler(e):
+                raise
+            return t
+        self._pos[device] = at + n
+        return Kept(device, at, n)
+
+    def read(self, extra: list = ()) -> list[list[float]]:
+        """Read the pending values and ``extra`` (one transfer per device); run the
+        callbacks in the order the values were added; return ``extra``'s values."""
         items, self._items = self._items, []
         extra = list(extra)
         if not items and not extra:
             return []
-        values = host_values(extra + [t for t, _ in items])
+        sources = extra + [k for k, _ in items]
+        self._out -= sum(type(k) is Kept for k in extra)
+        values = self._values(sources)
+        if self._out <= 0:  # every value kept is read: the buffers are written from their start again
+            self._out = 0
+            self._pos.clear()
         for (_, on_read), v in zip(items, values[len(extra):]):
             try:
                 on_read(v)
@@ -103,3 +173,22 @@ class DeviceLedger:
                     raise
                 log.exception("optcheck: a deferred device check could not be read")
         return values[:len(extra)]
+
+    def _values(self, sources: list) -> list[list[float]]:
+        """The values of each source (a :class:`Kept` or a tensor): the tensors and the part of
+        the buffers in use, all in one :func:`host_values` (one transfer per device)."""
+        tensors = [t for t in sources if type(t) is not Kept]
+        parts: dict[torch.device, int] = {}  # device -> how many buffer slices follow the tensors for it
+        for device in {k.device for k in sources if type(k) is Kept}:
+            used = self._pos.get(device, 0)
+            bufs = self._bufs[device][:(used + CHUNK - 1) // CHUNK]
+            tensors += bufs[:-1] + [bufs[-1][:used - CHUNK * (len(bufs) - 1)]]
+            parts[device] = len(bufs)
+        got = host_values(tensors)
+        at = len(tensors) - sum(parts.values())
+        flat: dict[torch.device, list[float]] = {}
+        for device, n in parts.items():
+            flat[device] = [v for part in got[at:at + n] for v in part]
+            at += n
+        held = iter(got)
+        return [flat[k.device][k.at:k.at + k.n] if type(k) is Kept else next(held) for k in sources]

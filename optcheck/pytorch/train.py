@@ -31,7 +31,7 @@ from optcheck.config import SoakConfig
 from optcheck.data import BatchSchedule, Corpus, val_batches
 from optcheck.errors import InputError
 from optcheck.pytorch import device as devices, probe
-from optcheck.pytorch.deferred import DeviceLedger
+from optcheck.pytorch.deferred import DeviceLedger, Kept
 from optcheck.pytorch.gpt import GPT, GPTConfig
 from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.hazard_replay import run_step
@@ -305,9 +305,10 @@ class TorchBackend(Backend):
     def fingerprint(self):
         return probe.fingerprint(self.trainer.model, self.trainer.optimizer)
 
-    def train_step(self, step: int, x, y) -> torch.Tensor:
+    def train_step(self, step: int, x, y):
         """The step (``Trainer.train_step``); on CUDA between two CUDA events, read in
-        :meth:`step_times`. The loss is a device tensor: :meth:`settle` reads it."""
+        :meth:`step_times`. The loss stays on the device, kept by the ledger
+        (``DeviceLedger.keep``): :meth:`settle` reads it."""
         if self.trainer.device.type != "cuda":
             loss = self.trainer.train_step(step, x, y)
         else:
@@ -317,7 +318,7 @@ class TorchBackend(Backend):
             end.record()
             self._timed.append((start, end))
         self.steps_done = step
-        return loss
+        return self.trainer.ledger.keep(loss)  # (its value copied on the device: no tensor held until settle)
 
     def val_loss(self, batches: list) -> torch.Tensor:
         """Held-out loss, on the device (the batches copied there once)."""
@@ -330,12 +331,12 @@ class TorchBackend(Backend):
         through) as floats, read with the probes' pending device checks in one transfer per
         device (``optcheck.pytorch.deferred``). A device that cannot be read any more (a
         CUDA error) gives None for its values: the batch is still written."""
-        tensors = [v for v in values if isinstance(v, torch.Tensor)]
+        tensors = [v for v in values if isinstance(v, (torch.Tensor, Kept))]
         try:
             got = iter(self.trainer.ledger.read(tensors))
         except Exception:  # noqa: BLE001 - the crash that broke the device is reported by itself
-            return [None if isinstance(v, torch.Tensor) else v for v in values]
-        return [next(got)[0] if isinstance(v, torch.Tensor) else v for v in values]
+            return [None if isinstance(v, (torch.Tensor, Kept)) else v for v in values]
+        return [next(got)[0] if isinstance(v, (torch.Tensor, Kept)) else v for v in values]
 
     def step_times(self) -> list[float] | None:
         """CUDA: seconds of GPU time of each step since the last call (its two events' elapsed

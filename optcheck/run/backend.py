@@ -49,7 +49,9 @@ class Backend:
 
     def train_step(self, step: int, x, y) -> float:
         """One training step on inputs/targets ``x``, ``y`` (int64, shape (B, T));
-        return the loss. May raise :class:`StepStopped`."""
+        return the loss: a float, or a value only :meth:`settle` reads (a device value the
+        PyTorch backend keeps, ``optcheck.pytorch.deferred.DeviceLedger.keep``). May raise
+        :class:`StepStopped`."""
         raise NotImplementedError
 
     def val_loss(self, batches: list) -> float:
