@@ -17,6 +17,7 @@ The Monitor's own figures come from its ``summary.json`` fields: ``cost.steps``
 the start one first) and ``Monitor()``'s own time (CPU and wall).
 
     python benchmarks/bench_small_loop.py --steps 1000 --rounds 5
+    python benchmarks/bench_small_loop.py --steps 1000 --rounds 5 --lockstep 10   # configurations side by side
     python benchmarks/bench_small_loop.py --components auto --steps 1000   # where the Monitor's time goes
     PYTHONPATH=/other/checkout python benchmarks/bench_small_loop.py ...   # another optcheck
 
@@ -136,9 +137,14 @@ def child(config: str, steps: int, every: int, out: str, marks=None, calibrate: 
         prof = cProfile.Profile()
         prof.enable()
     c0, t0 = time.process_time(), time.perf_counter()
-    for _ in range(steps):
+    gate = _Gate.from_env()
+    for i in range(steps):
+        if gate is not None and i % gate.block == 0:
+            gate.wait()  # (blocked: no CPU time counted; the other configurations' children run)
         loss = step() if _ON_STEP is None else _ON_STEP(step, mon)
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    if gate is not None:
+        gate.done()
     if marks is not None:
         marks.dump("loop")
     if prof is not None:
@@ -152,6 +158,73 @@ def child(config: str, steps: int, every: int, out: str, marks=None, calibrate: 
         res.update(own_us=sm["cost"]["steps"]["mean_us"], findings=len(mon.findings),
                    snapshots=sm["cost"]["snapshots"], hazards=sm.get("hazards"))
     return res
+
+
+class _Gate:
+    """--lockstep: a child runs its timed loop in blocks of ``block`` steps, each when the parent
+    says so (one byte on ``rfd``), and says it is waiting again (one byte on ``wfd``). The parent
+    lets the configurations' children run one block each in turn, so a slow spell of the machine
+    (other processes, the host) falls on all of them alike instead of on one round."""
+
+    def __init__(self, rfd: int, wfd: int, block: int):
+        self.rfd, self.wfd, self.block = rfd, wfd, block
+
+    @classmethod
+    def from_env(cls) -> "_Gate | None":
+        spec = os.environ.get("BENCH_GATE")
+        return cls(*map(int, spec.split(","))) if spec else None
+
+    def wait(self) -> None:
+        os.write(self.wfd, b"r")
+        if os.read(self.rfd, 1) != b"g":
+            raise SystemExit("lockstep: the parent went away")
+
+    def done(self) -> None:
+        os.write(self.wfd, b"e")
+
+
+def lockstep_round(configs: list[str], steps: int, every: int, block: int, tmp: str, r: int,
+                   baseline_tree: str | None) -> dict[str, dict]:
+    """One round of --lockstep: every configuration's child started at once; after their
+    set-up (the first "r"), blocks of ``block`` steps run one child at a time, the order
+    rotated each block; returns each child's result."""
+    procs = {}
+    for c in configs:
+        name, _, tree = c.partition("@")
+        env = dict(os.environ)
+        if tree:
+            env["PYTHONPATH"] = str(Path(baseline_tree).resolve())
+        from_parent, to_child = os.pipe()
+        from_child, to_parent = os.pipe()
+        env["BENCH_GATE"] = f"{from_parent},{to_parent},{block}"
+        p = subprocess.Popen([sys.executable, __file__, "--child", name, "--steps", str(steps), "--every",
+                              str(every), "--out", str(Path(tmp) / f"{c}-{r}")], stdout=subprocess.PIPE,
+                             text=True, env=env, pass_fds=(from_parent, to_parent))
+        os.close(from_parent)
+        os.close(to_parent)
+        procs[c] = (p, to_child, from_child)
+    for c, (_, _, rd) in procs.items():  # every child set up and waiting
+        if os.read(rd, 1) != b"r":
+            raise SystemExit(f"lockstep: {c} ended before its loop")
+    live = list(configs)
+    k = 0
+    while live:
+        order = live[k % len(live):] + live[:k % len(live)]
+        k += 1
+        for c in order:
+            _, wr, rd = procs[c]
+            os.write(wr, b"g")
+            if os.read(rd, 1) != b"r":  # "e": its loop is over
+                live.remove(c)
+    out = {}
+    for c, (p, wr, rd) in procs.items():
+        stdout, _ = p.communicate()
+        os.close(wr)
+        os.close(rd)
+        if p.returncode:
+            raise SystemExit(f"lockstep: {c} exited {p.returncode}")
+        out[c] = json.loads(stdout.strip().splitlines()[-1])
+    return out
 
 
 # (label, class path, method, parent label or None): the pieces of the Monitor's per-step work
@@ -481,6 +554,9 @@ def main() -> None:
                     help="count instructions with valgrind's callgrind instead of timing (load-independent; "
                          "about 50x slower: use --steps 300 or so); one run per configuration")
     ap.add_argument("--jobs", type=int, default=1, help="with --instructions: callgrind runs at once")
+    ap.add_argument("--lockstep", type=int, default=0, metavar="BLOCK",
+                    help="run each round's configurations side by side, BLOCK steps of one at a time in turn "
+                         "(a slow spell of the machine falls on all of them alike); CPU ratio only")
     ap.add_argument("--plain-dumps", help="with --instructions --components: reuse the plain loop's callgrind dumps "
                                           "(callgrind.out.PID.1 and .3 of an earlier run with the same --steps)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -515,10 +591,15 @@ def main() -> None:
     if a.baseline_tree:
         configs += [f"{c}@base" for c in configs if c != "plain"]
     print(f"optcheck from {Path(optcheck.__file__).parent.parent}; {a.steps} steps, every={a.every}, "
-          f"{a.rounds} rounds; load {os.getloadavg()[0]:.2f} at start")
+          f"{a.rounds} rounds{f', in lockstep blocks of {a.lockstep} steps' if a.lockstep else ''}; "
+          f"load {os.getloadavg()[0]:.2f} at start")
     rows: dict[str, list[dict]] = {c: [] for c in configs}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
+            if a.lockstep:
+                for c, res in lockstep_round(configs, a.steps, a.every, a.lockstep, tmp, r, a.baseline_tree).items():
+                    rows[c].append(res)
+                continue
             for c in configs:
                 out = str(Path(tmp) / f"{c}-{r}")
                 name, _, tree = c.partition("@")
