@@ -64,14 +64,14 @@ def host_values(tensors: list[torch.Tensor]) -> list[list[float]]:
     return out  # type: ignore[return-value]
 
 
-#: values per buffer of a :class:`DeviceLedger` (one buffer per device is made at the first value
-#: and kept: later values are copied into it, no allocation)
+#: values per buffer of a :class:`DeviceLedger` (made at the first CPU value and kept: later values
+#: are copied into it, no allocation)
 CHUNK = 256
 
 
 class Kept:
     """Where :meth:`DeviceLedger.keep` put a tensor's values: ``n`` elements from ``at`` in
-    the ledger's buffers on ``device``."""
+    the ledger's buffers on ``device`` (the CPU)."""
 
     __slots__ = ("device", "at", "n")
 
@@ -82,21 +82,23 @@ class Kept:
 class DeviceLedger:
     """Small device tensors made at a step, read on the host at the driver's next read.
 
-    ``add(tensor, on_read)``: keep ``tensor``'s values (nothing waits: copied on the device,
-    see below); ``on_read(values)`` is called at :meth:`read` with its elements as floats.
+    ``add(tensor, on_read)``: keep ``tensor``'s values (nothing waits: held, or copied on the
+    CPU, see below); ``on_read(values)`` is called at :meth:`read` with its elements as floats.
     :meth:`read` reads every pending value — and the ``extra`` values a driver passes (its
     losses, each a tensor or what :meth:`keep` returned) — in one transfer per device. A
     callback that raises is logged, never passed on (optcheck never breaks the run it watches).
 
-    The values are copied, on their device, into a buffer the ledger keeps (``CHUNK`` float64
-    values per buffer, float32 on MPS): the small tensors themselves are let go at once. Held
-    until the next read instead (a loss and a flag or two per step, up to a snapshot interval),
-    each would pin its few bytes among the step's large temporaries, and the C allocator,
-    unable to merge the space around them, would take fresh pages from the kernel for those
-    temporaries at every step (issue 34: 30-60 page faults a step more than the plain loop, and
-    0.05-0.4 ms of system and user time, on a 6 ms CPU step; ``benchmarks/bench_small_loop.py``).
-    A tensor that cannot be copied so (complex, sparse, a subclass such as DTensor, more than
-    ``CHUNK`` elements, or a copy that fails) is held as it is.
+    On the CPU the values are copied into a buffer the ledger keeps (``CHUNK`` float64 values,
+    made at the first value and reused after each read): the small tensors themselves are let
+    go at once. Held until the next read instead (a loss and a flag or two per step, up to a
+    snapshot interval), each pinned its few bytes of the C heap among the step's large
+    temporaries, and the allocator, unable to merge the space around them, took fresh pages
+    from the kernel for those temporaries at every step (issue 34: 30-60 page faults a step
+    more than the same loop without optcheck, a 6 ms CPU step, ``docs/guide/cost.md``; about
+    0 with the copy, which costs 2-5 µs per value). A CUDA tensor's memory is the caching
+    allocator's, not the C heap's, and a copy there is a kernel launch: values on other devices
+    are held as they are, as is a tensor the buffer cannot take (complex, sparse, a subclass
+    such as DTensor, more than ``CHUNK`` elements, a copy that fails).
     """
 
     __slots__ = ("_items", "_bufs", "_pos", "_out")
@@ -125,10 +127,12 @@ class DeviceLedger:
 
     def _put(self, tensor: torch.Tensor):
         t = tensor.detach() if tensor.requires_grad else tensor
-        n = t.numel()
-        if type(t) is not torch.Tensor or n > CHUNK or n == 0 or t.is_complex() or t.layout != torch.strided:
-            return t
         device = t.device
+        if device.type != "cpu" or type(t) is not torch.Tensor:  # (see the class docstring: a CPU heap matter)
+            return t
+        n = t.numel()
+        if n > CHUNK or n == 0 or t.is_complex() or t.layout != torch.strided:
+            return t
         try:
             at = self._pos.get(device, 0)
             if at % CHUNK + n > CHUNK:  # (a value never straddles two buffers)
@@ -138,8 +142,7 @@ class DeviceLedger:
                 bufs = self._bufs[device] = []
             while len(bufs) <= at // CHUNK:
                 with torch.inference_mode(False):  # (made inside inference_mode, it could never be written outside)
-                    bufs.append(torch.empty(CHUNK, dtype=torch.float32 if device.type == "mps" else torch.float64,
-                                            device=device))
+                    bufs.append(torch.empty(CHUNK, dtype=torch.float64, device=device))
             buf = bufs[at // CHUNK]
             if n == 1:
                 buf[at % CHUNK].copy_(t if t.dim() == 0 else t.reshape(()))

@@ -136,3 +136,12 @@ def test_what_the_buffers_cannot_take_is_held_and_read_as_before(value):
         warnings.simplefilter("ignore")  # (complex to real drops the imaginary part: host_values' own behaviour)
         ledger.read()
     assert seen[1] == [7.0] and len(seen[0]) == value.numel()
+
+
+def test_values_off_the_cpu_are_held_not_copied():
+    """A device tensor's memory is its allocator's, not the C heap's, and a copy would be a
+    kernel launch per value: held as before (``meta`` stands in for a device here)."""
+    ledger = DeviceLedger()
+    t = torch.empty((), device="meta")
+    assert ledger.keep(t) is t and ledger._pos == {}
+    assert type(ledger.keep(torch.tensor(1.0))) is deferred.Kept
