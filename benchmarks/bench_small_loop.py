@@ -43,6 +43,7 @@ import json
 import math
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -138,11 +139,13 @@ def child(config: str, steps: int, every: int, out: str, marks=None, calibrate: 
         prof.enable()
     c0, t0 = time.process_time(), time.perf_counter()
     gate = _Gate.from_env()
+    faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for i in range(steps):
         if gate is not None and i % gate.block == 0:
             gate.wait()  # (blocked: no CPU time counted; the other configurations' children run)
         loss = step() if _ON_STEP is None else _ON_STEP(step, mon)
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0  # fresh pages the loop took from the kernel
     if gate is not None:
         gate.done()
     if marks is not None:
@@ -151,7 +154,7 @@ def child(config: str, steps: int, every: int, out: str, marks=None, calibrate: 
         prof.disable()
         prof.dump_stats(os.environ["BENCH_PROFILE"])
     res = {"config": config, "cpu_s": cpu, "wall_s": wall, "ctor_cpu_s": ctor_cpu, "ctor_wall_s": ctor_wall,
-           "import_cpu_s": import_cpu,
+           "import_cpu_s": import_cpu, "faults_per_step": faults / max(steps, 1),
            "loss": loss.item(), "params": len(list(model.parameters()))}
     if mon is not None:
         sm = mon.close()
@@ -614,8 +617,8 @@ def main() -> None:
     n = rows[configs[0]][0]["params"]
     print(f"{n} parameter tensors")
     print("| configuration | plain ms/step | CPU ratio, median (min-max) | wall ratio, median | own µs/step | "
-          "Monitor() CPU s (its start snapshot) | snapshots ms, median |")
-    print("|---|---|---|---|---|---|---|")
+          "Monitor() CPU s (its start snapshot) | snapshots ms, median | page faults per step, median |")
+    print("|---|---|---|---|---|---|---|---|")
     for c in configs:
         rs = rows[c]
         if base and c != "plain":
@@ -630,8 +633,9 @@ def main() -> None:
         ctor = statistics.median(x["ctor_cpu_s"] for x in rs)
         snaps = [x.get("snapshots") or {} for x in rs]
         med = statistics.median(s.get("median_s", 0) or 0 for s in snaps) * 1e3 if "own_us" in rs[0] else None
+        faults = statistics.median(x.get("faults_per_step", float("nan")) for x in rs)
         print(f"| {c} | {ms:.2f} | {ratio} | {wr} | {'-' if own is None else f'{own:.0f}'} | {ctor:.3f} | "
-              f"{'-' if med is None else f'{med:.2f}'} |")
+              f"{'-' if med is None else f'{med:.2f}'} | {faults:.1f} |")
 
 
 if __name__ == "__main__":
