@@ -55,10 +55,9 @@ CONFIGS = {"plain": None, "auto": {"hazards": "auto"}, "off": {"hazards": False}
 SEQ, BATCH, WIDTH, LAYERS, HEADS = 32, 8, 64, 2, 4
 
 
-def child(config: str, steps: int, every: int, out: str, marks=None, calibrate: bool = False) -> dict:
-    """One configuration's run (see the module docstring); under callgrind (``marks``, a
-    ``callgrind.Marks``) the counts are dumped after the calibration ("calibrate"), after
-    ``Monitor()`` ("ctor") and after the loop ("loop")."""
+def build_loop(total: int):
+    """The loop's model, optimizer and one training step (``step()`` returns the loss), its
+    schedule ``total`` steps long: the module docstring's loop (``bench_step_frames.py`` runs it too)."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -89,7 +88,6 @@ def child(config: str, steps: int, every: int, out: str, marks=None, calibrate: 
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and n != "pos")]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
                             lr=3e-3, betas=(0.9, 0.95))
-    total = steps + 20
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
     g = torch.Generator().manual_seed(0)
@@ -105,6 +103,15 @@ def child(config: str, steps: int, every: int, out: str, marks=None, calibrate: 
         opt.step()
         sched.step()
         return loss
+
+    return model, opt, step
+
+
+def child(config: str, steps: int, every: int, out: str, marks=None, calibrate: bool = False) -> dict:
+    """One configuration's run (see the module docstring); under callgrind (``marks``, a
+    ``callgrind.Marks``) the counts are dumped after the calibration ("calibrate"), after
+    ``Monitor()`` ("ctor") and after the loop ("loop")."""
+    model, opt, step = build_loop(steps + 20)
 
     for _ in range(20):
         step()

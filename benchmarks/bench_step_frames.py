@@ -19,62 +19,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import math
 import os
 import sys
 import sysconfig
 import tempfile
-from pathlib import Path
 
 CONFIGS = {"auto": {"hazards": "auto"}, "off": {"hazards": False}}
-SEQ, BATCH, WIDTH, LAYERS, HEADS = 32, 8, 64, 2, 4
-
-
-def _loop():
-    """The model, its optimizer and one training step (as ``bench_small_loop.py``'s)."""
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    data = torch.tensor(list((Path(sysconfig.get_paths()["stdlib"]) / "difflib.py").read_bytes()))
-
-    class CharTransformer(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.tok = nn.Embedding(256, WIDTH)
-            self.pos = nn.Parameter(torch.zeros(SEQ, WIDTH))
-            layer = nn.TransformerEncoderLayer(WIDTH, HEADS, 4 * WIDTH, dropout=0.0, batch_first=True,
-                                               norm_first=True)
-            self.body = nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
-            self.norm = nn.LayerNorm(WIDTH)
-            self.out = nn.Linear(WIDTH, 256)
-            self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(SEQ))
-
-        def forward(self, x):
-            return self.out(self.norm(self.body(self.tok(x) + self.pos, mask=self.mask, is_causal=True)))
-
-    model = CharTransformer()
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and n != "pos"]
-    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and n != "pos")]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                            lr=3e-3, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, 1000) / 1000)))
-    g = torch.Generator().manual_seed(0)
-
-    def step():
-        i = torch.randint(0, len(data) - SEQ - 1, (BATCH,), generator=g).tolist()
-        x = torch.stack([data[j:j + SEQ] for j in i])
-        y = torch.stack([data[j + 1:j + SEQ + 1] for j in i])
-        loss = F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-
-    return model, opt, step
 
 
 def count(step, steps: int) -> collections.Counter:
@@ -112,7 +62,10 @@ def main() -> None:
     args = ap.parse_args()
     import optcheck
 
-    model, opt, step = _loop()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_small_loop import build_loop  # the same loop as the timed benchmark
+
+    model, opt, step = build_loop(1000)
     for _ in range(30):
         step()
     plain = count(step, args.steps)

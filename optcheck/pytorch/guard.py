@@ -125,22 +125,10 @@ def guarded(*passing: type[BaseException], timed: bool = False, step_end: bool =
                            f"the step went on unchecked there", logging.WARNING, exc_info=e,
                            key=(fn.__name__, type(e)))
 
-        if not timed:
-            @functools.wraps(fn)
-            def hook(self, *args, **kwargs):
-                try:
-                    return fn(self, *args, **kwargs)
-                except passing:
-                    raise
-                except Exception as e:  # noqa: BLE001 - optcheck's own failure is not the user's
-                    note(self, e)
-                    return None
-
-            return hook
-
         @functools.wraps(fn)
-        def timed_hook(self, *args, **kwargs):
-            t0, busy = _now_ns(), self.seq.busy_ns
+        def hook(self, *args, **kwargs):
+            if timed:
+                t0, busy = _now_ns(), self.seq.busy_ns
             try:
                 return fn(self, *args, **kwargs)
             except passing:
@@ -149,10 +137,11 @@ def guarded(*passing: type[BaseException], timed: bool = False, step_end: bool =
                 note(self, e)
                 return None
             finally:
-                cost = self.step_cost
-                cost.ns += _now_ns() - t0 - (self.seq.busy_ns - busy)
-                cost.steps += step_end
+                if timed:
+                    cost = self.step_cost
+                    cost.ns += _now_ns() - t0 - (self.seq.busy_ns - busy)
+                    cost.steps += step_end
 
-        return timed_hook
+        return hook
 
     return deco
