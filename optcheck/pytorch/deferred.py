@@ -101,11 +101,12 @@ class DeviceLedger:
     such as DTensor, more than ``CHUNK`` elements, a copy that fails).
     """
 
-    __slots__ = ("_items", "_bufs", "_pos", "_out")
+    __slots__ = ("_items", "_bufs", "_views", "_pos", "_out")
 
     def __init__(self) -> None:
         self._items: list[tuple[object, Callable[[list[float]], None]]] = []
         self._bufs: dict[torch.device, list[torch.Tensor]] = {}  # device -> its buffers, CHUNK values each
+        self._views: dict[torch.device, list[torch.Tensor]] = {}  # device -> a 0-d view of each of their values
         self._pos: dict[torch.device, int] = {}  # device -> values written since the last rewind
         self._out = 0  # Kept handed out by keep() and not read back yet (the buffers rewind at 0)
 
@@ -128,27 +129,28 @@ class DeviceLedger:
     def _put(self, tensor: torch.Tensor):
         t = tensor.detach() if tensor.requires_grad else tensor
         device = t.device
-        if device.type != "cpu" or type(t) is not torch.Tensor:  # (see the class docstring: a CPU heap matter)
+        if device.type != "cpu" or type(t) is not torch.Tensor or t.is_complex():  # (the class docstring)
             return t
-        n = t.numel()
-        if n > CHUNK or n == 0 or t.is_complex() or t.layout != torch.strided:
+        n = 1 if t.dim() == 0 else t.numel()
+        if n != 1 and (n > CHUNK or n == 0 or t.layout != torch.strided):
             return t
         try:
             at = self._pos.get(device, 0)
             if at % CHUNK + n > CHUNK:  # (a value never straddles two buffers)
                 at += CHUNK - at % CHUNK
-            bufs = self._bufs.get(device)
-            if bufs is None:
-                bufs = self._bufs[device] = []
-            while len(bufs) <= at // CHUNK:
+            views = self._views.get(device)
+            if views is None:
+                views = self._views[device] = []
+            while len(views) <= at:  # a new buffer, and a view of each of its values (made once, reused)
                 with torch.inference_mode(False):  # (made inside inference_mode, it could never be written outside)
-                    bufs.append(torch.empty(CHUNK, dtype=torch.float64, device=device))
-            buf = bufs[at // CHUNK]
+                    buf = torch.empty(CHUNK, dtype=torch.float64, device=device)
+                    self._bufs.setdefault(device, []).append(buf)
+                    views.extend(buf.unbind(0))
             if n == 1:
-                buf[at % CHUNK].copy_(t if t.dim() == 0 else t.reshape(()))
+                views[at].copy_(t if t.dim() == 0 else t.reshape(()))
             else:
-                buf.narrow(0, at % CHUNK, n).copy_(t.reshape(-1))
-        except Exception as e:  # noqa: BLE001 - a device or dtype the buffer cannot take: held as it is
+                self._bufs[device][at // CHUNK].narrow(0, at % CHUNK, n).copy_(t.reshape(-1))
+        except Exception as e:  # noqa: BLE001 - a dtype or layout the buffer cannot take: held as it is
             if raised_by_signal_handler(e):
                 raise
             return t
