@@ -2,8 +2,7 @@
 
 Real TorchSharp runs here from a folder holding TorchSharp 0.107.0's own netstandard2.0 ``TorchSharp.dll``
 and a ``libLibTorchSharp.so`` built against this Python's ``torch`` (``docs/torchsharp.md``, "Real TorchSharp
-here"): ``$OPTCHECK_TORCHSHARP_NATIVE``, else ``../shared/torchsharp-ref/0.107.0-torch2.13`` beside the
-checkout (where CI clones it). The tier (marker ``torchsharp_real``, tests/torchsharp_real/) needs that
+here"): ``$OPTCHECK_TORCHSHARP_NATIVE`` (``.ci/run`` sets it to CI's copy of such a folder). The tier (marker ``torchsharp_real``, tests/torchsharp_real/) needs that
 folder, Mono's ``mcs`` and its netstandard facade, a CoreCLR (PyPI ``dotnetcore2``), this Python's torch
 (its ``torch/lib`` is the libtorch) and a netstandard2.0 ``System.Memory.dll`` to compile against (beside
 ``TorchSharp.dll``, ``$OPTCHECK_TORCHSHARP_REF``, or ``../0.107.0`` beside the folder). Without them each test
@@ -33,7 +32,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 NATIVE_ENV = "OPTCHECK_TORCHSHARP_NATIVE"
 REQUIRE_ENV = "OPTCHECK_REQUIRE_TORCHSHARP_REAL"
-DEFAULT_NATIVE = ROOT.parent / "shared" / "torchsharp-ref" / "0.107.0-torch2.13"
 USER_SOURCES = sorted((ROOT / "tests" / "dotnet" / "real").glob("*.cs")) + [ROOT / "tests" / "dotnet" / "GuardReport.cs"]
 #: the shipped example of a user's own model (README, examples/torchsharp-own-model/)
 EXAMPLE = ROOT / "examples" / "torchsharp-own-model" / "OwnModel.cs"
@@ -46,9 +44,11 @@ SMALL = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--block-size", "3
 
 
 def native_folder() -> Path | None:
-    """The folder of real TorchSharp: ``$OPTCHECK_TORCHSHARP_NATIVE`` or the shared one, when it holds both files."""
+    """The folder of real TorchSharp: ``$OPTCHECK_TORCHSHARP_NATIVE``, when it holds both files."""
     env = os.environ.get(NATIVE_ENV)
-    folder = Path(env).expanduser() if env else DEFAULT_NATIVE
+    if not env:
+        return None
+    folder = Path(env).expanduser()
     ok = (folder / "TorchSharp.dll").is_file() and (folder / "libLibTorchSharp.so").is_file()
     return folder.resolve() if ok else None
 
@@ -69,7 +69,9 @@ def unavailable() -> str | None:
 
     folder = native_folder()
     if folder is None:
-        where = os.environ.get(NATIVE_ENV) or DEFAULT_NATIVE
+        where = os.environ.get(NATIVE_ENV)
+        if not where:
+            return f"no real TorchSharp: ${NATIVE_ENV} is not set (a folder made as docs/torchsharp.md says)"
         return (f"no real TorchSharp: {where} holds no TorchSharp.dll + libLibTorchSharp.so (set ${NATIVE_ENV} to "
                 f"such a folder, docs/torchsharp.md)")
     if mcs_build.mcs() is None or not mcs_build.MONO_FACADE.is_file():
