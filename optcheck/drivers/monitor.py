@@ -78,7 +78,7 @@ from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.in_backward import BackwardSteps
 from optcheck.pytorch.guard import Notes, guarded
 from optcheck.pytorch.monitor_hooks import ClipNorm, FindingError, OptcheckWarning, TorchProbe, backward_loss
-from optcheck.pytorch.null_hazards import NO_CONTEXT, NullHazards
+from optcheck.pytorch.null_hazards import NullHazards
 from optcheck.pytorch.unwrap import unwrap_model, unwrap_optimizer
 from optcheck.run.recorder import RunRecorder
 from optcheck.rules import RuleConfig
@@ -168,7 +168,6 @@ class Monitor:
                  ignore: list[str] | None = None, ignore_config: str | bool = True):
         # this rank's side of a torchrun job (optcheck.distributed.watch.RankWatch), a NoRankWatch outside one
         self.rank_watch = distributed.attach(model, optimizer, every)
-        self._ranks = not isinstance(self.rank_watch, distributed.NoRankWatch)  # (per step: no no-op calls)
         out, run_id = self.rank_watch.locate(out, run_id)  # under torchrun: this rank's stream in out/rank-K
         model, optimizer = unwrap_model(model), unwrap_optimizer(optimizer)
         if on_finding not in ON_FINDING:
@@ -224,7 +223,6 @@ class Monitor:
                                         mode="always" if hazards == "always" else "auto", ledger=self._ledger,
                                         grad_check_every=0)  # gradients: before the step writes them (_pre_step)
             self.hazards.on_stop = self._on_stop
-        self._hazards_on = not isinstance(self.hazards, NullHazards)  # (per step: no no-op calls)
         self.grad_clear = GradClearProbe(optimizer, ledger=self._ledger, per_backward=True)  # told by before_backward
         self.hazards.arrival_source = self.grad_clear  # one map of the gradients per backward pass, not two
         # the user's clip_grad_norm_ total (monitor_hooks): the NaN check's shortcut, and OC207's (grad_clear)
@@ -447,10 +445,8 @@ class Monitor:
 
     # -- internals --------------------------------------------------------------
     def _enter_step(self) -> None:
-        ctx = self.hazards.step_context(self.step_count + 1)
-        if ctx is not NO_CONTEXT:  # (hazards=False: nothing to enter or leave)
-            ctx.__enter__()
-            self._ctx = ctx
+        self._ctx = self.hazards.step_context(self.step_count + 1)
+        self._ctx.__enter__()
 
     def _exit_step(self) -> None:
         if self._ctx is not None:
@@ -471,17 +467,16 @@ class Monitor:
         ``torch.autograd.backward([l1, l2], grad_tensors)``): the hazard checks on each;
         the step's loss is Σ gᵢ·lᵢ over the one-element roots (gᵢ their one-element
         ``grad_tensors``, else 1), kept on the device until the next snapshot."""
-        if self._hazards_on:
-            for t in roots:  # first: its end takes the hazards' write log off (optcheck/pytorch/hazards/writes.py)
-                self.hazards.check_loss(t, self.step_count + 1)
-        self.clip_norm.total = None  # (ClipNorm.clear: gradients may change from here on)
+        for t in roots:  # first: its end takes the hazards' write log off (optcheck/pytorch/hazards/writes.py)
+            self.hazards.check_loss(t, self.step_count + 1)
+        self.clip_norm.clear()
         self.grad_clear.before_backward()  # (lazy modules materialised in their first forward are adopted there)
         ib = self.in_backward
         if not ib.retired:
             ib.before()
             if ib.active:  # this pass is the training step: the pre-step check, before it moves anything
                 self.seq.pre_step(self.step_count + 1)
-        if self._ranks and self.rank_watch.before_backward(self.step_count):  # under torchrun: the ranks differ
+        if self.rank_watch.before_backward(self.step_count):  # under torchrun: the ranks differ
             self.seq.take(self.step_count + 1, "pre-step", "check")
         loss = backward_loss(roots, grads)
         self._loss_before = self._loss  # (back to it when the pass reaches none of this optimizer's parameters)
@@ -495,8 +490,7 @@ class Monitor:
         this step's loss as it was."""
         if self.grad_clear.after_backward() is False and monitor_hooks.open_listeners() > 1:
             self._loss = self._loss_before
-        if self._hazards_on:
-            self.hazards.after_backward(self.step_count + 1)
+        self.hazards.after_backward(self.step_count + 1)
         if not self.in_backward.retired and self.in_backward.after():  # the pass moved the parameters: a step
             self.grad_clear.step_ended()
             self.hazards.step_ended(self.step_count + 1)
@@ -505,7 +499,7 @@ class Monitor:
             self.on_step_end(self.step_count)
             return
         self._backwards += 1
-        if self._ranks and (ev := self.rank_watch.after_backward(self.step_count + 1)) is not None:  # under torchrun
+        if (ev := self.rank_watch.after_backward(self.step_count + 1)) is not None:  # under torchrun
             for e in ev:
                 self.seq.event(e)
             self.seq.take(self.step_count + 1, "pre-step", "hazard")
@@ -604,8 +598,7 @@ class Monitor:
         self._urgent = True
 
     def _post_step(self, optimizer, args, kwargs) -> None:
-        if not self.in_backward.retired:
-            self.in_backward.retire()  # the ordinary contract: nothing to track in backward from now on
+        self.in_backward.retire()  # the ordinary contract: nothing to track in backward from now on
         self._step_done()
         self.on_step_end(self.step_count)
 
@@ -621,14 +614,13 @@ class Monitor:
         step = self.step_count
         self._exit_step()
         if self._loss is not None:
-            self._losses.append((step, self._ledger.keep(self._loss)))  # (copied on the device: no tensor held)
+            self._losses.append((step, self._ledger.keep(self._loss)))  # (DeviceLedger.keep: no CPU tensor held)
             self._loss = None
         try:
             if self._switch_event is not None:
                 self._switch_done()
             urgent, self._urgent = self._urgent, False
-            self.seq.post_step(step, hazard=(self._hazards_on and self.hazards.has_events())
-                               or self.grad_clear.has_events() or urgent)
+            self.seq.post_step(step, hazard=self.hazards.has_events() or self.grad_clear.has_events() or urgent)
         finally:  # a FindingError caught by the user: the next step is still watched
             self._enter_step()
 

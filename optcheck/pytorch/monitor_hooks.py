@@ -182,15 +182,13 @@ def _watched(key: str):
         if not _ACTIVE or _IN_BACKWARD:
             return _ORIG[key](tensors, *args, **kwargs)
         listeners = _ACTIVE[::-1]  # a copy: a listener may close inside
-        roots = [tensors] if isinstance(tensors, torch.Tensor) else backward_roots(tensors)
+        roots = backward_roots(tensors)
         if not roots:
             return _ORIG[key](tensors, *args, **kwargs)
         # the grad_tensors (torch.autograd.backward) or gradient (Tensor.backward) argument, as given
         grads = args[0] if args else kwargs.get("gradient" if key == "tensor" else "grad_tensors")
-        one = listeners[0] if len(listeners) == 1 else None  # one Monitor, the common case: told directly
         try:
-            one.before_backward(roots, grads) if one is not None else _tell(listeners, "before_backward", roots,
-                                                                            grads)
+            _tell(listeners, "before_backward", roots, grads)
         except BaseException:
             _tell(listeners, "backward_ended")
             raise
@@ -202,8 +200,8 @@ def _watched(key: str):
             raise
         finally:
             _IN_BACKWARD.pop()
-            one.backward_ended() if one is not None else _tell(listeners, "backward_ended")
-        one.after_backward() if one is not None else _tell(listeners, "after_backward")
+            _tell(listeners, "backward_ended")
+        _tell(listeners, "after_backward")
         return out
 
     return backward

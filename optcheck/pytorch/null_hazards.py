@@ -10,8 +10,7 @@ from __future__ import annotations
 import contextlib
 
 
-#: what :meth:`NullHazards.step_context` returns: one shared ``contextlib.nullcontext()`` (a caller
-#: may skip entering it: ``optcheck.Monitor`` does, once per training step)
+#: what :meth:`NullHazards.step_context` returns: one shared ``contextlib.nullcontext()`` (none made per step)
 NO_CONTEXT = contextlib.nullcontext()
 
 

@@ -126,6 +126,8 @@ def _forget_layout(ref) -> None:
     for key, layout in list(_LAYOUTS.items()):
         if layout.model is ref:
             del _LAYOUTS[key]
+
+
 _data_ptr = torch.Tensor.data_ptr
 _PARAMS = operator.itemgetter("params")
 
@@ -142,12 +144,8 @@ def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tup
     if (layout is None or layout.model() is not model or layout.at != _Layout.generation
             or tuple(map(len, layout.children)) != layout.sizes):  # (layout.current(), inline: every step)
         layout = _LAYOUTS[id(model)] = _Layout(model)
-    params = list(chain.from_iterable(map(dict.values, layout.dicts)))
-    members = list(chain.from_iterable(map(_PARAMS, optimizer.param_groups)))
-    old_p, old_m = layout.params, layout.members  # (same_objects twice, inline: the common case)
-    if not (len(params) == len(old_p) and all(map(operator.is_, params, old_p))
-            and len(members) == len(old_m) and all(map(operator.is_, members, old_m))):
-        layout.update(params, members)
+    layout.update(list(chain.from_iterable(map(dict.values, layout.dicts))),
+                  list(chain.from_iterable(map(_PARAMS, optimizer.param_groups))))
     try:
         return layout.key, tuple(map(_data_ptr, layout.tensors)), tuple(map(_data_ptr, layout.outside))
     except Exception as caught:  # noqa: BLE001 - a lazy module's UninitializedParameter (no data yet): 0

@@ -428,7 +428,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         between calls: read it, never change it). Kept, names and all, while the param groups
         hold the same objects in the same order, the model's names are not re-scanned and no
         ``requires_grad`` flag moved: per call two C-level maps over the parameters and no
-        Python frame per parameter (issue 34: called twice per training step)."""
+        Python frame per parameter (issue 34: called once per training step)."""
         flat = list(chain.from_iterable(map(_PARAMS, self.optimizer.param_groups)))
         if self._trainable_at != self.rescans or not same_objects(flat, self._trainable_flat):
             self._trainable_all = [(self._param_names.get(id(p), f"<param {id(p)}>"), p) for p in flat]
@@ -441,7 +441,6 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
             self._trainable_ps = list(map(_SECOND, self._trainable_now))
             self._trainable_rg = rg
         return self._trainable_now
-
 
     @unmoded
     def _after_step(self, optimizer, args, kwargs) -> None:
