@@ -28,11 +28,14 @@ quiet and a loaded machine; about 1,000 times slower here, so 20 steps, ``every=
     python benchmarks/bench_small_loop.py --components auto,off,auto@base,off@base --instructions \
         --steps 20 --every 10 --jobs 3 --baseline-tree /other/checkout     # (auto@/a/checkout: that one)
     python benchmarks/bench_small_loop.py --instructions --steps 60        # whole loops only, no piece wrapped
+    python benchmarks/bench_small_loop.py --instructions --cache-sim --configs plain,auto,off --steps 200 --jobs 2
+                                                                   # ... and the simulated caches' misses
 
 (Over 400 lines: the loop, its timed rounds and its two instruction-count modes share the
 loop and the table of pieces; the callgrind plumbing itself is ``benchmarks/callgrind.py``.)
 
-Configurations: ``plain``; ``auto`` (``Monitor(every=100)``: every probe,
+Configurations: ``plain``; ``plain2`` (the plain loop again, in a process of its own: what two
+processes running the same loop differ by; ``--configs plain,plain2,auto,off``); ``auto`` (``Monitor(every=100)``: every probe,
 ``hazards="auto"``, the default); ``off`` (``Monitor(every=100, hazards=False)``).
 """
 
@@ -51,7 +54,9 @@ import sysconfig
 import time
 from pathlib import Path
 
-CONFIGS = {"plain": None, "auto": {"hazards": "auto"}, "off": {"hazards": False}}
+#: plain2: the plain loop again in a process of its own (the floor of the method: two processes running the
+#: same loop side by side differ by a few per cent, ``bench_paired.py``)
+CONFIGS = {"plain": None, "plain2": None, "auto": {"hazards": "auto"}, "off": {"hazards": False}}
 SEQ, BATCH, WIDTH, LAYERS, HEADS = 32, 8, 64, 2, 4
 
 
@@ -516,33 +521,49 @@ def slot_of_snapshot() -> int:
     return next(k for k, (label, *_r) in enumerate(PIECES) if label == "snapshot")
 
 
-def instructions_ratio(configs: list[str], steps: int, every: int, baseline_tree: str | None) -> None:
+def instructions_ratio(configs: list[str], steps: int, every: int, baseline_tree: str | None,
+                       cache_sim: bool = False) -> None:
     """Each configuration once under callgrind (no piece wrapped): the loop's instructions
-    per step against the plain loop's, and ``Monitor()``'s own (its start snapshot)."""
+    per step against the plain loop's, and ``Monitor()``'s own (its start snapshot); with
+    ``cache_sim``, the simulated caches' misses per step as well (``callgrind.CACHE_SIM``)."""
     import tempfile
+    from concurrent.futures import ThreadPoolExecutor
 
     import callgrind
 
-    rows = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for c in configs:
-            name, _, tree = c.partition("@")
-            env = dict(os.environ)
-            if tree:
-                env["PYTHONPATH"] = str(Path(baseline_tree).resolve())
-            rows[c] = callgrind.run([__file__, "--child", name, "--steps", str(steps), "--every", str(every),
-                                     "--out", str(Path(tmp) / f"{c}-out"), "--in-callgrind"],
-                                    str(Path(tmp) / c), env=env)
+    def one(c: str):
+        name, _, tree = c.partition("@")
+        env = dict(os.environ)
+        if tree:
+            env["PYTHONPATH"] = str(Path(baseline_tree).resolve())
+        totals, files, _ = callgrind.run_full([__file__, "--child", name, "--steps", str(steps), "--every", str(every),
+                                               "--out", str(Path(tmp) / f"{c}-out"), "--in-callgrind"],
+                                              str(Path(tmp) / c), env=env,
+                                              tool_args=callgrind.CACHE_SIM if cache_sim else ())
+        return totals, callgrind.events(files["loop"]) if cache_sim else {}
+
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(JOBS[0]) as pool:
+        rows = dict(zip(configs, pool.map(one, configs)))
     base = rows.get("plain")
     print(f"{steps} steps, every={every}, 1 thread; instructions (callgrind Ir), one run each (deterministic)")
     print("| configuration | instructions/step | ratio to plain | Monitor() (start snapshot), M instructions |")
     print("|---|---:|---:|---:|")
     for c in configs:
-        per = rows[c]["loop"] / steps
-        ratio = f"{rows[c]['loop'] / base['loop']:.4f}x" if base else "-"
-        ctor = rows[c].get("ctor", 0) - (base or {}).get("ctor", 0)
+        per = rows[c][0]["loop"] / steps
+        ratio = f"{rows[c][0]['loop'] / base[0]['loop']:.4f}x" if base else "-"
+        ctor = rows[c][0].get("ctor", 0) - (base[0] if base else {}).get("ctor", 0)
         print(f"| {c} | {per / 1e6:.3f} M | {ratio} | {'-' if c == 'plain' else f'{ctor / 1e6:.0f}'} |")
-
+    if cache_sim and base:
+        names = list(base[1])
+        print("\nsimulated caches (callgrind.CACHE_SIM): per step, the plain loop's count and each configuration's "
+              "extra (its ratio to plain)")
+        print("| event | plain | " + " | ".join(c for c in configs if c != "plain") + " |")
+        print("|---|---:|" + "---:|" * (len(configs) - 1))
+        for e in names:
+            p = base[1][e]
+            extra = [f"{(rows[c][1][e] - p) / steps:+,.0f} ({rows[c][1][e] / p:.4f}x)" if p else "-"
+                     for c in configs if c != "plain"]
+            print(f"| {e} | {p / steps:,.0f} | " + " | ".join(extra) + " |")
 
 _ON_STEP = None
 PLAIN_DUMPS = [None]  # --plain-dumps: a folder with an earlier plain run's callgrind dumps (same --steps)
@@ -564,6 +585,9 @@ def main() -> None:
                     help="count instructions with valgrind's callgrind instead of timing (load-independent; "
                          "about 50x slower: use --steps 300 or so); one run per configuration")
     ap.add_argument("--jobs", type=int, default=1, help="with --instructions: callgrind runs at once")
+    ap.add_argument("--cache-sim", action="store_true",
+                    help="with --instructions (whole loops): simulate this machine's caches too and print each "
+                         "configuration's misses per step (about 4x slower again: --steps 200 takes ~25 min)")
     ap.add_argument("--lockstep", type=int, default=0, metavar="BLOCK",
                     help="run each round's configurations side by side, BLOCK steps of one at a time in turn "
                          "(a slow spell of the machine falls on all of them alike); CPU ratio only")
@@ -591,7 +615,7 @@ def main() -> None:
         configs = a.configs.split(",")
         if a.baseline_tree and not any("@" in c for c in configs):
             configs += [f"{c}@base" for c in configs if c != "plain"]
-        instructions_ratio(configs, a.steps, a.every, a.baseline_tree)
+        instructions_ratio(configs, a.steps, a.every, a.baseline_tree, cache_sim=a.cache_sim)
         return
     import tempfile
 

@@ -1,0 +1,102 @@
+"""The Monitor's cost on the small, fast loop, measured in one process: paired blocks (issue 34).
+
+``bench_small_loop.py`` runs each configuration in a process of its own. Two processes that run
+the very same plain loop side by side (its ``--lockstep`` mode) still differ: the second plain
+process measured 1.018x and 1.019x the first (medians of 5 and 8 rounds, single rounds
+0.97-1.09x, this project's 2-core machine), a bias of the method as large as half the 1.03x
+target. Here every block runs in the same process, on the same model, optimizer and heap:
+
+- a pair is a plain block of ``--block`` steps and a watched block of as many, in turn (the
+  order alternates from pair to pair, so a drift of the machine falls on both alike);
+- a watched block builds its ``Monitor(every=...)`` before its first step and closes it after
+  its last, neither timed (``Monitor()`` takes the start snapshot outside the loop); with
+  ``--block`` equal to ``--every`` (the default, 100) each watched block holds what every 100
+  steps of a long run hold: a cadence snapshot, the armed step after the start (and any other
+  the probes arm), the quiet steps between;
+- ``plain`` pairs two plain blocks: the floor of the method, reported beside the others;
+- the ratio of a pair is the watched block's CPU time (``time.process_time``) over the plain
+  block's; the table gives the median over pairs and the quartiles.
+
+A watched block's Monitor leaves its wrappers of ``Tensor.backward``/``clip_grad_norm_`` in
+place, idle, after ``close()`` (the next Monitor uses them): plain blocks after the first pair
+run through them, a few Python calls a step.
+
+    python benchmarks/bench_paired.py                       # plain (the floor), off, auto; 30 pairs each
+    python benchmarks/bench_paired.py --configs auto --pairs 60 --block 100
+    PYTHONPATH=/other/checkout python benchmarks/bench_paired.py   # another optcheck
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_small_loop import CONFIGS, build_loop  # noqa: E402  (the loop, written for issue 34)
+
+
+def timed(step, n: int) -> float:
+    """CPU seconds (the process's) of ``n`` steps."""
+    c0 = time.process_time()
+    for _ in range(n):
+        step()
+    return time.process_time() - c0
+
+
+def pairs(configs: list[str], n_pairs: int, block: int, every: int, out: str) -> dict[str, list[float]]:
+    """``{config: [ratio per pair]}``, the configurations' pairs interleaved (see the module docstring)."""
+    import optcheck
+
+    model, opt, step = build_loop(n_pairs * len(configs) * 2 * block + 40)
+    for _ in range(20):
+        step()
+    ratios: dict[str, list[float]] = {c: [] for c in configs}
+    for i in range(n_pairs):
+        for c in configs:
+            times = {}
+            for which in (("plain", "watched") if i % 2 == 0 else ("watched", "plain")):
+                mon = None
+                if which == "watched" and CONFIGS[c] is not None:
+                    mon = optcheck.Monitor(model, opt, every=every, out=os.path.join(out, f"{c}-{i}"),
+                                           on_finding="ignore", ignore_config=False, **CONFIGS[c])
+                times[which] = timed(step, block)
+                if mon is not None:
+                    mon.close()
+            ratios[c].append(times["watched"] / times["plain"])
+    return ratios
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", default="plain,off,auto", help="comma-separated: plain (the floor), off, auto")
+    ap.add_argument("--pairs", type=int, default=30, help="pairs per configuration")
+    ap.add_argument("--block", type=int, default=100, help="steps per block")
+    ap.add_argument("--every", type=int, default=100, help="the watched blocks' Monitor(every=...)")
+    a = ap.parse_args()
+    configs = a.configs.split(",")
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        raise SystemExit(f"bench_paired: unknown configuration(s) {unknown}; known: {sorted(CONFIGS)}")
+    import optcheck
+
+    load0 = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        ratios = pairs(configs, a.pairs, a.block, a.every, tmp)
+    print(f"optcheck from {Path(optcheck.__file__).parent.parent}; {a.pairs} pairs of {a.block}-step blocks per "
+          f"configuration, every={a.every}, 1 thread; load {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end")
+    print("| configuration | CPU ratio to the plain block of its pair, median | quartiles | min-max |")
+    print("|---|---:|---:|---:|")
+    for c in configs:
+        r = sorted(ratios[c])
+        q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0], r[0], r[0]]
+        print(f"| {c}{' (the floor: plain against plain)' if CONFIGS[c] is None else ''} | "
+              f"{statistics.median(r):.3f}x | {q[0]:.3f}-{q[2]:.3f} | {r[0]:.3f}-{r[-1]:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
