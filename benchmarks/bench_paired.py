@@ -17,9 +17,8 @@ target. Here every block runs in the same process, on the same model, optimizer 
 - the ratio of a pair is the watched block's CPU time (``time.process_time``) over the plain
   block's; the table gives the median over pairs and the quartiles.
 
-A watched block's Monitor leaves its wrappers of ``Tensor.backward``/``clip_grad_norm_`` in
-place, idle, after ``close()`` (the next Monitor uses them): plain blocks after the first pair
-run through them, a few Python calls a step.
+A watched block's Monitor puts its wrappers of ``Tensor.backward`` and ``clip_grad_norm_`` in
+and ``close()`` takes them out again: the plain blocks run without them.
 
     python benchmarks/bench_paired.py                       # plain (the floor), off, auto; 30 pairs each
     python benchmarks/bench_paired.py --configs auto --pairs 60 --block 100
