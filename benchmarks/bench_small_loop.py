@@ -35,8 +35,9 @@ quiet and a loaded machine; about 1,000 times slower here, so 20 steps, ``every=
 loop and the table of pieces; the callgrind plumbing itself is ``benchmarks/callgrind.py``.)
 
 Configurations: ``plain``; ``plain2`` (the plain loop again, in a process of its own: what two
-processes running the same loop differ by; ``--configs plain,plain2,auto,off``); ``auto`` (``Monitor(every=100)``: every probe,
-``hazards="auto"``, the default); ``off`` (``Monitor(every=100, hazards=False)``).
+processes running the same loop differ by; ``--configs plain,plain2,auto,off``); ``auto``
+(``Monitor(every=100)``: every probe, ``hazards="auto"``, the default); ``off``
+(``Monitor(every=100, hazards=False)``).
 """
 
 from __future__ import annotations
@@ -175,6 +176,16 @@ def child(config: str, steps: int, every: int, out: str, marks=None, calibrate: 
     return res
 
 
+def config_env(c: str, baseline_tree: str | None) -> tuple[str, dict]:
+    """A configuration's name and its child's environment: ``auto@base`` runs ``--baseline-tree``'s
+    optcheck, ``auto@/some/checkout`` that checkout's (``PYTHONPATH``); a plain name, this one's."""
+    name, _, tree = c.partition("@")
+    env = dict(os.environ)
+    if tree:
+        env["PYTHONPATH"] = str(Path(tree if "/" in tree else baseline_tree).resolve())
+    return name, env
+
+
 class _Gate:
     """--lockstep: a child runs its timed loop in blocks of ``block`` steps, each when the parent
     says so (one byte on ``rfd``), and says it is waiting again (one byte on ``wfd``). The parent
@@ -205,10 +216,7 @@ def lockstep_round(configs: list[str], steps: int, every: int, block: int, tmp: 
     rotated each block; returns each child's result."""
     procs = {}
     for c in configs:
-        name, _, tree = c.partition("@")
-        env = dict(os.environ)
-        if tree:
-            env["PYTHONPATH"] = str(Path(baseline_tree).resolve())
+        name, env = config_env(c, baseline_tree)
         from_parent, to_child = os.pipe()
         from_child, to_parent = os.pipe()
         env["BENCH_GATE"] = f"{from_parent},{to_parent},{block}"
@@ -408,10 +416,7 @@ def components_instructions(configs: list[str], steps: int, every: int, baseline
     from concurrent.futures import ThreadPoolExecutor
 
     def one(c: str, tmp: str):
-        name, _, tree = c.partition("@")
-        env = dict(os.environ)
-        if tree:  # auto@base: --baseline-tree's optcheck; auto@/some/checkout: that one's
-            env["PYTHONPATH"] = str(Path(tree if "/" in tree else baseline_tree).resolve())
+        name, env = config_env(c, baseline_tree)
         d = str(Path(tmp) / c.replace("/", "_"))
         counts, files, out = callgrind.run_full([__file__, "--components", name, "--instructions", "--in-callgrind",
                                                  "--steps", str(steps), "--every", str(every)], d, env=env)
@@ -532,10 +537,7 @@ def instructions_ratio(configs: list[str], steps: int, every: int, baseline_tree
     import callgrind
 
     def one(c: str):
-        name, _, tree = c.partition("@")
-        env = dict(os.environ)
-        if tree:
-            env["PYTHONPATH"] = str(Path(baseline_tree).resolve())
+        name, env = config_env(c, baseline_tree)
         totals, files, _ = callgrind.run_full([__file__, "--child", name, "--steps", str(steps), "--every", str(every),
                                                "--out", str(Path(tmp) / f"{c}-out"), "--in-callgrind"],
                                               str(Path(tmp) / c), env=env,
@@ -564,6 +566,7 @@ def instructions_ratio(configs: list[str], steps: int, every: int, baseline_tree
             extra = [f"{(rows[c][1][e] - p) / steps:+,.0f} ({rows[c][1][e] / p:.4f}x)" if p else "-"
                      for c in configs if c != "plain"]
             print(f"| {e} | {p / steps:,.0f} | " + " | ".join(extra) + " |")
+
 
 _ON_STEP = None
 PLAIN_DUMPS = [None]  # --plain-dumps: a folder with an earlier plain run's callgrind dumps (same --steps)
@@ -636,10 +639,7 @@ def main() -> None:
                 continue
             for c in configs:
                 out = str(Path(tmp) / f"{c}-{r}")
-                name, _, tree = c.partition("@")
-                env = dict(os.environ)
-                if tree:
-                    env["PYTHONPATH"] = str(Path(a.baseline_tree).resolve())
+                name, env = config_env(c, a.baseline_tree)
                 p = subprocess.run([sys.executable, __file__, "--child", name, "--steps", str(a.steps), "--every",
                                     str(a.every), "--out", out], capture_output=True, text=True, check=True, env=env)
                 rows[c].append(json.loads(p.stdout.strip().splitlines()[-1]))

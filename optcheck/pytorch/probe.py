@@ -142,7 +142,7 @@ def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tup
     0.17–0.5 ms before the module walk was cached in :class:`_Layout`)."""
     layout = _LAYOUTS.get(id(model))
     if (layout is None or layout.model() is not model or layout.at != _Layout.generation
-            or tuple(map(len, layout.children)) != layout.sizes):  # (layout.current(), inline: every step)
+            or tuple(map(len, layout.children)) != layout.sizes):  # (a deletion: its parent's _modules shrank)
         layout = _LAYOUTS[id(model)] = _Layout(model)
     layout.update(list(chain.from_iterable(map(dict.values, layout.dicts))),
                   list(chain.from_iterable(map(_PARAMS, optimizer.param_groups))))

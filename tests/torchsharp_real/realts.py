@@ -2,12 +2,13 @@
 
 Real TorchSharp runs here from a folder holding TorchSharp 0.107.0's own netstandard2.0 ``TorchSharp.dll``
 and a ``libLibTorchSharp.so`` built against this Python's ``torch`` (``docs/torchsharp.md``, "Real TorchSharp
-here"): ``$OPTCHECK_TORCHSHARP_NATIVE`` (``.ci/run`` sets it to CI's copy of such a folder). The tier (marker ``torchsharp_real``, tests/torchsharp_real/) needs that
-folder, Mono's ``mcs`` and its netstandard facade, a CoreCLR (PyPI ``dotnetcore2``), this Python's torch
-(its ``torch/lib`` is the libtorch) and a netstandard2.0 ``System.Memory.dll`` to compile against (beside
-``TorchSharp.dll``, ``$OPTCHECK_TORCHSHARP_REF``, or ``../0.107.0`` beside the folder). Without them each test
-skips, and the session prints one line saying why (tests/conftest.py); with
-``$OPTCHECK_REQUIRE_TORCHSHARP_REAL=1`` (``.ci/run`` sets it where the folder is there) they fail instead.
+here"): ``$OPTCHECK_TORCHSHARP_NATIVE`` (``.ci/run`` sets it to CI's copy of such a folder). The tier
+(marker ``torchsharp_real``, tests/torchsharp_real/) needs that folder, Mono's ``mcs`` and its netstandard
+facade, a CoreCLR (PyPI ``dotnetcore2``), this Python's torch (its ``torch/lib`` is the libtorch) and a
+netstandard2.0 ``System.Memory.dll`` to compile against (beside ``TorchSharp.dll``, ``$OPTCHECK_TORCHSHARP_REF``,
+or ``../0.107.0`` beside the folder). Without them each test skips, and the session prints one line saying
+why (tests/conftest.py); with ``$OPTCHECK_REQUIRE_TORCHSHARP_REAL=1`` (``.ci/run`` sets it where the folder is
+there) they fail instead.
 
 Everything is built once per content hash into ``$OPTCHECK_REAL_TORCHSHARP_CACHE`` (default: a folder of the
 system's temporary directory), under a lock, so that the xdist workers and later sessions share it: the worker
