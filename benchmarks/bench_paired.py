@@ -22,6 +22,7 @@ and ``close()`` takes them out again: the plain blocks run without them.
 
     python benchmarks/bench_paired.py                       # plain (the floor), off, auto; 30 pairs each
     python benchmarks/bench_paired.py --configs auto --pairs 60 --block 100
+    python benchmarks/bench_paired.py --device cuda         # the loop on a card: wall time, synchronised
     PYTHONPATH=/other/checkout python benchmarks/bench_paired.py   # another optcheck
 """
 
@@ -39,19 +40,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_small_loop import CONFIGS, build_loop  # noqa: E402  (the loop, written for issue 34)
 
 
-def timed(step, n: int) -> float:
-    """CPU seconds (the process's) of ``n`` steps."""
-    c0 = time.process_time()
+def timed(step, n: int, device: str = "cpu") -> float:
+    """CPU seconds (the process's) of ``n`` steps; on a CUDA device wall seconds, the device
+    synchronised before and after (the host's and the card's time: a small loop there waits on
+    the host, and the Monitor's host work is what it adds)."""
+    if device == "cpu":
+        c0 = time.process_time()
+        for _ in range(n):
+            step()
+        return time.process_time() - c0
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
     for _ in range(n):
         step()
-    return time.process_time() - c0
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
 
 
-def pairs(configs: list[str], n_pairs: int, block: int, every: int, out: str) -> dict[str, list[float]]:
+def pairs(configs: list[str], n_pairs: int, block: int, every: int, out: str,
+          device: str = "cpu") -> dict[str, list[float]]:
     """``{config: [ratio per pair]}``, the configurations' pairs interleaved (see the module docstring)."""
     import optcheck
 
-    model, opt, step = build_loop(n_pairs * len(configs) * 2 * block + 40)
+    model, opt, step = build_loop(n_pairs * len(configs) * 2 * block + 40, device)
     for _ in range(20):
         step()
     ratios: dict[str, list[float]] = {c: [] for c in configs}
@@ -63,7 +76,7 @@ def pairs(configs: list[str], n_pairs: int, block: int, every: int, out: str) ->
                 if which == "watched" and CONFIGS[c] is not None:
                     mon = optcheck.Monitor(model, opt, every=every, out=os.path.join(out, f"{c}-{i}"),
                                            on_finding="ignore", ignore_config=False, **CONFIGS[c])
-                times[which] = timed(step, block)
+                times[which] = timed(step, block, device)
                 if mon is not None:
                     mon.close()
             ratios[c].append(times["watched"] / times["plain"])
@@ -76,6 +89,7 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=30, help="pairs per configuration")
     ap.add_argument("--block", type=int, default=100, help="steps per block")
     ap.add_argument("--every", type=int, default=100, help="the watched blocks' Monitor(every=...)")
+    ap.add_argument("--device", default="cpu", help="cpu (CPU time), or cuda (wall time, synchronised per block)")
     a = ap.parse_args()
     configs = a.configs.split(",")
     unknown = [c for c in configs if c not in CONFIGS]
@@ -85,10 +99,11 @@ def main() -> None:
 
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        ratios = pairs(configs, a.pairs, a.block, a.every, tmp)
+        ratios = pairs(configs, a.pairs, a.block, a.every, tmp, a.device)
     print(f"optcheck from {Path(optcheck.__file__).parent.parent}; {a.pairs} pairs of {a.block}-step blocks per "
-          f"configuration, every={a.every}, 1 thread; load {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end")
-    print("| configuration | CPU ratio to the plain block of its pair, median | quartiles | min-max |")
+          f"configuration, every={a.every}, {a.device}, 1 thread; load {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end")
+    clock = "CPU" if a.device == "cpu" else "wall"
+    print(f"| configuration | {clock} ratio to the plain block of its pair, median | quartiles | min-max |")
     print("|---|---:|---:|---:|")
     for c in configs:
         r = sorted(ratios[c])

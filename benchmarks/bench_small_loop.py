@@ -61,9 +61,10 @@ CONFIGS = {"plain": None, "plain2": None, "auto": {"hazards": "auto"}, "off": {"
 SEQ, BATCH, WIDTH, LAYERS, HEADS = 32, 8, 64, 2, 4
 
 
-def build_loop(total: int):
+def build_loop(total: int, device: str = "cpu"):
     """The loop's model, optimizer and one training step (``step()`` returns the loss), its
-    schedule ``total`` steps long: the module docstring's loop (``bench_step_frames.py`` runs it too)."""
+    schedule ``total`` steps long: the module docstring's loop (``bench_step_frames.py`` runs it too);
+    ``device``: where the model and each batch live (the corpus and the sampling stay on the CPU)."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -89,7 +90,7 @@ def build_loop(total: int):
             h = self.tok(x) + self.pos
             return self.out(self.norm(self.body(h, mask=self.mask, is_causal=True)))
 
-    model = CharTransformer()
+    model = CharTransformer().to(device)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and n != "pos"]
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and n != "pos")]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
@@ -102,6 +103,8 @@ def build_loop(total: int):
         i = torch.randint(0, len(data) - SEQ - 1, (BATCH,), generator=g)
         x = torch.stack([data[j:j + SEQ] for j in i.tolist()])
         y = torch.stack([data[j + 1:j + SEQ + 1] for j in i.tolist()])
+        if device != "cpu":
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         loss = F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
