@@ -616,6 +616,7 @@ class Monitor:
         if self._loss is not None:
             self._losses.append((step, self._ledger.keep(self._loss)))  # (DeviceLedger.keep: no CPU tensor held)
             self._loss = None
+        self._loss_before = None  # (the step's tensors are let go at its end)
         try:
             if self._switch_event is not None:
                 self._switch_done()

@@ -21,6 +21,7 @@ none outside a snapshot or a metrics batch.
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Callable
 
 import torch
@@ -69,6 +70,11 @@ def host_values(tensors: list[torch.Tensor]) -> list[list[float]]:
 CHUNK = 256
 
 
+#: how many of the tensors it copied last a :class:`DeviceLedger` recognises when handed them again
+#: (a step hands over the loss, then a clip total twice, then the loss again)
+RECENT = 2
+
+
 class Kept:
     """Where :meth:`DeviceLedger.keep` put a tensor's values: ``n`` elements from ``at`` in
     the ledger's buffers on ``device`` (the CPU)."""
@@ -98,10 +104,12 @@ class DeviceLedger:
     0 with the copy, which costs 2-5 µs per value). A CUDA tensor's memory is the caching
     allocator's, not the C heap's, and a copy there is a kernel launch: values on other devices
     are held as they are, as is a tensor the buffer cannot take (complex, sparse, a subclass
-    such as DTensor, more than ``CHUNK`` elements, a copy that fails).
+    such as DTensor, more than ``CHUNK`` elements, a copy that fails). The same tensor handed over
+    again with its version counter unmoved (the loss: the hazard probes' NaN check and the
+    Monitor's loss; a clip total: OC501 and OC207) is not copied again: both read its one copy.
     """
 
-    __slots__ = ("_items", "_bufs", "_views", "_pos", "_out")
+    __slots__ = ("_items", "_bufs", "_views", "_pos", "_out", "_last")
 
     def __init__(self) -> None:
         self._items: list[tuple[object, Callable[[list[float]], None]]] = []
@@ -109,6 +117,10 @@ class DeviceLedger:
         self._views: dict[torch.device, list[torch.Tensor]] = {}  # device -> a 0-d view of each of their values
         self._pos: dict[torch.device, int] = {}  # device -> values written since the last rewind
         self._out = 0  # Kept handed out by keep() and not read back yet (the buffers rewind at 0)
+        # (a weak reference, its version then, where it went) for each of the last RECENT tensors copied:
+        # the same tensor again, not written since, is not copied again (the loss and a clip total are
+        # each handed over twice a step, by two probes); weak references, so that no tensor is held
+        self._last: list[tuple] = []
 
     def __len__(self) -> int:
         return len(self._items)
@@ -127,6 +139,9 @@ class DeviceLedger:
         return kept
 
     def _put(self, tensor: torch.Tensor):
+        for ref, version, kept in self._last:
+            if ref() is tensor and tensor._version == version:
+                return kept  # (its values are in the buffers already: read from there twice)
         t = tensor.detach() if tensor.requires_grad else tensor
         device = t.device
         if device.type != "cpu" or type(t) is not torch.Tensor or t.is_complex():  # (the class docstring)
@@ -155,7 +170,12 @@ class DeviceLedger:
                 raise
             return t
         self._pos[device] = at + n
-        return Kept(device, at, n)
+        kept = Kept(device, at, n)
+        try:
+            self._last = [(weakref.ref(tensor), tensor._version, kept), *self._last[:RECENT - 1]]
+        except TypeError:  # (a tensor type without weak references: copied each time)
+            pass
+        return kept
 
     def read(self, extra: list = ()) -> list[list[float]]:
         """Read the pending values and ``extra`` (one transfer per device); run the
@@ -170,6 +190,7 @@ class DeviceLedger:
         if self._out <= 0:  # every value kept is read: the buffers are written from their start again
             self._out = 0
             self._pos.clear()
+            self._last = []
         for (_, on_read), v in zip(items, values[len(extra):]):
             try:
                 on_read(v)

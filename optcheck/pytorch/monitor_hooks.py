@@ -156,13 +156,15 @@ def backward_roots(tensors) -> list[torch.Tensor]:
 
 
 def backward_loss(roots: list[torch.Tensor], grads=None) -> torch.Tensor | None:
-    """The loss of a backward pass from ``roots`` (:func:`backward_roots`), detached, on
-    its device (no sync): the root itself for one; Σ gᵢ·lᵢ for several, over the
-    one-element roots, gᵢ their one-element ``grad_tensors`` entry (else 1). None
-    when no root has one element (a non-scalar ``backward(gradient)``)."""
-    if grads is None and len(roots) == 1:  # loss.backward(): the common case, two C calls
+    """The loss of a backward pass from ``roots`` (:func:`backward_roots`), on its device
+    (no sync): the root itself for one, as it is (the hazard probes' NaN check hands the
+    same tensor to the ledger, which copies it once for both: optcheck/pytorch/deferred.py);
+    Σ gᵢ·lᵢ for several, detached, over the one-element roots, gᵢ their one-element
+    ``grad_tensors`` entry (else 1). None when no root has one element (a non-scalar
+    ``backward(gradient)``)."""
+    if grads is None and len(roots) == 1:  # loss.backward(): the common case, one C call
         r = roots[0]
-        return r.detach() if r.numel() == 1 else None
+        return r if r.numel() == 1 else None
     gs = list(grads) if isinstance(grads, (list, tuple)) else [grads] * len(roots)
     terms = [r.detach() if not (isinstance(g, torch.Tensor) and g.numel() == 1)
              else r.detach().reshape(()) * g.detach().reshape(())
@@ -240,7 +242,7 @@ class ClipNorm:
         if isinstance(total, torch.Tensor) and total.numel() == 1:
             if not probe.same_objects(params, self._params):  # (per step the same parameters: their id set is kept)
                 self._params, self._ids = params, frozenset(map(id, params))
-            self.total = total.detach()
+            self.total = total.detach() if total.requires_grad else total  # (clip_grad_norm_ runs under no_grad: no op)
         else:
             self.total = None
         if self.on_record is not None:

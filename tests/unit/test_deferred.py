@@ -145,3 +145,57 @@ def test_values_off_the_cpu_are_held_not_copied():
     t = torch.empty((), device="meta")
     assert ledger.keep(t) is t and ledger._pos == {}
     assert type(ledger.keep(torch.tensor(1.0))) is deferred.Kept
+
+
+def test_the_same_tensor_handed_over_twice_is_copied_once_and_read_by_both():
+    """Issue 34: the loss (the hazard probes' NaN check, the Monitor's loss) and a clip total
+    (OC501, OC207) are each handed over twice a step: one copy serves both."""
+    ledger = DeviceLedger()
+    seen = []
+    loss = torch.tensor(2.5, requires_grad=True) * 2
+    ledger.add(loss, lambda v: seen.append(("nan check", v)))
+    kept = ledger.keep(loss)
+    assert ledger._pos[torch.device("cpu")] == 1  # one value written, not two
+    assert ledger.read([kept]) == [[5.0]] and seen == [("nan check", [5.0])]
+
+
+def test_a_step_hands_over_the_loss_then_a_clip_total_twice_then_the_loss_again_two_copies():
+    """The order a Monitor's step hands them over in: the hazard probes' loss check before
+    backward, OC207 and OC501 on the clip total at the step pre-hook, the loss kept at step end."""
+    ledger = DeviceLedger()
+    seen = []
+    loss = torch.tensor(2.5, requires_grad=True) * 2
+    total = torch.tensor(0.75)
+    ledger.add(loss, lambda v: seen.append(("loss finite", v)))
+    ledger.add(total, lambda v: seen.append(("oc207", v)))
+    ledger.add(total, lambda v: seen.append(("oc501", v)))
+    kept = ledger.keep(loss)
+    assert ledger._pos[torch.device("cpu")] == 2
+    assert ledger.read([kept]) == [[5.0]]
+    assert seen == [("loss finite", [5.0]), ("oc207", [0.75]), ("oc501", [0.75])]
+
+
+def test_a_tensor_written_in_between_is_copied_again():
+    ledger = DeviceLedger()
+    seen = []
+    total = torch.tensor(3.0)
+    ledger.add(total, seen.append)
+    total.mul_(2)  # its version counter moves: the copy made before is not its value now
+    ledger.add(total, seen.append)
+    other = torch.tensor(3.0)  # an equal value in another tensor: a copy of its own
+    ledger.add(other, seen.append)
+    assert ledger._pos[torch.device("cpu")] == 3
+    ledger.read()
+    assert seen == [[3.0], [6.0], [3.0]]
+
+
+def test_after_the_buffers_rewind_the_same_tensor_is_copied_again():
+    ledger = DeviceLedger()
+    seen = []
+    t = torch.tensor(1.0)
+    ledger.add(t, seen.append)
+    ledger.read()  # rewinds: the slot t went to is written over next
+    ledger.add(torch.tensor(9.0), seen.append)
+    ledger.add(t, seen.append)
+    ledger.read()
+    assert seen == [[1.0], [9.0], [1.0]]

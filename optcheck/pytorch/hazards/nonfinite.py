@@ -31,6 +31,11 @@ class NonfiniteProbe:
     # metrics batch (``self.ledger``, optcheck/pytorch/deferred.py): no host sync per step. The
     # event carries the step the value was made at.
     def _check_loss_finite(self, loss: torch.Tensor, step: int) -> None:
+        if loss.dim() == 0 and not loss.is_complex():
+            # the loss itself is the flag (no kernel): handed over as the tensor the Monitor keeps as
+            # the step's loss, the ledger copies it once for both (optcheck/pytorch/deferred.py)
+            self.ledger.add(loss, lambda v, step=step: self._loss_read(v, step, True))
+            return
         t = loss.detach()
         if t.is_complex():
             t = t.abs()
