@@ -315,6 +315,7 @@ def _soak_run(args, data: Path, clock: Clock) -> tuple[float, dict]:
     from optcheck.drivers.protocol import Stream
     from optcheck.pytorch.train import TorchBackend
     from optcheck.drivers.worker_loop import Loop
+    from optcheck.run.sequencer import Cost
 
     cfg = _soak_cfg(args, data)
     be = TorchBackend()
