@@ -166,6 +166,20 @@ def with_dtype(snap: dict, dtype: str) -> dict:
     return s
 
 
+def on_device(snap: dict, device: str, state_keys_left_on_cpu: Iterable[str] = ()) -> dict:
+    """A copy whose parameters are on ``device`` (``"cuda:0"``); the optimizer-state tensors named
+    in ``state_keys_left_on_cpu`` stay on the CPU (recorded with ``device``, as the probe records a
+    state tensor on another device than its parameter), the others moved with them."""
+    s = copy.deepcopy(snap)
+    for p in s["params"]:
+        p["device"] = device
+    for st in s["state"]:
+        for key, t in st["tensors"].items():
+            if key in state_keys_left_on_cpu:
+                t["device"] = "cpu"
+    return s
+
+
 def with_params(snap: dict, **fields) -> dict:
     """A copy in which every parameter's ``fields`` are set (``version=1``: no in-place write)."""
     s = copy.deepcopy(snap)

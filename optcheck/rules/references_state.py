@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Iterable
 
 from optcheck.findings import Finding
-from optcheck.rules._fixtures import (Invalid, Valid, at, cases, clean, disposed_after_to_dtype, edit, member, param,
-                                      state_of, steps, with_dtype)
+from optcheck.rules._fixtures import (Invalid, Valid, at, cases, clean, disposed_after_to_dtype, edit, member,
+                                      on_device, param, state_of, steps, with_dtype)
 from optcheck.rules._events import events
 from optcheck.rules._identity import DISPOSED_NEXT, factored, lazy_state, name_of, prestep_finding, state_keys
 from optcheck.rules.base import Rule, RuleContext, listing, register
@@ -163,6 +163,9 @@ class StateMismatch(Rule):
                 "state1": {"shape": [4, 4], "dtype": "uint8"}, "absmax1": {"shape": [1], "dtype": "float32"}}}
                 for i in range(3)]), 200)),
                   "preconditioners, low-rank projections and 8-bit states, never shaped like the parameter"),
+            Valid(steps(on_device(clean(), "cuda:0", state_keys_left_on_cpu=("step",)), 200),
+                  "AdamW's step counter, a 0-d tensor, kept on the CPU beside parameters on a GPU (not "
+                  "capturable, not fused: PyTorch's design)"),
         ]
 
     @cases
@@ -176,6 +179,9 @@ class StateMismatch(Rule):
             Invalid((clean(), at(with_dtype(clean(), "float16"), 200)),
                     "model.half() after the state was made, seen against the run's history",
                     step=200, param="layer0.weight"),
+            Invalid((on_device(clean(), "cuda:0", state_keys_left_on_cpu=("step", "exp_avg", "exp_avg_sq")),),
+                    "model.cuda() after the state was made: the moments left on the CPU", step=100,
+                    param="layer0.weight"),
         ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
@@ -219,6 +225,11 @@ class StateMismatch(Rule):
         matches its member (``mshape``/``mdtype``, ``before``: as first seen), or None."""
         shape, dtype, device = t.get("shape"), (t.get("dtype") or "").lower() or None, t.get("device")
         if device and mdevice and device != mdevice:
+            if device == "cpu" and shape is not None and not list(shape):
+                # a 0-d tensor on the CPU (a step counter): PyTorch's Adam, AdamW, NAdam, RAdam, Adagrad,
+                # RMSprop and others keep `step` there on purpose unless `capturable` (or `fused`) is set
+                # (docs/optimizers.md, OC107): no mismatch
+                return None
             return f"device {device} vs {mdevice}"
         if shape is None:
             return None
