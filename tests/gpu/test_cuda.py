@@ -78,9 +78,12 @@ def test_seed_001_mask_under_checkpointing_on_cuda(reentrant):
 def test_seed_002_cast_under_no_grad_on_cuda():
     events, exc, _ = run_seed(trainer(True), "fp32-cast-nograd", steps=INJECT + 2)
     found = [e for step in events.values() for e in step] + ([exc.event] if isinstance(exc, StepStopped) else [])
-    (ev,) = [e for e in found if e["kind"] == "graph_cut"]
+    ev, *later = [e for e in found if e["kind"] == "graph_cut"]
     assert ev["step"] == INJECT and ev["detail"]["cut"] == "partial", ev
     assert ev["detail"]["first_module"]["module"] == "h.0.ln_1"
+    # the cut goes on at each later step: the same cut again (as on the CPU: test_seeds_pytorch.py)
+    assert [e["step"] for e in later] == list(range(INJECT + 1, INJECT + 3))
+    assert all(e["detail"]["first_module"] == ev["detail"]["first_module"] for e in later)
 
 
 CLEAN = [dict(optim="fused", precision="bf16"), dict(optim="foreach", precision="bf16"),

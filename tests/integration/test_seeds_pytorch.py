@@ -116,6 +116,18 @@ def test_fp32_cast_nograd_partial_cut_and_silent_training_without_optcheck():
     assert exc is None and len(starved) == 27 and "lm_head.weight" not in starved  # trains silently
 
 
+def test_a_partial_cut_that_goes_on_is_reported_again_at_each_later_step():
+    """The first card run (benchmarks/gpu_check.sh) took two events for one cut as a fault:
+    the cut is named at its step, then the same cut again at each step it goes on."""
+    events, exc, _ = run(trainer(True), "fp32-cast-nograd", steps=INJECT + 2)
+    assert exc is None and not events[INJECT - 1]
+    cuts = {step: [e for e in evs if e["kind"] == "graph_cut"] for step, evs in events.items() if evs}
+    assert sorted(cuts) == [INJECT, INJECT + 1, INJECT + 2] and all(len(c) == 1 for c in cuts.values())
+    first = cuts[INJECT][0]["detail"]["first_module"]
+    assert first["module"] == "h.0.ln_1" and all(c[0]["detail"]["first_module"] == first for c in cuts.values())
+    assert all(c[0]["step"] == step for step, c in cuts.items())
+
+
 def test_detached_loss():
     _, exc, step = run(trainer(True), "detached-loss")
     assert isinstance(exc, StepStopped) and step == INJECT
