@@ -12,9 +12,12 @@ with CUDA events (read at the end). The model is optcheck's nanoGPT-style GPT
 
 - ``nan-loss``: the loss multiplied by NaN at that step (OC501 at that step);
 - ``no-zero-grad``: ``zero_grad()`` left out from that step on (OC204);
-- ``keep-loss-graph``: every step's loss appended to a history list from that step on,
-  graph and all (``history.append(loss)``): device memory grows (OC401 on
-  ``device_allocated_bytes``);
+- ``keep-outputs``: every step's logits appended to a history list from that step on,
+  graph and all (``history.append(logits)``, no ``.detach()``): device memory grows by a
+  batch of logits a step (OC401 on ``device_allocated_bytes``), the host heap by the graph's
+  nodes. (Keeping the *loss* is no device leak: ``backward()`` frees the saved tensors, and
+  what stays is the graph's nodes on the host and a 0-d tensor; the first card run named
+  that one on the malloc heap);
 - ``param-rebind``: ``lm_head.weight`` replaced by a new Parameter after the optimizer
   was built (the optimizer updates the old one: OC101-family).
 """
@@ -28,7 +31,7 @@ import torch
 
 from optcheck.pytorch.gpt import GPT, GPTConfig
 
-BUGS = ("nan-loss", "no-zero-grad", "keep-loss-graph", "param-rebind")
+BUGS = ("nan-loss", "no-zero-grad", "keep-outputs", "param-rebind")
 
 #: GPT-2 small: 12 layers, 12 heads, 768 wide, 1024 context, 50,257 tokens, tied head (124 M parameters)
 GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257)
@@ -91,11 +94,11 @@ def train(*, sizes: dict = TINY, device: str = "cuda", steps: int = 30, batch: i
             if bug == "param-rebind" and step == bug_at:
                 model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
             with autocast():
-                _, loss = fwd(x, y)
+                logits, loss = fwd(x, y)
             if bug == "nan-loss" and step == bug_at:
                 loss = loss * float("nan")
-            if bug == "keep-loss-graph" and step >= bug_at:
-                history.append(loss)  # a loss history that keeps every step's graph alive
+            if bug == "keep-outputs" and step >= bug_at:
+                history.append(logits)  # outputs kept for later, graph and all: a batch of logits a step
             if scaler is not None:
                 if mon is not None:
                     mon.step(loss)  # the unscaled loss (backward sees the scaled one)
