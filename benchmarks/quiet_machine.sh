@@ -33,19 +33,30 @@ base_args=()
 [ -n "$BASE" ] && base_args=(--baseline-tree "$BASE")  # (adds auto@base and off@base to the rounds)
 timeout 300 "$PY" "$HERE/bench_small_loop.py" --configs "$configs" --steps "$STEPS" --rounds "$ROUNDS" \
     "${base_args[@]}" > "$OUT/rounds.txt" 2>&1 &
+jobs_=($!)
 timeout 300 "$PY" "$HERE/bench_small_loop.py" --configs "$configs" --steps "$STEPS" --rounds "$ROUNDS" \
     --lockstep 100 "${base_args[@]}" > "$OUT/lockstep.txt" 2>&1 &
+jobs_+=($!)
 (
-    timeout 150 "$PY" "$HERE/bench_paired.py" --pairs "$PAIRS"
+    timeout 150 "$PY" "$HERE/bench_paired.py" --pairs "$PAIRS" || exit
     if [ -n "$BASE" ]; then
         echo "--- BASE: $BASE"
         PYTHONPATH="$BASE" timeout 150 "$PY" "$HERE/bench_paired.py" --pairs "$PAIRS"
     fi
 ) > "$OUT/paired.txt" 2>&1 &
-wait
+jobs_+=($!)
+rc=0
+for j in "${jobs_[@]}"; do
+    wait "$j" || rc=1
+done
 if "$PY" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
-    timeout 120 "$PY" "$HERE/bench_paired.py" --pairs 10 --device cuda > "$OUT/paired_cuda.txt" 2>&1
+    timeout 120 "$PY" "$HERE/bench_paired.py" --pairs 10 --device cuda > "$OUT/paired_cuda.txt" 2>&1 || rc=1
 fi
 for f in rounds lockstep paired paired_cuda; do
-    [ -f "$OUT/$f.txt" ] && { echo "=== $f"; tail -n 14 "$OUT/$f.txt"; }
+    if [ -f "$OUT/$f.txt" ]; then
+        echo "=== $f"
+        tail -n 14 "$OUT/$f.txt"
+    fi
 done
+[ "$rc" = 0 ] || echo "quiet_machine: a measurement failed (its file in $OUT says why)" >&2
+exit "$rc"

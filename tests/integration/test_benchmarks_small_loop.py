@@ -1,0 +1,39 @@
+"""Issue 34's cost benchmarks run, scaled down, so that a refactor cannot leave them broken
+until the next person who measures (``benchmarks/bench_paired.py``, ``bench_small_loop.py``,
+``quiet_machine.sh``; their figures are in docs/guide/cost.md). What they measure is not
+asserted: a time is no test here."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_paired_benchmark_prints_a_ratio_for_each_configuration():
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_paired.py"), "--pairs", "1", "--block", "6",
+                        "--every", "3"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = {m.group(1): float(m.group(2)) for m in re.finditer(r"^\| (plain|off|auto)\b[^|]*\| ([0-9.]+)x", p.stdout, re.M)}
+    assert set(rows) == {"plain", "off", "auto"} and all(r > 0 for r in rows.values()), p.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_paired.py"), "--configs", "auto,fast"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode != 0 and "unknown configuration(s) ['fast']" in bad.stderr
+
+
+@pytest.mark.slow
+def test_the_quiet_machine_script_runs_its_three_methods(tmp_path):
+    env = {**os.environ, "STEPS": "20", "ROUNDS": "1", "PAIRS": "1", "PYTHON": sys.executable}
+    p = subprocess.run(["bash", str(ROOT / "benchmarks" / "quiet_machine.sh"), str(tmp_path)], capture_output=True,
+                       text=True, timeout=900, env=env, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "cores:" in (tmp_path / "machine.txt").read_text()
+    for name in ("rounds", "lockstep", "paired"):
+        text = (tmp_path / f"{name}.txt").read_text()
+        assert re.search(r"^\| auto\b", text, re.M) and re.search(r"^\| off\b", text, re.M), (name, text[-2000:])
