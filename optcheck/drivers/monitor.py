@@ -467,8 +467,10 @@ class Monitor:
         ``torch.autograd.backward([l1, l2], grad_tensors)``): the hazard checks on each;
         the step's loss is Σ gᵢ·lᵢ over the one-element roots (gᵢ their one-element
         ``grad_tensors``, else 1), kept on the device until the next snapshot."""
-        for t in roots:  # first: its end takes the hazards' write log off (optcheck/pytorch/hazards/writes.py)
-            self.hazards.check_loss(t, self.step_count + 1)
+        loss = backward_loss(roots, grads)  # (a detach, no write: nothing for the hazards' write log to record)
+        for t in roots:  # first of the probes: its end takes the hazards' write log off (hazards/writes.py)
+            # (one root: its NaN check reads the detached loss kept below, one copy in the ledger for both)
+            self.hazards.check_loss(t, self.step_count + 1, loss if len(roots) == 1 else None)
         self.clip_norm.clear()
         self.grad_clear.before_backward()  # (lazy modules materialised in their first forward are adopted there)
         ib = self.in_backward
@@ -478,7 +480,6 @@ class Monitor:
                 self.seq.pre_step(self.step_count + 1)
         if self.rank_watch.before_backward(self.step_count):  # under torchrun: the ranks differ
             self.seq.take(self.step_count + 1, "pre-step", "check")
-        loss = backward_loss(roots, grads)
         self._loss_before = self._loss  # (back to it when the pass reaches none of this optimizer's parameters)
         if loss is not None:
             self._loss = loss

@@ -156,15 +156,15 @@ def backward_roots(tensors) -> list[torch.Tensor]:
 
 
 def backward_loss(roots: list[torch.Tensor], grads=None) -> torch.Tensor | None:
-    """The loss of a backward pass from ``roots`` (:func:`backward_roots`), on its device
-    (no sync): the root itself for one, as it is (the hazard probes' NaN check hands the
-    same tensor to the ledger, which copies it once for both: optcheck/pytorch/deferred.py);
-    Σ gᵢ·lᵢ for several, detached, over the one-element roots, gᵢ their one-element
-    ``grad_tensors`` entry (else 1). None when no root has one element (a non-scalar
-    ``backward(gradient)``)."""
-    if grads is None and len(roots) == 1:  # loss.backward(): the common case, one C call
+    """The loss of a backward pass from ``roots`` (:func:`backward_roots`), detached, on
+    its device (no sync): the root itself for one; Σ gᵢ·lᵢ for several, over the
+    one-element roots, gᵢ their one-element ``grad_tensors`` entry (else 1). None
+    when no root has one element (a non-scalar ``backward(gradient)``). Detached: a
+    Monitor holds it to the step's end, and must not hold a graph kept with
+    ``retain_graph=True`` that the user let go of."""
+    if grads is None and len(roots) == 1:  # loss.backward(): the common case, two C calls
         r = roots[0]
-        return r if r.numel() == 1 else None
+        return r.detach() if r.numel() == 1 else None
     gs = list(grads) if isinstance(grads, (list, tuple)) else [grads] * len(roots)
     terms = [r.detach() if not (isinstance(g, torch.Tensor) and g.numel() == 1)
              else r.detach().reshape(()) * g.detach().reshape(())

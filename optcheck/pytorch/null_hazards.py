@@ -38,7 +38,7 @@ class NullHazards:
     def step_context(self, step: int):
         return NO_CONTEXT
 
-    def check_loss(self, loss, step: int) -> None:
+    def check_loss(self, loss, step: int, value=None) -> None:
         pass
 
     def after_backward(self, step: int) -> None:

@@ -117,3 +117,34 @@ def test_a_bad_argument_is_one_valueerror_line_and_the_folder_stays_free(tmp_pat
         optcheck.Monitor(model, opt, out=str(tmp_path / "a"), **kwargs)
     assert words in str(exc.value) and "\n" not in str(exc.value)
     optcheck.Monitor(model, opt, out=str(tmp_path / "a")).close()  # the corrected retry is not refused
+
+
+@pytest.mark.parametrize("hazards", ["auto", "always", False])
+def test_a_graph_kept_with_retain_graph_is_let_go_when_the_user_lets_go_of_it(tmp_path, hazards):
+    """A graph kept by ``backward(retain_graph=True)`` is freed as soon as the user drops the loss,
+    mid-step, armed or not: the Monitor keeps each step's loss detached, and the armed probes'
+    pack records hold a detached alias of what an op saved (tanh saves its own output: the tensor
+    itself would tie the graph into a loop the cycle collector cannot see, and it leaked, one
+    graph per armed step, on a card its activations)."""
+    import weakref
+
+    import torch
+
+    import optcheck
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    freed = []
+    with optcheck.Monitor(model, opt, every=5, out=str(tmp_path / "run"), on_finding="ignore", hazards=hazards):
+        for _ in range(6):
+            h = torch.tanh(model(torch.randn(4, 8)))  # tanh saves its output h for backward
+            ref = weakref.ref(h)
+            loss = (h * 2).sum()
+            del h
+            opt.zero_grad()
+            loss.backward(retain_graph=True)
+            del loss  # the graph (and h in it) has no holder left but a Monitor that kept it
+            freed.append(ref() is None)
+            opt.step()
+    assert all(freed), freed

@@ -7,7 +7,7 @@ hook interface of :class:`optcheck.pytorch.null_hazards.NullHazards`:
 - ``step_context(step)``: a context manager around forward *and* backward of one
   step (saved-tensor hooks + per-module flags are live inside it only, so
   ``torch.no_grad()`` evaluation passes between steps are not looked at);
-- ``check_loss(loss, step)``: before ``loss.backward()``;
+- ``check_loss(loss, step, value=None)``: before ``loss.backward()``;
 - ``after_backward(step)``: after ``backward()``, before ``optimizer.step()``;
 - ``has_events()`` / ``drain()``: events (schema-1 Event dicts
   ``{kind, step, where, count, detail}``) recorded since the last drain;

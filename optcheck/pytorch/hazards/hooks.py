@@ -374,11 +374,13 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         return None
 
     @unmoded
-    def check_loss(self, loss: torch.Tensor, step: int) -> None:
+    def check_loss(self, loss: torch.Tensor, step: int, value: torch.Tensor | None = None) -> None:
         """Before ``loss.backward()``: in-place writes since the last module
         boundary, a loss without ``grad_fn`` (raises ``StepStopped``; a leaf loss
         that requires grad is recorded instead: backward would run), a non-finite
-        loss (recorded)."""
+        loss (recorded). ``value``: ``loss`` detached, as the caller keeps it (a Monitor's
+        step loss): the non-finite check hands that tensor to the ledger, which then copies
+        it once for both (``optcheck/pytorch/deferred.py``)."""
         self._step = step
         self._fresh = False
         self._before_backward_grads()
@@ -401,7 +403,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         if loss.grad_fn is not None:
             self._roots.append(loss.grad_fn)
         self._check_loss_graph(loss)
-        self._check_loss_finite(loss, step)
+        self._check_loss_finite(loss if value is None else value, step)
 
     @unmoded
     def after_backward(self, step: int) -> None:

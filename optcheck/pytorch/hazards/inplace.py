@@ -71,7 +71,13 @@ class InplaceProbe:
             code = f.f_code
         v = t._version
         made = t.grad_fn  # the node that made it, as PyTorch's own error names it (not kept: a name)
-        rec = (t, v, self._cur, code, f.f_lineno, type(made).__name__ if made is not None else None)
+        # the record (which the graph keeps) holds a detached alias of a tensor made by an op: same
+        # storage, same version counter, no grad_fn. The tensor itself would close a loop the cycle
+        # collector cannot see when the op saving it is the one that made it (tanh, exp, softmax save
+        # their output): graph -> record -> tensor -> grad_fn -> graph, and a graph kept by
+        # backward(retain_graph=True) would then outlive the user's last reference (docs/hazards.md)
+        held = t if made is None else t.detach()
+        rec = (held, v, self._cur, code, f.f_lineno, type(made).__name__ if made is not None else None)
         if self._eval_ptrs:  # the output of a no-grad pass, saved by an op: that pass feeds a graph
             p = self._eval_ptrs.get(_storage_ptr(t))
             if p is not None:
@@ -114,8 +120,9 @@ class InplaceProbe:
         written = self._writer(rec, detected_at)
         op = self._saving_op(t)
         tensor = {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
-                  "type": _safe(lambda: t.type()), "grad_fn": type(t.grad_fn).__name__ if t.grad_fn else None,
-                  "requires_grad": t.requires_grad}
+                  "type": _safe(lambda: t.type()),  # (the record holds a detached alias: grad_fn from it)
+                  "grad_fn": made if made is not None else type(t.grad_fn).__name__ if t.grad_fn else None,
+                  "requires_grad": made is not None or t.requires_grad}
         detail = {
             "tensor": tensor, "saved_version": v, "version": t._version,
             "saved_by": {"op": op, "module": self._calls[call] if 0 <= call < len(self._calls) else None,

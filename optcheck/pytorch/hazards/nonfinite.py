@@ -32,8 +32,8 @@ class NonfiniteProbe:
     # event carries the step the value was made at.
     def _check_loss_finite(self, loss: torch.Tensor, step: int) -> None:
         if loss.dim() == 0 and not loss.is_complex():
-            # the loss itself is the flag (no kernel): handed over as the tensor the Monitor keeps as
-            # the step's loss, the ledger copies it once for both (optcheck/pytorch/deferred.py)
+            # the loss itself is the flag (no kernel); the very tensor a Monitor keeps as the step's loss
+            # (check_loss's value), so the ledger copies it once for both (optcheck/pytorch/deferred.py)
             self.ledger.add(loss, lambda v, step=step: self._loss_read(v, step, True))
             return
         t = loss.detach()
