@@ -4,9 +4,12 @@ learning rate and another seed, each judged against it; the reason is in the Mar
 summary. ``optcheck baseline RUN DIR`` judges the same runs again from their folders.
 
 The machine is shared (2 cores, other jobs): step times move by +-20 % from load alone,
-so the speed check runs with ``--speed-tolerance 50%`` and the slow worker sleeps long
-enough per step (a global optimizer step pre-hook, test-only, through ``--python``) to
-be several times slower."""
+and by 1.6x when another process shares the machine while one of the two soaks runs (seen
+in a CI run beside a 20,000-step soak). So the speed check runs with
+``--speed-tolerance 50%`` where it is the subject (the slow worker sleeps long enough per
+step, a global optimizer step pre-hook, test-only, through ``--python``, to be several
+times slower), and with 400% in the tests about seeds, losses and findings, whose verdict
+a loaded moment must not decide."""
 
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ from conftest import SMALL, run_cli
 from optcheck.run import exitcodes
 
 STEPS = ["--steps", "200", "--every", "100", *SMALL]
-LOOSE = ["--speed-tolerance", "50%"]
+LOOSE = ["--speed-tolerance", "50%"]  # the speed check's own tests
+NOT_SPEED = ["--speed-tolerance", "400%"]  # tests of the other checks: only a 5x slower run fails on speed
 NIGHTS = Path(__file__).resolve().parents[1] / "fixtures" / "nights"  # recorded runs, see its README.md
 XSD = Path(__file__).resolve().parents[1] / "fixtures" / "junit.xsd"
 
@@ -88,7 +92,7 @@ def _rows(md: str) -> dict[str, str]:
 
 
 def test_clean_rerun_of_the_baseline_passes(base, tmp_path):
-    rc, out, md = _soak(tmp_path, base / "seed-1", "--seed", "1", *LOOSE)
+    rc, out, md = _soak(tmp_path, base / "seed-1", "--seed", "1", *NOT_SPEED)
     assert rc == exitcodes.CLEAN, out
     assert "optcheck baseline: NO REGRESSION against the baseline" in out
     assert "IDENTICAL" in out  # same seed, same torch: bit-for-bit
@@ -104,7 +108,7 @@ def test_clean_rerun_of_the_baseline_passes(base, tmp_path):
 
 
 def test_another_seed_inside_the_seed_band_is_reported_not_failed(base, tmp_path):
-    rc, out, md = _soak(tmp_path, base, "--seed", "3", *LOOSE)
+    rc, out, md = _soak(tmp_path, base, "--seed", "3", *NOT_SPEED)
     assert rc == exitcodes.CLEAN, out
     assert "2 seeds (1, 2)" in out and "seed band" in out
     rows = _rows(md)
@@ -116,7 +120,7 @@ def test_another_seed_inside_the_seed_band_is_reported_not_failed(base, tmp_path
 def test_trajectory_that_differs_inside_the_band_is_reported_not_failed(base, tmp_path):
     """Same seed, lr x 1.01: the losses leave float-rounding noise from step 2 (docs/verdict.md),
     as when a dependency changes the numerics, but end inside the band: exit 0, said so."""
-    rc, out, md = _soak(tmp_path, base / "seed-1", "--seed", "1", "--lr", "0.00101", *LOOSE)
+    rc, out, md = _soak(tmp_path, base / "seed-1", "--seed", "1", "--lr", "0.00101", *NOT_SPEED)
     assert rc == exitcodes.CLEAN, out
     assert "NO REGRESSION, trajectory differs (reported, not failed): DIVERGED from step" in out
     rows = _rows(md)
@@ -125,7 +129,7 @@ def test_trajectory_that_differs_inside_the_band_is_reported_not_failed(base, tm
 
 
 def test_planted_fault_fails_with_the_new_finding(base, tmp_path):
-    rc, out, md = _soak(tmp_path, base / "seed-1", "--seed", "1", "--inject", "no-zero-grad@100", *LOOSE)
+    rc, out, md = _soak(tmp_path, base / "seed-1", "--seed", "1", "--inject", "no-zero-grad@100", *NOT_SPEED)
     assert rc == exitcodes.FINDINGS, out
     assert "REGRESSION against the baseline: findings" in out
     line = next(x for x in out.splitlines() if x.strip().startswith("REGRESSION") and "findings" in x)
@@ -144,7 +148,7 @@ def test_findings_the_baseline_has_are_not_junit_failures(base, tmp_path):
     old = tmp_path / "old"
     rc, stdout, _ = run_cli(["soak", "-q", "--out", str(old), *STEPS, "--seed", "1", "--inject", "no-zero-grad@100"])
     assert rc == exitcodes.FINDINGS and "OC204" in stdout
-    rc, out, md = _soak(tmp_path, old, "--seed", "1", "--inject", "no-zero-grad@100", *LOOSE)
+    rc, out, md = _soak(tmp_path, old, "--seed", "1", "--inject", "no-zero-grad@100", *NOT_SPEED)
     assert rc == exitcodes.CLEAN and "only findings the baseline has too: OC204" in out, out
     cases = _junit(tmp_path / "junit.xml", rc)
     case = cases["OC204 grad-not-cleared"]
@@ -174,7 +178,7 @@ def test_slower_worker_fails_on_speed(base, tmp_path):
 
 
 def test_lower_learning_rate_fails_on_the_loss(base, tmp_path):
-    rc, out, md = _soak(tmp_path, base / "seed-1", "--seed", "1", "--lr", "1e-4", *LOOSE)
+    rc, out, md = _soak(tmp_path, base / "seed-1", "--seed", "1", "--lr", "1e-4", *NOT_SPEED)
     assert rc == exitcodes.FINDINGS, out
     rows = _rows(md)
     assert rows["loss"] == "regression" and rows["held-out loss"] == "regression" and rows["findings"] == "ok", md
@@ -186,7 +190,7 @@ def test_lower_learning_rate_fails_on_the_loss(base, tmp_path):
     assert cases["baseline loss"].find("failure").get("type") == "regression loss"
     assert not _failed(cases["baseline findings"]) and not _failed(cases["baseline trajectory"])
     # the same judgement from the folders, without running again
-    rc2, out2, _ = run_cli(["baseline", str(tmp_path / "run"), str(base / "seed-1"), *LOOSE])
+    rc2, out2, _ = run_cli(["baseline", str(tmp_path / "run"), str(base / "seed-1"), *NOT_SPEED])
     assert rc2 == exitcodes.FINDINGS and "REGRESSION against the baseline: loss " in out2 and "; held-out loss " in out2
 
 
