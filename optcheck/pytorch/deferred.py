@@ -173,8 +173,9 @@ class DeviceLedger:
         kept = Kept(device, at, n)
         try:
             self._last = [(weakref.ref(tensor), tensor._version, kept), *self._last[:RECENT - 1]]
-        except TypeError:  # (a tensor type without weak references: copied each time)
-            pass
+        except Exception as e:  # noqa: BLE001 - no weak reference, or no version counter (an inference
+            if raised_by_signal_handler(e):  # tensor): not remembered, copied each time it comes
+                raise
         return kept
 
     def read(self, extra: list = ()) -> list[list[float]]:

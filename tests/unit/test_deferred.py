@@ -199,3 +199,17 @@ def test_after_the_buffers_rewind_the_same_tensor_is_copied_again():
     ledger.add(t, seen.append)
     ledger.read()
     assert seen == [[1.0], [9.0], [1.0]]
+
+
+def test_a_tensor_without_a_version_counter_is_copied_each_time_and_nothing_raises():
+    """An inference tensor (made under ``torch.inference_mode()``: a clip total or a loss taken
+    there) has no version counter to compare: reading it raised into the user's loop."""
+    with torch.inference_mode():
+        t = torch.tensor(2.0)
+    ledger = DeviceLedger()
+    seen = []
+    ledger.add(t, seen.append)
+    ledger.add(t, seen.append)
+    assert ledger._pos[torch.device("cpu")] == 2
+    ledger.read()
+    assert seen == [[2.0], [2.0]]
