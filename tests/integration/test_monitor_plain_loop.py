@@ -148,3 +148,38 @@ def test_a_graph_kept_with_retain_graph_is_let_go_when_the_user_lets_go_of_it(tm
             freed.append(ref() is None)
             opt.step()
     assert all(freed), freed
+
+
+@pytest.mark.parametrize("hazards", ["auto", False])
+def test_a_nan_loss_made_inside_the_users_step_is_found_at_its_step_and_recorded(tmp_path, hazards):
+    """The loss and the clip total each go to the ledger once and are read by two checks (the NaN
+    check, the step's recorded loss; OC501 and OC207): a NaN made in the user's own step, after
+    the forward and before backward, is found at that step and recorded as that step's loss."""
+    import math
+
+    import torch
+
+    import optcheck
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    with optcheck.Monitor(model, opt, every=5, out=str(tmp_path / "run"), on_finding="ignore",
+                          hazards=hazards) as mon:
+        for step in range(1, 11):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            if step == 7:
+                loss = loss * torch.log(torch.tensor(-1.0))  # the user's own bug: NaN, mid-step
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+    found = [f for f in mon.findings if f.code == "OC501"]
+    assert found and min(f.step for f in found) == 7, [(f.code, f.step, f.detail) for f in mon.findings]
+    if hazards:  # the hazard probes check the loss itself; off, the gradients' check names the step
+        assert any(f.step == 7 and f.detail.get("what") == "loss" for f in found), found
+    from optcheck.record.snapshot import to_float
+
+    losses = {r["step"]: to_float(r["loss"]) for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in r}
+    assert math.isnan(losses[7]) and all(math.isfinite(losses[s]) for s in range(1, 7)), losses
