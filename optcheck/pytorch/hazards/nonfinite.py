@@ -31,12 +31,9 @@ class NonfiniteProbe:
     # metrics batch (``self.ledger``, optcheck/pytorch/deferred.py): no host sync per step. The
     # event carries the step the value was made at.
     def _check_loss_finite(self, loss: torch.Tensor, step: int) -> None:
-        if loss.dim() == 0 and not loss.is_complex():
-            # the loss itself is the flag (no kernel); the very tensor a Monitor keeps as the step's loss
-            # (check_loss's value), so the ledger copies it once for both (optcheck/pytorch/deferred.py)
-            self.ledger.add(loss, lambda v, step=step: self._loss_read(v, step, True))
-            return
-        t = loss.detach()
+        # a 0-d real loss goes to the ledger as it is: the very tensor a Monitor keeps as the step's loss
+        # (check_loss's value), so the ledger copies it once for both (optcheck/pytorch/deferred.py)
+        t = loss if loss.dim() == 0 and not loss.is_complex() else loss.detach()
         if t.is_complex():
             t = t.abs()
         # a scalar loss is itself the flag (no kernel); otherwise isfinite().all() and its first value
