@@ -109,6 +109,8 @@ def _count(tensors: list) -> tuple[int, int]:
     for t in tensors:
         try:
             st = t.untyped_storage()
+            if st.device.type == "meta":  # a meta or fake tensor (torch.compile's FakeTensor): no memory;
+                continue  # and reading its data pointer warns (an error in a later PyTorch)
             ptr = st.data_ptr()
             if ptr not in seen:
                 seen.add(ptr)

@@ -75,3 +75,20 @@ def test_release_unfreezes(fresh):
     census.release()
     assert gc.get_freeze_count() == 0
     census.release()  # idempotent
+
+
+def test_meta_and_fake_tensors_are_counted_without_bytes_and_without_a_warning(fresh, recwarn):
+    """A FakeTensor alive in the process (torch.compile leaves them in its caches) has meta
+    storage: reading its data pointer warns "deprecated and will error" (seen on the first
+    GPU run, docs/gpu.md); the census counts it and no bytes for it, and warns nothing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode  # (the test makes one as Dynamo would)
+
+    n0, b0 = probe.tensor_census()
+    with FakeTensorMode():
+        fake = torch.empty(1000)
+    meta = torch.empty(1000, device="meta")
+    real = torch.ones(256)
+    n1, b1 = probe.tensor_census()
+    assert (n1 - n0, b1 - b0) == (3, 1024)
+    assert not [w for w in recwarn if "data pointer" in str(w.message)]
+    del fake, meta, real
