@@ -59,11 +59,21 @@ def timed(step, n: int, device: str = "cpu") -> float:
     return time.perf_counter() - t0
 
 
-def pairs(configs: list[str], n_pairs: int, block: int, every: int, out: str,
-          device: str = "cpu") -> dict[str, list[float]]:
-    """``{config: [ratio per pair]}``, the configurations' pairs interleaved (see the module docstring)."""
+def monitor(config: str, model, opt, every: int, out: str):
+    """A watched block's watcher: ``optcheck.Monitor`` with ``CONFIGS[config]``, or None (plain)."""
     import optcheck
 
+    if CONFIGS[config] is None:
+        return None
+    return optcheck.Monitor(model, opt, every=every, out=out, on_finding="ignore", ignore_config=False,
+                            **CONFIGS[config])
+
+
+def pairs(configs: list[str], n_pairs: int, block: int, every: int, out: str,
+          device: str = "cpu", watch=monitor) -> dict[str, list[float]]:
+    """``{config: [ratio per pair]}``, the configurations' pairs interleaved (see the module docstring).
+    ``watch(config, model, opt, every, out)``: what watches a watched block (its ``close()`` ends it;
+    None: nothing, the floor)."""
     model, opt, step = build_loop(n_pairs * len(configs) * 2 * block + 40, device)
     for _ in range(20):
         step()
@@ -72,10 +82,7 @@ def pairs(configs: list[str], n_pairs: int, block: int, every: int, out: str,
         for c in configs:
             times = {}
             for which in (("plain", "watched") if i % 2 == 0 else ("watched", "plain")):
-                mon = None
-                if which == "watched" and CONFIGS[c] is not None:
-                    mon = optcheck.Monitor(model, opt, every=every, out=os.path.join(out, f"{c}-{i}"),
-                                           on_finding="ignore", ignore_config=False, **CONFIGS[c])
+                mon = watch(c, model, opt, every, os.path.join(out, f"{c}-{i}")) if which == "watched" else None
                 times[which] = timed(step, block, device)
                 if mon is not None:
                     mon.close()

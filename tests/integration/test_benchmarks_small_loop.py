@@ -1,6 +1,6 @@
 """Issue 34's cost benchmarks run, scaled down, so that a refactor cannot leave them broken
 until the next person who measures (``benchmarks/bench_paired.py``, ``bench_small_loop.py``,
-``quiet_machine.sh``; their figures are in docs/guide/cost.md). What they measure is not
+``bench_floor.py``, ``quiet_machine.sh``; their figures are in docs/guide/cost.md). What they measure is not
 asserted: a time is no test here."""
 
 from __future__ import annotations
@@ -25,6 +25,39 @@ def test_the_paired_benchmark_prints_a_ratio_for_each_configuration():
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_paired.py"), "--configs", "auto,fast"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode != 0 and "unknown configuration(s) ['fast']" in bad.stderr
+
+
+def test_the_floor_benchmark_prints_its_five_configurations():
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_floor.py"), "--pairs", "1", "--block", "6",
+                        "--every", "3"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = {m.group(1) for m in re.finditer(r"^\| (plain|entry|fused|off|auto) \| [0-9.]+x", p.stdout, re.M)}
+    assert rows == {"plain", "entry", "fused", "off", "auto"}, p.stdout
+
+
+def test_the_floor_watcher_does_the_reads_it_is_the_floor_of():
+    """The fused watcher is a floor only if it reads what the Monitor's quiet step reads: its
+    fingerprint moves when a layer is replaced, its buffer holds each step's loss and clip
+    total, and it takes its wrappers off again."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import torch
+        from bench_floor import Watcher
+        from bench_small_loop import build_loop
+    finally:
+        sys.path.pop(0)
+    model, opt, step = build_loop(40)
+    orig = torch.Tensor.backward, torch.nn.utils.clip_grad_norm_
+    w = Watcher(model, opt, every=5, fused=True)
+    losses = [step().item() for _ in range(4)]
+    assert w.steps == 4 and w.fingerprint_moved == 0 and w.cleared == 0 and w.nonfinite == 0
+    assert w.buffer[0:8:2].tolist() == pytest.approx(losses) and all(v > 0 for v in w.buffer[1:8:2].tolist())
+    assert len(w.arrived) == len(w.params)
+    model.out.weight = torch.nn.Parameter(model.out.weight.detach().clone())
+    step()
+    assert w.fingerprint_moved == 1
+    w.close()
+    assert (torch.Tensor.backward, torch.nn.utils.clip_grad_norm_) == orig
 
 
 @pytest.mark.slow

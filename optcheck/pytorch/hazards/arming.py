@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from itertools import compress, repeat
-from operator import attrgetter, is_not, methodcaller
+from operator import attrgetter, is_not
 
 import torch
 
@@ -36,8 +36,7 @@ from optcheck.wording import describe_inplace
 MODES = ("auto", "always")
 _SHARED = ("shared",)  # _gb's mark: this pass's arrival is read from ``arrival_source``
 _GRAD = attrgetter("grad")
-_FORWARD = methodcaller("get", "forward")
-  # a forward replaced on the instance lives in its __dict__
+_FORWARD = repeat("forward")  # a forward replaced on the instance lives in its __dict__
 _top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 # torch/csrc/autograd/saved_variable.cpp (SavedVariable::unpack), torch 2.x wording
 _PYTORCH_INPLACE = re.compile(
@@ -198,7 +197,8 @@ class ArmingPolicy:
         """A cheap signature of the model's structure (two C-level maps over its modules): a
         ``forward`` replaced on an instance, children added or removed (``Sequential.insert``
         writes ``_modules`` without the registration hook)."""
-        return tuple(map(_FORWARD, self._mod_dicts)), tuple(map(len, self._mod_children))
+        # (map(dict.get, dicts, repeat(key)): 0.9 µs over 26 modules, methodcaller 2.4 µs; issue 34)
+        return tuple(map(dict.get, self._mod_dicts, _FORWARD)), tuple(map(len, self._mod_children))
 
     def _stay_armed(self, why: str) -> None:
         self._sticky = self._sticky or why

@@ -1,0 +1,252 @@
+"""How cheap can a per-step watcher written in Python be on the small, fast loop? (issue 34)
+
+``bench_paired.py`` measures the Monitor in paired blocks. This benchmark puts beside it two
+watchers written only for the measurement (they are not optcheck and judge nothing), in the
+same pairs, so that the Monitor's cost can be read against the least a Python watcher of the
+same contract costs:
+
+- ``entry``: the Monitor's entry points and nothing in them: ``Tensor.backward`` and
+  ``torch.autograd.backward`` replaced by wrappers that call the originals, ``clip_grad_norm_``
+  the same, a step pre- and post-hook on the optimizer and a forward pre-hook on the model
+  (the pass log's), each an empty Python function;
+- ``fused``: the same entry points, each doing in one pass what a quiet step must keep for the
+  per-step rules, and nothing else: before a backward pass the gradients and their version
+  counters (arrival, OC202/OC206), after it the parameters whose gradient is new or added to,
+  the loss and the clip total copied into one device buffer (OC501, read every ``every``
+  steps with one host read), before the step the identity fingerprint (every module
+  parameter's and param-group member's ``id`` and data pointer, compared with the last:
+  OC101-OC105) and the OC207 test (the two watched gradients' version counters unmoved since
+  backward), after it a step counter;
+- ``off``, ``auto``: ``optcheck.Monitor(every=100)`` with ``hazards=False`` and every probe, as in
+  ``bench_paired.py``; ``plain``: plain against plain (the method's floor).
+
+No snapshot, census or hazard probe runs in ``entry`` and ``fused``: the difference to ``off``
+is what the Monitor's per-step structure costs beyond the reads any watcher needs, plus its
+snapshots (one per block). Results: docs/guide/cost.md, "part 6".
+
+    python benchmarks/bench_floor.py                          # plain, entry, fused, off, auto; 30 pairs each
+    python benchmarks/bench_floor.py --configs entry,fused --pairs 60
+    python benchmarks/bench_floor.py --instructions --steps 10   # a quiet step in instructions (callgrind)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_not
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_paired import monitor, pairs  # noqa: E402
+from bench_small_loop import CONFIGS  # noqa: E402
+
+_GRAD = attrgetter("grad")
+WATCHERS = ("entry", "fused")
+
+
+class Watcher:
+    """One of the module docstring's two watchers over ``model`` and ``opt`` (``fused``: with
+    the reads; else the empty entry points). ``close()`` takes every wrapper and hook off."""
+
+    def __init__(self, model, opt, every: int, fused: bool) -> None:
+        import torch
+
+        self.torch, self.model, self.opt, self.every, self.fused = torch, model, opt, every, fused
+        self.steps = 0
+        self.fingerprint_moved = self.nonfinite = self.cleared = 0
+        self.arrived: set = set()
+        self._gb = None
+        self._seen = None
+        self._orig = (torch.Tensor.backward, torch.autograd.backward, torch.nn.utils.clip_grad_norm_)
+        orig_tensor, orig_autograd, orig_clip = self._orig
+        me = self
+
+        def tensor_backward(t, *a, **kw):
+            me.before_backward(t)
+            try:
+                return orig_tensor(t, *a, **kw)
+            finally:
+                me.after_backward()
+
+        def autograd_backward(tensors, *a, **kw):
+            me.before_backward(tensors if isinstance(tensors, torch.Tensor) else None)
+            try:
+                return orig_autograd(tensors, *a, **kw)
+            finally:
+                me.after_backward()
+
+        def clip_grad_norm_(parameters, *a, **kw):
+            total = orig_clip(parameters, *a, **kw)
+            me.clipped(total)
+            return total
+
+        torch.Tensor.backward, torch.autograd.backward = tensor_backward, autograd_backward
+        torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+        self._handles = [opt.register_step_pre_hook(self.pre_step), opt.register_step_post_hook(self.post_step),
+                         model.register_forward_pre_hook(self.forward_pre)]
+        self._dicts = [m._parameters for m in model.modules()]  # (the Monitor caches the same walk)
+        self.params = [p for g in opt.param_groups for p in g["params"]]
+        self._small = min(range(len(self.params)), key=lambda i: self.params[i].numel())
+        self._large = max(range(len(self.params)), key=lambda i: self.params[i].numel())
+        p0 = self.params[0]
+        self.buffer = torch.zeros(2 * every, dtype=torch.float64, device=p0.device)  # loss, clip total per step
+        self.slots = list(self.buffer.unbind())  # a view per slot, made once (no indexing op per copy)
+        self._fp = self.fingerprint()
+
+    def close(self) -> None:
+        self.torch.Tensor.backward, self.torch.autograd.backward, self.torch.nn.utils.clip_grad_norm_ = self._orig
+        for h in self._handles:
+            h.remove()
+
+    def fingerprint(self) -> tuple:
+        members = list(chain.from_iterable(map(dict.values, self._dicts)))
+        members += chain.from_iterable(g["params"] for g in self.opt.param_groups)
+        members = [p for p in members if p is not None]
+        return tuple(map(id, members)), tuple(map(self.torch.Tensor.data_ptr, members))
+
+    # -- the entry points -----------------------------------------------------------------
+    def forward_pre(self, module, args) -> None:
+        return None
+
+    def before_backward(self, loss) -> None:
+        if not self.fused:
+            return
+        gb = list(map(_GRAD, self.params))
+        self._gb = (gb, [g._version if g is not None else -1 for g in gb]) if any(map(is_not, gb, repeat(None))) \
+            else None
+        if loss is not None and loss.dim() == 0:
+            self.slots[2 * (self.steps % self.every)].copy_(loss.detach())
+
+    def after_backward(self) -> None:
+        if not self.fused:
+            return
+        ga = list(map(_GRAD, self.params))
+        if self._gb is None:
+            new = list(compress(range(len(ga)), map(is_not, ga, repeat(None))))
+        else:
+            gb, vb = self._gb
+            new = [i for i, a, b, v in zip(range(len(ga)), ga, gb, vb)
+                   if a is not None and (a is not b or a._version != v)]
+        self.arrived.update(new)
+        gs, gl = ga[self._small], ga[self._large]
+        self._seen = (gs, gs._version, gl, gl._version) if gs is not None and gl is not None else None
+
+    def clipped(self, total) -> None:
+        if not self.fused:
+            return
+        self.slots[2 * (self.steps % self.every) + 1].copy_(total.detach())
+        gs, gl = self.params[self._small].grad, self.params[self._large].grad
+        self._seen = (gs, gs._version, gl, gl._version) if gs is not None and gl is not None else None
+
+    def pre_step(self, optimizer, args, kwargs) -> None:
+        if not self.fused:
+            return
+        fp = self.fingerprint()
+        if fp != self._fp:
+            self.fingerprint_moved += 1
+            self._fp = fp
+        seen, self._seen = self._seen, None
+        gs, gl = self.params[self._small].grad, self.params[self._large].grad
+        if seen is None or gs is not seen[0] or gl is not seen[2] or gs._version != seen[1] \
+                or gl._version != seen[3]:
+            self.cleared += 1  # (the Monitor would read the two gradients here: a rare path)
+
+    def post_step(self, optimizer, args, kwargs) -> None:
+        if not self.fused:
+            return
+        self.steps += 1
+        if self.steps % self.every == 0:  # the one host read per `every` steps
+            values = self.buffer.tolist()
+            self.nonfinite += sum(1 for v in values if v != v or v in (float("inf"), float("-inf")))
+            self.arrived = set()
+
+
+def watch(config: str, model, opt, every: int, out: str):
+    """``bench_paired.pairs``' watcher: a :class:`Watcher` for ``entry``/``fused``, else the Monitor."""
+    if config in WATCHERS:
+        return Watcher(model, opt, every, fused=config == "fused")
+    return monitor(config, model, opt, every, out)
+
+
+def child(config: str, steps: int) -> None:
+    """Under callgrind (``--instructions``): the loop, 20 steps, the watcher, 5 steps more (the
+    Monitor's armed first step among them), then ``steps`` quiet steps counted (``every`` is
+    set past them: no snapshot falls among them) and dumped as "loop"."""
+    import callgrind
+
+    from bench_small_loop import build_loop
+
+    marks = callgrind.Marks()
+    model, opt, step = build_loop(steps + 40)
+    for _ in range(20):
+        step()
+    with tempfile.TemporaryDirectory() as tmp:
+        w = watch(config, model, opt, 10 * (steps + 40), tmp) if config != "plain" else None
+        for _ in range(5):
+            step()
+        marks.start()
+        for _ in range(steps):
+            step()
+        marks.stop()
+        marks.dump("loop")
+        if w is not None:
+            w.close()
+
+
+def instructions(configs: list[str], steps: int) -> None:
+    """Each configuration's quiet step in instructions, against the plain loop's (callgrind)."""
+    import callgrind
+
+    got = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for c in ["plain"] + [c for c in configs if c != "plain"]:
+            totals = callgrind.run([__file__, "--in-callgrind", c, "--steps", str(steps)], os.path.join(tmp, c))
+            got[c] = totals["loop"] / steps
+    print(f"{steps} quiet steps per configuration under callgrind (instructions, Ir), 1 thread")
+    print("| configuration | instructions a quiet step | over the plain loop's | ratio |")
+    print("|---|---:|---:|---:|")
+    for c, n in got.items():
+        print(f"| {c} | {n / 1e6:.3f} M | {(n - got['plain']) / 1e3:+,.0f} k | {n / got['plain']:.4f}x |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", default="plain,entry,fused,off,auto",
+                    help="comma-separated: plain (the floor), entry, fused, off, auto")
+    ap.add_argument("--pairs", type=int, default=30, help="pairs per configuration")
+    ap.add_argument("--block", type=int, default=100, help="steps per block")
+    ap.add_argument("--every", type=int, default=100, help="the Monitor's every=, the fused watcher's read period")
+    ap.add_argument("--instructions", action="store_true",
+                    help="count a quiet step's instructions under callgrind instead (valgrind; --steps of them)")
+    ap.add_argument("--steps", type=int, default=10, help="with --instructions: quiet steps counted")
+    ap.add_argument("--in-callgrind", metavar="CONFIG", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.in_callgrind:
+        child(a.in_callgrind, a.steps)
+        return
+    configs = a.configs.split(",")
+    unknown = [c for c in configs if c not in CONFIGS and c not in WATCHERS]
+    if unknown:
+        raise SystemExit(f"bench_floor: unknown configuration(s) {unknown}; known: {sorted(CONFIGS) + list(WATCHERS)}")
+    if a.instructions:
+        instructions(configs, a.steps)
+        return
+    load0 = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        ratios = pairs(configs, a.pairs, a.block, a.every, tmp, watch=watch)
+    print(f"{a.pairs} pairs of {a.block}-step blocks per configuration, every={a.every}, cpu, 1 thread; "
+          f"load {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end")
+    print("| configuration | CPU ratio to the plain block of its pair, median | quartiles | min-max |")
+    print("|---|---:|---:|---:|")
+    for c in configs:
+        r = sorted(ratios[c])
+        q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0], r[0], r[0]]
+        print(f"| {c} | {statistics.median(r):.3f}x | {q[0]:.3f}-{q[2]:.3f} | {r[0]:.3f}-{r[-1]:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
