@@ -27,15 +27,18 @@ snapshots (one per block). Results: docs/guide/cost.md, "part 6".
     python benchmarks/bench_floor.py                          # plain, entry, fused, off, auto; 30 pairs each
     python benchmarks/bench_floor.py --configs entry,fused --pairs 60
     python benchmarks/bench_floor.py --instructions --steps 10   # a quiet step in instructions (callgrind)
+    python benchmarks/bench_floor.py --configs off,auto --split 12  # first, quiet and snapshot steps apart
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
 import tempfile
+import time
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_not
 from pathlib import Path
@@ -48,6 +51,22 @@ _GRAD = attrgetter("grad")
 WATCHERS = ("entry", "fused")
 
 
+def _own_time(entry):
+    """An entry point of :class:`Watcher`: nothing unless fused; its time added to ``own_ns``
+    (``time.perf_counter_ns`` before and after, as the Monitor's own timer does)."""
+
+    @functools.wraps(entry)
+    def run(self, *args):
+        if not self.fused:
+            return None
+        t0 = time.perf_counter_ns()
+        try:
+            return entry(self, *args)
+        finally:
+            self.own_ns += time.perf_counter_ns() - t0
+    return run
+
+
 class Watcher:
     """One of the module docstring's two watchers over ``model`` and ``opt`` (``fused``: with
     the reads; else the empty entry points). ``close()`` takes every wrapper and hook off."""
@@ -57,6 +76,7 @@ class Watcher:
 
         self.torch, self.model, self.opt, self.every, self.fused = torch, model, opt, every, fused
         self.steps = 0
+        self.own_ns = 0  # its own time in the entry points (time.perf_counter_ns, as the Monitor's own timer)
         self.fingerprint_moved = self.nonfinite = self.cleared = 0
         self.arrived: set = set()
         self._gb = None
@@ -112,18 +132,16 @@ class Watcher:
     def forward_pre(self, module, args) -> None:
         return None
 
+    @_own_time
     def before_backward(self, loss) -> None:
-        if not self.fused:
-            return
         gb = list(map(_GRAD, self.params))
         self._gb = (gb, [g._version if g is not None else -1 for g in gb]) if any(map(is_not, gb, repeat(None))) \
             else None
         if loss is not None and loss.dim() == 0:
             self.slots[2 * (self.steps % self.every)].copy_(loss.detach())
 
+    @_own_time
     def after_backward(self) -> None:
-        if not self.fused:
-            return
         ga = list(map(_GRAD, self.params))
         if self._gb is None:
             new = list(compress(range(len(ga)), map(is_not, ga, repeat(None))))
@@ -135,16 +153,14 @@ class Watcher:
         gs, gl = ga[self._small], ga[self._large]
         self._seen = (gs, gs._version, gl, gl._version) if gs is not None and gl is not None else None
 
+    @_own_time
     def clipped(self, total) -> None:
-        if not self.fused:
-            return
         self.slots[2 * (self.steps % self.every) + 1].copy_(total.detach())
         gs, gl = self.params[self._small].grad, self.params[self._large].grad
         self._seen = (gs, gs._version, gl, gl._version) if gs is not None and gl is not None else None
 
+    @_own_time
     def pre_step(self, optimizer, args, kwargs) -> None:
-        if not self.fused:
-            return
         fp = self.fingerprint()
         if fp != self._fp:
             self.fingerprint_moved += 1
@@ -155,9 +171,8 @@ class Watcher:
                 or gl._version != seen[3]:
             self.cleared += 1  # (the Monitor would read the two gradients here: a rare path)
 
+    @_own_time
     def post_step(self, optimizer, args, kwargs) -> None:
-        if not self.fused:
-            return
         self.steps += 1
         if self.steps % self.every == 0:  # the one host read per `every` steps
             values = self.buffer.tolist()
@@ -213,6 +228,53 @@ def instructions(configs: list[str], steps: int) -> None:
         print(f"| {c} | {n / 1e6:.3f} M | {(n - got['plain']) / 1e3:+,.0f} k | {n / got['plain']:.4f}x |")
 
 
+def split(configs: list[str], blocks: int, block: int, every: int) -> None:
+    """Where a watched block's time goes, step by step: blocks of ``block`` steps in turn
+    (plain first), each step timed (``time.thread_time_ns``); per configuration the median
+    over blocks of its first step (the Monitor's armed one), its quiet steps' mean (the 2nd to
+    the next-to-last), its last step (the cadence snapshot when ``block == every``) and the
+    watcher's own timer (the Monitor's ``cost.steps``, snapshots apart; the fused watcher's
+    entry points timed the same way)."""
+    from bench_small_loop import build_loop
+
+    names = ["plain"] + [c for c in configs if c != "plain"]
+    model, opt, step = build_loop(blocks * len(names) * block + 40)
+    for _ in range(20):
+        step()
+    got: dict[str, list[list[int]]] = {c: [] for c in names}
+    own: dict[str, list[float]] = {c: [] for c in names}  # the watcher's own timer, µs a step
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(blocks):
+            for c in names:
+                w = watch(c, model, opt, every, os.path.join(tmp, f"{c}-{i}")) if c != "plain" else None
+                ts = []
+                for _ in range(block):
+                    t0 = time.thread_time_ns()
+                    step()
+                    ts.append(time.thread_time_ns() - t0)
+                if isinstance(w, Watcher):
+                    own[c].append(w.own_ns / 1e3 / block)
+                elif w is not None:  # the Monitor's (summary.json's cost.steps: snapshots apart)
+                    own[c].append(w.step_cost.to_dict()["mean_us"] or 0.0)
+                if w is not None:
+                    w.close()
+                got[c].append(ts)
+
+    def row(c):
+        b = got[c]
+        return (statistics.median(x[0] for x in b), statistics.median(statistics.mean(x[1:-1]) for x in b),
+                statistics.median(x[-1] for x in b))
+
+    base = row("plain")
+    print(f"{blocks} blocks of {block} steps per configuration, every={every}, cpu, 1 thread, load {os.getloadavg()[0]:.2f}")
+    print("| configuration | first step, µs | quiet steps' mean, µs (ratio) | last step, µs | own timer, µs a step |")
+    print("|---|---:|---:|---:|---:|")
+    for c in names:
+        first, quiet, last = row(c)
+        mine = f"{statistics.median(own[c]):.0f}" if own[c] else "-"
+        print(f"| {c} | {first / 1e3:,.0f} | {quiet / 1e3:,.0f} ({quiet / base[1]:.3f}x) | {last / 1e3:,.0f} | {mine} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default="plain,entry,fused,off,auto",
@@ -223,6 +285,8 @@ def main() -> None:
     ap.add_argument("--instructions", action="store_true",
                     help="count a quiet step's instructions under callgrind instead (valgrind; --steps of them)")
     ap.add_argument("--steps", type=int, default=10, help="with --instructions: quiet steps counted")
+    ap.add_argument("--split", type=int, metavar="BLOCKS",
+                    help="time each step of BLOCKS blocks per configuration instead: first, quiet, last step")
     ap.add_argument("--in-callgrind", metavar="CONFIG", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.in_callgrind:
@@ -234,6 +298,9 @@ def main() -> None:
         raise SystemExit(f"bench_floor: unknown configuration(s) {unknown}; known: {sorted(CONFIGS) + list(WATCHERS)}")
     if a.instructions:
         instructions(configs, a.steps)
+        return
+    if a.split:
+        split(configs, a.split, a.block, a.every)
         return
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:

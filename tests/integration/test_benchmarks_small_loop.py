@@ -33,6 +33,13 @@ def test_the_floor_benchmark_prints_its_five_configurations():
     assert p.returncode == 0, p.stderr[-3000:]
     rows = {m.group(1) for m in re.finditer(r"^\| (plain|entry|fused|off|auto) \| [0-9.]+x", p.stdout, re.M)}
     assert rows == {"plain", "entry", "fused", "off", "auto"}, p.stdout
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_floor.py"), "--configs", "fused,auto",
+                        "--split", "1", "--block", "4", "--every", "4"], capture_output=True, text=True, timeout=600,
+                       cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = {m.group(1) for m in re.finditer(r"^\| (plain|fused|auto) \| [0-9,]+ \| [0-9,]+ \([0-9.]+x\) \| [0-9,]+ \| ([0-9]+|-) \|$",
+                                            p.stdout, re.M)}
+    assert rows == {"plain", "fused", "auto"}, p.stdout
 
 
 def test_the_floor_watcher_does_the_reads_it_is_the_floor_of():
