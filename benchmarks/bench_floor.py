@@ -11,7 +11,7 @@ same contract costs:
   (the pass log's), each an empty Python function;
 - ``fused``: the same entry points, each doing in one pass what a quiet step must keep for the
   per-step rules, and nothing else: before a backward pass the gradients and their version
-  counters (arrival, OC202/OC206), after it the parameters whose gradient is new or added to,
+  counters (arrival: OC202, OC203's partial cuts), after it the parameters whose gradient is new or added to,
   the loss and the clip total copied into one device buffer (OC501, read every ``every``
   steps with one host read), before the step the identity fingerprint (every module
   parameter's and param-group member's ``id`` and data pointer, compared with the last:
