@@ -1,12 +1,13 @@
 """How cheap can a per-step watcher written in Python be on the small, fast loop? (issue 34)
 
-``bench_paired.py`` measures the Monitor in paired blocks. This benchmark puts beside it two
+``bench_paired.py`` measures the Monitor in paired blocks. This benchmark puts beside it three
 watchers written only for the measurement (they are not optcheck and judge nothing), in the
 same pairs, so that the Monitor's cost can be read against the least a Python watcher of the
 same contract costs:
 
 - ``entry``: the Monitor's entry points and nothing in them: ``Tensor.backward`` and
-  ``torch.autograd.backward`` replaced by wrappers that call the originals, ``clip_grad_norm_``
+  ``torch.autograd.backward`` replaced by wrappers that call the originals (told once per pass:
+  ``Tensor.backward`` calls the other), ``clip_grad_norm_``
   the same, a step pre- and post-hook on the optimizer and a forward pre-hook on the model
   (the pass log's), each an empty Python function;
 - ``fused``: the same entry points, each doing in one pass what a quiet step must keep for the
@@ -17,12 +18,16 @@ same contract costs:
   parameter's and param-group member's ``id`` and data pointer, compared with the last:
   OC101-OC105) and the OC207 test (the two watched gradients' version counters unmoved since
   backward), after it a step counter;
+- ``fused-hazards``: ``fused`` plus the least the hazard probes must do on a step they are not
+  armed for: the loss's ``grad_fn`` and the saved-tensor hooks on the stack before backward, the
+  step's gradient arrival judged against the last and the arming signature (each module's
+  instance ``forward`` and number of children) after the step (OC501's values are the buffer's);
 - ``off``, ``auto``: ``optcheck.Monitor(every=100)`` with ``hazards=False`` and every probe, as in
   ``bench_paired.py``; ``plain``: plain against plain (the method's floor).
 
-No snapshot, census or hazard probe runs in ``entry`` and ``fused``: the difference to ``off``
-is what the Monitor's per-step structure costs beyond the reads any watcher needs, plus its
-snapshots (one per block). Results: docs/guide/cost.md, "part 6".
+No snapshot, census or hazard probe runs in the three: the difference to ``off`` (``auto``) is
+what the Monitor's per-step structure (and its hazard probes') costs beyond the reads any
+watcher needs, plus its snapshots (one per block). Results: docs/guide/cost.md, "part 6".
 
     python benchmarks/bench_floor.py                          # plain, entry, fused, off, auto; 30 pairs each
     python benchmarks/bench_floor.py --configs entry,fused --pairs 60
@@ -48,7 +53,7 @@ from bench_paired import monitor, pairs  # noqa: E402
 from bench_small_loop import CONFIGS  # noqa: E402
 
 _GRAD = attrgetter("grad")
-WATCHERS = ("entry", "fused")
+WATCHERS = ("entry", "fused", "fused-hazards")
 
 
 def _own_time(entry):
@@ -68,13 +73,15 @@ def _own_time(entry):
 
 
 class Watcher:
-    """One of the module docstring's two watchers over ``model`` and ``opt`` (``fused``: with
-    the reads; else the empty entry points). ``close()`` takes every wrapper and hook off."""
+    """One of the module docstring's watchers over ``model`` and ``opt`` (``fused``: with the
+    reads, ``hazards``: and the hazard probes' least; else the empty entry points). ``close()``
+    takes every wrapper and hook off."""
 
-    def __init__(self, model, opt, every: int, fused: bool) -> None:
+    def __init__(self, model, opt, every: int, fused: bool, hazards: bool = False) -> None:
         import torch
 
         self.torch, self.model, self.opt, self.every, self.fused = torch, model, opt, every, fused
+        self.hazards = hazards
         self.steps = 0
         self.own_ns = 0  # its own time in the entry points (time.perf_counter_ns, as the Monitor's own timer)
         self.fingerprint_moved = self.nonfinite = self.cleared = 0
@@ -85,19 +92,21 @@ class Watcher:
         orig_tensor, orig_autograd, orig_clip = self._orig
         me = self
 
-        def tensor_backward(t, *a, **kw):
-            me.before_backward(t)
-            try:
-                return orig_tensor(t, *a, **kw)
-            finally:
-                me.after_backward()
+        def wrapped(orig):
+            def backward(tensors, *a, **kw):
+                if me.in_backward:  # (Tensor.backward calls torch.autograd.backward: one pass, told once)
+                    return orig(tensors, *a, **kw)
+                me.in_backward = True
+                me.before_backward(tensors if isinstance(tensors, torch.Tensor) else None)
+                try:
+                    return orig(tensors, *a, **kw)
+                finally:
+                    me.in_backward = False
+                    me.after_backward()
+            return backward
 
-        def autograd_backward(tensors, *a, **kw):
-            me.before_backward(tensors if isinstance(tensors, torch.Tensor) else None)
-            try:
-                return orig_autograd(tensors, *a, **kw)
-            finally:
-                me.after_backward()
+        self.in_backward = False
+        tensor_backward, autograd_backward = wrapped(orig_tensor), wrapped(orig_autograd)
 
         def clip_grad_norm_(parameters, *a, **kw):
             total = orig_clip(parameters, *a, **kw)
@@ -116,6 +125,11 @@ class Watcher:
         self.buffer = torch.zeros(2 * every, dtype=torch.float64, device=p0.device)  # loss, clip total per step
         self.slots = list(self.buffer.unbind())  # a view per slot, made once (no indexing op per copy)
         self._fp = self.fingerprint()
+        mods = list(model.modules())
+        self._mod_dicts, self._mod_children = [m.__dict__ for m in mods], [m._modules for m in mods]
+        self._struct = self.structure()
+        self._got_prev: frozenset | None = None
+        self.foreign_hooks = self.arm_next = self.no_grad_fn = 0
 
     def close(self) -> None:
         self.torch.Tensor.backward, self.torch.autograd.backward, self.torch.nn.utils.clip_grad_norm_ = self._orig
@@ -128,6 +142,11 @@ class Watcher:
         members = [p for p in members if p is not None]
         return tuple(map(id, members)), tuple(map(self.torch.Tensor.data_ptr, members))
 
+    def structure(self) -> tuple:
+        """``fused-hazards``: the arming decision's signature (each module's instance ``forward``
+        and its number of children), as optcheck's hazard probes take it."""
+        return tuple(map(dict.get, self._mod_dicts, repeat("forward"))), tuple(map(len, self._mod_children))
+
     # -- the entry points -----------------------------------------------------------------
     def forward_pre(self, module, args) -> None:
         return None
@@ -139,6 +158,11 @@ class Watcher:
             else None
         if loss is not None and loss.dim() == 0:
             self.slots[2 * (self.steps % self.every)].copy_(loss.detach())
+        if self.hazards:  # a cut loss (no grad_fn), someone else's saved-tensor hooks (stay armed)
+            if loss is not None and loss.grad_fn is None:
+                self.no_grad_fn += 1
+            if self.torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+                self.foreign_hooks += 1
 
     @_own_time
     def after_backward(self) -> None:
@@ -174,6 +198,15 @@ class Watcher:
     @_own_time
     def post_step(self, optimizer, args, kwargs) -> None:
         self.steps += 1
+        if self.hazards:  # the step's arrival judged against the last (a new gradless set arms the next
+            got = frozenset(self.arrived)  # step), and the next step's arming decided (structure moved)
+            if self._got_prev is not None and self._got_prev - got:
+                self.arm_next += 1
+            self._got_prev, self.arrived = got, set()
+            struct = self.structure()
+            if struct != self._struct:
+                self._struct = struct
+                self.arm_next += 1
         if self.steps % self.every == 0:  # the one host read per `every` steps
             values = self.buffer.tolist()
             self.nonfinite += sum(1 for v in values if v != v or v in (float("inf"), float("-inf")))
@@ -183,7 +216,7 @@ class Watcher:
 def watch(config: str, model, opt, every: int, out: str):
     """``bench_paired.pairs``' watcher: a :class:`Watcher` for ``entry``/``fused``, else the Monitor."""
     if config in WATCHERS:
-        return Watcher(model, opt, every, fused=config == "fused")
+        return Watcher(model, opt, every, fused=config != "entry", hazards=config == "fused-hazards")
     return monitor(config, model, opt, every, out)
 
 
@@ -278,7 +311,7 @@ def split(configs: list[str], blocks: int, block: int, every: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default="plain,entry,fused,off,auto",
-                    help="comma-separated: plain (the floor), entry, fused, off, auto")
+                    help="comma-separated: plain (the floor), entry, fused, fused-hazards, off, auto")
     ap.add_argument("--pairs", type=int, default=30, help="pairs per configuration")
     ap.add_argument("--block", type=int, default=100, help="steps per block")
     ap.add_argument("--every", type=int, default=100, help="the Monitor's every=, the fused watcher's read period")

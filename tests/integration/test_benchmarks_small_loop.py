@@ -65,6 +65,16 @@ def test_the_floor_watcher_does_the_reads_it_is_the_floor_of():
     assert w.fingerprint_moved == 1
     w.close()
     assert (torch.Tensor.backward, torch.nn.utils.clip_grad_norm_) == orig
+    h = Watcher(model, opt, every=5, fused=True, hazards=True)  # fused-hazards: the probes' least
+    for _ in range(3):
+        step()
+    assert (h.arm_next, h.no_grad_fn, h.foreign_hooks) == (0, 0, 0)
+    model.norm.forward = lambda x: x  # a forward replaced on an instance: the next step is armed
+    step()
+    with torch.autograd.graph.save_on_cpu():  # someone else's saved-tensor hooks
+        step()
+    h.close()
+    assert (h.arm_next, h.foreign_hooks) == (2, 1)  # (the replaced norm: its parameters lose their gradients too)
 
 
 @pytest.mark.slow
