@@ -33,13 +33,14 @@ class NonfiniteProbe:
     def _check_loss_finite(self, loss: torch.Tensor, step: int) -> None:
         # a 0-d real loss goes to the ledger as it is: the very tensor a Monitor keeps as the step's loss
         # (check_loss's value), so the ledger copies it once for both (optcheck/pytorch/deferred.py)
-        t = loss if loss.dim() == 0 and not loss.is_complex() else loss.detach()
-        if t.is_complex():
-            t = t.abs()
+        # (each tensor property read once: this runs every step)
+        complex_, zero_d = loss.is_complex(), loss.dim() == 0
+        t = loss if zero_d and not complex_ else loss.detach().abs() if complex_ else loss.detach()
+        scalar = zero_d or t.numel() == 1
         # a scalar loss is itself the flag (no kernel); otherwise isfinite().all() and its first value
-        flag = (t if t.dim() == 0 else t.reshape(())) if t.numel() == 1 else torch.stack((
+        flag = (t if zero_d else t.reshape(())) if scalar else torch.stack((
             torch.isfinite(t).all().to(t.dtype), t.reshape(-1)[0]))
-        self.ledger.add(flag, lambda v, step=step, scalar=t.numel() == 1: self._loss_read(v, step, scalar))
+        self.ledger.add(flag, lambda v, step=step, scalar=scalar: self._loss_read(v, step, scalar))
 
     def _loss_read(self, v: list[float], step: int, scalar: bool) -> None:
         if (math.isfinite(v[0]) if scalar else v[0] == 1.0):
