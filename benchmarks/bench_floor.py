@@ -49,7 +49,7 @@ from operator import attrgetter, is_not
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_paired import monitor, pairs  # noqa: E402
+from bench_paired import monitor, pairs, print_ratios  # noqa: E402
 from bench_small_loop import CONFIGS  # noqa: E402
 
 _GRAD = attrgetter("grad")
@@ -340,12 +340,7 @@ def main() -> None:
         ratios = pairs(configs, a.pairs, a.block, a.every, tmp, watch=watch)
     print(f"{a.pairs} pairs of {a.block}-step blocks per configuration, every={a.every}, cpu, 1 thread; "
           f"load {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end")
-    print("| configuration | CPU ratio to the plain block of its pair, median | quartiles | min-max |")
-    print("|---|---:|---:|---:|")
-    for c in configs:
-        r = sorted(ratios[c])
-        q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0], r[0], r[0]]
-        print(f"| {c} | {statistics.median(r):.3f}x | {q[0]:.3f}-{q[2]:.3f} | {r[0]:.3f}-{r[-1]:.3f} |")
+    print_ratios(ratios)
 
 
 if __name__ == "__main__":

@@ -109,14 +109,19 @@ def main() -> None:
         ratios = pairs(configs, a.pairs, a.block, a.every, tmp, a.device)
     print(f"optcheck from {Path(optcheck.__file__).parent.parent}; {a.pairs} pairs of {a.block}-step blocks per "
           f"configuration, every={a.every}, {a.device}, 1 thread; load {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end")
-    clock = "CPU" if a.device == "cpu" else "wall"
+    print_ratios(ratios, "CPU" if a.device == "cpu" else "wall",
+                 lambda c: f"{c}{' (the floor: plain against plain)' if CONFIGS[c] is None else ''}")
+
+
+def print_ratios(ratios: dict[str, list[float]], clock: str = "CPU", label=str) -> None:
+    """The table of :func:`pairs`' ratios: per configuration (``label(config)``), the median,
+    quartiles and range over its pairs."""
     print(f"| configuration | {clock} ratio to the plain block of its pair, median | quartiles | min-max |")
     print("|---|---:|---:|---:|")
-    for c in configs:
-        r = sorted(ratios[c])
+    for c, r in ratios.items():
+        r = sorted(r)
         q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0], r[0], r[0]]
-        print(f"| {c}{' (the floor: plain against plain)' if CONFIGS[c] is None else ''} | "
-              f"{statistics.median(r):.3f}x | {q[0]:.3f}-{q[2]:.3f} | {r[0]:.3f}-{r[-1]:.3f} |")
+        print(f"| {label(c)} | {statistics.median(r):.3f}x | {q[0]:.3f}-{q[2]:.3f} | {r[0]:.3f}-{r[-1]:.3f} |")
 
 
 if __name__ == "__main__":
