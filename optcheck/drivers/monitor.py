@@ -238,7 +238,7 @@ class Monitor:
         self._handles.append(self.follow)
         self._handles.append(step_hooks.watch(optimizer).on_inner(self.in_backward.inner))
         monitor_hooks.install(self)
-        self._ctx = None
+        self._in_step = False  # a step entered on the hazard probes (_enter_step)
         if state is not None:
             self.load_state_dict(state)
         self._enter_step()
@@ -322,7 +322,7 @@ class Monitor:
                         loss_first=state.get("loss_first"))
         self.every = int(state.get("every", self.every))
         self.hazards.arm("resume")
-        if self._ctx is not None:
+        if self._in_step:
             self._exit_step()
             self._enter_step()
 
@@ -445,13 +445,13 @@ class Monitor:
 
     # -- internals --------------------------------------------------------------
     def _enter_step(self) -> None:
-        self._ctx = self.hazards.step_context(self.step_count + 1)
-        self._ctx.__enter__()
+        self.hazards.begin_step(self.step_count + 1)  # (the step context without an object per step)
+        self._in_step = True
 
     def _exit_step(self) -> None:
-        if self._ctx is not None:
-            ctx, self._ctx = self._ctx, None
-            ctx.__exit__(None, None, None)
+        if self._in_step:
+            self._in_step = False
+            self.hazards.finish_step()
 
     @guarded(FindingError, StepStopped)
     def _snapshot(self, which: str) -> None:

@@ -65,6 +65,9 @@ def host_values(tensors: list[torch.Tensor]) -> list[list[float]]:
     return out  # type: ignore[return-value]
 
 
+#: the one device whose values a :class:`DeviceLedger` copies into its buffers (their dicts' key)
+_CPU = torch.device("cpu")
+
 #: values per buffer of a :class:`DeviceLedger` (made at the first CPU value and kept: later values
 #: are copied into it, no allocation)
 CHUNK = 256
@@ -143,10 +146,12 @@ class DeviceLedger:
             if ref() is tensor and tensor._version == version:
                 return kept  # (its values are in the buffers already: read from there twice)
         t = tensor.detach() if tensor.requires_grad else tensor
-        device = t.device
-        if device.type != "cpu" or type(t) is not torch.Tensor or t.is_complex():  # (the class docstring)
+        # (is_cpu, not device.type: the device's type string is made anew on each read; issue 34)
+        if type(t) is not torch.Tensor or not t.is_cpu or t.is_complex():  # (the class docstring)
             return t
-        n = 1 if t.dim() == 0 else t.numel()
+        device = _CPU
+        zero_d = t.dim() == 0
+        n = 1 if zero_d else t.numel()
         if n != 1 and (n > CHUNK or n == 0 or t.layout != torch.strided):
             return t
         try:
@@ -162,7 +167,7 @@ class DeviceLedger:
                     self._bufs.setdefault(device, []).append(buf)
                     views.extend(buf.unbind(0))
             if n == 1:
-                views[at].copy_(t if t.dim() == 0 else t.reshape(()))
+                views[at].copy_(t if zero_d else t.reshape(()))
             else:
                 self._bufs[device][at // CHUNK].narrow(0, at % CHUNK, n).copy_(t.reshape(-1))
         except Exception as e:  # noqa: BLE001 - a dtype or layout the buffer cannot take: held as it is

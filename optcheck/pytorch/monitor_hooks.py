@@ -257,7 +257,7 @@ class ClipNorm:
         if self.total is None:
             return False
         ids, asked, answer = self._covered
-        if ids is not self._ids or not probe.same_objects(params, asked):
+        if ids is not self._ids or (params is not asked and not probe.same_objects(params, asked)):
             answer = self._ids.issuperset(map(id, params))  # (C-level: no frame per parameter)
             self._covered = (self._ids, params, answer)
         return answer

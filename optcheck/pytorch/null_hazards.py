@@ -38,6 +38,12 @@ class NullHazards:
     def step_context(self, step: int):
         return NO_CONTEXT
 
+    def begin_step(self, step: int) -> None:
+        pass
+
+    def finish_step(self) -> None:
+        pass
+
     def check_loss(self, loss, step: int, value=None) -> None:
         pass
 

@@ -291,7 +291,11 @@ class Norms(dict):
     float32 tensor's sum of squares overflows (:func:`l2_norms`): a non-finite norm
     calls for an exact ``isfinite`` check of that tensor, a finite one proves every
     element finite. ``None`` where no norm was taken (no gradient). Valid only until
-    anything writes those tensors again (the drain runs right after the body)."""
+    anything writes those tensors again (the drain runs right after the body).
+    :attr:`view`: the optimizer state as that body read it (``state_read.StateView``),
+    so that the drain lists the state tensors without reading the state a second time."""
+
+    view: "state_read.StateView | None" = None
 
 
 def state_tensors(optimizer: torch.optim.Optimizer, params: list,
@@ -498,6 +502,8 @@ def snapshot_body(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cens
     snapshot, ``docs/memory.md``). ``notes``: each optimizer-state value that could not
     be read, the first time (:func:`notes`)."""
     view = state_read.read(optimizer)
+    if norms is not None:
+        norms.view = view
     st, state_bytes = state(optimizer, view)
     recs = params(model, {r["ref"]: r["step"] for r in st}, optimizer, norms, view)
     said = notes(optimizer, view) + trained_elsewhere(model, optimizer, recs)

@@ -532,7 +532,11 @@ def write_summary(path: str | os.PathLike, summary: dict) -> None:
     summary = {"schema": SUMMARY_SCHEMA, **summary}
     target = Path(path) / "summary.json"
     tmp = target.with_suffix(".json.tmp")
-    data = (json.dumps(clean_json(summary), indent=2, default=str, allow_nan=False) + "\n").encode("utf-8")
+    try:  # (as record/snapshot.py's dumps: walked by clean_json only when a NaN/Inf is in it)
+        text = json.dumps(summary, indent=2, default=str, allow_nan=False)
+    except ValueError:
+        text = json.dumps(clean_json(summary), indent=2, default=str, allow_nan=False)
+    data = (text + "\n").encode("utf-8")
     try:
         if os.path.lexists(tmp):
             os.unlink(tmp)

@@ -366,3 +366,38 @@ def test_monitor_load_state_dict_and_a_replaced_forward_arm_the_next_step(tmp_pa
             opt.step()
     hz = mon.summary()["hazards"]
     assert mon.findings == [] and hz["reasons"] == {"start": 1, "resume": 1, "structure": 1}, hz
+
+
+class TwoHeads(nn.Module):
+    """Two heads of the same shape: the loop picks which one a step trains."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 16)
+        self.a, self.b = nn.Linear(16, 1), nn.Linear(16, 1)
+        self.use = "a"
+
+    def forward(self, x):
+        return getattr(self, self.use)(torch.tanh(self.body(x)))
+
+
+@pytest.mark.parametrize("micro", [1, 2])
+def test_arrival_moving_to_as_many_other_parameters_arms_the_next_step(micro):
+    """Head ``a`` trains for 7 steps, then head ``b`` (as many parameters, other ones): the
+    step after the switch is armed for the gradient arrival once. The one-pass arrival list
+    is compared by value with the last step's (same length, other indices) and, with two
+    micro-batches a step, as a set."""
+    torch.manual_seed(0)
+    model = TwoHeads()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    with optcheck.Monitor(model, opt, every=100, on_finding="ignore") as mon:
+        for step in range(1, 20):
+            model.use = "a" if step < 8 else "b"
+            opt.zero_grad()
+            for _ in range(micro):
+                F.mse_loss(model(x), y).backward()
+            opt.step()
+    hz = mon.summary()["hazards"]
+    assert mon.findings == []
+    assert hz["reasons"] == {"start": 1, "gradient-arrival": 1} and hz["armed_steps"] == 2, hz

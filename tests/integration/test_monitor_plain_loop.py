@@ -183,3 +183,41 @@ def test_a_nan_loss_made_inside_the_users_step_is_found_at_its_step_and_recorded
 
     losses = {r["step"]: to_float(r["loss"]) for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in r}
     assert math.isnan(losses[7]) and all(math.isfinite(losses[s]) for s in range(1, 7)), losses
+
+
+@pytest.mark.parametrize("clipped,named", [("all", False), ("trainable", False), ("first-layer", True)])
+def test_a_nan_gradient_with_a_frozen_member_is_found_from_the_clip_total_or_the_gradients(tmp_path, clipped, named):
+    """OC501 before the step: a clip total over every param-group member (one of them frozen
+    mid-run), or over those that require grad, stands for every trainable gradient (the finding
+    names no parameter: the total was the only read); a clip over one layer does not, and the
+    gradients are read one by one (the finding names the parameter). The NaN is written by the
+    user's own code between backward and the clip, at step 6."""
+    import torch
+
+    import optcheck
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    with optcheck.Monitor(model, opt, every=5, out=str(tmp_path / "run"), on_finding="ignore") as mon:
+        for step in range(1, 11):
+            if step == 3:
+                model[0].bias.requires_grad_(False)  # frozen, still a param-group member
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if step == 6:
+                with torch.no_grad():
+                    model[2].weight.grad[0, 0] = float("nan")  # the user's own bug, mid-step
+            params = {"all": list(model.parameters()),
+                      "trainable": [p for p in model.parameters() if p.requires_grad],
+                      "first-layer": [model[0].weight]}[clipped]
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+    found = [f for f in mon.findings if f.code == "OC501" and f.detail.get("what") == "grad"]
+    assert found and min(f.step for f in found) == 6, [(f.code, f.step, f.detail) for f in mon.findings]
+    first = min(found, key=lambda f: f.step)
+    assert ("2.weight" in first.detail["params"]) is named, first.detail
+    if not named:
+        assert first.detail["params"] == [], first.detail

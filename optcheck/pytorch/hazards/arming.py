@@ -86,6 +86,11 @@ class ArmingPolicy:
         self._arrival_ids: tuple = ()
         self._got_prev: frozenset | None = None  # ... of the previous step
         self._prev_saved: frozenset | None = None  # _got_prev before this step's end (a replay restores it)
+        # the step's one shared pass, as the gradient-flow probe gave it: (ids it indexes, indices that got
+        # a gradient), kept as it is until the step ends; and the previous step's, when that step had only
+        # it: an arrival list equal to the last one is the same set, not built again (issue 34)
+        self._got_pass: tuple | None = None
+        self._prev_pass: tuple | None = None
         self._gb: tuple | None = None  # grads (and their versions) before the running backward
         # a GradClearProbe (per pass) over the same parameters whose pass arrival is read instead of
         # mapping the gradients a second time (set by optcheck.Monitor: one pass per backward, issue 34)
@@ -223,7 +228,11 @@ class ArmingPolicy:
         if self._arrival_key is not self._trainable_key or self._trainable_key is None:
             self._trainable()
             self._arrival_ps = [p for _, p in self._trainable_all]
-            self._arrival_ids = tuple(map(id, self._arrival_ps))
+            ids = tuple(map(id, self._arrival_ps))
+            src = self.arrival_source
+            # the very tuple of the gradient-flow probe when equal: the per-pass test below compares
+            # their elements by identity then (no integer comparison per parameter)
+            self._arrival_ids = src.ids if src is not None and src.ids == ids else ids
             self._arrival_key = self._trainable_key
         return self._arrival_ps
 
@@ -250,8 +259,10 @@ class ArmingPolicy:
             self._gb = None
             arrived = self.arrival_source.pass_arrived
             if arrived is not None and self.arrival_source.ids == self._arrival_ids:
-                ids = self._arrival_ids
-                self._got.update(map(ids.__getitem__, arrived))
+                if self._got_pass is None and not self._got:  # the step's first pass: kept as it is
+                    self._got_pass = (self._arrival_ids, arrived)
+                else:
+                    self._got.update(map(self._arrival_ids.__getitem__, arrived))
                 return
             # unknown to it (it was not told before the pass): those whose .grad is set now
             self._got.update(compress(self._arrival_ids, map(is_not, map(_GRAD, ps), repeat(None))))
@@ -275,7 +286,16 @@ class ArmingPolicy:
         if self._ended == step:
             return False
         self._ended = step
-        got, self._got = frozenset(self._got), set()
+        one, self._got_pass = self._got_pass, None
+        if one is not None and not self._got and self._prev_pass is not None and self._got_prev is not None \
+                and one[0] is self._prev_pass[0] and one[1] == self._prev_pass[1]:
+            got = self._got_prev  # one pass, the same parameters as the last step's one pass
+        else:
+            if one is not None:
+                self._got.update(map(one[0].__getitem__, one[1]))
+            got = frozenset(self._got)
+        self._prev_pass = one if one is not None and len(got) == len(one[1]) else None
+        self._got = set()
         prev, self._prev_saved, self._got_prev = self._got_prev, self._got_prev, got
         if self.armed:
             if self._trigger is not None:  # not consumed by a cut: no cut explains it
@@ -289,7 +309,7 @@ class ArmingPolicy:
                 self._record({**ev, "step": step, "count": 1, "detail": dict(ev["detail"])}, key)
         if prev is None:
             return False
-        lost = prev - got
+        lost = prev - got if got is not prev else frozenset()
         if not lost or lost in self._clean_sets or any(lost <= ids for ids, _ in self._cut_sets.values()):
             return False
         self._trigger = (step, lost)
@@ -300,6 +320,7 @@ class ArmingPolicy:
         """Arm step ``step`` again, for the soak's replay of it (its gradients are cleared and
         the RNG restored by the caller): this step's gradient arrival is judged anew."""
         self._got, self._gb = set(), None
+        self._got_pass = self._prev_pass = None
         if self._ended == step:
             self._got_prev, self._ended = self._prev_saved, 0
         self._arm_next = "replay"

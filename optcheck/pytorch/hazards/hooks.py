@@ -129,6 +129,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._trainable_now: list[tuple[str, torch.Tensor]] = []  # those that require grad
         self._trainable_ps: list = []  # and their parameters (as the last _trainable() call left them)
         self._install_warning_hook()
+        self._step_hooks, self._step_entered = None, False  # begin_step's (the step context's, held here)
         self._init_arming(mode)
         self._reset_step()
 
@@ -234,6 +235,25 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         (A plain object, not a ``contextlib.contextmanager`` generator: entered and left
         once per training step, issue 34.)"""
         return _StepContext(self, step)
+
+    def begin_step(self, step: int) -> None:
+        """:meth:`step_context` without the object, for a driver that enters and leaves each
+        step from its own hooks (``optcheck.Monitor``: one per training step, issue 34): the
+        step's arming decided now; :meth:`finish_step` undoes it."""
+        self._step_hooks = self._enter_step(step)
+        self._step_entered = not self._removed
+
+    def finish_step(self) -> None:
+        """End the step :meth:`begin_step` began (the saved-tensor hooks of an armed step
+        popped); nothing when none is running."""
+        hooks, self._step_hooks = self._step_hooks, None
+        entered, self._step_entered = self._step_entered, False
+        try:
+            if hooks is not None:
+                hooks.__exit__(None, None, None)
+        finally:
+            if entered:
+                self._exit_step()
 
     def _enter_step(self, step: int):
         """:meth:`step_context`'s entry: decide arming; the saved-tensor hooks' context
@@ -425,13 +445,21 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
             return
         self._check_grads_finite(self._trainable(), self._step)
 
+    def _members(self) -> list:
+        """Every param-group member of the watched optimizer now, in order."""
+        return list(chain.from_iterable(map(_PARAMS, self.optimizer.param_groups)))
+
+    def _members_unchanged(self) -> bool:
+        """The param groups hold the objects :meth:`_trainable` last listed, in the same order."""
+        return same_objects(self._members(), self._trainable_flat)
+
     def _trainable(self) -> list[tuple[str, torch.Tensor]]:
         """(name, parameter) of the optimizer's parameters that require grad now (a list shared
         between calls: read it, never change it). Kept, names and all, while the param groups
         hold the same objects in the same order, the model's names are not re-scanned and no
         ``requires_grad`` flag moved: per call two C-level maps over the parameters and no
         Python frame per parameter (issue 34: called once per training step)."""
-        flat = list(chain.from_iterable(map(_PARAMS, self.optimizer.param_groups)))
+        flat = self._members()
         if self._trainable_at != self.rescans or not same_objects(flat, self._trainable_flat):
             self._trainable_all = [(self._param_names.get(id(p), f"<param {id(p)}>"), p) for p in flat]
             self._trainable_flat, self._trainable_at = flat, self.rescans

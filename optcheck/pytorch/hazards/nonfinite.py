@@ -97,16 +97,27 @@ class NonfiniteProbe:
         every gradient finite (a non-finite one then names no parameter)."""
         if kwargs and ("found_inf" in kwargs or "grad_scaler" in kwargs):
             return
-        trainable = self._trainable()  # (and self._trainable_ps, their parameters)
         total = getattr(clip, "total", None)
-        if clip is not None and isinstance(total, torch.Tensor) and clip.covers(self._trainable_ps):
+        if clip is not None and isinstance(total, torch.Tensor) and self._clip_covers(clip):
             # the user's clip_grad_norm_ total over every trainable gradient: queued like the norms
             # (read at the next snapshot or metrics batch, no host read now); a non-finite total
             # names no parameter (the per-tensor norms were not kept)
             # (widened to float64 at the read, optcheck.pytorch.deferred.host_values: no kernel per step)
             self.ledger.add(total, lambda v, step=step: self._grads_read(v, step, [""]))
             return
-        self._check_grads_finite(trainable, step, force=True)
+        self._check_grads_finite(self._trainable(), step, force=True)
+
+    def _clip_covers(self, clip) -> bool:
+        """``clip`` (``monitor_hooks.ClipNorm``) holds a total over every trainable gradient. Asked
+        first about every param-group member, in the list :meth:`_trainable` keeps while the param
+        groups hold the same objects: covering them all covers those that require grad, so their
+        ``requires_grad`` flags are not read (a map over the parameters a step less, issue 34).
+        Else asked about the trainable ones as they are now (a clip over those alone)."""
+        flat = self._trainable_flat
+        if flat and self._members_unchanged() and clip.covers(flat):
+            return True
+        self._trainable()  # (sets self._trainable_ps, the parameters that require grad now)
+        return clip.covers(self._trainable_ps)
 
     #: ``drain(norms)`` takes the snapshot body's norms (``optcheck.pytorch.probe.Norms``)
     wants_norms = True
@@ -124,7 +135,8 @@ class NonfiniteProbe:
         params = [p for _, p in trainable if not uninitialized(p)]  # a lazy module's, before its first forward
         names = {id(p): n for n, p in trainable}
         entries = [("param", p, None, p) for p in params]  # (what, parameter, state key, tensor)
-        entries += [("optimizer_state", p, k, v) for p, k, v in state_tensors(self.optimizer, params)]
+        view = getattr(norms, "view", None)  # (the state as the snapshot body read it: not read again)
+        entries += [("optimizer_state", p, k, v) for p, k, v in state_tensors(self.optimizer, params, view)]
         known = norms or {}
         got = [known.get(("value", id(p)) if k is None else ("state", id(p), k)) for _, p, k, _ in entries]
         missing = [i for i, x in enumerate(got) if x is None]
