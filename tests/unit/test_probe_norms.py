@@ -260,3 +260,27 @@ def test_monitor_reports_a_nan_state_entry_as_oc501_at_its_snapshot(tmp_path):
             opt.step()
     (f,) = [f for f in mon.findings if f.code == "OC501"]
     assert f.step == 10 and "2.weight:exp_avg" in f.subjects
+
+
+def test_snapshot_and_hazard_drain_read_the_optimizer_state_once(monkeypatch):
+    """The drain's NaN/Inf check lists the state tensors from the view the snapshot body read
+    (``Norms.view``), not from a second walk of ``optimizer.state``; without the body's norms
+    it reads the state itself."""
+    from optcheck.pytorch import state_read
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    trained(model, opt, torch.randn(5, 4))
+    walks = []
+    real = state_read.read
+    monkeypatch.setattr(state_read, "read", lambda o: walks.append(o) or real(o))
+    tp = TorchProbe(model, opt, HazardProbes(model, opt), GradClearProbe(opt))
+    with torch.no_grad():
+        opt.state[model[1].weight]["exp_avg"][0, 0] = float("nan")
+    body = tp.snapshot_body()
+    assert len(walks) == 1
+    assert nonfinite(body["events"]) == {"optimizer_state": ["1.weight:exp_avg"]}
+    walks.clear()
+    hz = HazardProbes(model, opt)
+    hz.drain()  # no norms handed over: the state is read here
+    assert len(walks) == 1

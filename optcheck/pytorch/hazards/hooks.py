@@ -420,9 +420,11 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
             self._roots = roots
         if not isinstance(loss, torch.Tensor):
             return
-        if loss.grad_fn is not None:
-            self._roots.append(loss.grad_fn)
-        self._check_loss_graph(loss)
+        grad_fn = loss.grad_fn
+        if grad_fn is not None and self._active:  # (a root of the graph walk that names a saving op: armed)
+            self._roots.append(grad_fn)
+        if grad_fn is None or self._cut_passes:  # (else nothing for the graph check: every unarmed step)
+            self._check_loss_graph(loss)
         self._check_loss_finite(loss if value is None else value, step)
 
     @unmoded
