@@ -7,6 +7,8 @@ hook interface of :class:`optcheck.pytorch.null_hazards.NullHazards`:
 - ``step_context(step)``: a context manager around forward *and* backward of one
   step (saved-tensor hooks + per-module flags are live inside it only, so
   ``torch.no_grad()`` evaluation passes between steps are not looked at);
+  ``begin_step(step)`` / ``finish_step()`` do the same for a driver that enters and
+  leaves each step from its own hooks (``optcheck.Monitor``);
 - ``check_loss(loss, step, value=None)``: before ``loss.backward()``;
 - ``after_backward(step)``: after ``backward()``, before ``optimizer.step()``;
 - ``has_events()`` / ``drain()``: events (schema-1 Event dicts
