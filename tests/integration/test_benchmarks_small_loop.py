@@ -1,6 +1,6 @@
 """Issue 34's cost benchmarks run, scaled down, so that a refactor cannot leave them broken
 until the next person who measures (``benchmarks/bench_paired.py``, ``bench_small_loop.py``,
-``bench_floor.py``, ``quiet_machine.sh``; their figures are in docs/guide/cost.md). What they measure is not
+``bench_floor.py``, ``bench_grad_objects.py``, ``quiet_machine.sh``; their figures are in docs/guide/cost.md). What they measure is not
 asserted: a time is no test here."""
 
 from __future__ import annotations
@@ -87,3 +87,16 @@ def test_the_quiet_machine_script_runs_its_three_methods(tmp_path):
     for name in ("rounds", "lockstep", "paired"):
         text = (tmp_path / f"{name}.txt").read_text()
         assert re.search(r"^\| auto\b", text, re.M) and re.search(r"^\| off\b", text, re.M), (name, text[-2000:])
+
+
+def test_the_gradient_objects_benchmark_prints_each_piece():
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_grad_objects.py"), "--steps", "2"],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = dict(re.findall(r"^\| ([a-z ,]+) \| (-?[0-9.]+) \|$", p.stdout, re.M))
+    assert set(rows) == {"first read", "second read", "clip alone", "clip after a read",
+                         "first read less second, per tensor"}, p.stdout
+    assert "30 gradient tensors" in p.stdout and float(rows["clip alone"]) > 0, p.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_grad_objects.py"), "--steps", "0"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode == 2 and "--steps must be at least 1" in bad.stderr and "Traceback" not in bad.stderr
