@@ -13,7 +13,6 @@ Over 400 lines: the two runs' alignment, first difference and report are one pip
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -28,7 +27,7 @@ from optcheck.findings import Finding
 from optcheck.report.reader import RunReader
 from optcheck.rules.parity import RunDivergence
 from optcheck.series import moving_mean
-from optcheck.record.snapshot import clean_json
+from optcheck.record.snapshot import strict_json
 from optcheck.judge.policy import AUTO, MIGRATION, choose
 from optcheck.judge.verdict import Verdict, judge, same_batches
 
@@ -183,7 +182,7 @@ class CompareResult:
         return d
 
     def to_json(self) -> str:
-        return json.dumps(clean_json(self.to_dict()), indent=2, allow_nan=False)
+        return strict_json(self.to_dict(), indent=2)
 
     def render(self) -> str:
         """The comparison as a plain-text table (a few dozen lines)."""

@@ -243,16 +243,21 @@ def to_float(value: Any) -> float | None:
     return float(value)
 
 
-def dumps(obj: dict) -> str:
-    """One JSON line (no trailing newline); non-finite floats become "nan"/"inf".
+def strict_json(obj: Any, **kwargs: Any) -> str:
+    """``json.dumps(obj, **kwargs)`` as strict JSON: non-finite floats become "nan"/"inf".
 
-    Encoded as it is first (json's C encoder, ``allow_nan=False``): only a record that holds
-    a NaN/Inf (ValueError) is walked by :func:`clean_json` (a Python frame per value: about
-    half of a snapshot's rule check on a small model, issue 34)."""
+    Encoded as it is first (``allow_nan=False``): only a record that holds a NaN/Inf
+    (ValueError) is walked by :func:`clean_json` (a Python frame per value: about half of a
+    snapshot's rule check on a small model, issue 34)."""
     try:
-        return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+        return json.dumps(obj, allow_nan=False, **kwargs)
     except ValueError:
-        return json.dumps(clean_json(obj), separators=(",", ":"), allow_nan=False)
+        return json.dumps(clean_json(obj), allow_nan=False, **kwargs)
+
+
+def dumps(obj: dict) -> str:
+    """One JSON line (no trailing newline); non-finite floats become "nan"/"inf"."""
+    return strict_json(obj, separators=(",", ":"))
 
 
 def loads(line: str) -> dict:

@@ -57,7 +57,7 @@ import stat
 from pathlib import Path
 
 from optcheck.errors import InputError, RecordError
-from optcheck.record.snapshot import clean_json, dumps
+from optcheck.record.snapshot import dumps, strict_json
 
 SUMMARY_SCHEMA = "optcheck.summary/1"
 FILES = ("snapshots.jsonl", "findings.jsonl", "metrics.jsonl", "events.jsonl")
@@ -532,11 +532,7 @@ def write_summary(path: str | os.PathLike, summary: dict) -> None:
     summary = {"schema": SUMMARY_SCHEMA, **summary}
     target = Path(path) / "summary.json"
     tmp = target.with_suffix(".json.tmp")
-    try:  # (as record/snapshot.py's dumps: walked by clean_json only when a NaN/Inf is in it)
-        text = json.dumps(summary, indent=2, default=str, allow_nan=False)
-    except ValueError:
-        text = json.dumps(clean_json(summary), indent=2, default=str, allow_nan=False)
-    data = (text + "\n").encode("utf-8")
+    data = (strict_json(summary, indent=2, default=str) + "\n").encode("utf-8")
     try:
         if os.path.lexists(tmp):
             os.unlink(tmp)

@@ -237,9 +237,10 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         return _StepContext(self, step)
 
     def begin_step(self, step: int) -> None:
-        """:meth:`step_context` without the object, for a driver that enters and leaves each
-        step from its own hooks (``optcheck.Monitor``: one per training step, issue 34): the
-        step's arming decided now; :meth:`finish_step` undoes it."""
+        """Begin training step ``step``: its arming decided now (the saved-tensor hooks of an armed
+        step entered); :meth:`finish_step` undoes it. :meth:`step_context` wraps the pair; a driver
+        that enters and leaves each step from its own hooks calls them itself (``optcheck.Monitor``:
+        no object per training step, issue 34)."""
         self._step_hooks = self._enter_step(step)
         self._step_entered = not self._removed
 
@@ -576,26 +577,20 @@ class _InertProbes:
 
 
 class _StepContext:
-    """:meth:`HazardProbes.step_context`: the step's arming decided on entry, undone on exit."""
+    """:meth:`HazardProbes.step_context`: :meth:`HazardProbes.begin_step` on entry,
+    :meth:`HazardProbes.finish_step` on exit (whatever the block raised)."""
 
-    __slots__ = ("probes", "step", "hooks", "entered")
+    __slots__ = ("probes", "step")
 
     def __init__(self, probes: "HazardProbes", step: int):
-        self.probes, self.step, self.hooks, self.entered = probes, step, None, False
+        self.probes, self.step = probes, step
 
     def __enter__(self) -> "HazardProbes":
-        p = self.probes
-        self.hooks = p._enter_step(self.step)
-        self.entered = not p._removed
-        return p
+        self.probes.begin_step(self.step)
+        return self.probes
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        try:
-            if self.hooks is not None:
-                self.hooks.__exit__(exc_type, exc, tb)
-        finally:
-            if self.entered:
-                self.probes._exit_step()
+        self.probes.finish_step()
         return False
 
 
