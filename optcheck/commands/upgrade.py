@@ -51,6 +51,9 @@ def register(group: click.Group) -> None:
                        "[tool.optcheck] ignore of the nearest pyproject.toml).")
     @click.option("--speed-tolerance", default="25%", show_default=True,
                   help="Rise of the candidate's worker CPU time per step allowed (as soak --baseline).")
+    @click.option("--speed-pairs", type=int, default=3, show_default=True,
+                  help="A speed regression of the two runs is run again in this many interleaved pairs of "
+                       "short runs and fails only if their median confirms it (0: not run again).")
     @click.option("--memory-tolerance", default="15%", show_default=True,
                   help="Rise of the candidate's peak RSS allowed (as soak --baseline).")
     @click.option("--policy", type=click.Choice(["auto", "rerun", "migration"]), default="auto", show_default=True,
@@ -60,13 +63,14 @@ def register(group: click.Group) -> None:
     def upgrade(baseline_python, candidate_python, baseline_torchsharp, candidate_torchsharp, baseline_backend,
                 candidate_backend, steps, every, seed, lr, threads, data, n_layer, n_embd, batch_size,
                 with_scenarios, only, scenario_steps, out, force, junit, fail_on, memory_budget, ignores,
-                speed_tolerance, memory_tolerance, policy, quiet):
+                speed_tolerance, speed_pairs, memory_tolerance, policy, quiet):
         """Run the same soak (seed, data, batches, config) on a baseline and a candidate
         and print the verdict first: IDENTICAL, WITHIN NUMERICAL NOISE (same seed, with the
         measured size), WITHIN THE SEED BAND (a migration: another backend or torch/libtorch)
         or DIVERGED (from which step, by how much, where: parameter, option, versions), with
         every regression of the candidate on the same line: new findings, loss above its band,
-        worker CPU time per step (--speed-tolerance), peak RSS (--memory-tolerance), as
+        worker CPU time per step (--speed-tolerance; confirmed in --speed-pairs interleaved
+        pairs of short runs before it fails), peak RSS (--memory-tolerance), as
         `soak --baseline` judges a night. Everything is checked before anything runs: the
         scenarios (listed first; never the --nproc-only ones), each side's options, and the
         torch of each --*-python.
@@ -110,7 +114,7 @@ def register(group: click.Group) -> None:
         names = (list(only) or "all") if with_scenarios else None
         result = run_upgrade(cfg, sides[0], sides[1], out, scenarios=names, scenario_steps=scenario_steps,
                              progress=not quiet, force=force, tolerances=tol, policy=policy, echo=click.echo,
-                             **shaping)
+                             speed_pairs=speed_pairs, **shaping)
         click.echo(render(result, sides))
         if junit:
             from optcheck.report.junit import write_upgrade_junit

@@ -20,6 +20,8 @@ The candidate is judged against the baseline side by the one regression policy o
 ``soak --baseline`` applies to a night, plus the trajectory verdict (identical /
 within numerical noise / within the seed band / diverged, ``optcheck.judge.verdict``) under
 the policy ``optcheck.judge.policy`` picks (a migration across backends or native libraries).
+A speed regression of the two sequential runs is run again in interleaved pairs of short
+runs and stands only if they confirm it (``optcheck.judge.speed_pairs``).
 Over 400 lines: the upgrade's plan, its two sides and the scenario matrix are checked before anything runs and reported together.
 """
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +39,8 @@ from optcheck.run import exitcodes
 from optcheck import scenarios as catalogue
 from optcheck.config import Injection, SoakConfig
 from optcheck.errors import InputError
+from optcheck.judge.baseline import REGRESSION, SPEED_TOLERANCE
+from optcheck.judge.speed_pairs import PAIRS, confirm, first_side, pair_steps
 
 worst = exitcodes.worst  # the one policy (optcheck.run.exitcodes); kept under this name for callers
 
@@ -252,9 +257,34 @@ def _run_pair(cfg: SoakConfig, sides: list[Side], out: Path, sig, init: str | No
     return results
 
 
+def _confirm_speed(check, cfg: SoakConfig, sides: list[Side], out: Path, sig, init: str | None, pairs: int,
+                   tolerances, **kwargs):
+    """``check`` as :func:`optcheck.judge.speed_pairs.confirm` leaves it when it is a speed
+    regression (pairs of ``pair_steps`` runs into ``out/speed-pairs/pair-N/``), else ``check``."""
+    if check.name != "speed" or check.status != REGRESSION or pairs <= 0:
+        return check
+    pc = cfg.copy()
+    pc.run.steps = pair_steps(cfg.run.steps)
+    if kwargs.get("progress"):
+        print(f"optcheck upgrade: {check.brief or check.text}: running both sides again in {pairs} interleaved "
+              f"pair(s) of {pc.run.steps}-step runs to tell a regression from load that changed between the runs",
+              file=sys.stderr)
+
+    def run_pair(k: int):
+        order = sides if first_side(k) == 0 else sides[::-1]
+        got = _run_pair(pc, order, out / "speed-pairs" / f"pair-{k + 1}", sig, init, **kwargs)
+        if len(got) < 2 or any(r.summary.get("status") not in ("clean", "findings") for r in got):
+            return None
+        by = {s.name: r.summary for s, r in zip(order, got)}
+        return by[sides[0].name], by[sides[1].name]
+
+    return confirm(check, tolerances.speed if tolerances is not None else SPEED_TOLERANCE, run_pair, pairs)
+
+
 def run_upgrade(cfg: SoakConfig, baseline: Side, candidate: Side, out, *, scenarios: list[str] | None = None,
                 scenario_steps: int = 40, progress: bool = False, force: bool = False, signals=None,
-                tolerances=None, policy: str = "auto", echo=None, **kwargs) -> UpgradeResult:
+                tolerances=None, policy: str = "auto", echo=None, speed_pairs: int = PAIRS,
+                **kwargs) -> UpgradeResult:
     """Run ``cfg`` on both sides into ``out/baseline`` and ``out/candidate``, compare them
     (``optcheck.judge.compare.compare_runs``: the verdict of ``optcheck.judge.verdict.judge``), and with
     ``scenarios`` (names, or ``"all"``: :func:`shared_scenarios`) run each scenario at step ``scenario_steps // 2`` of a
@@ -264,7 +294,9 @@ def run_upgrade(cfg: SoakConfig, baseline: Side, candidate: Side, out, *, scenar
     The candidate is then judged against the baseline's run by
     ``optcheck.judge.baseline.compare_with_baseline`` (``tolerances``: an
     ``optcheck.judge.baseline.Tolerances``) with the trajectory ``policy``; ``echo`` (a
-    callable) is told the plan before anything runs.
+    callable) is told the plan before anything runs. A speed regression of the two runs is run
+    again in ``speed_pairs`` interleaved pairs of short runs into ``out/speed-pairs/pair-N/``
+    and stands only if they confirm it (``optcheck.judge.speed_pairs``; 0: not run again).
 
     Raises:
         InputError: bad option on either side, a scenario that cannot run (unknown, not on
@@ -290,6 +322,9 @@ def run_upgrade(cfg: SoakConfig, baseline: Side, candidate: Side, out, *, scenar
     names = plan_scenarios(sides, None if scenarios == "all" else list(scenarios or []))
     if names and scenario_steps < 2:
         raise InputError(f"--scenario-steps {scenario_steps}: must be at least 2")
+    if speed_pairs < 0:
+        raise InputError(f"--speed-pairs {speed_pairs}: a whole number >= 0 (0: a speed regression of the "
+                         f"sequential runs is not run again)")
     if echo is not None:
         echo(f"optcheck upgrade: {cfg.run.steps:,}-step soak on each side"
              + (f", then {len(names)} scenario(s) of {scenario_steps} steps on each side: {', '.join(names)}"
@@ -305,6 +340,8 @@ def run_upgrade(cfg: SoakConfig, baseline: Side, candidate: Side, out, *, scenar
 
             res = compare_runs(results[0].out, results[1].out, policy=policy)
             against = compare_with_baseline(results[1].out, results[0].out, tolerances, policy=policy)
+            against.checks = [_confirm_speed(c, cfg, sides, out, sig, init, speed_pairs, tolerances, **kwargs)
+                              for c in against.checks]
         for n in names:
             sc = cfg.copy()
             step = max(1, scenario_steps // 2)

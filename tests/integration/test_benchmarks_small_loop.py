@@ -1,6 +1,7 @@
 """Issue 34's cost benchmarks run, scaled down, so that a refactor cannot leave them broken
 until the next person who measures (``benchmarks/bench_paired.py``, ``bench_small_loop.py``,
-``bench_floor.py``, ``bench_grad_objects.py``, ``quiet_machine.sh``; their figures are in docs/guide/cost.md). What they measure is not
+``bench_floor.py``, ``bench_grad_objects.py``, ``quiet_machine.sh``; their figures are in docs/guide/cost.md) and
+``bench_speed_pairs.py`` (docs/guide/upgrade.md). What they measure is not
 asserted: a time is no test here."""
 
 from __future__ import annotations
@@ -100,3 +101,19 @@ def test_the_gradient_objects_benchmark_prints_each_piece():
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_grad_objects.py"), "--steps", "0"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "--steps must be at least 1" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_speed_pairs_benchmark_prints_each_pair_and_the_spread(tmp_path):
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_speed_pairs.py"), "--pairs", "3", "--steps",
+                        "30", "--n-layer", "1", "--n-embd", "32", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    pairs = re.findall(r"^pair (\d): (baseline|candidate) first .* ratio ([0-9.]+)x$", p.stdout, re.M)
+    assert [(k, side) for k, side, _ in pairs] == [("1", "baseline"), ("2", "candidate"), ("3", "baseline")], p.stdout
+    assert all(float(r) > 0 for _, _, r in pairs)
+    assert re.search(r"^medians of three consecutive pairs: min [0-9.]+x max [0-9.]+x; above 1\.25x .*: [01] of 1$",
+                     p.stdout, re.M), p.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_speed_pairs.py"), "--steps", "10"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines() == [
+        "bench_speed_pairs: --pairs must be >= 1 and --steps >= 30 (two 10-step blocks after the first)"]
