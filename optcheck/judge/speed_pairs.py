@@ -47,7 +47,7 @@ def pair_ratio(baseline: dict, candidate: dict) -> float | None:
     dicts (``cost.train_cpu_block_s``); None when either recorded fewer than two blocks after
     the first."""
     a, b = cpu_blocks(baseline), cpu_blocks(candidate)
-    if not a or not b or len(a) < 2 or len(b) < 2:
+    if a is None or b is None or min(len(a), len(b)) < 2:
         return None
     return float(np.median(b)) / float(np.median(a))
 

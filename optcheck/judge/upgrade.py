@@ -39,7 +39,7 @@ from optcheck.run import exitcodes
 from optcheck import scenarios as catalogue
 from optcheck.config import Injection, SoakConfig
 from optcheck.errors import InputError
-from optcheck.judge.baseline import REGRESSION, SPEED_TOLERANCE
+from optcheck.judge.baseline import REGRESSION, Tolerances
 from optcheck.judge.speed_pairs import PAIRS, confirm, first_side, pair_steps
 
 worst = exitcodes.worst  # the one policy (optcheck.run.exitcodes); kept under this name for callers
@@ -271,14 +271,20 @@ def _confirm_speed(check, cfg: SoakConfig, sides: list[Side], out: Path, sig, in
               file=sys.stderr)
 
     def run_pair(k: int):
-        order = sides if first_side(k) == 0 else sides[::-1]
-        got = _run_pair(pc, order, out / "speed-pairs" / f"pair-{k + 1}", sig, init, **kwargs)
-        if len(got) < 2 or any(r.summary.get("status") not in ("clean", "findings") for r in got):
+        first = first_side(k)
+        got = _run_pair(pc, sides[::-1] if first else sides, out / "speed-pairs" / f"pair-{k + 1}", sig, init,
+                        **kwargs)
+        if not _finished(got):
             return None
-        by = {s.name: r.summary for s, r in zip(order, got)}
-        return by[sides[0].name], by[sides[1].name]
+        a, b = (r.summary for r in got)
+        return (b, a) if first else (a, b)
 
-    return confirm(check, tolerances.speed if tolerances is not None else SPEED_TOLERANCE, run_pair, pairs)
+    return confirm(check, (tolerances or Tolerances()).speed, run_pair, pairs)
+
+
+def _finished(results: list) -> bool:
+    """Both sides' runs (``run_soak`` results) are there and finished: status clean or findings."""
+    return len(results) == 2 and all(r.summary.get("status") in ("clean", "findings") for r in results)
 
 
 def run_upgrade(cfg: SoakConfig, baseline: Side, candidate: Side, out, *, scenarios: list[str] | None = None,
@@ -335,7 +341,7 @@ def run_upgrade(cfg: SoakConfig, baseline: Side, candidate: Side, out, *, scenar
         init = _same_init(cfg, sides, out)
         results = _run_pair(cfg, sides, out, sig, init, **kwargs)
         res = against = None
-        if len(results) == 2 and all(r.summary["status"] in ("clean", "findings") for r in results):
+        if _finished(results):
             from optcheck.judge.baseline import compare_with_baseline
 
             res = compare_runs(results[0].out, results[1].out, policy=policy)
