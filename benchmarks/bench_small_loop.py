@@ -61,10 +61,14 @@ CONFIGS = {"plain": None, "plain2": None, "auto": {"hazards": "auto"}, "off": {"
 SEQ, BATCH, WIDTH, LAYERS, HEADS = 32, 8, 64, 2, 4
 
 
-def build_loop(total: int, device: str = "cpu"):
+def build_loop(total: int, device: str = "cpu", bound: bool = False):
     """The loop's model, optimizer and one training step (``step()`` returns the loss), its
     schedule ``total`` steps long: the module docstring's loop (``bench_step_frames.py`` runs it too);
-    ``device``: where the model and each batch live (the corpus and the sampling stay on the CPU)."""
+    ``device``: where the model and each batch live (the corpus and the sampling stay on the CPU).
+    ``bound``: the step calls ``torch.autograd.backward`` and ``clip_grad_norm_`` as they are
+    now, not as they are when it runs (``bench_twins.py``'s plain twin: a Monitor made later
+    wraps them and ``Tensor.backward``, and its wrappers must not be on this loop's path;
+    ``Tensor.backward`` itself looks ``torch.autograd.backward`` up at each call)."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -98,6 +102,7 @@ def build_loop(total: int, device: str = "cpu"):
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
     g = torch.Generator().manual_seed(0)
+    backward, clip = torch.autograd.backward, torch.nn.utils.clip_grad_norm_
 
     def step():
         i = torch.randint(0, len(data) - SEQ - 1, (BATCH,), generator=g)
@@ -107,8 +112,12 @@ def build_loop(total: int, device: str = "cpu"):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         loss = F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if bound:
+            backward(loss)
+            clip(model.parameters(), 1.0)
+        else:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         return loss

@@ -58,6 +58,7 @@ are in ``optcheck/integrations/``. How a run that does not reach ``close()`` end
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import threading
 import time
@@ -221,9 +222,11 @@ class Monitor:
 
             self.hazards = HazardProbes(model, optimizer, allow_inplace=allow_inplace, compiled=compiled,
                                         mode="always" if hazards == "always" else "auto", ledger=self._ledger,
-                                        grad_check_every=0)  # gradients: before the step writes them (_pre_step)
+                                        grad_check_every=0,  # gradients: before the step writes them (_pre_step)
+                                        hook_wrap=self._own_step_hook)
             self.hazards.on_stop = self._on_stop
-        self.grad_clear = GradClearProbe(optimizer, ledger=self._ledger, per_backward=True)  # told by before_backward
+        self.grad_clear = GradClearProbe(optimizer, ledger=self._ledger, per_backward=True,  # told by before_backward
+                                         hook_wrap=self._own_step_hook)
         self.hazards.arrival_source = self.grad_clear  # one map of the gradients per backward pass, not two
         # the user's clip_grad_norm_ total (monitor_hooks): the NaN check's shortcut, and OC207's (grad_clear)
         self.clip_norm = ClipNorm(on_record=self.grad_clear.clipped)
@@ -453,6 +456,17 @@ class Monitor:
             self._in_step = False
             self.hazards.finish_step()
 
+    def _own_step_hook(self, hook):
+        """A probe's optimizer step hook (``hook(optimizer, args, kwargs)``) run as the Monitor's own:
+        its time counted in ``cost.steps``, an internal error in it a note (:func:`guarded`)."""
+
+        @guarded(FindingError, StepStopped, timed=True)
+        @functools.wraps(hook)
+        def run(mon, optimizer, args, kwargs):
+            return hook(optimizer, args, kwargs)
+
+        return functools.partial(run, self)
+
     @guarded(FindingError, StepStopped)
     def _snapshot(self, which: str) -> None:
         """The start or final snapshot (an error in it is a note, not the user's exception)."""
@@ -483,6 +497,12 @@ class Monitor:
         self._loss_before = self._loss  # (back to it when the pass reaches none of this optimizer's parameters)
         if loss is not None:
             self._loss = loss
+
+    @guarded(FindingError, StepStopped, timed=True)
+    def clipped(self, params: list, total) -> None:
+        """``clip_grad_norm_`` over ``params`` returned ``total`` (after the backward pass, before
+        the step): handed to :attr:`clip_norm`, timed as the Monitor's own work."""
+        self.clip_norm.record(params, total)
 
     @guarded(FindingError, StepStopped, timed=True)
     def after_backward(self) -> None:

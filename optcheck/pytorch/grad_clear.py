@@ -88,10 +88,14 @@ class GradClearProbe:
 
     Args:
         optimizer: the optimizer whose ``step()`` delimits training steps.
+        ledger: where the device checks wait for the driver's next read (default: one of its own).
+        per_backward: arrival from :meth:`before_backward` / :meth:`after_backward` (module docstring).
+        hook_wrap: ``hook_wrap(hook)`` is registered in place of each step hook
+            (``optcheck.pytorch.step_hooks.register``'s ``wrap``).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, ledger: DeviceLedger | None = None,
-                 per_backward: bool = False):
+                 per_backward: bool = False, hook_wrap=None):
         self.ledger = ledger if ledger is not None else DeviceLedger()
         self._per_backward = per_backward  # arrival from before/after_backward, no per-parameter hook
         self._gb: tuple | None = None  # (.grad of each parameter, their versions) before the pass under way
@@ -124,7 +128,7 @@ class GradClearProbe:
         self._pending = [p for p in members if _uninitialized(p)]
         self._params: list[torch.Tensor] = []
         self._add([p for p in members if not _uninitialized(p)])
-        self._handles += step_hooks.register(optimizer, self._before_step, self._after_step)
+        self._handles += step_hooks.register(optimizer, self._before_step, self._after_step, wrap=hook_wrap)
 
     def _add(self, params: list) -> None:
         """Hook ``params`` (materialised leaves), and watch the smallest of all for OC204."""

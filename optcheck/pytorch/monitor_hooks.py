@@ -14,7 +14,7 @@ steps on. ``Tensor.backward`` calls ``torch.autograd.backward`` itself
 is seen once.
 
 ``torch.nn.utils.clip_grad_norm_`` is wrapped the same way: the total norm the
-user's clipping computed is handed to every open Monitor (:class:`ClipNorm`), so
+user's clipping computed is handed to every open Monitor (``clipped``, kept in a :class:`ClipNorm`), so
 its NaN/Inf check of the gradients before ``optimizer.step()`` (OC501) reads that
 one number instead of every gradient again (a ``torch._foreach_norm`` over all of
 them: 0.5 ms a step on a 0.8 M-parameter GPT, one thread). A loop that imported
@@ -79,8 +79,6 @@ class BackwardListener(Protocol):
     None of them raises into the user's loop except :class:`optcheck.errors.StepStopped`
     and :class:`FindingError`, which are meant for it."""
 
-    clip_norm: "ClipNorm"  # where the total norm of the user's clip_grad_norm_ is handed
-
     def before_backward(self, roots: list[torch.Tensor], grads=None) -> None:
         """A backward pass from ``roots`` (:func:`backward_roots`) with ``grads`` (its
         ``grad_tensors``/``gradient`` argument, or None) is about to run."""
@@ -94,6 +92,9 @@ class BackwardListener(Protocol):
 
     def after_backward(self) -> None:
         """The pass returned: its gradients are written."""
+
+    def clipped(self, params: list, total) -> None:
+        """``clip_grad_norm_`` over ``params`` (a list of tensors) returned ``total``."""
 
     def record_crash(self, exc: BaseException) -> None:
         """``exc`` ends the process (``sys.excepthook``): the run's crash."""
@@ -273,7 +274,7 @@ def _clip_watched(orig):
         total = orig(params, *args, **kwargs)
         for mon in list(_ACTIVE):
             try:
-                mon.clip_norm.record(params, total)
+                mon.clipped(params, total)
             except Exception as e:  # never into the user's loop
                 if raised_by_signal_handler(e):
                     raise

@@ -337,8 +337,12 @@ def watch(optimizer) -> StepWatch:
     return w
 
 
-def register(optimizer, pre=None, post=None) -> list:
+def register(optimizer, pre=None, post=None, wrap: Callable | None = None) -> list:
     """Register ``pre(optimizer, args, kwargs)`` and ``post(...)`` (either may be None),
     called once per training step of ``optimizer`` (the outermost ``step()``; the
-    optimizer it is switched to when followed); returns the handles (``remove()`` each)."""
+    optimizer it is switched to when followed); returns the handles (``remove()`` each).
+    ``wrap(hook)``: what is subscribed in place of each of them (``optcheck.Monitor``
+    times a probe's step hooks as its own and turns an error in one into a note)."""
+    if wrap is not None:
+        pre, post = (None if h is None else wrap(h) for h in (pre, post))
     return [watch(optimizer).subscribe(pre, post)]

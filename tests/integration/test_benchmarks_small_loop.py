@@ -1,6 +1,7 @@
 """Issue 34's cost benchmarks run, scaled down, so that a refactor cannot leave them broken
 until the next person who measures (``benchmarks/bench_paired.py``, ``bench_small_loop.py``,
-``bench_floor.py``, ``bench_grad_objects.py``, ``quiet_machine.sh``; their figures are in docs/guide/cost.md) and
+``bench_floor.py``, ``bench_grad_objects.py``, ``bench_twins.py``, ``quiet_machine.sh``; their figures are in
+docs/guide/cost.md) and
 ``bench_speed_pairs.py`` (docs/guide/upgrade.md). What they measure is not
 asserted: a time is no test here."""
 
@@ -117,3 +118,57 @@ def test_the_speed_pairs_benchmark_prints_each_pair_and_the_spread(tmp_path):
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode != 0 and bad.stderr.strip().splitlines() == [
         "bench_speed_pairs: --pairs must be >= 1 and --steps >= 30 (two 10-step blocks after the first)"]
+
+
+def test_the_twins_benchmark_prints_each_configuration_and_its_floor(tmp_path):
+    """Scaled down: every configuration's row, the table less the plain floor, each step's time in
+    the JSON, and the twins' weights bit-equal at the end (the Monitor changed nothing A computed)."""
+    out = tmp_path / "twins.json"
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_twins.py"), "--steps", "12", "--rounds", "2",
+                        "--every", "4", "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = re.findall(r"^\| (plain|burn|fused|off|auto) \| [0-9.]+ \| [0-9.]+x \([0-9.]+-[0-9.]+\) \| [0-9., ]+ \| .* \| (yes|NO) \|$",
+                      p.stdout, re.M)
+    assert [c for c, _ in rows] == ["plain", "burn", "fused", "off", "auto"] and {s for _, s in rows} == {"yes"}, p.stdout
+    floor = re.findall(r"^\| (burn|fused|off|auto) \| [0-9.]+x ± [0-9.]+ \| [-+][0-9]+ ± [0-9]+ \|$", p.stdout, re.M)
+    assert floor == ["burn", "fused", "off", "auto"], p.stdout
+    import json
+
+    got = json.loads(out.read_text())
+    assert [f["config"] for f in got["figures"]] == ["plain", "burn", "fused", "off", "auto"]
+    for config, runs in got["runs"].items():
+        assert len(runs) == 2 and all(len(r["a"]) == len(r["b"]) == 12 and min(r["a"] + r["b"]) > 0 for r in runs)
+        assert all(r["own_us"] is not None for r in runs) == (config in ("fused", "off", "auto")), (config, runs)
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_twins.py"), "--configs", "plain,fast"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+
+
+def test_the_plain_twin_does_not_pass_through_the_monitor(tmp_path):
+    """The twins method's premise: twin B, built before the Monitor with ``bound=True``, takes its
+    steps outside the Monitor's wrappers, and twin A through them; the burn control burns what it
+    is asked to."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import time
+
+        import optcheck
+        from bench_small_loop import build_loop
+        from bench_twins import spin
+    finally:
+        sys.path.pop(0)
+    a_model, a_opt, a_step = build_loop(20)
+    b_model, b_opt, b_step = build_loop(20, bound=True)
+    mon = optcheck.Monitor(a_model, a_opt, every=100, out=str(tmp_path / "run"), on_finding="ignore", hazards=False)
+    try:
+        before = mon.step_cost.ns  # (the time inside the Monitor's hooks, summary.json's cost.steps)
+        for _ in range(3):
+            b_step()
+        assert mon.step_count == 0 and mon.step_cost.ns == before
+        a_step()
+        assert mon.step_count == 1 and mon.step_cost.ns > before
+    finally:
+        mon.close()
+    t0 = time.thread_time_ns()
+    spin(2000)
+    assert time.thread_time_ns() - t0 >= 2_000_000

@@ -142,3 +142,34 @@ def test_removing_every_handle_removes_every_hook():
     c.remove()
     assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
     assert (len(_global_optimizer_pre_hooks), len(_global_optimizer_post_hooks)) == before
+
+
+def test_wrap_is_what_is_called_in_place_of_each_hook():
+    """``register(..., wrap=w)``: ``w(hook)`` is subscribed instead (the Monitor times and guards its
+    probes' step hooks that way); once per training step, pre before post, and removed with the handle."""
+    opt = torch.optim.SGD(_params(), lr=0.1)
+    calls, wrapped = [], []
+
+    def wrap(hook):
+        wrapped.append(hook)
+
+        def run(o, a, k):
+            calls.append(("in", hook.__name__))
+            hook(o, a, k)
+        return run
+
+    def pre(o, a, k):
+        calls.append(("hook", "pre"))
+
+    def post(o, a, k):
+        calls.append(("hook", "post"))
+
+    handles = step_hooks.register(opt, pre, post, wrap=wrap)
+    opt.step()
+    assert wrapped == [pre, post]
+    assert calls == [("in", "pre"), ("hook", "pre"), ("in", "post"), ("hook", "post")]
+    for h in handles:
+        h.remove()
+    opt.step()
+    assert len(calls) == 4
+    assert step_hooks.register(opt, None, post, wrap=wrap) and wrapped[-1] is post  # (None is not wrapped)

@@ -61,6 +61,9 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
             (``optcheck.pytorch.deferred.DeviceLedger``, shared with the driver, which reads
             it at its next snapshot or metrics batch); default: one of its own, read at
             :meth:`drain`.
+        hook_wrap: ``hook_wrap(hook)`` is registered in place of each optimizer step hook
+            (``optcheck.pytorch.step_hooks.register``'s ``wrap``: ``optcheck.Monitor`` times them
+            as its own).
 
     Raises (from the hooks):
         optcheck.errors.StepStopped: an in-place write to a saved tensor
@@ -72,7 +75,8 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
     can_replay = True  # a step run unarmed can be re-run armed (the soak's Trainer.train_step)
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, allow_inplace: bool = False,
-                 grad_check_every: int = 1, compiled: bool = False, mode: str = "auto", ledger=None):
+                 grad_check_every: int = 1, compiled: bool = False, mode: str = "auto", ledger=None,
+                 hook_wrap=None):
         if mode not in MODES:
             raise ValueError(f"hazard probe mode must be one of {MODES}, got {mode!r}")
         self.model, self.optimizer = model, optimizer
@@ -119,7 +123,8 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         # the global module-registration hooks on every sub-module assignment)
         self._dirty = False
         self._handles.append(torch.nn.modules.module.register_module_module_registration_hook(self._registered))
-        self._handles += step_hooks.register(optimizer, self._before_step, self._after_step)  # once per outer step()
+        self._handles += step_hooks.register(optimizer, self._before_step, self._after_step,  # once per outer step()
+                                             wrap=hook_wrap)
         self._internal_code: dict[Any, bool] = {}
         self._trainable_key: object | None = None  # a token, new whenever _trainable_all is rebuilt
         self._trainable_all: list[tuple[str, torch.Tensor]] = []  # every param-group member, named
