@@ -26,14 +26,25 @@ torch.set_num_threads(1)
 SLOW_S = 0.02
 
 
-def _steps(mon, model, opt, n: int = 3) -> None:
+def _monitored_steps(tmp_path, hazards, n: int = 3) -> tuple[dict, list, list]:
+    """``n`` steps of a small MLP with ``clip_grad_norm_``, under a Monitor: (its summary, the
+    weights before, the weights after)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    before = [p.detach().clone() for p in model.parameters()]
+    mon = optcheck.Monitor(model, opt, every=100, out=str(tmp_path / "run"), on_finding="ignore", hazards=hazards)
     g = torch.Generator().manual_seed(0)
-    for _ in range(n):
-        x = torch.randn(16, 8, generator=g)
-        opt.zero_grad(set_to_none=True)
-        model(x).pow(2).mean().backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+    try:
+        for _ in range(n):
+            x = torch.randn(16, 8, generator=g)
+            opt.zero_grad(set_to_none=True)
+            model(x).pow(2).mean().backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+    finally:
+        summary = mon.close()
+    return summary, before, [p.detach() for p in model.parameters()]
 
 
 def _slowed(orig):
@@ -43,22 +54,25 @@ def _slowed(orig):
     return slow
 
 
-@pytest.mark.parametrize("hazards", [False, "auto"])
-@pytest.mark.parametrize("piece", [(GradClearProbe, "_before_step"), (GradClearProbe, "_after_step"),
-                                   (ClipNorm, "record")], ids=["OC207-pre-step", "OC204-post-step", "clip-record"])
+def _hazard_probes():
+    from optcheck.pytorch.hazards import HazardProbes
+
+    return HazardProbes
+
+
+@pytest.mark.parametrize("hazards,piece", [
+    (hazards, piece) for hazards in (False, "auto") for piece in ("grad_clear.before", "grad_clear.after", "clip")] + [
+    ("auto", "hazards.before"), ("auto", "hazards.after")])
 def test_the_own_timer_counts_the_probes_step_hooks_and_the_clip(tmp_path, monkeypatch, hazards, piece):
-    cls, name = piece
+    cls, name = {"grad_clear.before": (GradClearProbe, "_before_step"),  # OC207
+                 "grad_clear.after": (GradClearProbe, "_after_step"),  # OC204, OC208
+                 "clip": (ClipNorm, "record"),
+                 "hazards.before": (_hazard_probes(), "_before_step"),
+                 "hazards.after": (_hazard_probes(), "_after_step")}[piece]
     monkeypatch.setattr(cls, name, _slowed(getattr(cls, name)))
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    mon = optcheck.Monitor(model, opt, every=100, out=str(tmp_path / "run"), on_finding="ignore", hazards=hazards)
-    try:
-        _steps(mon, model, opt)
-    finally:
-        summary = mon.close()
+    summary, _, _ = _monitored_steps(tmp_path, hazards)
     assert summary["cost"]["steps"]["count"] == 3
-    assert summary["cost"]["steps"]["total_s"] >= 3 * SLOW_S, (name, summary["cost"])
+    assert summary["cost"]["steps"]["total_s"] >= 3 * SLOW_S, (piece, summary["cost"])
 
 
 def test_an_error_in_a_probes_step_hook_is_a_note_not_the_users_exception(tmp_path, monkeypatch):
@@ -68,33 +82,9 @@ def test_an_error_in_a_probes_step_hook_is_a_note_not_the_users_exception(tmp_pa
         raise RuntimeError("planted in the gradient-flow probe")
 
     monkeypatch.setattr(GradClearProbe, "_before_step", _before_step)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    before = [p.detach().clone() for p in model.parameters()]
-    mon = optcheck.Monitor(model, opt, every=100, out=str(tmp_path / "run"), on_finding="ignore", hazards=False)
-    try:
-        _steps(mon, model, opt)  # (raised into opt.step() before: the step hooks were not guarded)
-    finally:
-        summary = mon.close()
-    assert mon.step_count == 3
-    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))  # the steps moved the weights
+    # (raised into the user's opt.step() before: the probes' step hooks were not guarded)
+    summary, before, after = _monitored_steps(tmp_path, hazards=False)
+    assert summary["cost"]["steps"]["count"] == 3
+    assert all(not torch.equal(a, b) for a, b in zip(before, after))  # the steps moved the weights
     notes = [n for n in summary["not_checked"] if "planted in the gradient-flow probe" in n]
     assert len(notes) == 1 and notes[0].startswith("internal error in before_step (RuntimeError: "), summary["not_checked"]
-
-
-@pytest.mark.parametrize("name", ["_before_step", "_after_step"])
-def test_the_own_timer_counts_the_hazard_probes_step_hooks(tmp_path, monkeypatch, name):
-    from optcheck.pytorch.hazards import HazardProbes
-
-    monkeypatch.setattr(HazardProbes, name, _slowed(getattr(HazardProbes, name)))
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    mon = optcheck.Monitor(model, opt, every=100, out=str(tmp_path / "run"), on_finding="ignore")
-    try:
-        _steps(mon, model, opt)
-    finally:
-        summary = mon.close()
-    assert summary["cost"]["steps"]["count"] == 3
-    assert summary["cost"]["steps"]["total_s"] >= 3 * SLOW_S, (name, summary["cost"])

@@ -172,4 +172,7 @@ def test_wrap_is_what_is_called_in_place_of_each_hook():
         h.remove()
     opt.step()
     assert len(calls) == 4
-    assert step_hooks.register(opt, None, post, wrap=wrap) and wrapped[-1] is post  # (None is not wrapped)
+    handles = step_hooks.register(opt, None, post, wrap=wrap)
+    assert wrapped[-1] is post and len(wrapped) == 3  # (None is not wrapped)
+    for h in handles:
+        h.remove()
