@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 from itertools import chain, compress, repeat
-from operator import attrgetter, is_not
+from operator import attrgetter, is_not, setitem
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -211,6 +211,81 @@ class Watcher:
             values = self.buffer.tolist()
             self.nonfinite += sum(1 for v in values if v != v or v in (float("inf"), float("-inf")))
             self.arrived = set()
+
+
+class NoFingerprint(Watcher):
+    """``fused`` without the identity fingerprint before the step (OC207's test kept)."""
+
+    @_own_time
+    def pre_step(self, optimizer, args, kwargs) -> None:
+        seen, self._seen = self._seen, None
+        gs, gl = self.params[self._small].grad, self.params[self._large].grad
+        if seen is None or gs is not seen[0] or gl is not seen[2] or gs._version != seen[1] \
+                or gl._version != seen[3]:
+            self.cleared += 1
+
+
+class IdsOnly(Watcher):
+    """``fused`` with a fingerprint of the objects alone (the same walk, no data pointer read)."""
+
+    def fingerprint(self) -> tuple:
+        members = list(chain.from_iterable(map(dict.values, self._dicts)))
+        members += chain.from_iterable(g["params"] for g in self.opt.param_groups)
+        return tuple(map(id, members))
+
+
+class NoArrival(Watcher):
+    """``fused`` without the gradients' maps around backward (the loss copy and OC207's two
+    gradients kept)."""
+
+    @_own_time
+    def before_backward(self, loss) -> None:
+        if loss is not None and loss.dim() == 0:
+            self.slots[2 * (self.steps % self.every)].copy_(loss.detach())
+
+    @_own_time
+    def after_backward(self) -> None:
+        gs, gl = self.params[self._small].grad, self.params[self._large].grad
+        self._seen = (gs, gs._version, gl, gl._version) if gs is not None and gl is not None else None
+
+
+class ArrivalHooks(NoArrival):
+    """``fused`` with arrival from a post-accumulate-grad hook on each parameter
+    (``functools.partial(operator.setitem, fresh, i)``, C-level, as the gradient-flow probe
+    without ``per_backward``) instead of the maps."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fresh: dict = {}
+        self._handles += [p.register_post_accumulate_grad_hook(functools.partial(setitem, self.fresh, i))
+                          for i, p in enumerate(self.params)]
+
+    @_own_time
+    def post_step(self, optimizer, args, kwargs) -> None:
+        self.arrived.update(self.fresh)
+        self.fresh.clear()
+        Watcher.post_step.__wrapped__(self, optimizer, args, kwargs)
+
+
+class NoCopy(Watcher):
+    """``fused`` without copying the loss and the clip total into its buffer."""
+
+    @_own_time
+    def before_backward(self, loss) -> None:
+        gb = list(map(_GRAD, self.params))
+        self._gb = (gb, [g._version if g is not None else -1 for g in gb]) if any(map(is_not, gb, repeat(None))) \
+            else None
+
+    @_own_time
+    def clipped(self, total) -> None:
+        gs, gl = self.params[self._small].grad, self.params[self._large].grad
+        self._seen = (gs, gs._version, gl, gl._version) if gs is not None and gl is not None else None
+
+
+#: ``fused`` less one of its reads (``bench_twins.py --configs fused,fused-no-fingerprint,...``): what each
+#: read costs in the loop (docs/guide/cost.md, part 8)
+ABLATIONS = {"fused-no-fingerprint": NoFingerprint, "fused-ids-only": IdsOnly, "fused-no-arrival": NoArrival,
+             "fused-arrival-hooks": ArrivalHooks, "fused-no-copy": NoCopy}
 
 
 def watch(config: str, model, opt, every: int, out: str):

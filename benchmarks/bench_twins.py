@@ -15,6 +15,9 @@ over 1,000 pairs the mean difference is known to about ±20 µs (95 %) on a 7 ms
   method's accuracy: it should read about that);
 - ``fused``: ``bench_floor.py``'s floor watcher on A (the reads a quiet step needs, in one pass
   at each of the Monitor's entry points, one host read per ``every`` steps; it judges nothing);
+- ``fused-no-fingerprint``, ``fused-ids-only``, ``fused-no-arrival``, ``fused-arrival-hooks``,
+  ``fused-no-copy``: ``fused`` less one of its reads, or with arrival read by hooks
+  (``bench_floor.ABLATIONS``; named in ``--configs`` only): what each read costs in the loop;
 - ``off`` / ``auto``: ``optcheck.Monitor(every=...)`` on A with ``hazards=False`` / every
   probe (``bench_small_loop.CONFIGS``), made after the warm-up steps, outside the timed loop.
 
@@ -42,6 +45,8 @@ configuration, configurations interleaved):
 
     python benchmarks/bench_twins.py                                   # plain, burn, fused, off, auto; 3 rounds of 1,000 pairs
     python benchmarks/bench_twins.py --configs off --rounds 5 --steps 2000
+    python benchmarks/bench_twins.py --configs plain,fused,fused-no-fingerprint,fused-ids-only,fused-no-arrival,\
+fused-arrival-hooks,fused-no-copy --rounds 3 --steps 2000      # the floor watcher's reads, one at a time
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_small_loop import CONFIGS, build_loop  # noqa: E402  (the loop, written for issue 34)
 
 TWIN_CONFIGS = ("plain", "burn", "fused", "off", "auto")
+#: ``fused`` less one of its reads (``bench_floor.ABLATIONS``), on request
+ABLATION_CONFIGS = ("fused-no-fingerprint", "fused-ids-only", "fused-no-arrival", "fused-arrival-hooks", "fused-no-copy")
 
 
 def spin(us: float) -> None:
@@ -90,10 +97,10 @@ def child(config: str, steps: int, every: int, burn_us: float, built_first: str 
     with tempfile.TemporaryDirectory() as out:
         if config == "burn":
             hook = a_opt.register_step_post_hook(lambda *_: spin(burn_us))
-        elif config == "fused":
-            from bench_floor import Watcher
+        elif config == "fused" or config in ABLATION_CONFIGS:
+            from bench_floor import ABLATIONS, Watcher
 
-            mon = Watcher(a_model, a_opt, every, fused=True)
+            mon = ABLATIONS.get(config, Watcher)(a_model, a_opt, every, fused=True)
         elif CONFIGS.get(config) is not None:
             import optcheck
 
@@ -107,7 +114,7 @@ def child(config: str, steps: int, every: int, burn_us: float, built_first: str 
                 (a_step if twin == 0 else b_step)()
                 (a_ns if twin == 0 else b_ns)[i] = clock() - t0
         own, armed = None, None
-        if config == "fused":
+        if config == "fused" or config in ABLATION_CONFIGS:
             own = mon.own_ns / 1e3 / steps
             mon.close()
         elif mon is not None:
@@ -184,7 +191,8 @@ def print_table(rows: list[dict], steps: int, every: int, burn_us: float) -> Non
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--configs", default=",".join(TWIN_CONFIGS), help="comma-separated: " + ", ".join(TWIN_CONFIGS))
+    ap.add_argument("--configs", default=",".join(TWIN_CONFIGS),
+                    help="comma-separated: " + ", ".join(TWIN_CONFIGS + ABLATION_CONFIGS))
     ap.add_argument("--steps", type=int, default=1000, help="pairs of steps per round")
     ap.add_argument("--rounds", type=int, default=3, help="fresh processes per configuration, interleaved")
     ap.add_argument("--every", type=int, default=100, help="the Monitor's every=")
@@ -197,9 +205,10 @@ def main() -> None:
         json.dump(child(a.child, a.steps, a.every, a.burn_us, a.built_first), sys.stdout)
         return
     configs = a.configs.split(",")
-    unknown = [c for c in configs if c not in TWIN_CONFIGS]
+    unknown = [c for c in configs if c not in TWIN_CONFIGS + ABLATION_CONFIGS]
     if unknown or a.steps < 2 or a.rounds < 1 or a.every < 2:
-        sys.exit(f"bench_twins.py: error: configurations {', '.join(TWIN_CONFIGS)}; --steps ≥ 2, --rounds ≥ 1, "
+        sys.exit(f"bench_twins.py: error: configurations {', '.join(TWIN_CONFIGS + ABLATION_CONFIGS)}; --steps ≥ 2, "
+                 f"--rounds ≥ 1, "
                  f"--every ≥ 2 (got {a.configs!r}, {a.steps}, {a.rounds}, {a.every})")
     runs: dict[str, list[dict]] = {c: [] for c in configs}
     for r in range(a.rounds):
