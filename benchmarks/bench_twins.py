@@ -18,6 +18,8 @@ over 1,000 pairs the mean difference is known to about ±20 µs (95 %) on a 7 ms
 - ``fused-no-fingerprint``, ``fused-ids-only``, ``fused-no-arrival``, ``fused-arrival-hooks``,
   ``fused-no-copy``: ``fused`` less one of its reads, or with arrival read by hooks
   (``bench_floor.ABLATIONS``; named in ``--configs`` only): what each read costs in the loop;
+  ``fused-hazards``: ``fused`` plus the least the hazard probes must do on an unarmed step
+  (``bench_floor.py``), the floor of ``auto``;
 - ``off`` / ``auto``: ``optcheck.Monitor(every=...)`` on A with ``hazards=False`` / every
   probe (``bench_small_loop.CONFIGS``), made after the warm-up steps, outside the timed loop.
 
@@ -67,7 +69,8 @@ from bench_small_loop import CONFIGS, build_loop  # noqa: E402  (the loop, writt
 
 TWIN_CONFIGS = ("plain", "burn", "fused", "off", "auto")
 #: ``fused`` less one of its reads (``bench_floor.ABLATIONS``), on request
-ABLATION_CONFIGS = ("fused-no-fingerprint", "fused-ids-only", "fused-no-arrival", "fused-arrival-hooks", "fused-no-copy")
+ABLATION_CONFIGS = ("fused-no-fingerprint", "fused-ids-only", "fused-no-arrival", "fused-arrival-hooks", "fused-no-copy",
+                    "fused-hazards")
 
 
 def spin(us: float) -> None:
@@ -100,7 +103,7 @@ def child(config: str, steps: int, every: int, burn_us: float, built_first: str 
         elif config == "fused" or config in ABLATION_CONFIGS:
             from bench_floor import ABLATIONS, Watcher
 
-            mon = ABLATIONS.get(config, Watcher)(a_model, a_opt, every, fused=True)
+            mon = ABLATIONS.get(config, Watcher)(a_model, a_opt, every, fused=True, hazards=config == "fused-hazards")
         elif CONFIGS.get(config) is not None:
             import optcheck
 

@@ -139,7 +139,8 @@ def test_the_twins_benchmark_prints_each_configuration_and_its_floor(tmp_path):
     for config, runs in got["runs"].items():
         assert len(runs) == 2 and all(len(r["a"]) == len(r["b"]) == 12 and min(r["a"] + r["b"]) > 0 for r in runs)
         assert all(r["own_us"] is not None for r in runs) == (config in ("fused", "off", "auto")), (config, runs)
-    ablations = ["fused-no-fingerprint", "fused-ids-only", "fused-no-arrival", "fused-arrival-hooks", "fused-no-copy"]
+    ablations = ["fused-no-fingerprint", "fused-ids-only", "fused-no-arrival", "fused-arrival-hooks", "fused-no-copy",
+                 "fused-hazards"]
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_twins.py"), "--steps", "6", "--rounds", "1",
                         "--every", "3", "--configs", ",".join(ablations)], capture_output=True, text=True, timeout=600,
                        cwd=ROOT)
