@@ -35,7 +35,8 @@ alone: the reads of a watcher miss more, which makes the figures here an upper b
 than a lower one.
 
 Per configuration, over all pairs of all rounds (each round a fresh process per
-configuration, configurations interleaved):
+configuration, configurations interleaved; which twin is built first alternates from round to
+round, so that where their tensors land in memory does not favour one):
 
 - the run's ratio ``ΣA / ΣB`` with its 95 % interval (from the pairs' differences, Student's t):
   snapshots, armed steps and quiet steps together, as a 1,000-step run at ``every`` has them;
@@ -68,7 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_small_loop import CONFIGS, build_loop  # noqa: E402  (the loop, written for issue 34)
 
 TWIN_CONFIGS = ("plain", "burn", "fused", "off", "auto")
-#: ``fused`` less one of its reads (``bench_floor.ABLATIONS``), on request
+#: on request only: ``fused`` less one of its reads (``bench_floor.ABLATIONS``), and ``fused-hazards``
 ABLATION_CONFIGS = ("fused-no-fingerprint", "fused-ids-only", "fused-no-arrival", "fused-arrival-hooks", "fused-no-copy",
                     "fused-hazards")
 
