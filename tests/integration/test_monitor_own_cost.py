@@ -88,3 +88,13 @@ def test_an_error_in_a_probes_step_hook_is_a_note_not_the_users_exception(tmp_pa
     assert all(not torch.equal(a, b) for a, b in zip(before, after))  # the steps moved the weights
     notes = [n for n in summary["not_checked"] if "planted in the gradient-flow probe" in n]
     assert len(notes) == 1 and notes[0].startswith("internal error in before_step (RuntimeError: "), summary["not_checked"]
+
+
+@pytest.mark.parametrize("hazards", [False, "auto"])
+def test_a_clean_loop_gets_no_internal_error_note_and_every_step_timed(tmp_path, hazards):
+    """The silent side: nothing slowed or planted, the wrapped step hooks and the clip record
+    leave no note, count each step once, and the steps train."""
+    summary, before, after = _monitored_steps(tmp_path, hazards, n=5)
+    assert summary["cost"]["steps"]["count"] == 5 and summary["cost"]["steps"]["total_s"] > 0
+    assert not [n for n in summary["not_checked"] if "internal error" in n], summary["not_checked"]
+    assert summary["status"] == "clean" and all(not torch.equal(a, b) for a, b in zip(before, after))
