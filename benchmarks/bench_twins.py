@@ -98,10 +98,11 @@ def child(config: str, steps: int, every: int, burn_us: float, built_first: str 
         a_step()
         b_step()
     mon, hook = None, None
+    floor = config == "fused" or config in ABLATION_CONFIGS  # bench_floor's watchers: their own timer is own_ns
     with tempfile.TemporaryDirectory() as out:
         if config == "burn":
             hook = a_opt.register_step_post_hook(lambda *_: spin(burn_us))
-        elif config == "fused" or config in ABLATION_CONFIGS:
+        elif floor:
             from bench_floor import ABLATIONS, Watcher
 
             mon = ABLATIONS.get(config, Watcher)(a_model, a_opt, every, fused=True, hazards=config == "fused-hazards")
@@ -118,7 +119,7 @@ def child(config: str, steps: int, every: int, burn_us: float, built_first: str 
                 (a_step if twin == 0 else b_step)()
                 (a_ns if twin == 0 else b_ns)[i] = clock() - t0
         own, armed = None, None
-        if config == "fused" or config in ABLATION_CONFIGS:
+        if floor:
             own = mon.own_ns / 1e3 / steps
             mon.close()
         elif mon is not None:
