@@ -37,10 +37,16 @@ def describe_inplace(event: dict) -> str:
                 f"before backward() used it (version {d.get('saved_version')} -> {d.get('version')}; found by "
                 f"PyTorch's own version check in backward()); the op, module and line that wrote it are not "
                 f"known: {why}")
-    saved_part = (f"{t.get('type') or t.get('dtype', 'tensor')} {t.get('shape')} saved by "
-                  f"{saved.get('op') or 'an op'} "
-                  + (f"in {saved['module']}" if saved.get("module") else "outside every module")
-                  + f" ({saved.get('where') or 'line not known'})")
+    if saved.get("kept_by"):  # an input a checkpoint keeps for its recompute (pytorch/hazards/checkpoints.py)
+        saved_part = (f"{t.get('type') or t.get('dtype', 'tensor')} {t.get('shape')} kept by "
+                      f"{saved['kept_by']} for its recompute ({saved.get('argument')}; checkpoint called "
+                      + (f"in {saved['module']}" if saved.get("module") else "outside every module")
+                      + f" at {saved.get('where') or 'a line not known'})")
+    else:
+        saved_part = (f"{t.get('type') or t.get('dtype', 'tensor')} {t.get('shape')} saved by "
+                      f"{saved.get('op') or 'an op'} "
+                      + (f"in {saved['module']}" if saved.get("module") else "outside every module")
+                      + f" ({saved.get('where') or 'line not known'})")
     versions = f"(version {d.get('saved_version')} -> {d.get('version')})"
     if written.get("where"):
         msg = (f"{saved_part} was written in place by {written.get('op') or 'an in-place op'} at {written['where']}"

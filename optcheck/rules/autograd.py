@@ -88,11 +88,15 @@ class InplaceOnSaved(Rule):
             out.append(self.finding(
                 snap, msg, subjects=subjects, key=f"{saved.get('where')}->{written.get('where')}",
                 next_failure=("backward() raises RuntimeError: " + d["pytorch_error"]) if d.get("pytorch_error")
+                else (f"backward() runs the checkpoint's recompute on the written values without an error "
+                      f"(PyTorch compares no version counter of {saved.get('argument')}): wrong gradients, "
+                      f"silently") if saved.get("kept_by")
                 else ("backward() runs on the written values without an error (a non-reentrant checkpoint's "
                       "recompute checks no version counter): wrong gradients, silently")
                 if d.get("checkpoint") == "non-reentrant"
                 else "backward() raises: one of the variables needed for gradient computation has been modified "
                      "by an inplace operation",
                 first_step=e.get("step"), stopped=d.get("stopped"), phase=d.get("phase"),
-                saved_by=saved, written=written, tensor=t, count=e.get("count", 1)))
+                saved_by=saved, written=written, tensor=t, count=e.get("count", 1),
+                **({"checkpoint": d["checkpoint"]} if d.get("checkpoint") else {})))
         return out

@@ -20,6 +20,7 @@ from optcheck.pytorch.hazards._tensors import (_VERSION, _clean, _float_outputs,
 from optcheck.pytorch.hazards.arming import MODES, ArmingPolicy, _hooks_owner
 from optcheck.pytorch.hazards.compiled import EntryHook, compiled_modules, is_compile_wrapper
 from optcheck.pytorch.hazards.graph_cut import GraphCutProbe
+from optcheck.pytorch.hazards.checkpoints import NON_REENTRANT, REENTRANT, non_reentrant_frame, reentrant_forward
 from optcheck.pytorch.hazards.inplace import InplaceProbe, _is_recompute_pack, _top_hooks, graph_task_id
 from optcheck.pytorch.hazards.nonfinite import NonfiniteProbe
 from optcheck.pytorch.hazards.nonleaf import NonleafGradProbe
@@ -231,6 +232,8 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._roots: list = []  # grad_fns of module outputs (graph walk on detection only)
         self._grad_ptrs: dict[int, tuple] = {}  # data_ptr of outputs that require grad -> (call, tensor)
         self._introspecting = False
+        self._kept: dict[tuple, dict] = {}  # inputs checkpoints keep for their recompute (checkpoints.py)
+        self._ck_seen: dict[int, object] = {}  # the checkpoint calls whose inputs were read this step
         self._entering = None
         self._cur_post, self._leaving = -1, None
 
@@ -332,6 +335,13 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
                 self._compose(module, *top)
             elif not getattr(top[0], "optcheck", False):
                 self._stay_armed(_hooks_owner(top[0]))
+                ck = non_reentrant_frame(top[0])  # a non-reentrant checkpoint's forward: what it keeps
+                if ck is not None and graph_task_id() == -1:
+                    self._checkpoint_inputs(NON_REENTRANT, ck, sys._getframe())
+        elif not torch.is_grad_enabled() and graph_task_id() == -1:
+            cf = reentrant_forward(sys._getframe())  # a reentrant checkpoint's forward runs under no_grad
+            if cf is not None:
+                self._checkpoint_inputs(REENTRANT, cf, cf)
         if self._live and sum(map(_VERSION, self._live)) != self._vsum:
             self._entering = name
             self._roots.extend(a.grad_fn for a in _tensors(args) if a.grad_fn is not None)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from optcheck.pytorch.hazards._tensors import _VERSION, _parameter_like, _ptr, _safe, _storage_ptr
+from optcheck.pytorch.hazards.checkpoints import NON_REENTRANT, kept_inputs, recompute_kind
 from optcheck.pytorch.hazards.source import _frame_text, _internal, _line_text, _user_frames, _where
 from optcheck.pytorch.hazards.writes import op_name, targets, unmoded
 from optcheck.wording import describe_inplace
@@ -46,6 +47,12 @@ def _is_recompute_pack(pack) -> bool:
     fn = getattr(pack, "__wrapped__", pack)  # it is wrapped in torch._dynamo.disable
     return getattr(fn, "__module__", None) == "torch.utils.checkpoint" and \
         getattr(fn, "__qualname__", "").startswith("_recomputation_hook.")
+
+
+def _kept_key(t: torch.Tensor):
+    """A checkpoint input's key: its storage, offset and shape (a detached alias shares them)."""
+    ptr = _storage_ptr(t)
+    return (ptr, t.storage_offset(), tuple(t.shape)) if ptr else None
 
 
 class InplaceProbe:
@@ -118,7 +125,8 @@ class InplaceProbe:
         self._reported.add(id(t))
         saved_where = _where(code, line)
         written = self._writer(rec, detected_at)
-        op = self._saving_op(t)
+        kept = self._kept.get(_kept_key(t)) if self._kept else None
+        op = None if kept else self._saving_op(t)
         tensor = {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
                   "type": _safe(lambda: t.type()),  # (the record holds a detached alias: grad_fn from it)
                   "grad_fn": made if made is not None else type(t.grad_fn).__name__ if t.grad_fn else None,
@@ -133,10 +141,19 @@ class InplaceProbe:
             "stopped": not self.allow_inplace,
             "pytorch_error": _pytorch_inplace_message(t, v, made),
         }
-        if self._pushed:  # saved by a non-reentrant checkpoint's recompute: PyTorch checks no version there
-            detail.update(checkpoint="non-reentrant", pytorch_error=None)
+        if kept:  # an input a checkpoint keeps for its recompute (checkpoints.py)
+            detail["saved_by"].update(op=None, kept_by=f"a {kept['checkpoint']} checkpoint",
+                                      argument=kept["argument"], function=kept["function"])
+            detail["checkpoint"] = kept["checkpoint"]
+            if not kept["versioned"]:  # a keyword / bound tensor: no version counter compared by PyTorch
+                detail["pytorch_error"] = None
+        elif self._pushed:  # saved by a non-reentrant checkpoint's recompute: PyTorch checks no version there
+            detail.update(checkpoint=NON_REENTRANT, pytorch_error=None)
         elif self._in_backward and str(detail["phase"]).startswith("backward"):
-            detail["checkpoint"] = "reentrant"
+            # the kind read from the checkpoint running the write (or now), never guessed
+            kind = written.get("checkpoint") or recompute_kind(sys._getframe())
+            if kind is not None:
+                detail["checkpoint"] = kind
         if _parameter_like(t):  # checked at unpack only: an optimizer step or a weight load in between
             base = t._base if t._base is not None else t
             detail["parameter"] = self._param_names.get(id(base)) or f"a parameter {list(base.shape)}"
@@ -173,14 +190,16 @@ class InplaceProbe:
         if not ts:
             return
         frames = _user_frames(frame, self._internal_code, stop=self._replay_code if self._replaying else None)
+        kind = None
         if graph_task_id() != -1:
             phase = "backward (recompute)" if self._stack else "backward"
+            kind = recompute_kind(frame) if self._stack else None  # which checkpoint re-runs the forward
         elif self._stack:
             phase = "forward"
         else:
             phase = "after the forward, before backward()" if self._calls else "before the forward"
         module = self._calls[self._cur] if self._stack and 0 <= self._cur < len(self._calls) else None
-        entry = (op_name(func, kwargs), frames, module, phase)
+        entry = (op_name(func, kwargs), frames, module, phase, kind)
         log = self._writes
         for t in ts:
             ptr = _storage_ptr(t)
@@ -196,12 +215,15 @@ class InplaceProbe:
         that moved its version past the saved one, or, not seen, the window it happened in."""
         t, v = rec[0], rec[1]
         now = t._version
-        for ver, op, frames, module, phase in self._writes.get(_storage_ptr(t), ()):
+        for ver, op, frames, module, phase, kind in self._writes.get(_storage_ptr(t), ()):
             if v < ver <= now:
                 code, line = frames[0] if frames else (None, None)
-                return {"op": op, "where": _where(code, line), "file": code.co_filename if code else None,
-                        "code": _line_text(code, line), "stack": [_frame_text(c, n) for c, n in frames],
-                        "module": module, "phase": phase, "seen": True, "detected_at": detected_at}
+                out = {"op": op, "where": _where(code, line), "file": code.co_filename if code else None,
+                       "code": _line_text(code, line), "stack": [_frame_text(c, n) for c, n in frames],
+                       "module": module, "phase": phase, "seen": True, "detected_at": detected_at}
+                if kind is not None:
+                    out["checkpoint"] = kind
+                return out
         return self._window(detected_at)
 
     def _window(self, detected_at: str) -> dict:
@@ -265,6 +287,37 @@ class InplaceProbe:
         finally:
             self._introspecting = False
         return None
+
+    def _checkpoint_inputs(self, kind: str, marker, start) -> None:
+        """A checkpoint's forward runs (``marker``: its ``_CheckpointFrame`` or the reentrant
+        ``CheckpointFunction.forward`` frame, once per call): tag the inputs its recompute
+        re-reads, and record for the version check those no one else compares (keyword
+        arguments, tensors bound in the function): a write to one before the recompute is an
+        OC301 event at the write (``checkpoints.py``)."""
+        if id(marker) in self._ck_seen:
+            return
+        self._ck_seen[id(marker)] = marker  # held for the step: the graph holds it anyway
+        versioned, unversioned, what, site = kept_inputs(kind, start)
+        while site is not None and _internal(site.f_code.co_filename):  # the line calling checkpoint()
+            site = site.f_back
+        code, line = (site.f_code, site.f_lineno) if site is not None else (None, None)
+        for is_versioned, pairs in ((True, versioned), (False, unversioned)):
+            for label, t in pairs:
+                key = _kept_key(t)
+                if key is None or key in self._kept or _parameter_like(t):
+                    continue
+                self._kept[key] = {"checkpoint": kind, "argument": label, "function": what,
+                                   "versioned": is_versioned}
+                if not is_versioned and id(t) not in self._live_ids:
+                    made = t.grad_fn
+                    held = t if made is None else t.detach()
+                    rec = (held, t._version, self._cur, code, line, type(made).__name__ if made is not None else None)
+                    self._live_ids.add(id(t))
+                    self._live.append(t)
+                    self._live_rec.append(rec)
+                    self._vsum += t._version
+        if unversioned:  # PyTorch compares no version of these: only the armed probes can
+            self._stay_armed(f"checkpoint ({kind}) keyword inputs")
 
     def _compose(self, module, pack, unpack) -> None:
         """Inside a non-reentrant checkpoint's recompute (in backward), torch.utils.checkpoint's
