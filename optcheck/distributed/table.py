@@ -15,7 +15,10 @@ tensor has the same length and one ``all_gather`` exchanges them all::
   accumulated a gradient into the parameter on this rank
   (``Tensor.register_post_accumulate_grad_hook``, torch ≥ 2.1; it runs before
   DDP's all-reduce writes the averaged gradient).
-- state step: ``optimizer.state[p]["step"]``, :data:`NONE` before the first step.
+- state step: ``optimizer.state[p]["step"]``, :data:`NONE` before the first step;
+  :data:`EMPTY` where this rank's shard holds none of the parameter (FSDP1 with
+  ``use_orig_params=True`` leaves such a parameter an empty view: no gradient, no state
+  here, by design), decoded as the row's ``empty`` list of names, which the rules skip.
 - groups_keys / groups_options: CRC-32 of the param groups' key names and member
   names, and of their option values (JSON, sorted keys): equal on every rank when
   the optimizers agree.
@@ -32,10 +35,12 @@ import zlib
 import torch
 
 from optcheck.distributed.shards import local
+from optcheck.pytorch.names import model_name, under_fsdp1
 from optcheck.pytorch.probe import checksum, jsonable
 
 HEADER = 5
 NONE = -(2**63)  # "no value": no storage to sum, no state yet, no such name
+EMPTY = NONE + 1  # state step of a parameter this rank's shard holds none of (FSDP1, use_orig_params=True)
 
 
 def crc(obj) -> int:
@@ -57,8 +62,10 @@ def row(*, rank: int, step: int, iteration: int, model: torch.nn.Module, optimiz
         params: list[str], buffers: list[str], grad_counts: dict[str, int]) -> tuple[torch.Tensor, list[dict]]:
     """This rank's row (int64, length ``HEADER + 3 * len(params) + len(buffers)``) and
     its group records (kept for the detail exchange when hashes differ)."""
-    named = dict(model.named_parameters())
-    named_buffers = dict(model.named_buffers())
+    raw = list(model.named_parameters())
+    named = {model_name(n): p for n, p in raw}
+    empty = {model_name(n) for n, p in raw if under_fsdp1(n) and p.numel() == 0}  # FSDP1: no element here
+    named_buffers = {model_name(n): b for n, b in model.named_buffers()}
     ids = {id(p): n for n, p in named.items()}
     groups = group_records(optimizer, ids)
     keys = crc([(g["keys"], g["members"]) for g in groups])
@@ -71,7 +78,8 @@ def row(*, rank: int, step: int, iteration: int, model: torch.nn.Module, optimiz
         sums.append(c.long() if c is not None else NONE)
         s = optimizer.state.get(p) if p is not None else None
         v = s.get("step") if s else None
-        steps.append(int(v.item() if isinstance(v, torch.Tensor) else v) if v is not None else NONE)
+        steps.append(EMPTY if n in empty else
+                     int(v.item() if isinstance(v, torch.Tensor) else v) if v is not None else NONE)
     for n in buffers:
         b = named_buffers.get(n)
         c = checksum(local(b)) if b is not None else None
@@ -89,9 +97,15 @@ def decode(rows: list[torch.Tensor], params: list[str], buffers: list[str]) -> l
     p = len(params)
     out = []
     for t in rows:
-        v = [None if x == NONE else x for x in t.tolist()]
+        raw = t.tolist()
+        v = [None if x == NONE else x for x in raw]
         body = v[HEADER:]
-        out.append({"rank": v[0], "step": v[1], "iteration": v[2], "groups_keys": v[3], "groups_options": v[4],
-                    "checksums": body[:p], "grads": body[p:2 * p], "state_steps": body[2 * p:3 * p],
-                    "buffers": body[3 * p:3 * p + len(buffers)]})
+        steps = body[2 * p:3 * p]
+        row = {"rank": v[0], "step": v[1], "iteration": v[2], "groups_keys": v[3], "groups_options": v[4],
+               "checksums": body[:p], "grads": body[p:2 * p], "state_steps": [None if x == EMPTY else x for x in steps],
+               "buffers": body[3 * p:3 * p + len(buffers)]}
+        empty = [params[i] for i, x in enumerate(steps) if x == EMPTY]
+        if empty:
+            row["empty"] = empty
+        out.append(row)
     return out

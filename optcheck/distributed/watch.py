@@ -35,6 +35,7 @@ import torch.distributed as dist
 from optcheck.distributed import merge, table
 from optcheck.distributed.limits import env_timeout_s
 from optcheck.errors import InputError
+from optcheck.pytorch.names import model_name, under_fsdp1
 from optcheck.run import rundir as rd
 from optcheck.rules.crossrank import disagreements
 
@@ -61,11 +62,13 @@ class RankWatch:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.module, self.optimizer, self.every = module, optimizer, max(1, every)
         self.ddp = wrapper if isinstance(wrapper, torch.nn.parallel.DistributedDataParallel) else None
-        named = list(module.named_parameters())
-        self.sharded = [n for n, p in named if hasattr(p, "to_local")]  # FSDP2: DTensor parameters
+        raw = list(module.named_parameters())
+        named = [(model_name(n), p) for n, p in raw]  # the model's own names (FSDP1's levels dropped)
+        # FSDP2: DTensor parameters; FSDP1: the parameters below a FullyShardedDataParallel unit
+        self.sharded = [model_name(n) for n, p in raw if hasattr(p, "to_local") or under_fsdp1(n)]
         self.kind = "ddp" if self.ddp is not None else "fsdp" if self.sharded else "none"
         self.params = [n for n, _ in named]
-        self.buffers = [n for n, _ in module.named_buffers()]
+        self.buffers = [model_name(n) for n, _ in module.named_buffers()]
         if timeout_s is None:
             timeout_s = _default_timeout_s()
         self.timeout_s = timeout_s

@@ -37,6 +37,7 @@ from optcheck.pytorch import other_optimizers, state_read
 from optcheck.pytorch.guard import raised_by_signal_handler
 from optcheck.pytorch.census import CENSUS
 from optcheck.pytorch.shards import local  # FSDP2: a DTensor's shard on this rank
+from optcheck.pytorch.names import model_name, under_fsdp1
 
 _PROC = psutil.Process()
 
@@ -359,13 +360,17 @@ def params(model: torch.nn.Module, steps: dict[int, int | None] | None = None,
         norms.update((("value", k), v) for k, v in value_norms.items())
         norms.update((("grad", k), v) for k, v in grad_norms.items())
         norms.update((("state", id(p), k), got.get(2 * n + i)) for i, (p, k, _) in enumerate(extra))
-    return [{
-        "name": name, "ref": id(p), "data_ptr": data_ptr(p), "shape": shape(p),
+    out = [{
+        "name": model_name(name), "ref": id(p), "data_ptr": data_ptr(p), "shape": shape(p),
         "dtype": dtype_name(p.dtype), "device": str(p.device), "is_leaf": p.is_leaf,
         "requires_grad": p.requires_grad, "grad": "set" if p.is_leaf and p.grad is not None else "none",
         "grad_norm": grad_norms[id(p)], "value_norm": value_norms[id(p)], "version": p._version,
         "checksum": checks.get(id(p)),
     } for name, p in named]
+    for rec, (name, p) in zip(out, named):
+        if under_fsdp1(name) and p.numel() == 0:  # FSDP1 (use_orig_params): none of it in this rank's shard
+            rec["shard_empty"] = True
+    return out
 
 
 def groups(optimizer: torch.optim.Optimizer) -> list[dict]:

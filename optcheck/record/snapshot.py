@@ -52,7 +52,9 @@ Param::
     signal already says it was stepped),
     value_norm (float, optional: L2 norm of the
     values in float32, the parameter fingerprint ``optcheck.judge.verdict`` compares;
-    PyTorch records it)
+    PyTorch records it,
+    shard_empty (true, optional: under FSDP1 with ``use_orig_params=True`` this rank's
+    shard holds none of the parameter; it never has a gradient or state here)
 
 Two identities per tensor (``docs/parameter-identity.md``): ``ref`` is what the optimizer keys
 its state by (PyTorch: ``id(param)``; TorchSharp: ``Tensor.Handle``, the address

@@ -18,14 +18,17 @@ def table(snap: dict) -> dict | None:
 
 
 def differing(t: dict, field: str, skip: Iterable[str] = ()) -> dict[str, list[int]]:
-    """``{param name: [ranks whose value of per-parameter ``field`` differs from rank 0's]}``."""
+    """``{param name: [ranks whose value of per-parameter ``field`` differs from rank 0's]}``; a
+    parameter in either row's ``empty`` list (that rank's shard holds none of it) is not compared."""
     names, rows, skip = t.get("params") or [], t["rows"], set(skip)
     ref = rows[0].get(field) or []
+    ref_empty = set(rows[0].get("empty") or ())
     out: dict[str, list[int]] = {}
     for row in rows[1:]:
         vals = row.get(field) or []
+        empty = ref_empty | set(row.get("empty") or ())  # FSDP1: a rank holding none of it has nothing to compare
         for i, name in enumerate(names):
-            if name in skip or i >= len(ref) or i >= len(vals):
+            if name in skip or name in empty or i >= len(ref) or i >= len(vals):
                 continue
             if vals[i] != ref[i]:
                 out.setdefault(name, []).append(row["rank"])

@@ -108,6 +108,9 @@ class GradStarved(Rule):
             Valid((clean(100), *(with_params(at(clean(), s), grad="none", grad_norm=None, grad_arrived=True)
                                  for s in (200, 300, 400))),
                   "the optimizer consumed .grad in step() (heavyball): the gradients arrived"),
+            Valid((clean(100), *(with_params(with_grads(at(clean(), s), ["layer1.weight"]), shard_empty=True)
+                                 for s in (200, 300, 400))),
+                  "FSDP1 (use_orig_params): this rank's shard holds none of the parameters, no gradient here"),
         ]
 
     @cases
@@ -134,6 +137,7 @@ class GradStarved(Rule):
             return (p.get("grad") == "none" and not p.get("grad_arrived")) or p.get("grad_norm") == 0
 
         cand = {p["name"] for p in snap["params"] if p.get("requires_grad") and starved(p)
+                and not p.get("shard_empty")  # FSDP1: none of it on this rank, no gradient here by design
                 and (p["ref"] in trained_refs or (p.get("data_ptr") and p["data_ptr"] in trained_ptrs))}
         for s in window[:-1]:
             if not cand:

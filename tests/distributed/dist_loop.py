@@ -64,6 +64,12 @@ def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str, pla
         from torch.distributed.fsdp import fully_shard
 
         model = fully_shard(net)
+    elif kind.startswith("fsdp1"):  # fsdp1-orig|flat[-grad-op]: FSDP1, use_orig_params True|False, FULL_SHARD|SHARD_GRAD_OP
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+        model = FullyShardedDataParallel(
+            net, use_orig_params="-orig" in kind, device_id=torch.device("cpu"),
+            sharding_strategy=ShardingStrategy.SHARD_GRAD_OP if kind.endswith("-grad-op") else ShardingStrategy.FULL_SHARD)
     else:
         model = nn.parallel.DistributedDataParallel(
             net, find_unused_parameters=scenario == "unused-rank1",
@@ -132,7 +138,7 @@ def run_plain(scenario, model, net, opt, gen, at, steps, out) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--kind", default="ddp", choices=["ddp", "fsdp"])
+    ap.add_argument("--kind", default="ddp", choices=["ddp", "fsdp", "fsdp1-orig", "fsdp1-flat", "fsdp1-orig-grad-op", "fsdp1-flat-grad-op"])
     ap.add_argument("--scenario", default="clean", help="one, or several comma-separated: each into OUT/<name>")
     ap.add_argument("--at", type=int, default=4)
     ap.add_argument("--steps", type=int, default=8)

@@ -7,6 +7,7 @@ from typing import Iterable
 
 import torch
 
+from optcheck.pytorch.names import model_name
 from optcheck.pytorch.shards import local
 from optcheck.pytorch.guard import raised_by_signal_handler
 
@@ -104,8 +105,6 @@ def _dense(g: torch.Tensor) -> torch.Tensor:
 
 
 def _clean(name: str) -> str:
-    """A module or parameter name without the ``_orig_mod`` level ``torch.compile`` adds
-    (``OptimizedModule`` keeps the model as ``_orig_mod``): ``_orig_mod.fc.weight`` → ``fc.weight``."""
-    if "_orig_mod" not in name:
-        return name
-    return ".".join(part for part in name.split(".") if part != "_orig_mod")
+    """A module or parameter name without the levels wrappers add (``optcheck/pytorch/names.py``:
+    ``torch.compile``'s ``_orig_mod``, FSDP1's ``_fsdp_wrapped_module``, ...): ``_orig_mod.fc.weight`` → ``fc.weight``."""
+    return model_name(name)
