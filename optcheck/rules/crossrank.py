@@ -179,6 +179,9 @@ class RankStepMismatch(Rule):
         return [
             Valid(steps(ranks(clean()), 200, 300), "every rank took every step"),
             Valid((ranks(clean(), rows={1: {"grads": [99, 99, 99]}}),), "other gradient counts, the same steps"),
+            Valid((ranks(clean(), kind="fsdp", rows={0: {"state_steps": [100, None, None],
+                                                          "empty": ["layer1.weight", "layer2.weight"]}}),),
+                  "FSDP1 (use_orig_params): rank 0's shard holds none of two parameters, no state there"),
         ]
 
     @cases
@@ -190,6 +193,8 @@ class RankStepMismatch(Rule):
                     "FSDP2: rank 1 stepped twice", step=100, param="rank 1"),
             Invalid((ranks(clean(), rows={1: {"state_steps": [100, 0, 100]}}),),
                     "rank 1 lost layer1.weight's state", step=100, param="layer1.weight"),
+            Invalid((ranks(clean(), kind="fsdp", rows={0: {"state_steps": [100, None, None], "empty": ["layer2.weight"]}}),),
+                    "FSDP1: a state lost where rank 0's shard is not empty", step=100, param="layer1.weight"),
         ]
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:

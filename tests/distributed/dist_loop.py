@@ -1,7 +1,7 @@
 """A tiny DDP or FSDP2 training loop under ``optcheck.Monitor``, started by the tests
 with ``python -m torch.distributed.run --nproc-per-node 2`` (gloo, CPU, 1 thread).
 
-    dist_loop.py OUT --kind ddp|fsdp [--scenario NAME --at STEP] [--steps N] [--every N]
+    dist_loop.py OUT --kind ddp|fsdp|fsdp1-orig|fsdp1-flat[-grad-op] [--scenario NAME --at STEP] [--steps N] [--every N]
 
 Scenarios (rank 1 is the odd one out; each happens in iteration ``--at``):
 replace (rank 1 replaces fc2.weight after backward, before the step), lr (rank 1's
@@ -9,7 +9,8 @@ learning rate x10), nosync (every iteration under ``no_sync()`` from then on),
 skipstep (rank 1 skips ``optimizer.step()``), unused (a layer no forward uses,
 DDP without ``find_unused_parameters``), unused-rank1 (rank 1 stops using a layer;
 ``find_unused_parameters=True``), buffers (BatchNorm, ``broadcast_buffers=False``),
-kill (rank 1 SIGKILLs itself), hang (rank 1 sleeps for good), plain-mismatch (no
+replace-layer (every rank assigns a new fc2 before the forward), dtype (every rank casts fc2 to
+float64 before the forward), kill (rank 1 SIGKILLs itself), hang (rank 1 sleeps for good), plain-mismatch (no
 DDP/FSDP and rank 1's model has a layer more: the exchange must switch itself off).
 Each rank exits with its Monitor's exit code. ``--plain``: the same loops without optcheck, let
 run on; each rank writes what happened to ``OUT/plain-rank-K.json`` (the exception and when,
@@ -44,7 +45,7 @@ class Net(nn.Module):
         self.use_extra = True
 
     def forward(self, x):
-        y = self.fc2(torch.relu(self.bn(self.fc1(x))))
+        y = self.fc2(torch.relu(self.bn(self.fc1(x))).to(self.fc2.weight.dtype))  # (a no-op unless "dtype")
         return self.extra(y) if self.use_extra else y
 
 
@@ -90,6 +91,10 @@ def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str, pla
         if rank == 1 and it >= at and scenario == "unused-rank1":
             net.use_extra = False
         x = torch.randn(8, 8, generator=gen)
+        if it == at and scenario == "replace-layer":  # every rank, inside the step: a new head, the optimizer
+            net.fc2 = nn.Linear(16, 4)                  # still holds the old one
+        if it == at and scenario == "dtype":  # every rank: the head cast after the optimizer exists
+            net.fc2.to(torch.float64)
         sync = scenario == "nosync" and it >= at
         with model.no_sync() if sync and hasattr(model, "no_sync") else contextlib.nullcontext():
             loss = model(x).pow(2).mean()
