@@ -80,7 +80,7 @@ from optcheck.pytorch.in_backward import BackwardSteps
 from optcheck.pytorch.guard import Notes, guarded
 from optcheck.pytorch.monitor_hooks import ClipNorm, FindingError, OptcheckWarning, TorchProbe, backward_loss
 from optcheck.pytorch.null_hazards import NullHazards
-from optcheck.pytorch.unwrap import unwrap_model, unwrap_optimizer
+from optcheck.pytorch.unwrap import ZeroOptimizer, unwrap_model, unwrap_optimizer
 from optcheck.run.recorder import RunRecorder
 from optcheck.rules import RuleConfig
 from optcheck.run.sequencer import Sequencer, StepCost
@@ -214,6 +214,9 @@ class Monitor:
         self._switch_event: tuple | None = None  # (old, new) switched at the step under way
         self.step_cost = StepCost()  # the hooks' own time per step, snapshots left out (summary cost.steps)
         self.notes = Notes()  # what could not be read, and optcheck's own errors (summary not_checked)
+        if isinstance(optimizer, ZeroOptimizer):  # DeepSpeed ZeRO: what its partitions hide from the checks
+            for line in optimizer.hidden:
+                self.notes.add(line)
         self.hazards = NullHazards(optimizer)
         # the probes' device checks, read with the losses at each snapshot: no host sync on other steps
         self._ledger = DeviceLedger()

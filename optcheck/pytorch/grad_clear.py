@@ -73,6 +73,7 @@ import torch
 
 from optcheck.pytorch.deferred import DeviceLedger
 from optcheck.pytorch import step_hooks
+from optcheck.pytorch.unwrap import ZeroOptimizer
 
 
 _GRAD = operator.attrgetter("grad")
@@ -121,6 +122,9 @@ class GradClearProbe:
         # (small .grad, its version, large .grad, its version, clip total or None) as the last backward
         # pass left them (or clip_grad_norm_ after it): OC207's check without a kernel when untouched since
         self._seen: tuple | None = None
+        # DeepSpeed ZeRO moves each gradient out of .grad into its partitions during backward (a reduce
+        # and .grad = None): .grad says nothing at step(), so OC207's check is off (zero.py: not_checked)
+        self._moved = isinstance(optimizer, ZeroOptimizer)
         members = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad and p.is_leaf
                    and not hasattr(p, "to_local")]  # FSDP2 DTensor: reduce-scatter writes .grad, no tensor hook runs (docs/distributed.md)
         # nn.LazyLinear & co. before their first forward: no shape, no hooks yet; they materialise in
@@ -277,7 +281,7 @@ class GradClearProbe:
             return
         if self._pending:
             self.adopt_materialized()
-        if not self._fresh or self._bypassed:
+        if not self._fresh or self._bypassed or self._moved:
             return
         # (torch's step wrapper hands the hooks step's whole args: the optimizer, then the closure)
         if any(map(callable, args or ())) or callable((kwargs or {}).get("closure")):

@@ -22,8 +22,10 @@ on the inner optimizer see every step the wrapper really takes:
   one logical optimizer, :class:`optcheck.pytorch.optimizer_set.OptimizerSet`.
 
 Models: ``DistributedDataParallel`` and ``DataParallel`` keep the user's module in
-``.module`` (``torch/nn/parallel/distributed.py``); parameter names are then the
-user's own, without the ``module.`` prefix.
+``.module`` (``torch/nn/parallel/distributed.py``), and so does DeepSpeed's
+``DeepSpeedEngine``; parameter names are then the user's own, without the ``module.``
+prefix. A DeepSpeed ZeRO stage 1/2 optimizer is watched as its model parameters
+(:class:`ZeroOptimizer`, ``optcheck/pytorch/zero.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from optcheck.pytorch.guard import raised_by_signal_handler
+from optcheck.pytorch import zero
 from optcheck.pytorch.optimizer_set import optimizer_set
 
 _MAX_DEPTH = 8  # wrappers of wrappers (e.g. Lightning around accelerate) are a few deep at most
@@ -92,6 +95,8 @@ def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer:
     seen, obj = [], optimizer
     for _ in range(_MAX_DEPTH):
         seen.append(type(obj).__qualname__)
+        if zero.is_zero(obj):  # DeepSpeed ZeRO 1/2: its inner optimizer holds flat partitions, not parameters
+            return ZeroOptimizer.of(obj)
         # AcceleratedOptimizer subclasses Optimizer without running its __init__ (no hook
         # dicts): go on inward while there is an inner optimizer, then require a real one
         inner = _inner(obj)
@@ -191,6 +196,33 @@ class DuckOptimizer:
             self._orig = None
 
 
+class ZeroOptimizer(DuckOptimizer):
+    """DeepSpeed ZeRO stage 1/2 as the model's parameters (``optcheck/pytorch/zero.py``): ``param_groups`` one
+    dict per group, ``params`` the group's model parameters (ZeRO's own ``bit16_groups[i]``
+    list), the other keys the inner group's, refreshed at each read; ``state`` empty (no
+    per-parameter state exists); step hooks around the ZeRO optimizer's ``step()``."""
+
+    def __init__(self, obj: object):
+        super().__init__(obj)
+        self._groups: list[dict] = []
+        self.hidden = zero.hidden(obj)  # what the run's not_checked says
+
+    @property
+    def param_groups(self) -> list:
+        inner, bits = self.wrapped.optimizer.param_groups, self.wrapped.bit16_groups
+        while len(self._groups) < len(inner):
+            self._groups.append({})
+        del self._groups[len(inner):]
+        for d, g, members in zip(self._groups, inner, bits):
+            d.update((k, v) for k, v in g.items() if k != "params")
+            d["params"] = members
+        return self._groups
+
+    @property
+    def state(self) -> dict:
+        return {}
+
+
 def unwrap_model(model: object) -> torch.nn.Module:
     """The user's module inside ``DistributedDataParallel`` / ``DataParallel``.
 
@@ -200,6 +232,13 @@ def unwrap_model(model: object) -> torch.nn.Module:
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"optcheck.Monitor: model must be a torch.nn.Module, got {type(model).__qualname__}")
     parallel = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
-    while isinstance(model, parallel):
+    while isinstance(model, parallel) or _deepspeed_engine(model):
         model = model.module
     return model
+
+
+def _deepspeed_engine(model: object) -> bool:
+    """DeepSpeed's ``DeepSpeedEngine`` (``deepspeed/runtime/engine.py``), which keeps the user's
+    model as ``.module`` (deepspeed itself is not imported)."""
+    return type(model).__name__ == "DeepSpeedEngine" and type(model).__module__.startswith("deepspeed.") \
+        and isinstance(getattr(model, "module", None), torch.nn.Module)

@@ -1,7 +1,7 @@
 """A tiny DDP or FSDP2 training loop under ``optcheck.Monitor``, started by the tests
 with ``python -m torch.distributed.run --nproc-per-node 2`` (gloo, CPU, 1 thread).
 
-    dist_loop.py OUT --kind ddp|fsdp|fsdp1-orig|fsdp1-flat[-grad-op] [--scenario NAME --at STEP] [--steps N] [--every N]
+    dist_loop.py OUT --kind ddp|fsdp|fsdp1-orig|fsdp1-flat[-grad-op]|zero1|zero2 [--scenario NAME --at STEP] [--steps N] [--every N]
 
 Scenarios (rank 1 is the odd one out; each happens in iteration ``--at``):
 replace (rank 1 replaces fc2.weight after backward, before the step), lr (rank 1's
@@ -46,7 +46,7 @@ class Net(nn.Module):
 
     def forward(self, x):
         y = self.fc2(torch.relu(self.bn(self.fc1(x))).to(self.fc2.weight.dtype))  # (a no-op unless "dtype")
-        return self.extra(y) if self.use_extra else y
+        return self.extra(y.to(self.extra.weight.dtype)) if self.use_extra else y
 
 
 def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str, plain: bool = False) -> int:
@@ -71,11 +71,20 @@ def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str, pla
         model = FullyShardedDataParallel(
             net, use_orig_params="-orig" in kind, device_id=torch.device("cpu"),
             sharding_strategy=ShardingStrategy.SHARD_GRAD_OP if kind.endswith("-grad-op") else ShardingStrategy.FULL_SHARD)
+    elif kind.startswith("zero"):  # DeepSpeed ZeRO stage 1 or 2 on the CPU (the process group is torchrun's)
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import deepspeed
+
+        cfg = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": int(kind[4:])},
+               "zero_allow_untested_optimizer": True}
+        model, opt, _, _ = deepspeed.initialize(model=net, optimizer=torch.optim.AdamW(net.parameters(), lr=1e-2),
+                                                config=cfg, dist_init_required=False)
     else:
         model = nn.parallel.DistributedDataParallel(
             net, find_unused_parameters=scenario == "unused-rank1",
             **({"broadcast_buffers": False} if scenario == "buffers" else {}))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    if not kind.startswith("zero"):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own batches, as a DistributedSampler
     if plain:
         return run_plain(scenario, model, net, opt, gen, at, steps, out)
@@ -96,6 +105,10 @@ def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str, pla
         if it == at and scenario == "dtype":  # every rank: the head cast after the optimizer exists
             net.fc2.to(torch.float64)
         sync = scenario == "nosync" and it >= at
+        if kind.startswith("zero"):  # DeepSpeed's own step: engine.backward, engine.step (which zeroes the grads)
+            model.backward(model(x).pow(2).mean())
+            model.step()
+            continue
         with model.no_sync() if sync and hasattr(model, "no_sync") else contextlib.nullcontext():
             loss = model(x).pow(2).mean()
             loss.backward()
@@ -143,7 +156,8 @@ def run_plain(scenario, model, net, opt, gen, at, steps, out) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--kind", default="ddp", choices=["ddp", "fsdp", "fsdp1-orig", "fsdp1-flat", "fsdp1-orig-grad-op", "fsdp1-flat-grad-op"])
+    ap.add_argument("--kind", default="ddp", choices=["ddp", "fsdp", "fsdp1-orig", "fsdp1-flat", "fsdp1-orig-grad-op", "fsdp1-flat-grad-op",
+                                                      "zero1", "zero2"])
     ap.add_argument("--scenario", default="clean", help="one, or several comma-separated: each into OUT/<name>")
     ap.add_argument("--at", type=int, default=4)
     ap.add_argument("--steps", type=int, default=8)
