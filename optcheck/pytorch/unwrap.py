@@ -209,7 +209,7 @@ class ZeroOptimizer(DuckOptimizer):
 
     @property
     def param_groups(self) -> list:
-        inner, bits = self.wrapped.optimizer.param_groups, self.wrapped.bit16_groups
+        inner, bits = self.wrapped.optimizer.param_groups, zero.model_groups(self.wrapped)
         while len(self._groups) < len(inner):
             self._groups.append({})
         del self._groups[len(inner):]

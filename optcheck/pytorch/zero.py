@@ -32,22 +32,41 @@ from __future__ import annotations
 MARKS = ("bit16_groups", "single_partition_of_fp32_groups", "optimizer")
 
 
+#: what marks a ZeRO stage 3 optimizer (deepspeed/runtime/zero/stage3.py)
+MARKS3 = ("fp16_groups", "fp32_partitioned_groups_flat", "optimizer")
+
+
 def is_zero(obj: object) -> bool:
-    """A DeepSpeed ZeRO stage 1/2 optimizer (``DeepSpeedZeroOptimizer``), by its attributes
-    and module (deepspeed itself is not imported)."""
-    return type(obj).__module__.startswith("deepspeed.") and all(hasattr(obj, a) for a in MARKS)
+    """A DeepSpeed ZeRO optimizer (``DeepSpeedZeroOptimizer``, stages 1/2, or
+    ``DeepSpeedZeroOptimizer_Stage3``), by its attributes and module (deepspeed itself is not
+    imported)."""
+    return type(obj).__module__.startswith("deepspeed.") and (all(hasattr(obj, a) for a in MARKS)
+                                                              or all(hasattr(obj, a) for a in MARKS3))
 
 
 def stage(obj: object) -> int | None:
-    """The ZeRO stage (1 or 2) a ``DeepSpeedZeroOptimizer`` runs, read from it
-    (``partition_gradients``: True at stage 2), None when unreadable."""
+    """The ZeRO stage a ZeRO optimizer runs, read from it (stage 3: its partitioned fp32 groups;
+    ``partition_gradients``: True at stage 2), None when unreadable."""
+    if hasattr(obj, "fp32_partitioned_groups_flat"):
+        return 3
     pg = getattr(obj, "partition_gradients", None)
     return None if pg is None else 2 if pg else 1
 
 
+def model_groups(obj: object) -> list:
+    """The model's parameters of each param group: ``bit16_groups`` (stages 1/2) or
+    ``fp16_groups`` (stage 3), ZeRO's own lists."""
+    return obj.fp16_groups if stage(obj) == 3 else obj.bit16_groups
+
+
+def partitions(obj: object) -> list:
+    """This rank's flat fp32 partition of each param group (what the inner optimizer steps)."""
+    return obj.fp32_partitioned_groups_flat if stage(obj) == 3 else obj.single_partition_of_fp32_groups
+
+
 def hidden(obj: object) -> list[str]:
     """What ZeRO hides from the checks, one line each (the run's ``not_checked``)."""
-    parts = obj.single_partition_of_fp32_groups
+    parts = partitions(obj)
     n = sum(t.numel() for t in parts)
     return [f"DeepSpeed ZeRO stage {stage(obj) or '1/2'}: the optimizer state is kept per flat partition "
             f"({len(parts)} tensor(s), {n} elements on this rank), not per parameter: the checks of optimizer "

@@ -157,7 +157,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--kind", default="ddp", choices=["ddp", "fsdp", "fsdp1-orig", "fsdp1-flat", "fsdp1-orig-grad-op", "fsdp1-flat-grad-op",
-                                                      "zero1", "zero2"])
+                                                      "zero1", "zero2", "zero3"])
     ap.add_argument("--scenario", default="clean", help="one, or several comma-separated: each into OUT/<name>")
     ap.add_argument("--at", type=int, default=4)
     ap.add_argument("--steps", type=int, default=8)
