@@ -194,3 +194,75 @@ def test_a_write_in_a_recompute_is_named_with_the_kind_read(reentrant, tmp_path)
     assert f"a {kind} checkpoint's recompute" in f.message
     other = "non-reentrant" if reentrant else " reentrant"
     assert f"{other} checkpoint" not in f.message
+
+
+def tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   attn_implementation="eager")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    model.train()
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def causal(T: int = 16) -> torch.Tensor:
+    return torch.full((2, 1, T, T), float("-inf")).triu(1)  # a 4-D float mask: 0 keep, -inf drop
+
+
+def test_hf_llama_a_cached_4d_mask_rewritten_before_backward_is_found(tmp_path):
+    """transformers' own gradient checkpointing binds ``attention_mask`` in a
+    ``functools.partial`` (``GradientCheckpointingLayer``): a cached 4-D mask the loop rewrites
+    after the forward changes the recompute, silently without optcheck."""
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+
+    def grads(write: bool) -> torch.Tensor:
+        model, mask = tiny_llama(), causal()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+            if write:
+                mask[:, :, :, 1:4] = float("-inf")
+            loss.backward()
+        return model.model.layers[0].self_attn.q_proj.weight.grad
+
+    assert not torch.allclose(grads(True), grads(False))  # PyTorch: no error, other gradients
+    model, mask = tiny_llama(), causal()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(StepStopped):
+            with optcheck.Monitor(model, opt, every=3, on_finding="ignore", out=tmp_path / "run") as mon:
+                for step in range(1, 5):
+                    loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+                    if step == BAD:
+                        mask[:, :, :, 1:4] = float("-inf")  # the cache rewritten for the next batch, too early
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+    (f,) = [f for f in mon.findings if f.code == "OC301"]
+    assert f.step == BAD and f.detail["checkpoint"] == "non-reentrant"
+    assert f.detail["written"]["code"] == 'mask[:, :, :, 1:4] = float("-inf")  # the cache rewritten for the next batch, too early'
+    assert "keyword 'attention_mask' bound in functools.partial(LlamaDecoderLayer.forward)" in f.message
+    assert "model.layers.0" in f.message and "silently" in f.next_failure
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_hf_llama_checkpointed_clean_is_silent(reentrant, tmp_path):
+    model = tiny_llama()
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+    if reentrant:
+        model.enable_input_require_grads()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with optcheck.Monitor(model, opt, every=3, hazards="always", on_finding="ignore", out=tmp_path / "run") as mon:
+            for _ in range(4):
+                loss = model(input_ids=ids, attention_mask=torch.ones(2, 16, dtype=torch.long), labels=ids).loss
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    assert mon.findings == [] and mon.exit_code == 0
