@@ -1,7 +1,7 @@
 """A tiny DDP or FSDP2 training loop under ``optcheck.Monitor``, started by the tests
 with ``python -m torch.distributed.run --nproc-per-node 2`` (gloo, CPU, 1 thread).
 
-    dist_loop.py OUT --kind ddp|fsdp|fsdp1-orig|fsdp1-flat[-grad-op]|zero1|zero2 [--scenario NAME --at STEP] [--steps N] [--every N]
+    dist_loop.py OUT --kind ddp|fsdp|fsdp1-orig|fsdp1-flat[-grad-op]|zero1|zero2|zero3|accel-zero2 [--scenario NAME --at STEP] [--steps N] [--every N]
 
 Scenarios (rank 1 is the odd one out; each happens in iteration ``--at``):
 replace (rank 1 replaces fc2.weight after backward, before the step), lr (rank 1's
@@ -33,6 +33,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import optcheck
+
+
+ACCELERATOR: list = []  # accelerate's Accelerator of --kind accel-zero2, made once
 
 
 class Net(nn.Module):
@@ -79,11 +82,21 @@ def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str, pla
                "zero_allow_untested_optimizer": True}
         model, opt, _, _ = deepspeed.initialize(model=net, optimizer=torch.optim.AdamW(net.parameters(), lr=1e-2),
                                                 config=cfg, dist_init_required=False)
+    elif kind == "accel-zero2":  # the same through accelerate's DeepSpeed plugin (prepare, accelerator.backward)
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        from accelerate import Accelerator, DeepSpeedPlugin
+
+        if not ACCELERATOR:  # one Accelerator per process (a second one may not take a plugin)
+            ACCELERATOR.append(Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={
+                "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
+                "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True})))
+        acc = ACCELERATOR[0]
+        model, opt = acc.prepare(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
     else:
         model = nn.parallel.DistributedDataParallel(
             net, find_unused_parameters=scenario == "unused-rank1",
             **({"broadcast_buffers": False} if scenario == "buffers" else {}))
-    if not kind.startswith("zero"):
+    if not kind.startswith(("zero", "accel")):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own batches, as a DistributedSampler
     if plain:
@@ -111,7 +124,7 @@ def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str, pla
             continue
         with model.no_sync() if sync and hasattr(model, "no_sync") else contextlib.nullcontext():
             loss = model(x).pow(2).mean()
-            loss.backward()
+            acc.backward(loss) if kind.startswith("accel") else loss.backward()
         if odd and scenario == "replace":
             net.fc2.weight = nn.Parameter(net.fc2.weight.detach().clone())
         if not (odd and scenario == "skipstep"):
@@ -157,7 +170,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--kind", default="ddp", choices=["ddp", "fsdp", "fsdp1-orig", "fsdp1-flat", "fsdp1-orig-grad-op", "fsdp1-flat-grad-op",
-                                                      "zero1", "zero2", "zero3"])
+                                                      "zero1", "zero2", "zero3", "accel-zero2"])
     ap.add_argument("--scenario", default="clean", help="one, or several comma-separated: each into OUT/<name>")
     ap.add_argument("--at", type=int, default=4)
     ap.add_argument("--steps", type=int, default=8)

@@ -81,3 +81,14 @@ def test_zero3_clean_is_silent_and_a_replaced_layer_is_named_before_deepspeed_fa
     (``'Parameter' object has no attribute 'ds_active_sub_modules'``, observed): the finding
     comes first, at its step."""
     check_stage(job(tmp_path, "zero3", ("clean", "replace-layer")), 3, dtype=False)
+
+
+@pytest.mark.slow
+def test_zero2_through_accelerate_the_same(tmp_path):
+    """``Accelerator(deepspeed_plugin=...)``'s ``prepare``: the engine and accelerate's
+    ``AcceleratedOptimizer`` around DeepSpeed's wrapper around the ZeRO optimizer; the loop
+    calls ``accelerator.backward``, ``optimizer.step()``, ``optimizer.zero_grad()``."""
+    for scenario in SCENARIOS:  # a job each: one prepare() per process (a second breaks DeepSpeed's engine)
+        torchrun(tmp_path / scenario, "--kind", "accel-zero2", "--scenario", scenario, "--steps", "12",
+                 "--every", "5", timeout=400)
+    check_stage(tmp_path, 2)
