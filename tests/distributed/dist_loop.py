@@ -10,7 +10,8 @@ skipstep (rank 1 skips ``optimizer.step()``), unused (a layer no forward uses,
 DDP without ``find_unused_parameters``), unused-rank1 (rank 1 stops using a layer;
 ``find_unused_parameters=True``), buffers (BatchNorm, ``broadcast_buffers=False``),
 replace-layer (every rank assigns a new fc2 before the forward), dtype (every rank casts fc2 to
-float64 before the forward), kill (rank 1 SIGKILLs itself), hang (rank 1 sleeps for good), plain-mismatch (no
+float64 before the forward), unfreeze (extra frozen when the optimizer is built over the trainable
+parameters; every rank unfreezes it before the forward), kill (rank 1 SIGKILLs itself), hang (rank 1 sleeps for good), plain-mismatch (no
 DDP/FSDP and rank 1's model has a layer more: the exchange must switch itself off).
 Each rank exits with its Monitor's exit code. ``--plain``: the same loops without optcheck, let
 run on; each rank writes what happened to ``OUT/plain-rank-K.json`` (the exception and when,
@@ -52,6 +53,10 @@ class Net(nn.Module):
         return self.extra(y.to(self.extra.weight.dtype)) if self.use_extra else y
 
 
+def trainable(m: nn.Module) -> list:
+    return [p for p in m.parameters() if p.requires_grad]
+
+
 def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str, plain: bool = False) -> int:
     """One training loop of ``scenario`` under a Monitor writing to ``out`` (``plain``: without
     optcheck, what happened written to ``out/plain-rank-K.json``); its exit code."""
@@ -60,6 +65,8 @@ def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str, pla
     net = Net(bn=scenario == "buffers")
     if scenario == "unused":
         net.use_extra = False
+    if scenario == "unfreeze":  # a layer frozen when the optimizer is built (over the trainable parameters)
+        net.extra.requires_grad_(False)
     if scenario == "plain-mismatch":  # not data parallel: rank 1's model has one layer more, no wrapper
         if rank == 1:
             net.fc3 = nn.Linear(4, 4)
@@ -80,7 +87,7 @@ def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str, pla
 
         cfg = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": int(kind[4:])},
                "zero_allow_untested_optimizer": True}
-        model, opt, _, _ = deepspeed.initialize(model=net, optimizer=torch.optim.AdamW(net.parameters(), lr=1e-2),
+        model, opt, _, _ = deepspeed.initialize(model=net, optimizer=torch.optim.AdamW(trainable(net), lr=1e-2),
                                                 config=cfg, dist_init_required=False)
     elif kind == "accel-zero2":  # the same through accelerate's DeepSpeed plugin (prepare, accelerator.backward)
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -91,13 +98,13 @@ def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str, pla
                 "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
                 "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True})))
         acc = ACCELERATOR[0]
-        model, opt = acc.prepare(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
+        model, opt = acc.prepare(net, torch.optim.AdamW(trainable(net), lr=1e-2))
     else:
         model = nn.parallel.DistributedDataParallel(
             net, find_unused_parameters=scenario == "unused-rank1",
             **({"broadcast_buffers": False} if scenario == "buffers" else {}))
     if not kind.startswith(("zero", "accel")):
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        opt = torch.optim.AdamW(trainable(model), lr=1e-2)
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own batches, as a DistributedSampler
     if plain:
         return run_plain(scenario, model, net, opt, gen, at, steps, out)
@@ -115,6 +122,8 @@ def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str, pla
         x = torch.randn(8, 8, generator=gen)
         if it == at and scenario == "replace-layer":  # every rank, inside the step: a new head, the optimizer
             net.fc2 = nn.Linear(16, 4)                  # still holds the old one
+        if it == at and scenario == "unfreeze":  # every rank: the frozen layer unfrozen, the optimizer not told
+            net.extra.requires_grad_(True)
         if it == at and scenario == "dtype":  # every rank: the head cast after the optimizer exists
             net.fc2.to(torch.float64)
         sync = scenario == "nosync" and it >= at

@@ -18,7 +18,7 @@ from optcheck.record.snapshot import validate  # noqa: E402
 
 from test_distributed_monitor import findings, first, merged, torchrun  # noqa: E402
 
-SCENARIOS = ("clean", "replace-layer", "dtype")
+SCENARIOS = ("clean", "replace-layer", "dtype", "unfreeze")
 NAMES = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "extra.weight", "extra.bias"]
 
 
@@ -36,6 +36,10 @@ def job(out: Path, kind: str, scenarios=SCENARIOS) -> Path:
 @pytest.fixture(scope="module")
 def zero2(tmp_path_factory) -> Path:
     return job(tmp_path_factory.mktemp("zero2"), "zero2")
+
+
+def scenarios_of(run: Path) -> set[str]:
+    return {p.name for p in run.iterdir() if (p / "summary.json").exists()}
 
 
 def check_stage(run: Path, stage: int, dtype: bool = True) -> None:
@@ -57,6 +61,11 @@ def check_stage(run: Path, stage: int, dtype: bool = True) -> None:
         for code in ("OC101", "OC102", "OC104"):
             f = first(run / "replace-layer", rank, code)
             assert f["step"] == 4 and f["subjects"] == ["fc2.weight", "fc2.bias"], f
+        # extra frozen when ZeRO was built (not in its groups), unfrozen in iteration 4: never trained;
+        # a requires_grad flip is not in the pre-step fingerprint (a plain loop alike): the next snapshot
+        if "unfreeze" in scenarios_of(run):
+            f = first(run / "unfreeze", rank, "OC102")
+            assert f["step"] == 5 and f["subjects"] == ["extra.weight", "extra.bias"]
         if not dtype:
             continue
         # fc2.to(float64): ZeRO points its parameters back into its float32 flat buffer at the step's

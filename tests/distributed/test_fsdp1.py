@@ -18,7 +18,7 @@ from optcheck.record.snapshot import validate
 
 from test_distributed_monitor import findings, first, merged, torchrun
 
-SCENARIOS = ("clean", "replace-layer", "dtype", "skipstep")
+SCENARIOS = ("clean", "replace-layer", "dtype", "skipstep", "unfreeze")
 
 
 def snapshots(run: Path, rank: int) -> list[dict]:
@@ -87,3 +87,12 @@ def test_the_other_fsdp1_modes_clean_silent_and_a_replaced_layer_found(kind, tmp
         assert not [n for n in names if "_fsdp_wrapped_module" in n]
         f = first(tmp_path / "replace-layer", rank, "OC102")  # the new head: in no param group
         assert f["step"] == 4 and f["subjects"] == ["fc2.weight", "fc2.bias"]
+
+
+def test_a_frozen_layer_unfrozen_under_fsdp1_is_OC102_with_the_models_names(orig):
+    """``extra`` frozen when the optimizer was built over the trainable parameters, unfrozen in
+    iteration 4: in no param group, never trained. A ``requires_grad`` flip is not part of the
+    pre-step check's fingerprint (a plain loop alike): found at the next snapshot, step 5."""
+    for rank in (0, 1):
+        f = first(orig / "unfreeze", rank, "OC102")
+        assert f["step"] == 5 and f["subjects"] == ["extra.weight", "extra.bias"]
