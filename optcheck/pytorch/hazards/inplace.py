@@ -297,7 +297,16 @@ class InplaceProbe:
         if id(marker) in self._ck_seen:
             return
         self._ck_seen[id(marker)] = marker  # held for the step: the graph holds it anyway
-        versioned, unversioned, what, site = kept_inputs(kind, start)
+        try:
+            versioned, unversioned, what, site = kept_inputs(kind, start)
+        except Exception as caught:  # noqa: BLE001 - another torch's frames: said once, never raised
+            if raised_by_signal_handler(caught):  # a signal handler's exception is the user's
+                raise
+            note = (f"checkpoint inputs unreadable ({type(caught).__name__}: {str(caught)[:120]}); a write to "
+                    f"a keyword input of a checkpoint before its recompute is not checked")
+            if note not in self.faults:
+                self.faults.append(note)
+            return
         while site is not None and _internal(site.f_code.co_filename):  # the line calling checkpoint()
             site = site.f_back
         code, line = (site.f_code, site.f_lineno) if site is not None else (None, None)
