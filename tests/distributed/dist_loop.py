@@ -78,8 +78,20 @@ def run(scenario: str, kind: str, at: int, steps: int, every: int, out: str, pla
     elif kind.startswith("fsdp1"):  # fsdp1-orig|flat[-grad-op]: FSDP1, use_orig_params True|False, FULL_SHARD|SHARD_GRAD_OP
         from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 
+        nested = {}
+        if kind.endswith("-nested"):  # the LLM fine-tune way: a unit per layer, each layer under activation
+            # checkpointing (torch's checkpoint_wrapper, non-reentrant), FSDP1 around it
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (CheckpointImpl,
+                                                                                     apply_activation_checkpointing,
+                                                                                     checkpoint_wrapper)
+            from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+            apply_activation_checkpointing(
+                net, checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+                check_fn=lambda m: isinstance(m, nn.Linear))
+            nested = {"auto_wrap_policy": ModuleWrapPolicy({nn.Linear})}
         model = FullyShardedDataParallel(
-            net, use_orig_params="-orig" in kind, device_id=torch.device("cpu"),
+            net, use_orig_params="-orig" in kind, device_id=torch.device("cpu"), **nested,
             sharding_strategy=ShardingStrategy.SHARD_GRAD_OP if kind.endswith("-grad-op") else ShardingStrategy.FULL_SHARD)
     elif kind.startswith("zero"):  # DeepSpeed ZeRO stage 1 or 2 on the CPU (the process group is torchrun's)
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -179,7 +191,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--kind", default="ddp", choices=["ddp", "fsdp", "fsdp1-orig", "fsdp1-flat", "fsdp1-orig-grad-op", "fsdp1-flat-grad-op",
-                                                      "zero1", "zero2", "zero3", "accel-zero2"])
+                                                      "zero1", "zero2", "zero3", "accel-zero2",
+                                                      "fsdp1-orig-nested"])
     ap.add_argument("--scenario", default="clean", help="one, or several comma-separated: each into OUT/<name>")
     ap.add_argument("--at", type=int, default=4)
     ap.add_argument("--steps", type=int, default=8)

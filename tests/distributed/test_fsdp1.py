@@ -96,3 +96,20 @@ def test_a_frozen_layer_unfrozen_under_fsdp1_is_OC102_with_the_models_names(orig
     for rank in (0, 1):
         f = first(orig / "unfreeze", rank, "OC102")
         assert f["step"] == 5 and f["subjects"] == ["extra.weight", "extra.bias"]
+
+
+@pytest.mark.slow
+def test_fsdp1_a_unit_per_layer_under_activation_checkpointing(tmp_path):
+    """The fine-tune stack: each layer under torch's ``checkpoint_wrapper`` (non-reentrant) and its
+    own FSDP1 unit (``ModuleWrapPolicy``), ``use_orig_params=True``: names carry neither
+    ``_fsdp_wrapped_module`` nor ``_checkpoint_wrapped_module`` levels; clean silent, a replaced
+    layer named at its step."""
+    torchrun(tmp_path, "--kind", "fsdp1-orig-nested", "--scenario", "clean,replace-layer", "--steps", "12",
+             "--every", "5")
+    for rank in (0, 1):
+        assert findings(tmp_path / "clean", rank) == []
+        last = snapshots(tmp_path / "clean", rank)[-1]
+        assert [p["name"] for p in last["params"]] == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias",
+                                                       "extra.weight", "extra.bias"]
+        f = first(tmp_path / "replace-layer", rank, "OC101")
+        assert f["step"] == 4 and f["subjects"] == ["fc2.weight", "fc2.bias"]
