@@ -80,6 +80,7 @@ from optcheck.pytorch.in_backward import BackwardSteps
 from optcheck.pytorch.guard import Notes, guarded
 from optcheck.pytorch.monitor_hooks import ClipNorm, FindingError, OptcheckWarning, TorchProbe, backward_loss
 from optcheck.pytorch.null_hazards import NullHazards
+from optcheck.pytorch.names import fsdp1_hidden
 from optcheck.pytorch.unwrap import ZeroOptimizer, unwrap_model, unwrap_optimizer
 from optcheck.run.recorder import RunRecorder
 from optcheck.rules import RuleConfig
@@ -217,6 +218,8 @@ class Monitor:
         if isinstance(optimizer, ZeroOptimizer):  # DeepSpeed ZeRO: what its partitions hide from the checks
             for line in optimizer.hidden:
                 self.notes.add(line)
+        for line in fsdp1_hidden(list(model.named_parameters())):  # FSDP1's flat parameters, likewise
+            self.notes.add(line)
         self.hazards = NullHazards(optimizer)
         # the probes' device checks, read with the losses at each snapshot: no host sync on other steps
         self._ledger = DeviceLedger()

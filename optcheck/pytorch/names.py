@@ -36,3 +36,17 @@ def model_name(name: str) -> str:
 def under_fsdp1(name: str) -> bool:
     """The raw name (before :func:`model_name`) lies below an FSDP1 unit, which shards it."""
     return FSDP1_LEVEL in name
+
+
+def fsdp1_hidden(named: list[tuple[str, object]]) -> list[str]:
+    """What FSDP1 hides from the per-parameter checks, one line each (the run's
+    ``not_checked``), from the model's raw ``named_parameters()``: with
+    ``use_orig_params=False`` the optimizer and the model hold one flat parameter per unit
+    (``_flat_param``), not the model's parameters."""
+    flat = [model_name(n) for n, _ in named if under_fsdp1(n) and n.rsplit(".", 1)[-1] == "_flat_param"]
+    if not flat:
+        return []
+    return [f"FSDP1 (use_orig_params=False): the model and the optimizer hold {len(flat)} flat parameter(s) "
+            f"({', '.join(flat[:4])}{', ...' if len(flat) > 4 else ''}), not the model's own parameters: the "
+            f"per-parameter checks (gradients, state, references) see the flat parameters; a layer's own "
+            f"parameters are named only when it is replaced or added (use_orig_params=True names them all)"]

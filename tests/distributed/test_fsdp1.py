@@ -85,6 +85,8 @@ def test_the_other_fsdp1_modes_clean_silent_and_a_replaced_layer_found(kind, tmp
         assert findings(tmp_path / "clean", rank) == []
         names = [p["name"] for p in snapshots(tmp_path / "clean", rank)[-1]["params"]]
         assert not [n for n in names if "_fsdp_wrapped_module" in n]
+        hidden = json.loads((tmp_path / "clean" / f"rank-{rank}" / "summary.json").read_text())["not_checked"]
+        assert any("flat parameter(s) (_flat_param)" in n for n in hidden) == ("flat" in kind), hidden
         f = first(tmp_path / "replace-layer", rank, "OC102")  # the new head: in no param group
         assert f["step"] == 4 and f["subjects"] == ["fc2.weight", "fc2.bias"]
 
