@@ -230,8 +230,6 @@ def fold(out: Path, ended: Ended, command: list[str], *, fail_on: str, every: in
                           crash={"message": f"{command[0]} exited {ended.returncode}", "exit_code": ended.returncode})
     rec = RankRecorder(out, source="monitor", knock_on=merge.knock_on)
     summary = rec.fold(ranks, findings, notes, interrupted_by=ended.interrupted_by, attempts=3, **fields)
-    if world == 1:
-        summary.pop("world", None)
     return summary, findings, notes
 
 
