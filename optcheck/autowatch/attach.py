@@ -43,6 +43,8 @@ from pathlib import Path
 import torch
 
 log = logging.getLogger("optcheck")
+#: inside a graph torch.compile traces, the forward hook does nothing (torch >= 2.1; before: never compiling)
+_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 #: steps an optimizer is given to find its model before it is given up on (a note)
 FIND_TRIES = 3
 
@@ -132,7 +134,7 @@ class AutoWatch:
 
     # -- the hooks ----------------------------------------------------------------
     def _forward_pre(self, module, args) -> None:
-        if torch.compiler.is_compiling():
+        if _compiling():
             return None
         r = self._seen.get(id(module))
         if r is None or r() is not module:
