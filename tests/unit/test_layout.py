@@ -183,7 +183,7 @@ LAYERS = (
     ("run",),                                    # the run's writer: recorder, run directory, sequencer
     ("report",),                                 # reading runs back, and what is printed of them
     ("pytorch", "torchsharp_bridge"),            # the backends' probes
-    ("drivers", "distributed"),                  # what runs a training and feeds its recorder
+    ("drivers", "distributed", "autowatch"),     # what runs a training and feeds its recorder
     ("judge",),                                  # two runs judged (upgrade runs soaks)
     ("commands", "integrations", "cli", "__init__", "__main__"),
 )
