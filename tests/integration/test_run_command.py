@@ -325,3 +325,120 @@ def test_torchrun_two_ranks_gloo(tmp_path, fault):
         assert s["status"] == "crashed" and s["config"]["command_exit"] == 1
         for rank in ("rank-0", "rank-1"):  # the layer replaced on every rank: each names it at its step
             assert [f["step"] for f in findings(out / rank) if f["code"] == "OC101"] == [11]
+
+
+# -- frameworks and launchers (slow: each imports a framework) ------------------------------------
+COMPILED = """
+import sys, torch
+torch.set_num_threads(1); torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+model = torch.compile(net, backend="aot_eager")
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
+for step in range(1, 21):
+    x = torch.randn(16, 8)
+    loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    if "fault" in sys.argv and step == 10:
+        net[2] = torch.nn.Linear(16, 1)
+print("ok")
+"""
+
+HF_TRAINER = """
+import sys, torch
+from transformers import Trainer, TrainingArguments
+torch.set_num_threads(1); torch.manual_seed(0)
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(8, 16); self.head = torch.nn.Linear(16, 1)
+    def forward(self, x, labels=None):
+        out = self.head(torch.relu(self.body(x)))
+        return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self): return 320
+    def __getitem__(self, i):
+        x = torch.randn(8, generator=torch.Generator().manual_seed(i))
+        return {"x": x, "labels": x.sum(0, keepdim=True)}
+
+class Planted(Trainer):
+    def training_step(self, model, inputs, *a, **k):
+        if "fault" in sys.argv and self.state.global_step == 10:
+            model.head = torch.nn.Linear(16, 1)  # after 10 steps: the optimizer still holds the old head
+        return super().training_step(model, inputs, *a, **k)
+
+args = TrainingArguments(output_dir="hf-out", per_device_train_batch_size=16, max_steps=20, report_to=[],
+                         save_strategy="no", logging_steps=100, use_cpu=True, disable_tqdm=True)
+Planted(model=Net(), args=args, train_dataset=Data()).train()
+"""
+
+LIGHTNING = """
+import sys, torch
+import lightning as L
+torch.set_num_threads(1); torch.manual_seed(0)
+
+class Net(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(8, 16); self.head = torch.nn.Linear(16, 1)
+    def forward(self, x):
+        return self.head(torch.relu(self.body(x)))
+    def training_step(self, batch, i):
+        if "fault" in sys.argv and self.global_step == 10:
+            self.head = torch.nn.Linear(16, 1)  # inside step 11's closure, after its pre-step check
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+x = torch.randn(320, 8)
+dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=16)
+L.Trainer(max_steps=20, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+          enable_model_summary=False).fit(Net(), dl)
+"""
+
+ACCELERATE = """
+import sys, torch
+from accelerate import Accelerator
+torch.set_num_threads(1); torch.manual_seed(0)
+acc = Accelerator(cpu=True)
+net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+x = torch.randn(640, 8)
+dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=16)
+model, opt, dl = acc.prepare(net, torch.optim.AdamW(net.parameters(), lr=1e-3), dl)
+for step, (xb, yb) in enumerate(dl, 1):
+    loss = torch.nn.functional.mse_loss(model(xb), yb)
+    opt.zero_grad(); acc.backward(loss); opt.step()
+    if "fault" in sys.argv and step == 10:
+        net[2] = torch.nn.Linear(16, 1)
+    if step == 20:
+        break
+"""
+
+
+def _launcher(name: str) -> tuple[str, tuple, str, int]:
+    """(script text, the command before the script, the module it needs, the OC101 step)."""
+    return {"compiled": (COMPILED, (sys.executable,), "torch", 11),
+            "hf-trainer": (HF_TRAINER, (sys.executable,), "transformers", 11),
+            "lightning": (LIGHTNING, (sys.executable,), "lightning", 12),
+            "accelerate-launch": (ACCELERATE, ("accelerate", "launch", "--num_processes", "1", "--cpu"), "accelerate",
+                                  11)}[name]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["compiled", "hf-trainer", "lightning", "accelerate-launch"])
+def test_frameworks_and_launchers_clean_and_replaced_layer(tmp_path, name):
+    text, before, module, step = _launcher(name)
+    pytest.importorskip(module)
+    if before[0] == "accelerate" and not __import__("shutil").which("accelerate"):
+        pytest.skip("no accelerate command on PATH")
+    script(tmp_path, "train.py", text)
+    rc, _, stderr, out = optcheck_run(tmp_path, *before, "train.py", timeout=300)
+    assert rc == 0, stderr
+    s = summary(out)
+    assert (s["last_step"], s["findings"]) == (20, 0), stderr
+    assert "OptcheckWarning" not in stderr and "global hooks" not in stderr  # torch.compile's warning filtered
+    rc, _, stderr, out = optcheck_run(tmp_path, *before, "train.py", "fault", out="out2", timeout=300)
+    assert rc == 1, stderr
+    assert [f["step"] for f in findings(out) if f["code"] == "OC101"] == [step]
