@@ -45,7 +45,7 @@ print("trained", round(loss.item(), 4))
 
 
 def _env(**extra) -> dict:
-    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **extra)
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **extra}
 
 
 def optcheck_run(tmp_path: Path, *command: str, out: str = "out", options=("--every", "5"), timeout: float = 180,
@@ -442,3 +442,41 @@ def test_frameworks_and_launchers_clean_and_replaced_layer(tmp_path, name):
     rc, _, stderr, out = optcheck_run(tmp_path, *before, "train.py", "fault", out="out2", timeout=300)
     assert rc == 1, stderr
     assert [f["step"] for f in findings(out) if f["code"] == "OC101"] == [step]
+
+
+# -- the start-up hook itself ------------------------------------------------------------------
+def _hooked_env(tmp_path: Path, *before: str) -> dict:
+    from optcheck.autowatch.launch import BOOT
+
+    return _env(PYTHONPATH=os.pathsep.join([str(BOOT), *before, str(ROOT)]),
+                OPTCHECK_RUN=json.dumps({"out": str(tmp_path / "out"), "every": 5}))
+
+
+def test_the_boot_hook_chains_to_the_sitecustomize_it_shadows_and_waits_for_torch(tmp_path):
+    other = tmp_path / "theirs"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import builtins; builtins.THEIRS = 'ran'\n")
+    code = ("import builtins, sys; print(getattr(builtins, 'THEIRS', None), 'torch' in sys.modules, "
+            "'optcheck.autowatch.attach' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], env=_hooked_env(tmp_path, str(other)), capture_output=True,
+                       text=True, timeout=60)
+    assert p.stdout.split() == ["ran", "False", "False"], p.stderr  # theirs ran; nothing of torch nor the watch
+    p = subprocess.run([sys.executable, "-c", "import torch, sys, sitecustomize as s; "
+                        "print(type(s.watch).__name__, s.watch.installed, torch.__spec__.loader.__class__.__name__)"],
+                       env=_hooked_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert p.stdout.split() == ["AutoWatch", "True", "SourceFileLoader"], p.stderr  # torch's own loader put back
+
+
+def test_baseline_judges_as_soak_does(tmp_path):
+    script(tmp_path, "train.py", LOOP)
+    rc, _, stderr, base = optcheck_run(tmp_path, sys.executable, "train.py", out="night-1")
+    assert rc == 0, stderr
+    rc, stdout, stderr, _ = optcheck_run(tmp_path, sys.executable, "train.py", out="night-2",
+                                         options=("--every", "5", "--baseline", "night-1"))
+    assert rc == 0 and "baseline" in stdout.lower(), stdout + stderr
+    rc, stdout, stderr, _ = optcheck_run(tmp_path, sys.executable, "train.py", "fault", out="night-3",
+                                         options=("--every", "5", "--baseline", "night-1"))
+    assert rc == 1 and "OC101" in stdout, stdout + stderr
+    rc, _, stderr, out = optcheck_run(tmp_path, sys.executable, "train.py", out="night-4",
+                                      options=("--baseline", "no-such-night"))
+    assert rc == 2 and len(stderr.strip().splitlines()) == 1 and not out.exists()
