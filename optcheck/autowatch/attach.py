@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import warnings
 import weakref
 from pathlib import Path
 
@@ -45,6 +46,8 @@ import torch
 log = logging.getLogger("optcheck")
 #: inside a graph torch.compile traces, the forward hook does nothing (torch >= 2.1; before: never compiling)
 _compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+#: the start of the warning torch.compile gives while a global module hook is registered (``torch/_dynamo/eval_frame.py``)
+COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 #: steps an optimizer is given to find its model before it is given up on (a note)
 FIND_TRIES = 3
 
@@ -73,8 +76,10 @@ class AutoWatch:
         self.notes: list[str] = []
         self._seen: dict[int, weakref.ref] = {}  # id(module) -> module, every module whose forward ran
         self._known: dict[int, weakref.ref] = {}  # id(optimizer) -> optimizer: attached, pending or given up
-        self._tries: dict[int, int] = {}
-        self._pending: list[tuple] = []  # (model, optimizer, steps taken) to open at the next forward
+        self._tries: dict[int, int] = {}  # id(optimizer) -> steps it was looked at without a model found
+        self._done: dict[int, int] = {}  # id(optimizer) -> steps it completed before its Monitor opened
+        self._pending: list[tuple] = []  # (model, optimizer) to open at the next forward
+        self._stepping: set[int] = set()  # id(optimizer) of the steps under way (a closure's forward runs in one)
         self._handles: list = []
         self._lock = threading.RLock()
         self._busy = False  # opening a Monitor: its own forwards/steps are not the user's
@@ -89,6 +94,9 @@ class AutoWatch:
         from torch.nn.modules.module import register_module_forward_pre_hook
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+        # torch.compile's OptimizedModule warns at each call while any global module hook exists (its hooks
+        # would fire twice: harmless here, both are remembered); the program must not see optcheck's
+        warnings.filterwarnings("ignore", message=COMPILE_WARNING, category=UserWarning)
         self._handles = [register_module_forward_pre_hook(self._forward_pre),
                          register_optimizer_step_pre_hook(self._step_pre),
                          register_optimizer_step_post_hook(self._step_post)]
@@ -145,6 +153,8 @@ class AutoWatch:
 
     def _step_pre(self, optimizer, args, kwargs) -> None:
         key = id(optimizer)
+        if key in self._done:
+            self._stepping.add(key)
         r = self._known.get(key)
         if r is not None and r() is optimizer:
             return None
@@ -154,27 +164,32 @@ class AutoWatch:
         return None
 
     def _step_post(self, optimizer, args, kwargs) -> None:
-        for i, (model, opt, steps) in enumerate(self._pending):
-            if opt is optimizer:
-                self._pending[i] = (model, opt, steps + 1)
+        key = id(optimizer)
+        if key in self._done:
+            self._stepping.discard(key)
+            self._done[key] += 1
+            if key in self._tries and not self._busy:  # its closure ran the forward inside step() (LBFGS, Lightning)
+                self._guarded(self._first_step, optimizer, False)
         return None
 
     # -- finding the model ---------------------------------------------------------
-    def _first_step(self, optimizer) -> None:
+    def _first_step(self, optimizer, count: bool = True) -> None:
+        """Find ``optimizer``'s model (pending then) or count one more try (``count``) at giving up."""
         if os.getpid() != self._pid:  # a forked child (a DataLoader worker stepping nothing, multiprocessing)
             self._pid = os.getpid()
-            self.monitors, self._pending = [], []
+            self.monitors, self._pending, self._done, self._tries = [], [], {}, {}
         params = {id(p) for g in optimizer.param_groups for p in g["params"]}
         name = type(optimizer).__name__
         if not params:
             self._give_up(optimizer, f"optimizer {name} has no parameters: not watched")
             return
         if self._watched(params):  # a wrapper's inner optimizer, or one swapped in: its Monitor follows it
-            self._known[id(optimizer)] = weakref.ref(optimizer)
+            self._forget(optimizer)
             return
+        self._done.setdefault(id(optimizer), 0)
         model = self._model_of(params)
         if model is None:
-            tries = self._tries.get(id(optimizer), 0) + 1
+            tries = self._tries.get(id(optimizer), 0) + count
             self._tries[id(optimizer)] = tries
             if tries >= FIND_TRIES:
                 why = "no module forward seen" if not self._alive() else \
@@ -182,7 +197,8 @@ class AutoWatch:
                 self._give_up(optimizer, f"optimizer {name} stepped {tries} times with {why}: not watched")
             return
         self._known[id(optimizer)] = weakref.ref(optimizer)
-        self._pending.append((model, optimizer, 0))
+        self._tries.pop(id(optimizer), None)
+        self._pending.append((model, optimizer))
 
     def _alive(self) -> list:
         return [m for m in (r() for r in list(self._seen.values())) if m is not None]
@@ -221,14 +237,18 @@ class AutoWatch:
         for mon in self.monitors:
             if not mon.closed and params & {id(p) for g in mon.optimizer.param_groups for p in g["params"]}:
                 return True
-        return any(params & {id(p) for g in opt.param_groups for p in g["params"]} for _, opt, _ in self._pending)
+        return any(params & {id(p) for g in opt.param_groups for p in g["params"]} for _, opt in self._pending)
 
     # -- opening the Monitors ------------------------------------------------------
     def _open_pending(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, []
-            for model, optimizer, steps in pending:
-                self._open(model, optimizer, steps)
+            for model, optimizer in pending:
+                # opened inside a step() (its closure's forward): the Monitor's hooks see only its end, which
+                # it does not count (optcheck/pytorch/step_hooks.py): that step is counted here
+                key = id(optimizer)
+                self._open(model, optimizer, self._done.pop(key, 0) + (key in self._stepping))
+                self._stepping.discard(key)
 
     def _open(self, model, optimizer, steps: int) -> None:
         from optcheck.drivers.monitor import Monitor
@@ -268,8 +288,14 @@ class AutoWatch:
 
     # -- notes ----------------------------------------------------------------------
     def _give_up(self, optimizer, line: str) -> None:
-        self._known[id(optimizer)] = weakref.ref(optimizer)
+        self._forget(optimizer)
         self._note(line)
+
+    def _forget(self, optimizer) -> None:
+        """Never look at ``optimizer`` again (watched by another's Monitor, or given up on)."""
+        self._known[id(optimizer)] = weakref.ref(optimizer)
+        self._tries.pop(id(optimizer), None)
+        self._done.pop(id(optimizer), None)
 
     def _note(self, line: str) -> None:
         if line not in self.notes:

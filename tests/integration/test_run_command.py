@@ -45,7 +45,7 @@ print("trained", round(loss.item(), 4))
 
 
 def _env(**extra) -> dict:
-    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **extra)
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **extra}
 
 
 def optcheck_run(tmp_path: Path, *command: str, out: str = "out", options=("--every", "5"), timeout: float = 180,
@@ -325,3 +325,158 @@ def test_torchrun_two_ranks_gloo(tmp_path, fault):
         assert s["status"] == "crashed" and s["config"]["command_exit"] == 1
         for rank in ("rank-0", "rank-1"):  # the layer replaced on every rank: each names it at its step
             assert [f["step"] for f in findings(out / rank) if f["code"] == "OC101"] == [11]
+
+
+# -- frameworks and launchers (slow: each imports a framework) ------------------------------------
+COMPILED = """
+import sys, torch
+torch.set_num_threads(1); torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+model = torch.compile(net, backend="aot_eager")
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
+for step in range(1, 21):
+    x = torch.randn(16, 8)
+    loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    if "fault" in sys.argv and step == 10:
+        net[2] = torch.nn.Linear(16, 1)
+print("ok")
+"""
+
+HF_TRAINER = """
+import sys, torch
+from transformers import Trainer, TrainingArguments
+torch.set_num_threads(1); torch.manual_seed(0)
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(8, 16); self.head = torch.nn.Linear(16, 1)
+    def forward(self, x, labels=None):
+        out = self.head(torch.relu(self.body(x)))
+        return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self): return 320
+    def __getitem__(self, i):
+        x = torch.randn(8, generator=torch.Generator().manual_seed(i))
+        return {"x": x, "labels": x.sum(0, keepdim=True)}
+
+class Planted(Trainer):
+    def training_step(self, model, inputs, *a, **k):
+        if "fault" in sys.argv and self.state.global_step == 10:
+            model.head = torch.nn.Linear(16, 1)  # after 10 steps: the optimizer still holds the old head
+        return super().training_step(model, inputs, *a, **k)
+
+args = TrainingArguments(output_dir="hf-out", per_device_train_batch_size=16, max_steps=20, report_to=[],
+                         save_strategy="no", logging_steps=100, use_cpu=True, disable_tqdm=True)
+Planted(model=Net(), args=args, train_dataset=Data()).train()
+"""
+
+LIGHTNING = """
+import sys, torch
+import lightning as L
+torch.set_num_threads(1); torch.manual_seed(0)
+
+class Net(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(8, 16); self.head = torch.nn.Linear(16, 1)
+    def forward(self, x):
+        return self.head(torch.relu(self.body(x)))
+    def training_step(self, batch, i):
+        if "fault" in sys.argv and self.global_step == 10:
+            self.head = torch.nn.Linear(16, 1)  # inside step 11's closure, after its pre-step check
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+x = torch.randn(320, 8)
+dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=16)
+L.Trainer(max_steps=20, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+          enable_model_summary=False).fit(Net(), dl)
+"""
+
+ACCELERATE = """
+import sys, torch
+from accelerate import Accelerator
+torch.set_num_threads(1); torch.manual_seed(0)
+acc = Accelerator(cpu=True)
+net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+x = torch.randn(640, 8)
+dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=16)
+model, opt, dl = acc.prepare(net, torch.optim.AdamW(net.parameters(), lr=1e-3), dl)
+for step, (xb, yb) in enumerate(dl, 1):
+    loss = torch.nn.functional.mse_loss(model(xb), yb)
+    opt.zero_grad(); acc.backward(loss); opt.step()
+    if "fault" in sys.argv and step == 10:
+        net[2] = torch.nn.Linear(16, 1)
+    if step == 20:
+        break
+"""
+
+
+def _launcher(name: str) -> tuple[str, tuple, str, int]:
+    """(script text, the command before the script, the module it needs, the OC101 step)."""
+    return {"compiled": (COMPILED, (sys.executable,), "torch", 11),
+            "hf-trainer": (HF_TRAINER, (sys.executable,), "transformers", 11),
+            "lightning": (LIGHTNING, (sys.executable,), "lightning", 12),
+            "accelerate-launch": (ACCELERATE, ("accelerate", "launch", "--num_processes", "1", "--cpu"), "accelerate",
+                                  11)}[name]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["compiled", "hf-trainer", "lightning", "accelerate-launch"])
+def test_frameworks_and_launchers_clean_and_replaced_layer(tmp_path, name):
+    text, before, module, step = _launcher(name)
+    pytest.importorskip(module)
+    if before[0] == "accelerate" and not __import__("shutil").which("accelerate"):
+        pytest.skip("no accelerate command on PATH")
+    script(tmp_path, "train.py", text)
+    rc, _, stderr, out = optcheck_run(tmp_path, *before, "train.py", timeout=300)
+    assert rc == 0, stderr
+    s = summary(out)
+    assert (s["last_step"], s["findings"]) == (20, 0), stderr
+    assert "OptcheckWarning" not in stderr and "global hooks" not in stderr  # torch.compile's warning filtered
+    rc, _, stderr, out = optcheck_run(tmp_path, *before, "train.py", "fault", out="out2", timeout=300)
+    assert rc == 1, stderr
+    assert [f["step"] for f in findings(out) if f["code"] == "OC101"] == [step]
+
+
+# -- the start-up hook itself ------------------------------------------------------------------
+def _hooked_env(tmp_path: Path, *before: str) -> dict:
+    from optcheck.autowatch.launch import BOOT
+
+    return _env(PYTHONPATH=os.pathsep.join([str(BOOT), *before, str(ROOT)]),
+                OPTCHECK_RUN=json.dumps({"out": str(tmp_path / "out"), "every": 5}))
+
+
+def test_the_boot_hook_chains_to_the_sitecustomize_it_shadows_and_waits_for_torch(tmp_path):
+    other = tmp_path / "theirs"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import builtins; builtins.THEIRS = 'ran'\n")
+    code = ("import builtins, sys; print(getattr(builtins, 'THEIRS', None), 'torch' in sys.modules, "
+            "'optcheck.autowatch.attach' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], env=_hooked_env(tmp_path, str(other)), capture_output=True,
+                       text=True, timeout=60)
+    assert p.stdout.split() == ["ran", "False", "False"], p.stderr  # theirs ran; nothing of torch nor the watch
+    p = subprocess.run([sys.executable, "-c", "import torch, sys, sitecustomize as s; "
+                        "print(type(s.watch).__name__, s.watch.installed, torch.__spec__.loader.__class__.__name__)"],
+                       env=_hooked_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert p.stdout.split() == ["AutoWatch", "True", "SourceFileLoader"], p.stderr  # torch's own loader put back
+
+
+def test_baseline_judges_as_soak_does(tmp_path):
+    script(tmp_path, "train.py", LOOP)
+    rc, _, stderr, base = optcheck_run(tmp_path, sys.executable, "train.py", out="night-1")
+    assert rc == 0, stderr
+    rc, stdout, stderr, _ = optcheck_run(tmp_path, sys.executable, "train.py", out="night-2",
+                                         options=("--every", "5", "--baseline", "night-1"))
+    assert rc == 0 and "baseline" in stdout.lower(), stdout + stderr
+    rc, stdout, stderr, _ = optcheck_run(tmp_path, sys.executable, "train.py", "fault", out="night-3",
+                                         options=("--every", "5", "--baseline", "night-1"))
+    assert rc == 1 and "OC101" in stdout, stdout + stderr
+    rc, _, stderr, out = optcheck_run(tmp_path, sys.executable, "train.py", out="night-4",
+                                      options=("--baseline", "no-such-night"))
+    assert rc == 2 and len(stderr.strip().splitlines()) == 1 and not out.exists()
