@@ -196,15 +196,19 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
             torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
 
     def _registered(self, module, name, submodule):
-        """Global module-registration hook: a sub-module was assigned to a watched module
-        (or a watched module was put into a new one). ``torch.compile(model)`` puts the model
+        """Global module-registration hook: a sub-module was assigned to a watched module (a
+        watched module put into a module outside the watched tree is no change of it). ``torch.compile(model)`` puts the model
         into an ``OptimizedModule``: from now on its call is a compiled region's entry, and
         every module hook comes off before it is first called (``compiled.py``)."""
         if submodule is self.model and is_compile_wrapper(module):
             self._root_compiled = True
             self._scan()
             return None
-        if id(module) in self._names or (submodule is not None and id(submodule) in self._names):
+        # only a change of the watched tree itself: a watched module registered into a container outside
+        # it (``self.layers[:n]`` makes a new ModuleList each forward in HF Llama-family models, a temporary
+        # ``nn.Sequential(*blocks)``) changes nothing the probes watch (``m.blocks = Wrapper(m.blocks)``
+        # still reaches here as the wrapper's registration into ``m``)
+        if id(module) in self._names:
             self._dirty = True
             self._arm_now()
         return None
@@ -231,6 +235,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._last = ("start", -1)  # last boundary: ("pre"|"post"|"loss"|"start", call index)
         self._roots: list = []  # grad_fns of module outputs (graph walk on detection only)
         self._grad_ptrs: dict[int, tuple] = {}  # data_ptr of outputs that require grad -> (call, tensor)
+        self._clean_ptrs: dict[int, torch.Tensor] = {}  # data_ptr of float tensors no cut made (graph_cut.py)
         self._introspecting = False
         self._kept: dict[tuple, dict] = {}  # inputs checkpoints keep for their recompute (checkpoints.py)
         self._ck_seen: dict[int, object] = {}  # the checkpoint calls whose inputs were read this step
@@ -354,13 +359,22 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._cur = idx
         self._last = ("pre", idx)
         if module is self.model:  # a new forward pass: its inputs are data, earlier outputs are another pass's
-            self._grad_ptrs = {}
-        elif self._grad_ptrs and args:
+            self._grad_ptrs, self._clean_ptrs = {}, {}
+        elif args:
             a = args[0]
             if isinstance(a, torch.Tensor) and not a.requires_grad and a.is_floating_point() \
                     and torch.is_grad_enabled():
-                src = self._grad_ptrs.get(_ptr(a))
-                self._detached_input(idx, src[0] if src else None)
+                ptr = _ptr(a)
+                src = self._grad_ptrs.get(ptr) if self._grad_ptrs else None
+                if src is not None:
+                    self._detached_input(idx, src[0])
+                elif not self._grad_ptrs:  # made before any output of this pass required grad: no cut
+                    self._clean_ptrs[ptr] = a  # (the reference keeps the address from being reused)
+                elif ptr not in self._clean_ptrs:
+                    # (a frozen module's input that an earlier module took before anything required grad,
+                    # or that a module without trainable inputs made, is data: PEFT LoRA's frozen k_proj
+                    # reads what the LoRA-targeted q_proj read)
+                    self._detached_input(idx, None)
         return None
 
     @unmoded
@@ -401,7 +415,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
                 self._roots.extend(v.grad_fn for v in (out.values() if isinstance(out, dict) else out)
                                    if isinstance(v, torch.Tensor) and v.grad_fn is not None)
         elif has_float:
-            self._maybe_cut(module, args, idx)
+            self._maybe_cut(module, args, idx, out)
         if not self._stack and idx in self._cut_passes:  # a pass with cut records ends: keep what it gave
             outs = _float_tensors(out)
             self._pass_out[idx] = (rg, _grad_fns(out) if rg else [], outs)  # outs: their addresses stay theirs
