@@ -45,32 +45,6 @@ import yaml
 EXPR = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
 
 
-def _in_environment(root: Path, rel: str) -> bool:
-    """Whether ``rel`` lies in a Python environment made inside ``root`` (a venv's ``pyvenv.cfg``, conda's
-    ``conda-meta``): a user's own ``.venv`` in the clone is not part of the repository (issue 50)."""
-    parts = Path(rel).parts[:-1]
-    for depth in range(1, len(parts) + 1):
-        folder = root.joinpath(*parts[:depth])
-        if (folder / "pyvenv.cfg").is_file() or (folder / "conda-meta").is_dir():
-            return True
-    return False
-
-
-def copy_checkout(src: Path, dest: Path) -> list[str]:
-    """Copy what ``git`` holds of the checkout ``src`` into ``dest``: its tracked files and its untracked, not
-    ignored ones (work not yet added), as they are on disk, but nothing inside a Python environment the user
-    made in the clone, ignored or not. Returns the copied paths, relative to ``src``."""
-    listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=src,
-                            capture_output=True, check=True).stdout.decode().split("\0")
-    copied = []
-    for rel in filter(None, listed):
-        if (src / rel).is_file() and not _in_environment(src, rel):
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src / rel, dest / rel)
-            copied.append(rel)
-    return copied
-
-
 @dataclass
 class StepResult:
     name: str
@@ -226,7 +200,13 @@ class Runner:
         action, _, _ = step["uses"].partition("@")
         w = self.expand(step.get("with") or {}, ctx)
         if action == "actions/checkout":
-            listed = copy_checkout(self.checkout, ws)
+            listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=self.checkout,
+                                    capture_output=True, check=True).stdout.decode().split("\0")
+            for rel in filter(None, listed):
+                src = self.checkout / rel
+                if src.is_file():
+                    (ws / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(src, ws / rel)
             return 0, f"checked out {len(listed)} files"
         if action == "actions/setup-python":
             if not (self.venv / "bin" / "python").exists():

@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, SMALL
-from gha_harness import Runner, copy_checkout
+from gha_harness import Runner
 
 GITHUB = ROOT / "examples" / "ci" / "github" / "optcheck-nightly.yml"
 GITLAB = ROOT / "examples" / "ci" / "gitlab" / ".gitlab-ci.yml"
@@ -79,6 +79,15 @@ def _git(repo: Path, *args: str) -> str:
                                "GIT_COMMITTER_NAME": "night", "GIT_COMMITTER_EMAIL": "n@example.com"}).stdout
 
 
+def _copy_checkout(dest: Path) -> None:
+    listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+                            capture_output=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        if (ROOT / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, dest / rel)
+
+
 @functools.lru_cache(maxsize=1)
 def _gitlab_ci_local_missing() -> str:
     """Why gitlab-ci-local cannot run here, or "" when it can."""
@@ -97,7 +106,7 @@ def _gitlab_ci_local_missing() -> str:
 @pytest.mark.skipif(bool(_gitlab_ci_local_missing()), reason=_gitlab_ci_local_missing() or "-")
 def test_gitlab_pipeline_three_nights_under_gitlab_ci_local(tmp_path):
     repo = tmp_path / "project"
-    copy_checkout(ROOT, repo)
+    _copy_checkout(repo)
     shutil.copy2(GITLAB, repo / ".gitlab-ci.yml")
     _git(repo, "init", "-q", "-b", "main")
     _git(repo, "remote", "add", "origin", "https://gitlab.example.com/team/project.git")

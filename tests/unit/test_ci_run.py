@@ -49,37 +49,3 @@ def test_a_session_where_the_tier_skipped_fails_the_ci_check(tmp_path):
                      f"docs/torchsharp.md)"], res.stdout[-2000:]
     assert not ci_pattern().search(lines[0])
     assert ci_pattern().search("torchsharp_real: 27 ran (27 passed, 0 failed), 0 skipped")
-
-
-def test_ci_run_makes_the_venv_inside_the_clone_and_activates_it_before_the_readme_command():
-    text = CI_RUN.read_text()
-    made, activated, setup = (text.index("python3 -m venv .venv"), text.index(". .venv/bin/activate"),
-                              text.index("bash scripts/setup.sh --test"))
-    assert made < activated < setup < text.index("python3 -m pytest -q")
-
-
-def test_gitignore_covers_the_usual_local_environments():
-    res = subprocess.run(["git", "check-ignore", "--no-index", ".venv/bin/python", "venv/lib/x.py", ".tox/py311/a",
-                          "env/pyvenv.cfg", ".nox/s/b", ".conda/x"], cwd=ROOT, capture_output=True, text=True)
-    assert res.stdout.split() == [".venv/bin/python", "venv/lib/x.py", ".tox/py311/a", "env/pyvenv.cfg",
-                                  ".nox/s/b", ".conda/x"], res.stdout + res.stderr
-
-
-def test_copy_checkout_leaves_out_a_venv_made_in_the_clone_even_when_not_ignored(tmp_path):
-    sys.path.insert(0, str(ROOT / "tests" / "integration"))
-    try:
-        from gha_harness import copy_checkout
-    finally:
-        sys.path.pop(0)
-    src, dest = tmp_path / "clone", tmp_path / "copy"
-    (src / "pkg").mkdir(parents=True)
-    (src / "pkg" / "a.py").write_text("x = 1\n")
-    subprocess.run(["git", "init", "-q", str(src)], check=True)
-    subprocess.run(["git", "add", "pkg/a.py"], cwd=src, check=True)
-    (src / "new.py").write_text("y = 2\n")  # work not yet added: copied
-    (src / "myenv" / "lib").mkdir(parents=True)  # a venv under a name no .gitignore lists
-    (src / "myenv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
-    (src / "myenv" / "lib" / "site.py").write_text("")
-    copied = copy_checkout(src, dest)
-    assert sorted(copied) == ["new.py", "pkg/a.py"]
-    assert (dest / "pkg" / "a.py").read_text() == "x = 1\n" and not (dest / "myenv").exists()
