@@ -30,6 +30,7 @@ from operator import attrgetter, is_not
 
 import torch
 
+from optcheck.pytorch.hazards.unsaved import own
 from optcheck.pytorch.hazards.compiled import any_compiled_in_place, called_from_compiled
 from optcheck.wording import describe_inplace
 
@@ -161,8 +162,8 @@ class ArmingPolicy:
             have = self._hooked.get(key)
             if m is not None and key not in compiled and (have is None or have[0]() is not m):
                 pre, post = (self._entry_pre, self._entry_post) if key == root else (self._pre, self._post)
-                self._hooked[key] = (ref, (m.register_forward_pre_hook(pre),
-                                           m.register_forward_hook(post, always_call=True)))
+                self._hooked[key] = (ref, (own(m.register_forward_pre_hook(pre)),  # (unsaved.py)
+                                           own(m.register_forward_hook(post, always_call=True))))
         for key in [k for k in self._hooked if k not in self._mods or k in compiled]:
             for h in self._hooked.pop(key)[1]:
                 h.remove()

@@ -134,9 +134,10 @@ class EntryHook(functools.partial):
     whole), Dynamo traces :func:`_no_hook` in its place (``torch.compiler.substitute_in_graph``):
     no graph break, no guard, and the hook does not run. The call goes through
     ``functools.partial``'s C-level ``__call__`` (no Python frame of optcheck's for the frame
-    callback). ``torch.save(model)`` pickles it as ``getattr(owner, name)`` (the probes unpickle
-    as no-ops), and ``copy.deepcopy(model)`` keeps it (the owner ignores modules it was not
-    built for)."""
+    callback). ``torch.save(model)``, ``pickle`` and ``copy.deepcopy(model)`` leave it out
+    (``unsaved.py``); where a module's own ``__getstate__`` bypasses that, it pickles as
+    ``getattr(owner, name)`` (the probes unpickle as no-ops) and a deep copy keeps it (the owner
+    ignores modules it was not built for)."""
 
     def __new__(cls, owner: object, name: str):
         self = super().__new__(cls, _ENTRY, getattr(owner, name))

@@ -567,13 +567,14 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         return out
 
     def __deepcopy__(self, memo):
-        """``copy.deepcopy(model)`` (a best-model copy, ``AveragedModel``) copies the
-        module hooks, which are bound to these probes: the copy shares the probes,
-        whose hooks ignore modules they were not built for."""
+        """``copy.deepcopy(model)`` (a best-model copy, ``AveragedModel``) leaves optcheck's
+        hooks out (``unsaved.py``); where a module's own ``__getstate__`` bypasses that, the
+        copy's hooks share these probes, whose hooks ignore modules they were not built for."""
         return self
 
     def __reduce__(self):
-        """``torch.save(model)`` pickles the module hooks: they unpickle as no-ops."""
+        """``torch.save(model)`` leaves optcheck's hooks out (``unsaved.py``); where a module's
+        own ``__getstate__`` bypasses that, they unpickle as no-ops."""
         return (_inert_probes, ())
 
     def remove(self) -> None:
