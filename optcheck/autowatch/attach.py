@@ -75,6 +75,7 @@ class AutoWatch:
         self.monitors: list = []
         self.notes: list[str] = []
         self._seen: dict[int, weakref.ref] = {}  # id(module) -> module, every module whose forward ran
+        self._prune_at = 1024  # dead entries are dropped when the dict grows past this
         self._known: dict[int, weakref.ref] = {}  # id(optimizer) -> optimizer: attached, pending or given up
         self._tries: dict[int, int] = {}  # id(optimizer) -> steps it was looked at without a model found
         self._done: dict[int, int] = {}  # id(optimizer) -> steps it completed before its Monitor opened
@@ -147,9 +148,15 @@ class AutoWatch:
         r = self._seen.get(id(module))
         if r is None or r() is not module:
             self._seen[id(module)] = weakref.ref(module)
+            if len(self._seen) > self._prune_at:  # modules made per call (DataParallel's replicas) die
+                self._prune()
         if self._pending and not self._busy:
             self._guarded(self._open_pending)
         return None
+
+    def _prune(self) -> None:
+        self._seen = {k: r for k, r in self._seen.items() if r() is not None}
+        self._prune_at = 2 * len(self._seen) + 1024
 
     def _step_pre(self, optimizer, args, kwargs) -> None:
         key = id(optimizer)
