@@ -83,6 +83,7 @@ class AutoWatch:
         self._done: dict[int, int] = {}  # id(optimizer) -> steps it completed before its Monitor opened
         self._pending: list[tuple] = []  # (model, optimizer) to open at the next forward
         self._stepping: set[int] = set()  # id(optimizer) of the steps under way (a closure's forward runs in one)
+        self._tracked: dict[int, weakref.ref] = {}  # id(optimizer) -> optimizer, for _tries/_done (ids are reused)
         self._handles: list = []
         self._lock = threading.RLock()
         self._busy = False  # opening a Monitor: its own forwards/steps are not the user's
@@ -189,6 +190,10 @@ class AutoWatch:
             self.monitors, self._pending, self._done, self._tries = [], [], {}, {}
         params = {id(p) for g in optimizer.param_groups for p in g["params"]}
         name = type(optimizer).__name__
+        r = self._tracked.get(id(optimizer))
+        if r is not None and r() is not optimizer:  # a dead optimizer's id, reused: its counts are not this one's
+            self._forget(optimizer)
+            self._known.pop(id(optimizer), None)
         if not params:
             self._give_up(optimizer, f"optimizer {name} has no parameters: not watched")
             return
@@ -196,6 +201,7 @@ class AutoWatch:
             self._forget(optimizer)
             return
         self._done.setdefault(id(optimizer), 0)
+        self._tracked[id(optimizer)] = weakref.ref(optimizer)
         model = self._model_of(params)
         if model is None:
             tries = self._tries.get(id(optimizer), 0) + count
@@ -258,6 +264,7 @@ class AutoWatch:
                 key = id(optimizer)
                 self._open(model, optimizer, self._done.pop(key, 0) + (key in self._stepping))
                 self._stepping.discard(key)
+                self._tracked.pop(key, None)
 
     def _open(self, model, optimizer, steps: int) -> None:
         from optcheck.drivers.monitor import Monitor
@@ -307,6 +314,8 @@ class AutoWatch:
         self._known[id(optimizer)] = weakref.ref(optimizer)
         self._tries.pop(id(optimizer), None)
         self._done.pop(id(optimizer), None)
+        self._tracked.pop(id(optimizer), None)
+        self._stepping.discard(id(optimizer))
 
     def _note(self, line: str) -> None:
         if line not in self.notes:
