@@ -72,11 +72,12 @@ def pytest_configure(config) -> None:
         config.pluginmanager.register(_Inert("optcheck run already watches this process; --optcheck is off"),
                                       "optcheck-watch")
         return
+    plugin = OptcheckPlugin(config)  # (--optcheck-out checked first: a usage error costs no torch import)
     try:
         import torch  # noqa: F401
     except ImportError:
         raise pytest.UsageError("--optcheck needs torch (pip install 'optcheck[pytorch]')") from None
-    config.pluginmanager.register(OptcheckPlugin(config), "optcheck-watch")
+    config.pluginmanager.register(plugin, "optcheck-watch")
 
 
 class _Inert:
@@ -187,9 +188,9 @@ class OptcheckPlugin:
         from optcheck.userframe import user_stacklevel
 
         frame = sys._getframe(user_stacklevel() - 1)
-        path = Path(frame.f_code.co_filename)
+        path = Path(os.path.abspath(frame.f_code.co_filename))  # (not resolved: a linked folder keeps its name)
         try:
-            path = path.resolve().relative_to(self.root)
+            path = path.relative_to(self.root)
         except ValueError:
             pass
         self.where[id(finding)] = f"{path}:{frame.f_lineno}"

@@ -228,7 +228,7 @@ def test_without_the_flag_the_plugin_is_inert(project):
     proc, cases = run_pytest(project, "-p", PLUGIN, "--strict-markers")  # the marker is registered all the same
     assert {k: v[0] for k, v in cases.items()} == INERT, said(proc)
     assert all(prop is None for _, _, prop in cases.values())
-    assert "optcheck" not in proc.stdout.replace("test_own_failure", ""), said(proc)
+    assert "optcheck:" not in proc.stdout and "stepped an optimizer" not in proc.stdout, said(proc)
     loaded = json.loads((project / "modules.json").read_text())
     assert PLUGIN in loaded and not [m for m in loaded if m.startswith(("optcheck.autowatch", "optcheck.drivers"))], \
         loaded
