@@ -34,7 +34,7 @@ SERIAL_GROUPS = {"torchrun": ("tests/distributed/test_distributed_monitor.py",
                               "tests/distributed/test_next_failure_ranks.py",
                               "tests/distributed/test_fsdp1.py",
                               "tests/distributed/test_deepspeed.py",
-                              "tests/integration/test_run_command.py")}
+                              "tests/integration/test_run_torchrun.py")}
 
 # an internal error in a Monitor hook fails the test (and every process a test starts) instead of
 # becoming a note that only says the hook's checks were skipped (optcheck/pytorch/guard.py)

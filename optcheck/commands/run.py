@@ -11,7 +11,7 @@ from optcheck.findings import SEVERITIES
 def register(group: click.Group) -> None:
     from optcheck.commands.soak import INT
 
-    @group.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+    @group.command(context_settings={"allow_interspersed_args": False})
     @click.option("--out", type=click.Path(file_okay=False), default=None,
                   help="Run directory (default: runs/<UTC time>); must not hold a run.")
     @click.option("--every", type=INT, default=100, show_default=True, help="A snapshot every N optimizer steps.")
