@@ -187,13 +187,14 @@ class OptcheckPlugin:
             return
         from optcheck.userframe import user_stacklevel
 
-        frame = sys._getframe(user_stacklevel() - 1)
-        path = Path(os.path.abspath(frame.f_code.co_filename))  # (not resolved: a linked folder keeps its name)
         try:
-            path = path.relative_to(self.root)
-        except ValueError:
+            frame = sys._getframe(user_stacklevel() - 1)
+            path = Path(os.path.abspath(frame.f_code.co_filename))  # (not resolved: a linked folder keeps its name)
+            if path.is_relative_to(self.root):
+                path = path.relative_to(self.root)
+            self.where[id(finding)] = f"{path}:{frame.f_lineno}"
+        except Exception:  # noqa: BLE001 - a line not found is no error in the test's step
             pass
-        self.where[id(finding)] = f"{path}:{frame.f_lineno}"
 
     def _finish(self, item) -> list[str]:
         """Uninstall the test's watch (if any); record it; the lines that fail the test ([] if none)."""
