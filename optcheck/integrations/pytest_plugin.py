@@ -52,6 +52,16 @@ _MARKER = "optcheck(off=False, fail_on=None): off=True leaves this test unwatche
           "fail_on='info'|'warning'|'error' sets the level at which its findings fail it"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
+try:  # pluggy >= 1.2's new-style wrappers; an older pytest still loads this module (every run autoloads it)
+    _WRAPPER = pytest.hookimpl(wrapper=True)
+except TypeError:
+    _WRAPPER = None
+
+
+def _wrapper(fn):
+    """``@pytest.hookimpl(wrapper=True)`` where pluggy has it (else --optcheck is refused, in one line)."""
+    return fn if _WRAPPER is None else _WRAPPER(fn)
+
 
 def pytest_addoption(parser) -> None:
     group = parser.getgroup("optcheck", "optcheck: watch every test's optimizer steps")
@@ -72,6 +82,8 @@ def pytest_configure(config) -> None:
         config.pluginmanager.register(_Inert("optcheck run already watches this process; --optcheck is off"),
                                       "optcheck-watch")
         return
+    if _WRAPPER is None:
+        raise pytest.UsageError("--optcheck needs pluggy >= 1.2 (pytest >= 8)")
     plugin = OptcheckPlugin(config)  # (--optcheck-out checked first: a usage error costs no torch import)
     try:
         import torch  # noqa: F401
@@ -129,14 +141,14 @@ class OptcheckPlugin:
         return f"optcheck: watching every test's optimizer steps (fail on {self.fail_on}); run directories in {self.out}"
 
     # -- one test ----------------------------------------------------------------------------------
-    @pytest.hookimpl(wrapper=True)
+    @_wrapper
     def pytest_runtest_setup(self, item):
         level = _marker_level(item, self.fail_on)  # a bad marker fails the set-up, in one line
         if level is not None:
             self._start(item, level)
         return (yield)
 
-    @pytest.hookimpl(wrapper=True)
+    @_wrapper
     def pytest_runtest_call(self, item):
         try:
             result = yield
@@ -150,7 +162,7 @@ class OptcheckPlugin:
             pytest.fail("\n".join(failing), pytrace=False)
         return result
 
-    @pytest.hookimpl(wrapper=True)
+    @_wrapper
     def pytest_runtest_teardown(self, item, nextitem):
         self._finish(item)  # set-up failed, the call never ran: the watch still ends
         return (yield)
