@@ -161,6 +161,7 @@ def _report(stream, findings: list[dict], notes: list[str], counted: str, summar
     (a finding with a ``rank`` is printed with it): notes on stderr, one line per
     finding (or JSON lines), the count line, JUnit XML and the Markdown report."""
     from optcheck.record.snapshot import dumps
+    from optcheck.report.text import finding_lines
 
     for note in notes:
         click.echo(f"optcheck: note: {note}", err=True)
@@ -168,11 +169,8 @@ def _report(stream, findings: list[dict], notes: list[str], counted: str, summar
         if as_json:
             click.echo(dumps(f))
         else:
-            rank = f"rank {f['rank']} " if "rank" in f else ""
-            click.echo(f"{rank}step {f['step']} ({f['phase']}) {f['code']} {f['symbol']} [{f['severity']}]: "
-                       f"{f['message']}")
-            if f.get("next_failure"):
-                click.echo(f"  next: {f['next_failure']}")
+            for line in finding_lines(f):
+                click.echo(line)
     if not as_json:
         click.echo(f"{counted}, {len(findings)} finding(s)")
     try:

@@ -22,6 +22,16 @@ _STATUS = {"clean": "CLEAN", "findings": "FINDINGS", "crashed": "CRASHED", "inte
            "stopped": "STOPPED", "running": "RUNNING"}
 
 
+def finding_lines(f: dict) -> list[str]:
+    """One finding (a ``findings.jsonl`` dict) as ``optcheck check`` prints it: ``[rank K ]step N
+    (phase) CODE symbol [severity]: message``, then ``  next: what fails next`` when the rule says."""
+    rank = f"rank {f['rank']} " if "rank" in f else ""
+    lines = [f"{rank}step {f['step']} ({f['phase']}) {f['code']} {f['symbol']} [{f['severity']}]: {f['message']}"]
+    if f.get("next_failure"):
+        lines.append(f"  next: {f['next_failure']}")
+    return lines
+
+
 def _cut(text: str, width: int) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= width else text[: max(0, width - 3)] + "..."
