@@ -245,7 +245,7 @@ class Monitor:
         self._handles = step_hooks.register(optimizer, self._pre_step, self._post_step)  # once per training step
         # steps whose hooks a compiled region hides (a compiled optimizer.step or train step): stand-ins run at
         # the next eager point (optcheck/pytorch/dynamo_safe.py)
-        self.hidden = HiddenSteps(optimizer)
+        self.hidden = HiddenSteps(optimizer, lambda: step_hooks.watch(self.optimizer).unpaired)
         self._standing_in = False  # the pre-step hooks run as stand-ins now
         self._pre_stood_in = False  # they ran for the step under way
         # another optimizer's step() over these parameters is the training step too (SAM's second_step); one

@@ -196,19 +196,21 @@ class HiddenSteps:
 
     After each backward pass (:meth:`after_backward`) the version counters of two of the
     optimizer's parameters (its first and last) are kept; at the next eager point
-    (:meth:`stepped`: the next ``backward()``, ``close()``) a step ran hidden when the step
-    hooks did not run since (:meth:`hook_ran`), those versions moved (a step writes its
-    parameters in place; the compiled graph copies its results back into them) and a compiled
-    step was in play (``optimizer.step`` compiled, or the backward pass ran inside a compiled
+    (:meth:`stepped`: the next ``backward()``, ``close()``) a step ran hidden when the pre-step
+    hooks did not run since (:meth:`hook_ran`) and either a post hook ran alone (``unpaired()``:
+    Dynamo breaks the graph inside ``Optimizer.step``'s wrapper and may run the post hooks
+    eagerly past it) or those versions moved (a step writes its parameters in place; the
+    compiled graph copies its results back into them) while a compiled step was in play (``optimizer.step`` compiled, or the backward pass ran inside a compiled
     function's call). A loop that updates its parameters by hand without ``step()`` is no
     hidden step (OC206 still finds it). Once one is seen (:attr:`known`), the pre-step hooks
     run as stand-ins right after each backward pass, before the compiled step.
 
-    Cost per backward pass: two version reads; a stack walk of at most 32 frames only when
+    Cost per backward pass: two version reads and ``unpaired()``; a stack walk of at most 32 frames only when
     the versions moved without a step hook."""
 
-    def __init__(self, optimizer):
+    def __init__(self, optimizer, unpaired=None):
         self.optimizer = optimizer
+        self._unpaired = unpaired or (lambda: 0)  # post hooks run without their pre hook so far
         self.known = False  # a hidden step was seen: the pre-step stand-ins run after backward
         self.count = 0  # hidden steps seen
         self._mark: int | None = None  # the two versions after the last backward (None: nothing awaited)
@@ -222,7 +224,7 @@ class HiddenSteps:
     def after_backward(self, frame) -> bool:
         """A backward pass returned (``frame``: the caller's frame): await the step. True when
         the pre-step stand-ins should run now (hidden steps were seen before)."""
-        self._mark = self._versions()
+        self._mark = (self._versions(), self._unpaired())
         self._inside = not self.known and _in_compiled_call(frame)
         return self.known
 
@@ -234,11 +236,12 @@ class HiddenSteps:
         """At an eager point after a backward pass: whether a step ran hidden since."""
         if self._mark is None:
             return False
-        mark, self._mark = self._mark, None
-        if self._versions() == mark:
-            return False
-        if not (self.known or self._inside or _compiled_step(self.optimizer)):
-            return False
+        (versions, unpaired), self._mark = self._mark, None
+        if self._unpaired() == unpaired:  # (else: a post hook ran alone, its pre hook traced: a compiled step)
+            if self._versions() == versions:
+                return False
+            if not (self.known or self._inside or _compiled_step(self.optimizer)):
+                return False
         self.known = True
         self.count += 1
         return True

@@ -146,6 +146,9 @@ class StepWatch:
         #: the training steps are taken inside backward (optcheck/pytorch/in_backward.py): a step() outside
         #: backward (optimi's, after a backward that already stepped each parameter) is passed over
         self.in_backward = False
+        #: post hooks run eagerly whose pre hooks did not: a step() compiled by Dynamo past a graph break
+        #: (optcheck/pytorch/dynamo_safe.py HiddenSteps reads it)
+        self.unpaired = 0
         self._hook_own()
 
     # -- subscribers -------------------------------------------------------------
@@ -313,8 +316,12 @@ class StepWatch:
             self._start(opt, caller, args, kwargs)
 
     def _own_post(self, opt, args, kwargs) -> None:
-        if caller_outside(sys._getframe(1)) is self._frame:
-            self._end(opt, args, kwargs)
+        caller = caller_outside(sys._getframe(1))
+        if caller is self._frame:
+            if caller is None and _graph_task_id() == -1:  # no pre hook ran: it was traced (a compiled step)
+                self.unpaired += 1
+            else:
+                self._end(opt, args, kwargs)
 
     def _global_pre(self, opt, args, kwargs) -> None:
         caller = caller_outside(sys._getframe(1))

@@ -21,7 +21,7 @@ import torch.nn as nn
 import optcheck
 from optcheck.pytorch.gpt import GPT, GPTConfig
 
-FORMS = ("step", "opt", "fn")
+FORMS = ("step", "opt", "fn")  # and "eager": the same loop uncompiled (the reference)
 FAULTS = ("replace", "float64", "built-before-to", "freeze", "nan")
 
 
@@ -84,8 +84,14 @@ def run(form: str, *, monitor: bool, steps: int = 12, every: int = 4, backend: s
     at step ``at`` (1-based). Returns ``(monitor or None, Dynamo, losses, error or None)``."""
     model = tiny_gpt()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    if fault == "built-before-to":
-        model.to(torch.float64)  # after the optimizer: on CPU the same Parameter objects, new dtype
+    if fault == "built-before-to":  # .to() after the optimizer, making new Parameter objects (as on a
+        # conversion that cannot keep them): the optimizer steps the old ones, the model trains nothing
+        was = torch.__future__.get_overwrite_module_params_on_conversion()
+        torch.__future__.set_overwrite_module_params_on_conversion(True)
+        try:
+            model.to(torch.float64)
+        finally:
+            torch.__future__.set_overwrite_module_params_on_conversion(was)
     g = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, 64, (4, 16), generator=g) for _ in range(steps)]
     losses, error = [], None
@@ -110,6 +116,8 @@ def run(form: str, *, monitor: bool, steps: int = 12, every: int = 4, backend: s
         elif form == "opt":
             opt.step = torch.compile(opt.step, backend=backend)
             compiled = forward
+        elif form == "eager":
+            compiled = forward
         else:
             compiled = torch.compile(lambda x, y: model(x, y)[1], backend=backend)
         try:
@@ -119,9 +127,9 @@ def run(form: str, *, monitor: bool, steps: int = 12, every: int = 4, backend: s
                 if fault in ("replace", "float64", "freeze") and i == at and form == "step":
                     _fault(model, fault, "before-forward")
                 if form == "step":
-                    losses.append(float(train_step(x, y, scale)))
+                    losses.append(float(train_step(x, y, scale.to(next(model.parameters()).dtype))))
                     continue
-                loss = compiled(x, y) + scale
+                loss = compiled(x, y) + scale.to(next(model.parameters()).dtype)
                 if fault in ("replace", "float64", "freeze") and i == at:
                     _fault(model, fault, "mid")  # between forward and backward
                 loss.backward()

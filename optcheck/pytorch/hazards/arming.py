@@ -159,7 +159,9 @@ class ArmingPolicy:
         for key, ref in self._mods.items():
             m = ref()
             have = self._hooked.get(key)
-            if m is not None and key not in compiled and (have is None or have[0]() is not m):
+            # (once the hooks were traced inside a compiled function, none is added: Dynamo guards on them)
+            if m is not None and key not in compiled and (have is None or have[0]() is not m) \
+                    and not self._hook_traced:
                 # every hook an EntryHook: a module called from a compiled function (or a compiled train
                 # step) traces it as nothing, eagerly it runs outside Dynamo (optcheck/pytorch/dynamo_safe.py)
                 pre, post = self._entry_pre, self._entry_post
