@@ -136,7 +136,7 @@ def run(form: str, *, monitor: bool, steps: int = 12, every: int = 4, backend: s
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-                losses.append(float(loss))
+                losses.append(float(loss.detach()))
         except Exception as e:  # noqa: BLE001 - the test asserts on it
             error = e
         if mon is not None:
