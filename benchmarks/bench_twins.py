@@ -23,6 +23,13 @@ over 1,000 pairs the mean difference is known to about ±20 µs (95 %) on a 7 ms
 - ``off`` / ``auto``: ``optcheck.Monitor(every=...)`` on A with ``hazards=False`` / every
   probe (``bench_small_loop.CONFIGS``), made after the warm-up steps, outside the timed loop.
 
+``--compile BACKEND`` (issue 45): each twin's whole train step (forward, ``backward()``,
+``clip_grad_norm_``, ``optimizer.step()``, ``zero_grad()``, the scheduler) is
+``torch.compile(step, backend=BACKEND)``, as a user compiles a train step; after A's watcher is
+made both twins take 5 more untimed steps (a recompile the watcher's hooks cause is not timed).
+The Monitor then counts and snapshots its steps at the next ``backward()``
+(``optcheck/pytorch/dynamo_safe.py``).
+
 B is built before the Monitor with ``build_loop(..., bound=True)``: its step calls
 ``torch.autograd.backward`` and ``clip_grad_norm_`` as they were then, so the Monitor's
 wrappers are not on B's path (``loss.backward()`` would not do: ``Tensor.backward`` looks
@@ -49,6 +56,7 @@ round, so that where their tensors land in memory does not favour one):
     python benchmarks/bench_twins.py                                   # plain, burn, fused, off, auto; 3 rounds of 1,000 pairs
     python benchmarks/bench_twins.py --configs off --rounds 5 --steps 2000
     python benchmarks/bench_twins.py --loop llama-lora --configs plain,off,auto --steps 200 --rounds 2 --every 10
+    python benchmarks/bench_twins.py --configs plain,off,auto --compile aot_eager --rounds 1 --steps 150 --every 50
     python benchmarks/bench_twins.py --configs plain,fused,fused-no-fingerprint,fused-ids-only,fused-no-arrival,\
 fused-arrival-hooks,fused-no-copy --rounds 3 --steps 2000      # the floor watcher's reads, one at a time
 """
@@ -86,9 +94,11 @@ def spin(us: float) -> None:
         pass
 
 
-def child(config: str, steps: int, every: int, burn_us: float, built_first: str = "a", loop: str = "small") -> dict:
-    """One process: the twins of ``loop`` (:data:`LOOPS`; ``built_first`` of them first), 20
-    warm-up steps each, A's watcher, then ``steps`` pairs timed.
+def child(config: str, steps: int, every: int, burn_us: float, built_first: str = "a", loop: str = "small",
+          compile_backend: str | None = None) -> dict:
+    """One process: the twins of ``loop`` (:data:`LOOPS`; ``built_first`` of them first; each
+    whole train step compiled with ``compile_backend`` if given), 20 warm-up steps each, A's
+    watcher, then ``steps`` pairs timed.
     Returns ``{"a": [ns per step], "b": [...], "own_us": ..., "armed": ..., "same_weights": ...}``
     (the twins' weights bit-equal at the end: the watcher changed nothing A computed)."""
     import importlib
@@ -102,6 +112,8 @@ def child(config: str, steps: int, every: int, burn_us: float, built_first: str 
     else:
         b_model, b_opt, b_step = build_loop(steps + 20, bound=True)
         a_model, a_opt, a_step = build_loop(steps + 20)
+    if compile_backend:  # each twin's whole train step compiled (its own Dynamo frames: two step functions)
+        a_step, b_step = (torch.compile(f, backend=compile_backend) for f in (a_step, b_step))
     for _ in range(20):
         a_step()
         b_step()
@@ -119,6 +131,9 @@ def child(config: str, steps: int, every: int, burn_us: float, built_first: str 
 
             mon = optcheck.Monitor(a_model, a_opt, every=every, out=out, on_finding="ignore",
                                    ignore_config=False, **CONFIGS[config])
+        for _ in range(5 if compile_backend else 0):  # (recompiles the watcher's hooks cause: not timed)
+            a_step()
+            b_step()
         a_ns, b_ns = [0] * steps, [0] * steps
         clock = time.process_time_ns
         for i in range(steps):
@@ -213,11 +228,13 @@ def main() -> None:
     ap.add_argument("--loop", choices=sorted(LOOPS), default="small",
                     help="the twins' loop: small (bench_small_loop.py) or llama-lora (tiny Llama + PEFT LoRA)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures and each step's times as JSON")
+    ap.add_argument("--compile", metavar="BACKEND", help="compile each twin's whole train step with this "
+                    "torch.compile backend (aot_eager, inductor)")
     ap.add_argument("--child", metavar="CONFIG", help=argparse.SUPPRESS)
     ap.add_argument("--built-first", choices=("a", "b"), default="a", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        json.dump(child(a.child, a.steps, a.every, a.burn_us, a.built_first, a.loop), sys.stdout)
+        json.dump(child(a.child, a.steps, a.every, a.burn_us, a.built_first, a.loop, a.compile), sys.stdout)
         return
     configs = a.configs.split(",")
     unknown = [c for c in configs if c not in TWIN_CONFIGS + ABLATION_CONFIGS]
@@ -229,7 +246,8 @@ def main() -> None:
     for r in range(a.rounds):
         for c in (configs if r % 2 == 0 else configs[::-1]):
             p = subprocess.run([sys.executable, __file__, "--child", c, "--steps", str(a.steps), "--every",
-                                str(a.every), "--burn-us", str(a.burn_us), "--built-first", "ab"[r % 2], "--loop", a.loop],
+                                str(a.every), "--burn-us", str(a.burn_us), "--built-first", "ab"[r % 2],
+                                "--loop", a.loop] + (["--compile", a.compile] if a.compile else []),
                                capture_output=True, text=True)
             if p.returncode != 0:
                 sys.exit(f"bench_twins.py: the {c} child failed:\n{p.stderr[-2000:]}")

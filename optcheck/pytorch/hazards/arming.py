@@ -156,12 +156,16 @@ class ArmingPolicy:
         ``torch.compile`` (``compiled.py``: Dynamo would trace them); off those no longer in it or
         compiled since. The model's own are :class:`EntryHook` s (never traced when its call is
         a compiled region's entry)."""
-        compiled, root = self._compiled_ids, id(self.model)
+        compiled = self._compiled_ids
         for key, ref in self._mods.items():
             m = ref()
             have = self._hooked.get(key)
-            if m is not None and key not in compiled and (have is None or have[0]() is not m):
-                pre, post = (self._entry_pre, self._entry_post) if key == root else (self._pre, self._post)
+            # (once the hooks were traced inside a compiled function, none is added: Dynamo guards on them)
+            if m is not None and key not in compiled and (have is None or have[0]() is not m) \
+                    and not self._hook_traced:
+                # every hook an EntryHook: a module called from a compiled function (or a compiled train
+                # step) traces it as nothing, eagerly it runs outside Dynamo (optcheck/pytorch/dynamo_safe.py)
+                pre, post = self._entry_pre, self._entry_post
                 self._hooked[key] = (ref, (own(m.register_forward_pre_hook(pre)),  # (unsaved.py)
                                            own(m.register_forward_hook(post, always_call=True))))
         for key in [k for k in self._hooked if k not in self._mods or k in compiled]:

@@ -18,6 +18,7 @@ import torch
 from optcheck.pytorch.hazards._tensors import (_VERSION, _clean, _float_outputs, _float_tensors, _grad_fns, _ptr,
                                                _storage_ptr, _tensors)
 from optcheck.pytorch.hazards.arming import MODES, ArmingPolicy, _hooks_owner
+from optcheck.pytorch.dynamo_safe import COMPILED_FORWARD_NOTE
 from optcheck.pytorch.hazards.compiled import EntryHook, compiled_modules, is_compile_wrapper
 from optcheck.pytorch.hazards.graph_cut import GraphCutProbe
 from optcheck.pytorch.hazards.checkpoints import NON_REENTRANT, REENTRANT, non_reentrant_frame, reentrant_forward
@@ -111,6 +112,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._slot, self._bw_slot = ModeSlot(self._watch), ModeSlot(self._watch)
         self._bw_pushed: list = []  # modules whose forward in backward() (a recompute) pushed the mode
         self.faults: list[str] = []  # optcheck's own errors inside the step (reported in not_checked)
+        self._compiled_saves = 0  # tensors a compiled graph saved while armed (not checked: dynamo_safe.py)
         self._replaying = False  # the armed re-run of an unarmed step's forward (replay.py)
         self._init_replay()
         # the saved-tensor hooks: one bound method each, the innermost hook is ours when it is this object;
@@ -142,7 +144,8 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
     @property
     def not_checked(self) -> list[str]:
         """What these probes do not check on this model (empty for an eager model)."""
-        return (list(NOT_CHECKED_UNDER_COMPILE) if self.compiled else []) + self.faults
+        hidden = [COMPILED_FORWARD_NOTE] if self._compiled_saves and not self.compiled else []
+        return (list(NOT_CHECKED_UNDER_COMPILE) if self.compiled else []) + hidden + self.faults
 
     def _watch_failed(self, e: BaseException) -> None:
         """The write log raised (optcheck's own error): said once, the step goes on."""
@@ -433,6 +436,10 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         it once for both (``optcheck/pytorch/deferred.py``)."""
         self._step = step
         self._fresh = False
+        if self._active and self._compiled_saves and not self._calls and not self._hook_traced:
+            # the model ran inside a compiled function (its hooks traced as nothing, its tensors saved by
+            # the compiled graph): Dynamo guards on the hooks it inlined, so they stay as they are now
+            self.compiled = self._hook_traced = True
         self._before_backward_grads()
         if not self.armed and not self._removed:
             self._watch_foreign_hooks()
