@@ -172,6 +172,9 @@ class GraphCut(Rule):
     (``torch.tensor(loss.item(), requires_grad=True)``): ``backward()`` runs
     without error and no parameter gets a gradient.
 
+    One finding per cut for the run: a cut that goes on, or comes back after steps that had their
+    gradients, is reported once, at the first step it cut (the same kind of cut at the same module).
+
     Fix: run the training forward with grad enabled; do dtype casts outside
     ``no_grad`` (``x.float()`` is differentiable); remove the ``.detach()``/``.data``;
     build the loss from the model's output tensors, never from ``.item()``; with
@@ -212,6 +215,10 @@ class GraphCut(Rule):
 
     def check(self, snap: dict, ctx: RuleContext) -> Iterable[Finding]:
         out = []
+        # one finding per cut (its kind and the module that lost grad_fn) for the run: a cut that goes on,
+        # or comes back after steps with gradients (the probes then open a new event, at the first
+        # gradless step again), is the same fault, already reported (issue 48)
+        reported = ctx.memo.setdefault(self.code, {}).setdefault("reported", set())
         for e in events(snap, "graph_cut"):
             d = e.get("detail") or {}
             first = d.get("first_module") or {}
@@ -237,5 +244,8 @@ class GraphCut(Rule):
                 # (docs/hazards.md, "Armed on demand"): the finding is at that first step
                 f.step = e["step"]
                 f.detail["named_at_step"] = d["named_at_step"]
+            if f.key in reported:
+                continue
+            reported.add(f.key)
             out.append(f)
         return out

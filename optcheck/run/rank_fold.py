@@ -55,10 +55,13 @@ def fold_ranks(ranks: list[dict | None], findings: list[dict], notes: list[str],
                source: str = "monitor", knock_on: Callable[[dict], bool] | None = None,
                heartbeats: dict[int, int] | None = None, interrupted_by: str | None = None,
                fault: dict | None = None, launcher_exit: int | None = None, launcher_log: str | None = None,
-               elapsed_s: float | None = None, **fields) -> dict:
+               elapsed_s: float | None = None, first_failed: dict | None = None, **fields) -> dict:
     """The merged summary of ``ranks`` (each rank's checked ``summary.json``, None when it
     has none) and their ``findings`` (each with its ``rank``), as the module docstring says.
     ``fields`` are set last (the supervisor's config, steps asked for, times...).
+    ``first_failed``: ``{"rank", "signal"}``, the rank ``torch.distributed.run`` saw fail first (its log's
+    "Root Cause") when optcheck itself was not signalled, and the stop signal that ended it (``signal``: the
+    exit was -N) or None: that rank is the cause; ranks the launcher stopped afterwards (SIGTERM) are not.
 
     Raises:
         AttributeError: a field in ``fields`` that no summary has.
@@ -81,17 +84,32 @@ def fold_ranks(ranks: list[dict | None], findings: list[dict], notes: list[str],
     crashes.sort(key=knock_on)  # the root cause first: a rank's own exception, not what it left the others in
     own = [c for c in crashes if not knock_on(c)]
     crash = crashes[0] if crashes else None
+    cause = per[first_failed["rank"]] if first_failed and 0 <= first_failed.get("rank", -1) < len(per) else None
+    if cause is not None and first_failed.get("signal") and (ranks[cause["rank"]] is None
+                                                             or cause["status"] in ("running", "stopped")):
+        # killed by a stop signal before its Monitor could record it (no handler yet: exit -15)
+        cause.update(status="interrupted", exit_code=exitcodes.INTERRUPTED, crash=None,
+                     interrupted_by=first_failed["signal"])
+        if cause["last_step"] is None and heartbeats and cause["rank"] in heartbeats:
+            cause["last_step"] = heartbeats[cause["rank"]]
     signalled = [e for e in per if e["status"] == "interrupted" and e.get("interrupted_by")]
+    if cause is not None and cause in signalled:
+        # the rank that died first is the one signalled from outside; the others got the launcher's SIGTERM
+        signalled = [cause]
+        crashes = [c for c in crashes if c["rank"] != cause["rank"]]
+        own = []
     if interrupted_by is not None:  # optcheck itself was signalled: every rank is being stopped
         status, code = "interrupted", exitcodes.INTERRUPTED
     elif fault is not None:  # a rank killed or hung, seen from outside: the others' ends are its knock-on
         status, code, crash = "crashed", exitcodes.CRASHED, fault
-    elif own and signalled:  # a rank's own exception; the launcher then stopped the others (SIGTERM)
+    elif own and signalled and signalled[0] is not cause:  # a rank's own exception; the launcher stopped the others
         rest = [e for e in per if e not in signalled]
         status = exitcodes.worst_status([*(e["status"] for e in rest), "crashed"])
         code = exitcodes.worst([*(e["exit_code"] for e in rest if isinstance(e["exit_code"], int)), exitcodes.CRASHED])
-    elif signalled and len(signalled) < len(per):  # a signal to some ranks, not to optcheck: name them
+    elif signalled and (len(signalled) < len(per) or signalled[0] is cause):  # some ranks, not optcheck: name them
         first = signalled[0]
+        if first is cause:
+            status, code = "interrupted", exitcodes.INTERRUPTED
         interrupted_by = first["interrupted_by"]
         step = (first["last_step"] or 0) + 1
         crash = {"rank": first["rank"], "step": step, "exc_type": interrupted_by, "signal": interrupted_by,

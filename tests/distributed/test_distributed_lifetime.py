@@ -147,6 +147,56 @@ def test_sigterm_to_one_rank_names_the_rank_and_the_signal(tmp_path, start):
     assert "INTERRUPTED (exit 130)" in stdout and "rank 1 got SIGTERM" in stdout, stdout
 
 
+def _rank_pid_once_it_beats(out: Path, rank: int, proc: subprocess.Popen) -> int:
+    """The PID of ``rank`` as soon as its heartbeat file exists (step 0: before or while its Monitor starts)."""
+    deadline = time.monotonic() + START_CAP_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (out.parent / "stderr").read_text()[-2000:]
+        if (out / f"rank-{rank}" / "heartbeat").exists():
+            found = [p for p in processes("optcheck.distributed.worker", str(out)) if rank_of(p) == rank]
+            if found:
+                return found[0]
+        time.sleep(0.01)
+    raise AssertionError(f"rank {rank} wrote no heartbeat in {START_CAP_S} s")
+
+
+def _assert_rank_1_and_sigterm_named(tmp_path, out, proc):
+    assert proc.wait(timeout=START_CAP_S) == 130, (tmp_path / "stderr").read_text()[-2000:]
+    s = read_summary(out)
+    assert (s["status"], s["exit_code"], s["interrupted_by"]) == ("interrupted", 130, "SIGTERM"), s
+    assert (s["crash"]["rank"], s["crash"]["signal"]) == (1, "SIGTERM"), s["crash"]
+    assert "rank 1 got SIGTERM (not from optcheck)" in s["crash"]["message"], s["crash"]
+    stdout = (tmp_path / "stdout").read_text()
+    assert "INTERRUPTED (exit 130)" in stdout and "rank 1 got SIGTERM" in stdout, stdout
+
+
+def test_sigterm_to_one_rank_at_start_up_names_the_rank_and_the_signal(tmp_path, start):
+    """Issue 48 point 1: SIGTERM to rank 1 as soon as its heartbeat exists (its Monitor not yet running: it dies
+    by the signal, -15, with no summary) read CRASHED with rank 0 as the crash and no signal named. The
+    launcher's log names rank 1 and SIGTERM: the fold reads it."""
+    out = tmp_path / "run"
+    proc = start(out, "--every", "5", "-q")
+    os.kill(_rank_pid_once_it_beats(out, 1, proc), signal.SIGTERM)
+    _assert_rank_1_and_sigterm_named(tmp_path, out, proc)
+
+
+def test_sigterm_to_one_rank_while_the_other_is_stopped_names_the_first(tmp_path, start):
+    """Issue 48 point 2: rank 0 held by SIGSTOP, SIGTERM to rank 1, SIGCONT to rank 0 8 s later: rank 0 then
+    records the launcher's SIGTERM as an interruption of its own. The rank that died first (rank 1, the
+    launcher's "Root Cause") is the cause; rank 0 is not said to be interrupted by the user."""
+    out = tmp_path / "run"
+    proc = start(out, "--every", "5", "-q")
+    pids = ranks_at(out, 3, proc)
+    os.kill(pids[0], signal.SIGSTOP)
+    try:
+        time.sleep(0.5)
+        os.kill(pids[1], signal.SIGTERM)
+        time.sleep(8)
+    finally:
+        os.kill(pids[0], signal.SIGCONT)
+    _assert_rank_1_and_sigterm_named(tmp_path, out, proc)
+
+
 def test_a_killed_optcheck_takes_its_launcher_and_ranks_with_it(tmp_path, start):
     out = tmp_path / "run"
     proc = start(out, "--every", "10", "-q")

@@ -99,6 +99,7 @@ def _gitlab_ci_local_missing() -> str:
     return ""
 
 
+@pytest.mark.slow  # minutes (three nights, each a pip install in the job's venv): issue 48, the default run < 10 min
 @pytest.mark.skipif(bool(_gitlab_ci_local_missing()), reason=_gitlab_ci_local_missing() or "-")
 def test_gitlab_pipeline_three_nights_under_gitlab_ci_local(tmp_path):
     repo = tmp_path / "project"
@@ -149,6 +150,7 @@ def test_gitlab_pipeline_three_nights_under_gitlab_ci_local(tmp_path):
 
 # -- GitHub ----------------------------------------------------------------------------
 
+@pytest.mark.slow  # minutes (three nights of the shipped workflow): issue 48, the default run < 10 min
 def test_github_workflow_three_nights_through_the_harness(tmp_path):
     runner = Runner(GITHUB, ROOT, tmp_path / "runner", {"backend": "pytorch"}, env=PIP_ENV,
                     overrides={"STEPS": STEPS})

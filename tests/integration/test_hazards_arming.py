@@ -401,3 +401,41 @@ def test_arrival_moving_to_as_many_other_parameters_arms_the_next_step(micro):
     hz = mon.summary()["hazards"]
     assert mon.findings == []
     assert hz["reasons"] == {"start": 1, "gradient-arrival": 1} and hz["armed_steps"] == 2, hz
+
+
+class _CutUnderNoGrad(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        with torch.no_grad():  # the cast-under-no_grad of seed 002, on a Linear
+            return self.lin(x)
+
+
+@pytest.mark.parametrize("cut_steps, first", [((0, 1), 1), ((), None)])
+def test_a_graph_cut_that_comes_back_is_one_oc203(tmp_path, cut_steps, first):
+    """Issue 48 point 7: a partial cut at steps 1–2 and again at 31–32 (gradients in between) was two OC203
+    (step 1, and step 40 with first_step 31); one cut at one module is one finding, at its first step. The
+    same loop without the cut: none."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), _CutUnderNoGrad(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with optcheck.Monitor(model, opt, every=10, out=str(tmp_path / "run")):
+            for step in range(60):
+                x = torch.randn(4, 8)
+                if step % 30 in cut_steps:
+                    y = model(x)
+                else:
+                    y = model[2](torch.relu(model[1].lin(model[0](x))))
+                loss = y.pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    cuts = [f for f in read_jsonl(tmp_path / "run" / "findings.jsonl") if f["code"] == "OC203"]
+    if first is None:
+        assert cuts == []
+    else:
+        assert [(f["step"], f["detail"]["module"], f["detail"]["cut"]) for f in cuts] == [(first, "1.lin", "partial")]

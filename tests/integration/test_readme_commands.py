@@ -44,6 +44,12 @@ PLACEHOLDERS = {
     # the verdict is IDENTICAL, exit 0, which is what the README's line expects)
     "/venvs/torch-new/bin/python": sys.executable,
 }
+#: Lines that stay long at MAX_STEPS, and what the default run adds to them: `upgrade --scenarios` runs every
+#: scenario on both sides (~158 s); the default run keeps one scenario, short, on a smaller model (~25 s of
+#: CPU). The line as the README
+#: shows it (scaled) runs under ``-m slow`` (:func:`test_a_long_readme_command_in_full`).
+REDUCED = {"--scenarios": ["--scenario", "param-rebind", "--scenario-steps", "20", "--n-layer", "1", "--n-embd", "32",
+                           "--batch-size", "4"]}
 SETUP = "bash scripts/setup.sh"
 THE_SUITE = "python3 -m pytest -q"
 FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
@@ -128,13 +134,22 @@ def scaled(argv: list[str]) -> list[str]:
     return argv
 
 
-def runnable(part: str) -> list[str] | None:
-    """The argv this test runs for one ``&&`` part; None for a setup command (checked, not run)."""
+def reduced(argv: list[str]) -> list[str]:
+    """``argv`` with :data:`REDUCED`'s additions after each flag it names."""
+    out = []
+    for a in argv:
+        out += [a, *REDUCED.get(a, [])]
+    return out
+
+
+def runnable(part: str, full: bool = False) -> list[str] | None:
+    """The argv this test runs for one ``&&`` part; None for a setup command (checked, not run). ``full``:
+    without the default run's reductions (:data:`REDUCED`)."""
     argv = shlex.split(part)
     if part.startswith(SETUP):
         return None
     if argv[0] == "optcheck":
-        return [sys.executable, "-m", "optcheck", *scaled(argv[1:])]
+        return [sys.executable, "-m", "optcheck", *(scaled(argv[1:]) if full else reduced(scaled(argv[1:])))]
     if argv[0] in ("python", "python3"):
         return [sys.executable, *scaled(argv[1:])]
     raise AssertionError(f"not a command this test runs: {part}")
@@ -154,6 +169,28 @@ def _norm(text: str) -> str:
 
 @pytest.mark.parametrize("cmd", COMMANDS, ids=[c.line[:60] for c in COMMANDS])
 def test_readme_command_runs_and_exits_as_the_readme_says(cmd, workdir):
+    """Every README command, in the default run (long ones reduced: :data:`REDUCED`)."""
+    _run_and_check(cmd, workdir, full=False)
+
+
+LONG = [c for c in COMMANDS if any(flag in shlex.split(c.line) for flag in REDUCED)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cmd", LONG, ids=[c.line[:60] for c in LONG])
+def test_a_long_readme_command_in_full(cmd, workdir):
+    """The README lines :data:`REDUCED` shortens in the default run, as the README shows them (scaled)."""
+    _run_and_check(cmd, workdir, full=True)
+
+
+def test_the_reduced_lines_are_the_long_ones():
+    assert [c.line.split()[:2] for c in LONG] == [["optcheck", "upgrade"]]
+    line = shlex.split(LONG[0].line)
+    assert runnable(LONG[0].line, full=True)[3:] == scaled(line[1:])
+    assert "--scenario-steps" in runnable(LONG[0].line)
+
+
+def _run_and_check(cmd: Command, workdir, full: bool) -> None:
     parts = [p.strip() for p in cmd.line.split("&&")]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = None
@@ -166,7 +203,7 @@ def test_readme_command_runs_and_exits_as_the_readme_says(cmd, workdir):
         if part == THE_SUITE:
             assert "[tool.pytest.ini_options]" in (ROOT / "pyproject.toml").read_text()
             continue
-        proc = subprocess.run(runnable(part), cwd=workdir, env=env, capture_output=True, text=True,
+        proc = subprocess.run(runnable(part, full), cwd=workdir, env=env, capture_output=True, text=True,
                               timeout=1800)  # a hang guard, far beyond what a 300-step soak takes
         if proc.returncode != 0:
             break
