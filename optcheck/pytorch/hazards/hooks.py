@@ -529,7 +529,8 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         """Raise StepStopped, after telling ``on_stop`` (a Monitor records the finding
         there, before the exception unwinds the user's forward)."""
         exc = StepStopped(msg, event)
-        if self._stopped_step != self._step:  # the stopped step never reaches the optimizer's step: counted here
+        if self._stopped_step != self._step and not self._replaying:
+            # the stopped step never reaches the optimizer's step: counted here (not the re-run's own stop, replay.py)
             self._count_step()
             self._stopped_step = self._step
         if self.on_stop is not None:
