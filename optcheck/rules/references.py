@@ -164,6 +164,10 @@ class UntrackedParam(Rule):
 
     code, symbol, severity, family = "OC102", "untracked-param", "error", "references"
     message = "{n} trainable parameter(s) in no param group, never updated: {names}"
+    #: an optimizer of :data:`OUTSIDE_GROUPS`: it updates the model's parameters itself (issue 46)
+    message_outside = ("{n} trainable parameter(s) in no param group of {opt}, which updates the model's "
+                       "parameters from model.named_parameters() itself (so they may still train, outside its "
+                       "param groups): {names}")
 
     @cases
     def VALID():
@@ -199,11 +203,25 @@ class UntrackedParam(Rule):
         via = sorted({v for v in map(parametrization, names) if v})
         why = (f" (the originals of the parametrization{'s' if len(via) > 1 else ''} {listing(via)}, {LATE})"
                if via else "")
+        opt = (snap.get("optimizer") or {}).get("type")
+        outside = opt in OUTSIDE_GROUPS  # it updates the model's parameters itself: "never updated" would be false
         return [self.finding(
-            snap, self.message.format(n=len(lost), names=listing(names)) + why, subjects=names,
-            key=",".join(f"{p['name']}@{p['ref']}" for p in lost),
-            next_failure="these parameters keep their initial values for the rest of the run",
+            snap, (self.message_outside if outside else self.message).format(n=len(lost), opt=opt,
+                                                                             names=listing(names)) + why,
+            subjects=names, key=",".join(f"{p['name']}@{p['ref']}" for p in lost),
+            next_failure=(f"nothing raises; {opt} steps what its walk over model.named_parameters() finds (state "
+                          f"it keeps by name, as AdaLomo's, is the old parameter's or missing), but they are not "
+                          f"among the parameters it was built with: its param groups, what a checkpoint of it or a "
+                          f"second optimizer built from them sees") if outside
+            else "these parameters keep their initial values for the rest of the run",
             refs=[p["ref"] for p in lost])]
+
+
+#: optimizers that update every parameter of the model they were given, walking
+#: ``model.named_parameters()`` in their gradient hooks, not their param groups (``lomo_optim``'s
+#: ``Lomo``/``AdaLomo``, pytorch-optimizer's ``LOMO``/``AdaLOMO``): a parameter in no param
+#: group of theirs still trains (issue 46: a replaced layer moved 0.30 over 60 steps)
+OUTSIDE_GROUPS = frozenset({"Lomo", "AdaLomo", "LOMO", "AdaLOMO"})
 
 
 @register

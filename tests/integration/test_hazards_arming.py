@@ -103,6 +103,17 @@ def test_inplace_on_an_unarmed_step_is_found_by_pytorchs_check_at_its_step(tmp_p
     assert mon.summary()["hazards"]["armed_steps"] == 1  # step 1 only: step 37 ran unarmed
 
 
+@pytest.mark.parametrize("hazards", ["auto", "always"])
+def test_a_step_stopped_armed_is_counted_in_the_summary(tmp_path, hazards, monkeypatch):
+    """A write caught at step 1 (armed: the first step) stops it before its optimizer step:
+    summary.json's hazards count it, armed (issue 46: they read 0 of 0)."""
+    monkeypatch.setitem(globals(), "BUG_AT", 1)
+    mon, exc, found = loop(tmp_path, steps=3, bug="inplace", hazards=hazards)
+    assert isinstance(exc, StepStopped) and exc.event["step"] == 1
+    hz = json.loads((tmp_path / "run" / "summary.json").read_text())["hazards"]
+    assert (hz["armed_steps"], hz["steps"]) == (1, 1) and sum(hz["reasons"].values()) == 1, hz
+
+
 def test_always_arms_every_step_and_names_the_write_site(tmp_path):
     mon, exc, found = loop(tmp_path, bug="inplace", hazards="always")
     assert isinstance(exc, StepStopped) and exc.event["detail"].get("found_by") is None

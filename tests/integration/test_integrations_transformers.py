@@ -109,3 +109,43 @@ def test_replaced_lm_head_is_found_at_its_step(tmp_path):
     assert min(f["step"] for f in found) == 7 and cb.exit_code == 1 and summary["status"] == "findings"
     assert any("OC102" in str(w.message) for w in shown)
     assert all(w.filename == __file__ for w in shown), [(w.filename, w.lineno) for w in shown]  # trainer.train()
+
+
+class WriteLmHeadInput(transformers.TrainerCallback):
+    """The planted bug: from step ``at`` on, a forward hook of the user's writes ``lm_head``'s
+    input in place after ``lm_head`` saved it for backward (inside the Trainer's step)."""
+
+    def __init__(self, at):
+        self.at, self.handle = at, None
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        if state.global_step == self.at - 1 and self.handle is None:
+            def write(module, inputs, out):
+                inputs[0].mul_(1.0)
+
+            self.handle = model.lm_head.register_forward_hook(write)
+
+
+@pytest.mark.parametrize("hazards", ["auto", pytest.param("always", marks=pytest.mark.slow)])
+def test_a_step_optcheck_stops_closes_the_callbacks_monitor_with_the_summary(tmp_path, hazards):
+    """``StepStopped`` leaves ``trainer.train()`` (the Trainer has no exception callback): the
+    callback's Monitor is closed all the same, summary.json says ``stopped`` at the step, and
+    the stopped step is counted (issue 46). ``auto``: found by PyTorch's check on an unarmed
+    step (the re-run names the write); ``always``: by the armed probes in the forward."""
+    from optcheck.errors import StepStopped
+
+    cb = OptcheckCallback(every=5, hazards=hazards)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=8, per_device_train_batch_size=4, learning_rate=3e-3, use_cpu=True,
+        report_to=[], save_strategy="no", logging_strategy="no", eval_strategy="no", dataloader_num_workers=0,
+        disable_tqdm=True, seed=0, optim="adamw_torch")
+    trainer = transformers.Trainer(model=gpt2(), args=args, train_dataset=Tokens(), callbacks=[cb, WriteLmHeadInput(4)])
+    with pytest.raises(StepStopped) as stopped:
+        trainer.train()
+    assert stopped.value.event["step"] == 4 and "lm_head" in str(stopped.value)
+    assert cb.monitor.closed and cb.exit_code == 1
+    summary = json.loads((tmp_path / "optcheck" / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["hazards"]["steps"] == 4, summary
+    found = list(read_jsonl(tmp_path / "optcheck" / "findings.jsonl"))
+    assert [(f["code"], f["step"]) for f in found] == [("OC301", 4)]
+    assert torch.is_grad_enabled() and torch._C._autograd._top_saved_tensors_default_hooks(False) is None

@@ -133,3 +133,19 @@ def test_a_parameter_the_forward_never_uses_is_still_grad_starved(tmp_path, cont
     _, mon = _train(tmp_path, contract, "unused-layer", steps=3 * EVERY)
     (f,) = [f for f in mon.findings if f.code == "OC202"]
     assert set(f.subjects) == {"aux.weight", "aux.bias"} and f.step == 3 * EVERY, mon.findings
+
+
+def test_lomo_oc102_says_the_replaced_layer_may_still_train_and_it_does(tmp_path):
+    """LOMO updates from ``model.named_parameters()``, not its param groups: the replaced layer's
+    parameters are in no param group, yet they move. OC102 says so instead of "never updated"
+    (issue 46)."""
+    _, mon = _train(tmp_path, "lomo", "layer-replaced", steps=AT + 4)
+    f102 = [f for f in mon.findings if f.code == "OC102"]
+    assert f102 and f102[0].step == AT
+    msg = f102[0].message
+    assert "never" not in msg and "in no param group of Lomo" in msg and "may still train" in msg, msg
+    assert "initial values" not in (f102[0].next_failure or "")
+    snaps = list(read_jsonl(tmp_path / "run" / "snapshots.jsonl"))
+    name = f102[0].subjects[0]
+    sums = [p.get("checksum") for s in snaps if s["step"] >= AT for p in s["params"] if p["name"] == name]
+    assert len(set(sums)) > 1, sums  # the new layer's values moved after AT: it trains

@@ -341,6 +341,8 @@ class ArmingPolicy:
         self._cut_sets[key] = (ids, ev)
 
     def _count_step(self) -> None:
+        if self._stopped_step == self._step:  # counted when it was stopped (hooks.py _stop)
+            return
         self.steps += 1
         if self.armed:
             self.armed_steps += 1

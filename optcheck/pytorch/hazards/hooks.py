@@ -102,6 +102,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._handles = []
         self._removed = False
         self.on_stop = None  # optional callback f(StepStopped) called before the raise
+        self._stopped_step = None  # the step a StepStopped was raised in (counted then, arming.py stats)
         self._names: dict[int, str] = {}
         self._hooked: dict[int, tuple] = {}  # id(module) -> (weakref to it, its two hook handles)
         self._param_names: dict[int, str] = {}
@@ -535,6 +536,10 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         """Raise StepStopped, after telling ``on_stop`` (a Monitor records the finding
         there, before the exception unwinds the user's forward)."""
         exc = StepStopped(msg, event)
+        if self._stopped_step != self._step and not self._replaying:
+            # the stopped step never reaches the optimizer's step: counted here (not the re-run's own stop, replay.py)
+            self._count_step()
+            self._stopped_step = self._step
         if self.on_stop is not None:
             self.on_stop(exc)
         raise exc from cause
