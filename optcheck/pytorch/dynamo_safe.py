@@ -43,6 +43,7 @@ _WRAPPER_FILES = frozenset({os.path.join(_TORCH, "_dynamo", "eval_frame.py"),
                             os.path.join(_TORCH, "_dynamo", "decorators.py"),
                             os.path.abspath(__file__)})
 
+
 def _call_hook(hook, *args, **kwargs):
     return hook(*args, **kwargs)
 
@@ -59,12 +60,14 @@ def _call_hook_unless_compiling(hook, *args, **kwargs):
     return hook(*args, **kwargs)
 
 
+#: ``HOOK_RUNNER(hook, *args)``: runs ``hook`` outside Dynamo when called as a frame, traced as
+#: :func:`_no_hook` when inlined (what :class:`EagerHook` and ``hazards.compiled.EntryHook`` call)
 if hasattr(torch.compiler, "substitute_in_graph"):  # torch >= 2.5
     #: run outside Dynamo when called as a frame; traced as :func:`_no_hook` when inlined
-    _ENTRY = torch.compiler.substitute_in_graph(torch.compiler.disable(_call_hook),
+    HOOK_RUNNER = torch.compiler.substitute_in_graph(torch.compiler.disable(_call_hook),
                                                 skip_signature_check=True)(_no_hook)
 else:  # pragma: no cover - torch < 2.5: traced as a no-op both ways (one frame per hook under compile)
-    _ENTRY = _call_hook_unless_compiling
+    HOOK_RUNNER = _call_hook_unless_compiling
 
 
 
@@ -96,7 +99,7 @@ class EagerHook(functools.partial):
     ``copy.deepcopy`` keeps it (one hook object per optimizer); pickled as ``fn`` itself."""
 
     def __new__(cls, fn):
-        self = super().__new__(cls, _ENTRY, fn)
+        self = super().__new__(cls, HOOK_RUNNER, fn)
         self.fn = fn
         return self
 
