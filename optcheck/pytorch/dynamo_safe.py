@@ -43,6 +43,7 @@ _WRAPPER_FILES = frozenset({os.path.join(_TORCH, "_dynamo", "eval_frame.py"),
                             os.path.join(_TORCH, "_dynamo", "decorators.py"),
                             os.path.abspath(__file__)})
 
+
 def _call_hook(hook, *args, **kwargs):
     return hook(*args, **kwargs)
 
@@ -59,6 +60,8 @@ def _call_hook_unless_compiling(hook, *args, **kwargs):
     return hook(*args, **kwargs)
 
 
+#: ``HOOK_RUNNER(hook, *args)``: runs ``hook`` outside Dynamo when called as a frame, traced as
+#: :func:`_no_hook` when inlined (what :class:`EagerHook` and ``hazards.compiled.EntryHook`` call)
 if hasattr(torch.compiler, "substitute_in_graph"):  # torch >= 2.5
     #: run outside Dynamo when called as a frame; traced as :func:`_no_hook` when inlined
     HOOK_RUNNER = torch.compiler.substitute_in_graph(torch.compiler.disable(_call_hook),

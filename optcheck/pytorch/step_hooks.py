@@ -305,6 +305,8 @@ class StepWatch:
             h(opt, args, kwargs)
 
     def _own_pre(self, opt, args, kwargs) -> None:
+        if opt is not self.optimizer:  # a copy of the optimizer (copy.deepcopy keeps the EagerHook): not watched
+            return
         caller = caller_outside(sys._getframe(1))
         if self._frame is not None and self._nested(opt, caller):
             return
@@ -316,6 +318,8 @@ class StepWatch:
             self._start(opt, caller, args, kwargs)
 
     def _own_post(self, opt, args, kwargs) -> None:
+        if opt is not self.optimizer:
+            return
         caller = caller_outside(sys._getframe(1))
         if caller is self._frame:
             if caller is None and _graph_task_id() == -1:  # no pre hook ran: it was traced (a compiled step)
