@@ -10,7 +10,7 @@ from optcheck.engine import RuleEngine
 from optcheck.errors import InputError
 from optcheck.findings import SEVERITIES
 from optcheck.run.recorder import RunRecorder
-from optcheck.report.reader import RunReader
+from optcheck.report.reader import RunReader, rank_dirs
 from optcheck.record.summary import Summary
 
 
@@ -63,21 +63,6 @@ def replay(path: str | Path, ignore: list | None = None, fail_on: str = "warning
             raise InputError(f"{p}: snapshot at step {s.get('step')}: a rule cannot read it "
                              f"({type(e).__name__}: {str(e)[:120]})") from None
     return rec, run.notes()
-
-
-def rank_dirs(path: str | Path) -> list[tuple[int, Path]]:
-    """The ``rank-K`` folders of an ``optcheck soak --nproc`` (or distributed Monitor) run
-    directory that hold a ``snapshots.jsonl``, as ``(K, folder)`` sorted by K; [] for a
-    one-process run, a stream file or a folder without them."""
-    p = Path(path)
-    if not p.is_dir() or (p / "snapshots.jsonl").exists():
-        return []
-    found = []
-    for d in p.glob("rank-*"):
-        k = d.name[len("rank-"):]
-        if k.isascii() and k.isdecimal() and (d / "snapshots.jsonl").is_file():
-            found.append((int(k), d))
-    return sorted(found)
 
 
 def replay_ranks(path: str | Path, ignore: list | None = None, fail_on: str = "warning"):

@@ -36,7 +36,9 @@ def register(group: click.Group) -> None:
         or torch/libtorch, judged on trailing means) or DIVERGED, each with its size, and the
         policy used. Runs of different --steps are refused (the learning-rate schedule follows
         --steps). Folders of `optcheck soak --seeds 1,2,3` (seed-N runs inside)
-        are compared as seed bands: the candidate's seeds against the baseline's.
+        are compared as seed bands: the candidate's seeds against the baseline's. Runs folded
+        from several streams (`soak --nproc`, `optcheck run` of a GAN or torchrun: rank-K
+        folders) are compared rank by rank, each under its heading; both need the same streams.
         Exit codes: 0 the trajectories agree, 1 OC601 (or, with --fail-on-new, findings
         only in B), 2 bad input.
         """
@@ -47,6 +49,14 @@ def register(group: click.Group) -> None:
         if not (Path(run_a) / "summary.json").exists() and seed_runs(run_a) and seed_runs(run_b):
             verdict, code, text = compare_seed_sets(run_a, run_b, window=window)
             click.echo(json.dumps(verdict.to_dict(), indent=2) if as_json else text)
+            return code
+        from optcheck.judge.folded import compare_folded, paired_streams
+
+        pairs = paired_streams(run_a, run_b)
+        if pairs:  # runs folded from several streams (GAN, torchrun, soak --nproc): rank by rank
+            text, code = compare_folded(pairs, as_json=as_json, loss_rtol=rtol, loss_atol=atol, window=window,
+                                        fail_on_new=fail_on_new, policy=policy)
+            click.echo(text)
             return code
         res = compare_runs(run_a, run_b, loss_rtol=rtol, loss_atol=atol, window=window, fail_on_new=fail_on_new,
                            policy=policy)

@@ -64,8 +64,9 @@ from optcheck.run import exitcodes
 from optcheck.judge.compare import (DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_WINDOW, band_text, compare_losses,
                               finding_difference, read_run)
 from optcheck.errors import InputError
+from optcheck.judge.folded import paired_streams
 from optcheck.findings import SEVERITIES, severity_rank
-from optcheck.report.reader import RunReader, read_summary
+from optcheck.report.reader import RunReader, rank_dirs, read_summary
 from optcheck.run.sequencer import CPU_BLOCK_STEPS
 from optcheck.series import moving_mean
 from optcheck.units import format_bytes
@@ -126,6 +127,7 @@ class Baseline:
     runs: list[Path]
     summaries: list[dict]
     reads: list[tuple] = field(default_factory=list)  # optcheck.judge.compare.read_run of each run
+    streams: list[tuple] = field(default_factory=list)  # a folded run's (K, Baseline of rank-K); [] otherwise
 
     @property
     def seeds(self) -> list:
@@ -135,7 +137,8 @@ class Baseline:
         s = self.summaries[0]
         from optcheck.report.text import versions_text
 
-        what = f"{len(self.runs)} seeds ({', '.join(map(str, self.seeds))})" if len(self.runs) > 1 \
+        what = f"{len(self.streams)} streams, judged rank by rank" if self.streams else \
+            f"{len(self.runs)} seeds ({', '.join(map(str, self.seeds))})" if len(self.runs) > 1 \
             else f"1 run, seed {self.seeds[0]}"
         return f"{self.path} ({what}; {versions_text(s.get('versions')) or 'versions unknown'})"
 
@@ -157,6 +160,8 @@ def load_baseline(path: str | os.PathLike) -> Baseline:
     if not p.is_dir():
         raise InputError(f"--baseline {path}: no such run directory (keep last night's --out folder, "
                          f"or leave --baseline out on the first night)")
+    if rank_dirs(p):  # a folded run: each stream a baseline of its own (optcheck/judge/folded.py)
+        return Baseline(p, [p], [read_summary(p)], streams=[(k, load_baseline(d)) for k, d in rank_dirs(p)])
     runs = [p] if (p / "summary.json").is_file() else seed_runs(p)
     if not runs:
         raise InputError(f"--baseline {path}: not a run directory (no summary.json, no seed-N runs in it)")
@@ -272,6 +277,23 @@ class BaselineResult:
         return render_baseline(self)
 
 
+def _judge_streams(run: Path, b: Baseline, tol: Tolerances, policy: str) -> BaselineResult:
+    """A folded ``run`` against a folded baseline (``optcheck/judge/folded.py``): one result whose
+    checks are every stream's, each text prefixed ``rank K:`` (a stream that did not finish first,
+    so the headline says it). Raises InputError when their streams differ (``paired_streams``)."""
+    streams = dict(b.streams)
+    res = BaselineResult(run, b)
+    unfinished, checks = [], []
+    for k, _, d in paired_streams(b.path, run, "--baseline", "run"):
+        one = compare_with_baseline(d, streams[k], tol, policy=policy)
+        res.baseline_findings += one.baseline_findings
+        for c in one.checks:
+            (unfinished if c.name == "run" else checks).append(
+                Check(c.name, c.status, f"rank {k}: {c.text}", c.step, f"rank {k} {c.brief or c.name}"))
+    res.checks = unfinished + checks
+    return res
+
+
 def _final_mean(loss: dict[int, float], steps: list[int], window: int) -> float:
     w = min(window, len(steps))
     return float(moving_mean([loss[s] for s in steps], w)[0][-1])
@@ -299,6 +321,8 @@ def compare_with_baseline(run: str | os.PathLike, baseline: Baseline | str | os.
     atol = DEFAULT_ATOL if tol.loss_atol is None else tol.loss_atol
     b = baseline if isinstance(baseline, Baseline) else load_baseline(baseline)
     run = Path(run)
+    if b.streams or rank_dirs(run):
+        return _judge_streams(run, b, tol, policy)
     summary = read_summary(run)
     res = BaselineResult(run, b)
     info, loss, findings = read_run(run)

@@ -339,6 +339,22 @@ def run_dirs(paths, skipped: list[str] | None = None) -> list[Path]:
     return found
 
 
+def rank_dirs(path: str | Path) -> list[tuple[int, Path]]:
+    """The ``rank-K`` folders of a run folded from several streams (``optcheck soak --nproc``,
+    a distributed Monitor, ``optcheck run`` of a GAN or torchrun) that hold a ``snapshots.jsonl``,
+    as ``(K, folder)`` sorted by K; [] for a one-process run, a stream file or a folder without
+    them. ``check``, ``compare`` and ``--baseline`` read a folded run stream by stream through it."""
+    p = Path(path)
+    if not p.is_dir() or (p / "snapshots.jsonl").exists():
+        return []
+    found = []
+    for d in p.glob("rank-*"):
+        k = d.name[len("rank-"):]
+        if k.isascii() and k.isdecimal() and (d / "snapshots.jsonl").is_file():
+            found.append((int(k), d))
+    return sorted(found)
+
+
 def read_summary(path: str | os.PathLike) -> dict:
     """The checked ``summary.json`` of run directory ``path`` (:attr:`RunReader.summary`).
 
