@@ -115,7 +115,10 @@ def main(argv=None) -> int:
             got = {k: one(k, script, a.steps, a.warmup, tmp, r) for k in order}
             rows.append(got)
             print(f"round {r + 1} ({', '.join(order)}): " + ", ".join(
-                f"{k} {got[k]['median_ns'] / 1e6:.2f} ms" for k in kinds), file=sys.stderr)
+                f"{k} {got[k]['median_ns'] / 1e6:.2f} ms" for k in kinds) + "; " + ", ".join(
+                f"{k}/plain {got[k]['median_ns'] / got['plain']['median_ns']:.3f}x median, "
+                f"{got[k]['mean_ns'] / got['plain']['mean_ns']:.3f}x mean" for k in kinds[1:]),
+                file=sys.stderr, flush=True)  # each round as it ends: a run cut short keeps its rounds
     res = {"steps": a.steps, "warmup": a.warmup, "rounds": a.rounds,
            "plain_median_ms": statistics.median(r["plain"]["median_ns"] for r in rows) / 1e6,
            "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
