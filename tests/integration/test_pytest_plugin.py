@@ -285,3 +285,11 @@ def test_through_the_installed_entry_point(project):
     assert "OC101 stale-param [error]" in cases["test_replaced_layer"][1]
     proc, cases = run_pytest(project, "-p", PLUGIN, "--optcheck", "-k", "clean")  # both ways at once: one plugin
     assert proc.returncode == 0 and cases["test_clean"][0] == "passed", said(proc)
+
+
+def test_run_directory_names_of_test_ids():
+    from optcheck.integrations.pytest_plugin import _dir_name
+
+    assert _dir_name("tests/test_x.py::test_y[a-b]") == "tests_test_x.py_test_y_a-b"
+    long_a, long_b = (f"tests/test_x.py::test_y[{'p' * 200}{k}]" for k in "ab")
+    assert len(_dir_name(long_a)) <= 100 and _dir_name(long_a) != _dir_name(long_b)  # cut, told apart by a hash
