@@ -23,6 +23,13 @@ over 1,000 pairs the mean difference is known to about ±20 µs (95 %) on a 7 ms
 - ``off`` / ``auto``: ``optcheck.Monitor(every=...)`` on A with ``hazards=False`` / every
   probe (``bench_small_loop.CONFIGS``), made after the warm-up steps, outside the timed loop.
 
+``--compile BACKEND`` (issue 45): each twin's whole train step (forward, ``backward()``,
+``clip_grad_norm_``, ``optimizer.step()``, ``zero_grad()``, the scheduler) is
+``torch.compile(step, backend=BACKEND)``, as a user compiles a train step; after A's watcher is
+made both twins take 5 more untimed steps (a recompile the watcher's hooks cause is not timed).
+The Monitor then counts and snapshots its steps at the next ``backward()``
+(``optcheck/pytorch/dynamo_safe.py``).
+
 B is built before the Monitor with ``build_loop(..., bound=True)``: its step calls
 ``torch.autograd.backward`` and ``clip_grad_norm_`` as they were then, so the Monitor's
 wrappers are not on B's path (``loss.backward()`` would not do: ``Tensor.backward`` looks
@@ -48,6 +55,8 @@ round, so that where their tensors land in memory does not favour one):
 
     python benchmarks/bench_twins.py                                   # plain, burn, fused, off, auto; 3 rounds of 1,000 pairs
     python benchmarks/bench_twins.py --configs off --rounds 5 --steps 2000
+    python benchmarks/bench_twins.py --loop llama-lora --configs plain,off,auto --steps 200 --rounds 2 --every 10
+    python benchmarks/bench_twins.py --configs plain,off,auto --compile aot_eager --rounds 1 --steps 150 --every 50
     python benchmarks/bench_twins.py --configs plain,fused,fused-no-fingerprint,fused-ids-only,fused-no-arrival,\
 fused-arrival-hooks,fused-no-copy --rounds 3 --steps 2000      # the floor watcher's reads, one at a time
 """
@@ -66,7 +75,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_small_loop import CONFIGS, build_loop  # noqa: E402  (the loop, written for issue 34)
+from bench_small_loop import CONFIGS  # noqa: E402  (the loop, written for issue 34)
+
+#: ``--loop``: the module whose ``build_loop`` makes the twins (``small``: ``bench_small_loop.py``;
+#: ``llama-lora``: ``llama_lora_loop.py``, tiny Llama + PEFT LoRA, issue 46)
+LOOPS = {"small": "bench_small_loop", "llama-lora": "llama_lora_loop"}
 
 TWIN_CONFIGS = ("plain", "burn", "fused", "off", "auto")
 #: on request only: ``fused`` less one of its reads (``bench_floor.ABLATIONS``), and ``fused-hazards``
@@ -81,19 +94,26 @@ def spin(us: float) -> None:
         pass
 
 
-def child(config: str, steps: int, every: int, burn_us: float, built_first: str = "a") -> dict:
-    """One process: the twins (``built_first`` of them first), 20 warm-up steps each, A's
+def child(config: str, steps: int, every: int, burn_us: float, built_first: str = "a", loop: str = "small",
+          compile_backend: str | None = None) -> dict:
+    """One process: the twins of ``loop`` (:data:`LOOPS`; ``built_first`` of them first; each
+    whole train step compiled with ``compile_backend`` if given), 20 warm-up steps each, A's
     watcher, then ``steps`` pairs timed.
     Returns ``{"a": [ns per step], "b": [...], "own_us": ..., "armed": ..., "same_weights": ...}``
     (the twins' weights bit-equal at the end: the watcher changed nothing A computed)."""
+    import importlib
+
     import torch
 
+    build_loop = importlib.import_module(LOOPS[loop]).build_loop
     if built_first == "a":
         a_model, a_opt, a_step = build_loop(steps + 20)
         b_model, b_opt, b_step = build_loop(steps + 20, bound=True)
     else:
         b_model, b_opt, b_step = build_loop(steps + 20, bound=True)
         a_model, a_opt, a_step = build_loop(steps + 20)
+    if compile_backend:  # each twin's whole train step compiled (its own Dynamo frames: two step functions)
+        a_step, b_step = (torch.compile(f, backend=compile_backend) for f in (a_step, b_step))
     for _ in range(20):
         a_step()
         b_step()
@@ -111,6 +131,9 @@ def child(config: str, steps: int, every: int, burn_us: float, built_first: str 
 
             mon = optcheck.Monitor(a_model, a_opt, every=every, out=out, on_finding="ignore",
                                    ignore_config=False, **CONFIGS[config])
+        for _ in range(5 if compile_backend else 0):  # (recompiles the watcher's hooks cause: not timed)
+            a_step()
+            b_step()
         a_ns, b_ns = [0] * steps, [0] * steps
         clock = time.process_time_ns
         for i in range(steps):
@@ -170,8 +193,8 @@ def over_plain(row: dict, plain: dict) -> dict:
             "quiet_hw_us": math.hypot(row["quiet_hw_us"], plain["quiet_hw_us"])}
 
 
-def print_table(rows: list[dict], steps: int, every: int, burn_us: float) -> None:
-    print(f"{steps} pairs of steps per round, every={every}, CPU time (process), 1 thread, "
+def print_table(rows: list[dict], steps: int, every: int, burn_us: float, loop: str = "small") -> None:
+    print(f"{loop} loop: {steps} pairs of steps per round, every={every}, CPU time (process), 1 thread, "
           f"load {os.getloadavg()[0]:.2f}; burn = {burn_us:.0f} µs planted")
     print("| configuration | plain twin, ms/step | ratio ΣA/ΣB (95 %) | rounds | quiet step: added µs (95 %), median "
           "| own timer µs/step | twins' weights equal |")
@@ -202,12 +225,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="fresh processes per configuration, interleaved")
     ap.add_argument("--every", type=int, default=100, help="the Monitor's every=")
     ap.add_argument("--burn-us", type=float, default=100.0, help="the burn configuration's planted CPU time a step")
+    ap.add_argument("--loop", choices=sorted(LOOPS), default="small",
+                    help="the twins' loop: small (bench_small_loop.py) or llama-lora (tiny Llama + PEFT LoRA)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures and each step's times as JSON")
+    ap.add_argument("--compile", metavar="BACKEND", help="compile each twin's whole train step with this "
+                    "torch.compile backend (aot_eager, inductor)")
     ap.add_argument("--child", metavar="CONFIG", help=argparse.SUPPRESS)
     ap.add_argument("--built-first", choices=("a", "b"), default="a", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        json.dump(child(a.child, a.steps, a.every, a.burn_us, a.built_first), sys.stdout)
+        json.dump(child(a.child, a.steps, a.every, a.burn_us, a.built_first, a.loop, a.compile), sys.stdout)
         return
     configs = a.configs.split(",")
     unknown = [c for c in configs if c not in TWIN_CONFIGS + ABLATION_CONFIGS]
@@ -219,13 +246,14 @@ def main() -> None:
     for r in range(a.rounds):
         for c in (configs if r % 2 == 0 else configs[::-1]):
             p = subprocess.run([sys.executable, __file__, "--child", c, "--steps", str(a.steps), "--every",
-                                str(a.every), "--burn-us", str(a.burn_us), "--built-first", "ab"[r % 2]],
+                                str(a.every), "--burn-us", str(a.burn_us), "--built-first", "ab"[r % 2],
+                                "--loop", a.loop] + (["--compile", a.compile] if a.compile else []),
                                capture_output=True, text=True)
             if p.returncode != 0:
                 sys.exit(f"bench_twins.py: the {c} child failed:\n{p.stderr[-2000:]}")
             runs[c].append(json.loads(p.stdout))
     rows = [summarise(c, runs[c], a.every) for c in configs]
-    print_table(rows, a.steps, a.every, a.burn_us)
+    print_table(rows, a.steps, a.every, a.burn_us, a.loop)
     if a.json:
         Path(a.json).write_text(json.dumps({"figures": rows, "runs": runs}))
 

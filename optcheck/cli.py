@@ -40,7 +40,18 @@ class _Group(click.Group):
         except OSError as e:
             if _stdout_failed(e):
                 raise StdoutLost(e) from None
+            if isinstance(e, PermissionError) and ctx.invoked_subcommand in READING_COMMANDS:
+                # a run directory (or a folder above it) this user may not read: one line, as
+                # `history` says it (issue 48: check's rank_dirs, compare, the baseline's reader)
+                click.echo(f"optcheck: error: {e.filename or 'a run directory'}: cannot read "
+                           f"({e.strerror or e})", err=True)
+                ctx.exit(USAGE)
             raise
+
+
+#: The commands that only read run directories: a PermissionError in any of them is the user's
+#: input (a folder they may not read), one line and exit 2, never a traceback.
+READING_COMMANDS = frozenset({"check", "compare", "baseline", "history"})
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -55,14 +55,14 @@ def run_record_file(path: str | os.PathLike, created_dir: str | os.PathLike | No
     """The record file ``path`` resolves to when it is one of a run directory's
     files (see :func:`check_output_file`) in a folder that holds a run (any record
     file or the lock) or in ``created_dir``; else None."""
-    from optcheck.run.rundir import FATAL_LOG, LOCK_NAME, RECORD_FILES, RESERVE_NAME
+    from optcheck.run.rundir import FATAL_LOG, LOCK_NAME, RECORD_FILES, RESERVE_NAME, SUMMARY_TEMP
 
-    names = (*RECORD_FILES, LOCK_NAME, RESERVE_NAME, FATAL_LOG, "worker.log", "config.json", "summary.json.tmp")
+    names = (*RECORD_FILES, LOCK_NAME, RESERVE_NAME, FATAL_LOG, "worker.log", "config.json")
     try:
         real = Path(path).resolve()
     except (OSError, RuntimeError):
         return None
-    if real.name not in names:
+    if real.name not in names and not SUMMARY_TEMP.fullmatch(real.name):
         return None
     parent = real.parent
     if created_dir is not None:

@@ -57,7 +57,7 @@ from optcheck.record.summary import Summary, utc_now
 POLL_S = 0.5
 STARTING = 2  # optcheck.distributed.worker.STARTING (the worker imports torch; this module must not)
 #: What a --nproc run leaves in OUT besides the one-process files (``rundir.RECORD_FILES``...).
-OWN_FILES = ("config.json", "launcher.log", "worker.log", "summary.json.tmp", rd.RESERVE_NAME)
+OWN_FILES = ("config.json", "launcher.log", "worker.log", rd.RESERVE_NAME)
 
 
 class Beat(NamedTuple):
@@ -134,7 +134,7 @@ class _Claim:
         if ranks:
             rd.remove_rank_folders(ranks)  # every rank's lock first: a folder another process writes stays
         try:
-            for name in (*rd.RECORD_FILES, *OWN_FILES):
+            for name in (*rd.RECORD_FILES, *OWN_FILES, *rd.summary_temps(self.out)):
                 if os.path.lexists(self.out / name):
                     os.unlink(self.out / name)  # a symlink goes, its target stays
             work = self.out / "work"  # a one-process soak's

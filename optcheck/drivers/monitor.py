@@ -60,6 +60,7 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import sys
 import threading
 import time
 import warnings
@@ -75,6 +76,7 @@ from optcheck.engine import RuleEngine
 from optcheck.findings import SEVERITIES, Finding, severity_rank
 from optcheck.pytorch import monitor_hooks, step_hooks
 from optcheck.pytorch.deferred import DeviceLedger
+from optcheck.pytorch.dynamo_safe import HIDDEN_STEP_NOTE, HiddenSteps
 from optcheck.pytorch.grad_clear import GradClearProbe
 from optcheck.pytorch.in_backward import BackwardSteps
 from optcheck.pytorch.guard import Notes, guarded
@@ -241,6 +243,11 @@ class Monitor:
         self.seq = Sequencer(TorchProbe(model, optimizer, self.hazards, self.grad_clear, self.notes), run_id=self.run_id,
                              every=every, emit=self._emit, flush=self._flush_losses)
         self._handles = step_hooks.register(optimizer, self._pre_step, self._post_step)  # once per training step
+        # steps whose hooks a compiled region hides (a compiled optimizer.step or train step): stand-ins run at
+        # the next eager point (optcheck/pytorch/dynamo_safe.py)
+        self.hidden = HiddenSteps(optimizer, lambda: step_hooks.watch(self.optimizer).unpaired)
+        self._standing_in = False  # the pre-step hooks run as stand-ins now
+        self._pre_stood_in = False  # they ran for the step under way
         # another optimizer's step() over these parameters is the training step too (SAM's second_step); one
         # swapped in mid-run becomes the watched optimizer (optcheck/pytorch/step_hooks.py)
         self.follow = step_hooks.watch(optimizer).follow(self._switched)
@@ -339,6 +346,7 @@ class Monitor:
         """Final snapshot, summary, hooks removed; returns the summary. Idempotent."""
         if self.closed:
             return self.summary()
+        self._hidden_step()
         self.closed = True
         if self._backwards >= NO_STEP_AT_CLOSE and self.step_count == 0:
             self._no_step_event()
@@ -487,6 +495,7 @@ class Monitor:
         ``torch.autograd.backward([l1, l2], grad_tensors)``): the hazard checks on each;
         the step's loss is Σ gᵢ·lᵢ over the one-element roots (gᵢ their one-element
         ``grad_tensors``, else 1), kept on the device until the next snapshot."""
+        self._hidden_step()  # the last step, when a compiled region hid its hooks: counted before this pass
         loss = backward_loss(roots, grads)  # (a detach, no write: nothing for the hazards' write log to record)
         for t in roots:  # first of the probes: its end takes the hazards' write log off (hazards/writes.py)
             # (one root: its NaN check reads the detached loss kept below, one copy in the ledger for both)
@@ -534,6 +543,25 @@ class Monitor:
             self.hazards.check_grads_now(self.step_count + 1)
         if self._backwards == max(NO_STEP_BACKWARDS, 2 * self.seq.every):
             self._no_step_event()
+        if self.hidden.after_backward(sys._getframe(1)):  # steps run compiled: the pre-step hooks stand in now
+            self._pre_stood_in = self._standing_in = True
+            try:
+                step_hooks.watch(self.optimizer).hidden_pre()
+            finally:
+                self._standing_in = False
+
+    @guarded(FindingError, StepStopped)
+    def _hidden_step(self) -> None:
+        """An optimizer step ran where its hooks could not (inside a compiled region;
+        :class:`HiddenSteps`): its post-step hooks now (the step counted, its loss kept, a
+        snapshot when due); the pre-step check too when no stand-in ran before it (the first one)."""
+        if not self.hidden.stepped():
+            return
+        self.notes.add(HIDDEN_STEP_NOTE)
+        if not self._pre_stood_in:  # (the gradient checks of the pre-step hooks need the gradients: not now)
+            self.seq.pre_step(self.step_count + 1)
+        self._pre_stood_in = False
+        step_hooks.watch(self.optimizer).hidden_post()
 
     def _no_step_event(self) -> None:
         """Many backward passes and no optimizer step: record it once and snapshot."""
@@ -596,6 +624,8 @@ class Monitor:
 
     @guarded(FindingError, StepStopped, timed=True)
     def _pre_step(self, optimizer, args, kwargs) -> None:
+        if not self._standing_in:
+            self.hidden.hook_ran()
         self.hazards.check_grads_before_step(self.step_count + 1, kwargs, self.clip_norm)
         self.seq.pre_step(self.step_count + 1)
 
@@ -607,6 +637,7 @@ class Monitor:
         switch was undone within it (``new`` turned out to be a wrapper calling ``old``)."""
         self.optimizer = self.seq.probe.optimizer = self.hazards.optimizer = new
         self.grad_clear.adopt(new)
+        self.hidden.optimizer = new
         self.in_backward.adopt(new)
         first = id(new) not in self._switches  # else: back to one watched before (two used in turn, or undone)
         self._switches.add(id(new))

@@ -33,6 +33,7 @@ import torch
 from optcheck.findings import Finding
 from optcheck.pytorch import census, probe
 from optcheck.pytorch import device as devices
+from optcheck.pytorch.dynamo_safe import eager_call, traced_as
 from optcheck.pytorch.guard import Notes, raised_by_signal_handler
 from optcheck.pytorch.train import CENSUS_EVERY
 
@@ -286,6 +287,19 @@ def _clip_watched(orig):
     return clip_grad_norm_
 
 
+#: the backward wrappers, made once (``torch.compiler.disable``: run outside Dynamo)
+_WRAPPED = {key: eager_call(_watched(key)) for key in ("tensor", "autograd")}
+_CLIP: dict = {}  # id(original clip_grad_norm_) -> (it, its wrapper): one registration with Dynamo each
+
+
+def _clip_safe(orig):
+    """:func:`_clip_watched` of ``orig``, traced by Dynamo as ``orig`` itself (made once per ``orig``)."""
+    have = _CLIP.get(id(orig))
+    if have is None or have[0] is not orig:
+        have = _CLIP[id(orig)] = (orig, traced_as(_clip_watched(orig), orig))
+    return have[1]
+
+
 def _excepthook(exc_type, exc, tb) -> None:
     """``sys.excepthook`` while a Monitor is open: the exception that ends the process
     is recorded as the crash of every open monitor (as ``with Monitor`` records it),
@@ -310,10 +324,12 @@ def install(mon: BackwardListener) -> None:
     _ACTIVE.append(mon)
     if not _ORIG:
         _ORIG["tensor"], _ORIG["autograd"] = torch.Tensor.backward, torch.autograd.backward
-        torch.Tensor.backward = _watched("tensor")
-        torch.autograd.backward = _watched("autograd")
+        # run eagerly even from a compiled frame (a compiled train step): Dynamo breaks its graph at
+        # backward() without optcheck too; clip_grad_norm_ traced as torch's own (dynamo_safe.py)
+        torch.Tensor.backward = _WRAPPED["tensor"]
+        torch.autograd.backward = _WRAPPED["autograd"]
         _ORIG["clip"] = torch.nn.utils.clip_grad_norm_
-        torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_ = _clip_watched(_ORIG["clip"])
+        torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_ = _clip_safe(_ORIG["clip"])
     if not _PREV_EXCEPTHOOK:
         _PREV_EXCEPTHOOK.append(sys.excepthook)
         sys.excepthook = _excepthook

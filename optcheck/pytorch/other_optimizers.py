@@ -29,6 +29,7 @@ import weakref
 
 import torch
 
+from optcheck.pytorch.dynamo_safe import EagerHook  # the global step hook: run eagerly, traced as nothing
 from optcheck.pytorch.guard import raised_by_signal_handler
 
 #: Calls between two ``gc`` scans while the same parameters stay unexplained.
@@ -61,7 +62,7 @@ def _watch_steps() -> None:
     if not _HOOK:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        _HOOK.append(register_optimizer_step_post_hook(_stepped))
+        _HOOK.append(register_optimizer_step_post_hook(EagerHook(_stepped)))
 
 
 def _remember(optimizer: object) -> None:

@@ -75,14 +75,17 @@ def versions() -> dict[str, str]:
 class _Layout:
     """Where a model keeps its parameters: the ``_parameters`` dict of each of its
     modules, found once by walking ``model.modules()`` and walked again only after
-    a module or parameter was registered anywhere in the process (PyTorch's global
+    a module or parameter was registered into a module of a watched model (PyTorch's global
     registration hooks, ``torch/nn/modules/module.py``) or a submodule was deleted
-    (a module's ``_modules`` changed size)."""
+    (a module's ``_modules`` changed size). A registration into a module outside every
+    layout (a new ``ModuleList`` made of a slice of the model's layers each forward, as HF
+    Llama-family models do; a module being built) walks nothing again."""
 
     generation = 0  # bumped by the registration hooks
 
     def __init__(self, model: torch.nn.Module) -> None:
         mods = list(model.modules())
+        _KNOWN.update(map(id, mods))
         self.model = weakref.ref(model, _forget_layout)
         self.at = _Layout.generation
         # a module without children or parameters gets them through the hooks; a deletion
@@ -112,8 +115,14 @@ def same_objects(a: list, b: list) -> bool:
     return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
-def _registered(*_args) -> None:
-    _Layout.generation += 1
+#: ids of the modules of every layout made (only added to: an id of a module gone since costs at most
+#: a walk again, when a new module there gains a child or parameter)
+_KNOWN: "set[int]" = set()
+
+
+def _registered(module, *_args) -> None:
+    if id(module) in _KNOWN:  # (a module outside every layout gains it: no layout changes)
+        _Layout.generation += 1
 
 
 torch.nn.modules.module.register_module_parameter_registration_hook(_registered)

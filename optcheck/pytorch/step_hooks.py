@@ -69,6 +69,8 @@ from typing import Callable
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from optcheck.pytorch.dynamo_safe import EagerHook, caller_outside
+
 Hook = Callable  # f(optimizer, args, kwargs) -> None
 
 #: id(optimizer) -> its StepWatch (one per watched optimizer, shared by every subscriber)
@@ -144,6 +146,9 @@ class StepWatch:
         #: the training steps are taken inside backward (optcheck/pytorch/in_backward.py): a step() outside
         #: backward (optimi's, after a backward that already stepped each parameter) is passed over
         self.in_backward = False
+        #: post hooks run eagerly whose pre hooks did not: a step() compiled by Dynamo past a graph break
+        #: (optcheck/pytorch/dynamo_safe.py HiddenSteps reads it)
+        self.unpaired = 0
         self._hook_own()
 
     # -- subscribers -------------------------------------------------------------
@@ -193,8 +198,8 @@ class StepWatch:
 
     def _hook_global(self) -> None:
         if not self._global:
-            self._global = [register_optimizer_step_pre_hook(self._global_pre),
-                            register_optimizer_step_post_hook(self._global_post)]
+            self._global = [register_optimizer_step_pre_hook(EagerHook(self._global_pre)),
+                            register_optimizer_step_post_hook(EagerHook(self._global_post))]
 
     def _unhook_global_if_idle(self) -> None:
         if self._followers or self._inner:
@@ -221,7 +226,9 @@ class StepWatch:
         for h in self._own:
             h.remove()
         opt = self.optimizer
-        self._own = [opt.register_step_pre_hook(self._own_pre), opt.register_step_post_hook(self._own_post)]
+        # run eagerly outside Dynamo, traced as nothing inside a compiled step (optcheck/pytorch/dynamo_safe.py)
+        self._own = [opt.register_step_pre_hook(EagerHook(self._own_pre)),
+                     opt.register_step_post_hook(EagerHook(self._own_post))]
 
     def _moves_watched(self, opt) -> bool:
         groups = getattr(opt, "param_groups", None) or []
@@ -282,12 +289,23 @@ class StepWatch:
         for h in self._post:
             h(opt, args, kwargs)
 
+    def hidden_pre(self) -> None:
+        """Stand-in for the pre hooks of a ``step()`` about to run where they cannot (inside a
+        compiled region, ``optcheck/pytorch/dynamo_safe.py``): each subscriber's, now."""
+        for h in self._pre:
+            h(self.optimizer, (), {})
+
+    def hidden_post(self) -> None:
+        """Stand-in for the post hooks of a ``step()`` that ran where they could not."""
+        for h in self._post:
+            h(self.optimizer, (), {})
+
     def _inner_step(self, opt, args, kwargs) -> None:
         for h in self._inner:
             h(opt, args, kwargs)
 
     def _own_pre(self, opt, args, kwargs) -> None:
-        caller = sys._getframe(1)
+        caller = caller_outside(sys._getframe(1))
         if self._frame is not None and self._nested(opt, caller):
             return
         if _graph_task_id() != -1:  # from a gradient hook: a per-parameter step in backward
@@ -298,11 +316,15 @@ class StepWatch:
             self._start(opt, caller, args, kwargs)
 
     def _own_post(self, opt, args, kwargs) -> None:
-        if sys._getframe(1) is self._frame:
-            self._end(opt, args, kwargs)
+        caller = caller_outside(sys._getframe(1))
+        if caller is self._frame:
+            if caller is None and _graph_task_id() == -1:  # no pre hook ran: it was traced (a compiled step)
+                self.unpaired += 1
+            else:
+                self._end(opt, args, kwargs)
 
     def _global_pre(self, opt, args, kwargs) -> None:
-        caller = sys._getframe(1)
+        caller = caller_outside(sys._getframe(1))
         if opt is not self.optimizer and self._nested(opt, caller):
             return
         if _graph_task_id() != -1:  # from a gradient hook: a per-parameter step in backward
@@ -325,7 +347,7 @@ class StepWatch:
         self._start(opt, caller, args, kwargs)
 
     def _global_post(self, opt, args, kwargs) -> None:
-        if sys._getframe(1) is self._frame and opt is self._stepping:
+        if caller_outside(sys._getframe(1)) is self._frame and opt is self._stepping:
             self._end(opt, args, kwargs)
 
 

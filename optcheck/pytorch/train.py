@@ -29,11 +29,12 @@ import torch
 
 from optcheck.config import SoakConfig
 from optcheck.data import BatchSchedule, Corpus, val_batches
-from optcheck.errors import InputError
+from optcheck.errors import InputError, StepStopped
 from optcheck.pytorch import device as devices, probe
 from optcheck.pytorch.deferred import DeviceLedger, Kept
 from optcheck.pytorch.gpt import GPT, GPTConfig
 from optcheck.pytorch.grad_clear import GradClearProbe
+from optcheck.pytorch.guard import Notes, guarded
 from optcheck.pytorch.hazard_replay import run_step
 from optcheck.pytorch.null_hazards import NullHazards
 from optcheck.run.backend import Backend
@@ -42,9 +43,10 @@ CENSUS_EVERY = 10  # tensor census on every 10th snapshot (~1-2 ms after the fir
 
 
 def make_hazards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: SoakConfig,
-                 ledger: DeviceLedger | None = None):
+                 ledger: DeviceLedger | None = None, hook_wrap=None):
     """The hazard probes of ``optcheck/pytorch/hazards/`` unless ``cfg.checks.hazards`` is "off" (then
-    a NullHazards); their device checks go to ``ledger``."""
+    a NullHazards); their device checks go to ``ledger``, their optimizer step hooks registered through
+    ``hook_wrap`` (:meth:`Trainer.own_step_hook`)."""
     checks = cfg.checks
     if checks.hazards == "off":
         return NullHazards(optimizer)
@@ -54,7 +56,7 @@ def make_hazards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: 
     # instead of a second pass over every gradient
     every = checks.grad_check_every if checks.grad_check_every is not None else 0 if cfg.optimizer.grad_clip else 1
     return HazardProbes(model, optimizer, allow_inplace=checks.allow_inplace, grad_check_every=every,
-                        mode=checks.hazards, ledger=ledger)
+                        mode=checks.hazards, ledger=ledger, hook_wrap=hook_wrap)
 
 
 def soak_device(name: str) -> torch.device:
@@ -109,11 +111,31 @@ class Trainer:
         self.model = GPT(self.gpt_config).to(self.device)  # initialised on the CPU: the same weights everywhere
         self.optimizer = self.build_optimizer(self.model)
         self.ledger = DeviceLedger()  # the step's device checks, read with the losses (TorchBackend.settle)
-        self.hazards = make_hazards(self.model, self.optimizer, cfg, self.ledger)
-        self.grad_clear = GradClearProbe(self.optimizer, ledger=self.ledger)
+        self.notes = Notes()  # internal errors of the probes' step hooks (own_step_hook), told in snapshots
+        self.notes_told = 0
+        self.hazards = make_hazards(self.model, self.optimizer, cfg, self.ledger, self.own_step_hook)
+        self.grad_clear = GradClearProbe(self.optimizer, ledger=self.ledger, hook_wrap=self.own_step_hook)
         self.zero_grad = True  # the no-zero-grad scenario turns it off
         self.extra_forward = []  # scenario hooks called as f(trainer, logits, loss) -> loss
         self.work_dir = Path(cfg.run.work_dir or ".")
+
+    def own_step_hook(self, hook):
+        """A probe's optimizer step hook (``hook(optimizer, args, kwargs)``) guarded as the Monitor guards its
+        own (``optcheck/pytorch/guard.py``): an internal error in it is a note (the snapshot's ``notes``) and
+        the soak's step goes on; a hazard's :class:`~optcheck.errors.StepStopped` passes through."""
+
+        @guarded(StepStopped)
+        @functools.wraps(hook)
+        def run(trainer, optimizer, args, kwargs):
+            return hook(optimizer, args, kwargs)
+
+        return functools.partial(run, self)
+
+    def new_notes(self) -> list[str]:
+        """The notes (:attr:`notes`) added since the last call."""
+        fresh = list(self.notes[self.notes_told:])
+        self.notes_told = len(self.notes)
+        return fresh
 
     def build_optimizer(self, model: GPT) -> torch.optim.AdamW:
         o = self.cfg.optimizer
@@ -245,9 +267,9 @@ class Trainer:
             self.optimizer = self.build_optimizer(self.model)
             self.optimizer.load_state_dict(ck["optimizer"])
             self.ledger.read()  # what the old probes left pending
-            self.hazards = make_hazards(self.model, self.optimizer, self.cfg, self.ledger)
+            self.hazards = make_hazards(self.model, self.optimizer, self.cfg, self.ledger, self.own_step_hook)
             self.grad_clear.remove()
-            self.grad_clear = GradClearProbe(self.optimizer, ledger=self.ledger)
+            self.grad_clear = GradClearProbe(self.optimizer, ledger=self.ledger, hook_wrap=self.own_step_hook)
             return {"call": "new GPT + AdamW, load_state_dict from the last checkpoint", "from_step": ck["step"]}
         raise ValueError(f"unknown lifecycle event {kind!r}")
 
@@ -364,6 +386,7 @@ class TorchBackend(Backend):
         norms = probe.Norms() if self.trainer.hazards.wants_norms else None  # one read of every tensor
         body = probe.snapshot_body(self.trainer.model, self.trainer.optimizer, census=census, norms=norms)
         body["events"] = self.trainer.hazards.drain(norms) + self.trainer.grad_clear.drain()
+        body["notes"] = list(body.get("notes") or []) + self.trainer.new_notes()
         mem = body.get("memory") or {}
         self._trail.append({"after_step": self.steps_done,
                             **{k: v for k, v in mem.items() if isinstance(v, int) and not isinstance(v, bool)}})

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -376,8 +377,10 @@ class RankRecorder:
              **supervisor) -> dict:
         """Count the merged summary (:func:`optcheck.run.rank_fold.fold_ranks`, ``supervisor`` its
         keyword arguments), write it atomically (from the reserve on a full disk) and return it.
-        ``attempts`` > 1: two ranks folding at once may collide on the temporary file: tried that
-        many times, then left (the other one's is as good); with 1, RecordError is raised."""
+        ``attempts`` > 1: tried that many times (a full disk may free up as another rank's fold
+        takes the reserve), then the last error is told on stderr, in one line naming the file, and
+        the counted summary returned (never dropped silently; never raised into the user's loop);
+        with 1, RecordError is raised."""
         from optcheck.run.rank_fold import fold_ranks
 
         s = fold_ranks(ranks, findings, notes, out=self.out, source=self.source, knock_on=self.knock_on, **supervisor)
@@ -385,10 +388,16 @@ class RankRecorder:
             try:
                 self._write(s)
                 return s
-            except RecordError:
+            except RecordError as e:
                 if attempts == 1:
                     raise
-                time.sleep(0.05 * attempt)
+                if attempt == attempts:
+                    try:
+                        sys.stderr.write(f"optcheck: the ranks' summary was not written ({attempts} tries): {e}\n")
+                    except (OSError, ValueError):
+                        pass
+                else:
+                    time.sleep(0.05 * attempt)
         return s
 
     def _write(self, s: dict) -> None:

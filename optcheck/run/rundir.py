@@ -52,8 +52,11 @@ import errno
 import fcntl
 import json
 import os
+import re
+import secrets
 import shutil
 import stat
+import threading
 from pathlib import Path
 
 from optcheck.errors import InputError, RecordError
@@ -328,7 +331,7 @@ class RunDir:
                 if force:
                     if ranks:
                         remove_rank_folders(ranks)  # a distributed run's; refused while a rank writes
-                    for name in (*RECORD_FILES, "worker.log", "config.json", "summary.json.tmp"):
+                    for name in (*RECORD_FILES, "worker.log", "config.json", *summary_temps(self.path)):
                         if os.path.lexists(self.path / name):
                             os.unlink(self.path / name)  # a symlink goes, its target stays
             self._owned = True
@@ -503,7 +506,7 @@ class RunDir:
         if self._created and self.path.is_dir() and not self.path.is_symlink():
             shutil.rmtree(self.path, ignore_errors=True)
             return
-        for name in (*RECORD_FILES, "worker.log", "config.json", "summary.json.tmp", RESERVE_NAME, LOCK_NAME):
+        for name in (*RECORD_FILES, "worker.log", "config.json", *summary_temps(self.path), RESERVE_NAME, LOCK_NAME):
             p = self.path / name
             if os.path.lexists(p) and not os.path.islink(p):
                 try:
@@ -521,30 +524,53 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+SUMMARY_TEMP = re.compile(r"summary\.json(\.\d+-\d+-[0-9a-f]+)?\.tmp")
+"""The names of ``summary.json``'s temporary files: ``summary.json.<pid>-<thread>-<random>.tmp`` (one per
+writing process and thread: two ranks folding at once never share one), and the single name older versions
+used."""
+
+
+def summary_temp_name() -> str:
+    """A temporary name for ``summary.json`` of this process and thread alone (:data:`SUMMARY_TEMP`)."""
+    return f"summary.json.{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}.tmp"
+
+
+def summary_temps(path: str | os.PathLike) -> list[str]:
+    """The names of summary temporaries (:data:`SUMMARY_TEMP`) in folder ``path`` (a writer stopped between
+    its write and its rename leaves one); [] when it cannot be listed."""
+    try:
+        return sorted(n for n in os.listdir(path) if SUMMARY_TEMP.fullmatch(n))
+    except OSError:
+        return []
+
+
 def write_summary(path: str | os.PathLike, summary: dict) -> None:
-    """Atomically replace the summary file of run directory ``path`` (a temporary file, then
-    rename(2); never through a symlink). Called by ``optcheck/run/recorder.py`` only: the one
-    writer of a run's summary (``tests/unit/test_layout.py``).
+    """Atomically replace the summary file of run directory ``path`` (a temporary file of this
+    process and thread alone, :func:`summary_temp_name`, then rename(2); never through a symlink):
+    two writers at once (two ranks folding) never remove or publish each other's half-written file.
+    Called by ``optcheck/run/recorder.py`` only: the one writer of a run's summary
+    (``tests/unit/test_layout.py``).
 
     Raises:
         RecordError: the temporary file could not be written or renamed.
     """
     summary = {"schema": SUMMARY_SCHEMA, **summary}
     target = Path(path) / "summary.json"
-    tmp = target.with_suffix(".json.tmp")
+    tmp = target.with_name(summary_temp_name())
     data = (strict_json(summary, indent=2, default=str) + "\n").encode("utf-8")
+    made = False
     try:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
         fd = _open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        made = True
         try:
             _write_all(fd, data)
         finally:
             os.close(fd)
         os.replace(tmp, target)  # rename(2) replaces a symlink itself, never its target
     except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        if made:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
         raise RecordError(target, e) from None

@@ -52,8 +52,24 @@ def python_torch_lib() -> Path | None:
     return None
 
 
+#: What to say where pyelftools is missing: without it the libtorch a native library needs is unknown.
+NO_ELFTOOLS = ("pyelftools is not installed, and optcheck reads with it which libtorch {lib} needs (to load "
+               "that libtorch first, as TorchSharp does); install optcheck's torchsharp extra: "
+               "pip install 'optcheck[torchsharp]' (or pip install pyelftools)")
+
+
+def has_elftools() -> bool:
+    """Whether pyelftools (optcheck's ``torchsharp`` extra) can be imported here."""
+    try:
+        import elftools.elf.elffile  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def needed(native: str | os.PathLike) -> list[str]:
-    """The ``DT_NEEDED`` sonames of an ELF library (pyelftools); [] when it has none or is not ELF."""
+    """The ``DT_NEEDED`` sonames of an ELF library (pyelftools); [] when it has none, is not ELF, or
+    pyelftools is missing (:func:`has_elftools` tells which)."""
     try:
         from elftools.elf.dynamic import DynamicSection
         from elftools.elf.elffile import ELFFile
@@ -176,6 +192,10 @@ def load_native(folder: Path) -> None:
         if err:
             raise InputError(f"{where} cannot be loaded: {err}")
     problem = native.load_check(lib)
+    if problem and not where and not has_elftools():
+        # needed() could not read which libtorch it needs: none was loaded first, and the loader's
+        # "needs libc10.so" would blame the library; what is missing is pyelftools
+        raise InputError(f"the native library {lib} cannot be loaded: " + NO_ELFTOOLS.format(lib=lib.name))
     if problem and where and "undefined symbol" in problem:
         problem += (f"; it was built against another libtorch than {where}: rebuild it against that one, or set "
                     f"${ENV} to the libtorch it was built against")

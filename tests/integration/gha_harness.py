@@ -14,7 +14,7 @@ What it does as GitHub does (docs.github.com, "Workflow commands" and "Contexts"
   only while every earlier step succeeded; ``continue-on-error`` keeps a failure from
   failing the job.
 - The ``uses:`` steps the workflow names, by their documented effect:
-  ``actions/checkout`` copies the checkout's files (``git ls-files``) into the workspace;
+  ``actions/checkout`` copies the files git tracks in the checkout (``checkout_copy.copy_tracked``) into the workspace;
   ``actions/setup-python`` puts a virtual environment's ``bin`` on ``PATH`` (made once per
   :class:`Runner` from this interpreter with ``--system-site-packages``: torch and the
   rest are this machine's, optcheck is whatever the workflow installs into it);
@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from checkout_copy import copy_tracked
 
 EXPR = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
 
@@ -74,7 +76,7 @@ class Runner:
 
     Args:
         workflow: the workflow file.
-        checkout: the folder ``actions/checkout`` copies (its ``git ls-files``, tracked and untracked).
+        checkout: the folder ``actions/checkout`` copies (the files git tracks; a user's ``.venv`` or other untracked files stay out).
         home: where the runner keeps workspaces, caches, artifacts and the Python environment.
         matrix: the matrix entry, e.g. ``{"backend": "pytorch"}``.
         env: variables set on the runner itself (applied before the workflow's own ``env``
@@ -200,14 +202,8 @@ class Runner:
         action, _, _ = step["uses"].partition("@")
         w = self.expand(step.get("with") or {}, ctx)
         if action == "actions/checkout":
-            listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=self.checkout,
-                                    capture_output=True, check=True).stdout.decode().split("\0")
-            for rel in filter(None, listed):
-                src = self.checkout / rel
-                if src.is_file():
-                    (ws / rel).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(src, ws / rel)
-            return 0, f"checked out {len(listed)} files"
+            n = copy_tracked(self.checkout, ws)
+            return 0, f"checked out {n} files"
         if action == "actions/setup-python":
             if not (self.venv / "bin" / "python").exists():
                 subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(self.venv)], check=True)

@@ -39,6 +39,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, SMALL
+from checkout_copy import copy_tracked
 from gha_harness import Runner
 
 GITHUB = ROOT / "examples" / "ci" / "github" / "optcheck-nightly.yml"
@@ -80,12 +81,7 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def _copy_checkout(dest: Path) -> None:
-    listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT, check=True,
-                            capture_output=True).stdout.decode().split("\0")
-    for rel in filter(None, listed):
-        if (ROOT / rel).is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, dest / rel)
+    copy_tracked(ROOT, dest)
 
 
 @functools.lru_cache(maxsize=1)

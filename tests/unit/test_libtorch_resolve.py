@@ -97,6 +97,24 @@ def test_a_libtorchsharp_without_a_libtorch_is_one_line(tmp_path, monkeypatch):
     libtorch.load_native(tmp_path / "empty")  # no native library at all (a stand-in): nothing to do
 
 
+def test_a_libtorchsharp_with_pyelftools_missing_names_pyelftools_not_libc10(tmp_path):
+    """Issue 48 point 6: optcheck installed without its torchsharp extra: pyelftools cannot be imported (in a
+    child process, as in such an install), so which libtorch the native library needs is unknown. The one line
+    says pyelftools is missing and how to install it, not that the library "needs libc10.so"."""
+    fake = tmp_path / "libLibTorchSharp.so"
+    shutil.copy2(libtorch.python_torch_lib() / "libtorch.so", fake)  # an ELF that needs libtorch_cpu.so
+    code = ("import sys; sys.modules['elftools'] = None\n"  # `import elftools` raises ImportError from here on
+            "from pathlib import Path\nfrom optcheck.errors import InputError\n"
+            "from optcheck.torchsharp_bridge import libtorch\n"
+            "try:\n    libtorch.load_native(Path(sys.argv[1]))\nexcept InputError as e:\n    print(e)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", libtorch.ENV)}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True,
+                         env=env).stdout.strip()
+    assert out.startswith(f"the native library {fake} cannot be loaded: pyelftools is not installed"), out
+    assert "pip install 'optcheck[torchsharp]'" in out and "pip install pyelftools" in out, out
+    assert "neither beside it" not in out, out
+
+
 def test_mcs_finds_system_memory_beside_torchsharp_then_in_the_reference_folder(tmp_path, monkeypatch):
     dll = tmp_path / "ts" / "TorchSharp.dll"
     dll.parent.mkdir()

@@ -95,6 +95,26 @@ def test_fingerprint_changes_on_every_kind_of_rebinding():
     assert not changed(lambda: None)
 
 
+def test_fingerprint_walks_the_model_again_only_for_a_registration_into_it():
+    """A registration into a module outside every watched model (a slice of the model's
+    ModuleList each forward, as HF Llama-family models make; a module being built) leaves the
+    cached layout as it is; one into the model (a new parameter, a new child) does not."""
+    model = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)]))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    fp = probe.fingerprint(model, opt)
+    layout = probe._LAYOUTS[id(model)]
+    gen = probe._Layout.generation
+    model[0][:2]  # a new ModuleList holding two of the model's layers
+    torch.nn.Sequential(torch.nn.Linear(4, 4), *model[0])  # a temporary container and a module being built
+    assert probe._Layout.generation == gen and probe.fingerprint(model, opt) == fp
+    assert probe._LAYOUTS[id(model)] is layout
+    model[0][1].register_parameter("extra", torch.nn.Parameter(torch.zeros(1)))  # into the model
+    assert probe._Layout.generation > gen and probe.fingerprint(model, opt) != fp
+    fp = probe.fingerprint(model, opt)
+    model[0].append(torch.nn.Linear(4, 4))
+    assert probe.fingerprint(model, opt) != fp
+
+
 def test_checksum_sees_what_the_version_counter_misses():
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)

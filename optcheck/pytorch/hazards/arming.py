@@ -30,6 +30,7 @@ from operator import attrgetter, is_not
 
 import torch
 
+from optcheck.pytorch.hazards.unsaved import own
 from optcheck.pytorch.hazards.compiled import any_compiled_in_place, called_from_compiled
 from optcheck.wording import describe_inplace
 
@@ -155,14 +156,16 @@ class ArmingPolicy:
         ``torch.compile`` (``compiled.py``: Dynamo would trace them); off those no longer in it or
         compiled since. The model's own are :class:`EntryHook` s (never traced when its call is
         a compiled region's entry)."""
-        compiled, root = self._compiled_ids, id(self.model)
+        compiled = self._compiled_ids
         for key, ref in self._mods.items():
             m = ref()
             have = self._hooked.get(key)
-            if m is not None and key not in compiled and (have is None or have[0]() is not m):
-                pre, post = (self._entry_pre, self._entry_post) if key == root else (self._pre, self._post)
-                self._hooked[key] = (ref, (m.register_forward_pre_hook(pre),
-                                           m.register_forward_hook(post, always_call=True)))
+            # (none added once traced inside a compiled function: Dynamo guards on them)
+            if m is not None and key not in compiled and (have is None or have[0]() is not m) \
+                    and not self._hook_traced:
+                # EntryHooks: traced as nothing from a compiled function, eagerly outside Dynamo (dynamo_safe.py)
+                self._hooked[key] = (ref, (own(m.register_forward_pre_hook(self._entry_pre)),  # (unsaved.py)
+                                           own(m.register_forward_hook(self._entry_post, always_call=True))))
         for key in [k for k in self._hooked if k not in self._mods or k in compiled]:
             for h in self._hooked.pop(key)[1]:
                 h.remove()

@@ -34,6 +34,8 @@ from operator import methodcaller
 
 import torch
 
+from optcheck.pytorch.dynamo_safe import HOOK_RUNNER  # the hook runner, shared with the optimizer step hooks
+
 #: the attribute ``Module.compile()`` sets (``torch/nn/modules/module.py``; None until then)
 _IN_PLACE = "_compiled_call_impl"
 _GET_IN_PLACE = methodcaller("get", _IN_PLACE)
@@ -99,31 +101,6 @@ def called_from_compiled(frame) -> bool:
         f, n = f.f_back, n + 1
     return False
 
-
-def _call_hook(hook, *args, **kwargs):
-    return hook(*args, **kwargs)
-
-
-def _no_hook(hook, *args, **kwargs):
-    """What Dynamo traces in place of an :class:`EntryHook` it inlines: nothing."""
-    return None
-
-
-def _call_hook_unless_compiling(hook, *args, **kwargs):
-    """(torch without ``torch.compiler.substitute_in_graph``: a no-op when traced, as before)"""
-    if torch.compiler.is_compiling():
-        return None
-    return hook(*args, **kwargs)
-
-
-if hasattr(torch.compiler, "substitute_in_graph"):  # torch >= 2.5
-    #: run outside Dynamo when called as a frame; traced as :func:`_no_hook` when inlined
-    _ENTRY = torch.compiler.substitute_in_graph(torch.compiler.disable(_call_hook),
-                                                skip_signature_check=True)(_no_hook)
-else:  # pragma: no cover - torch < 2.5: traced as a no-op both ways (one frame per hook under compile)
-    _ENTRY = _call_hook_unless_compiling
-
-
 class EntryHook(functools.partial):
     """A module hook for the watched model itself, whose call may be a compiled region's entry.
 
@@ -131,15 +108,16 @@ class EntryHook(functools.partial):
     ``model.compile()``), it runs ``owner.name`` with Dynamo's frame callback off
     (``torch.compiler.disable``), so Dynamo compiles no frame of optcheck's. Inlined into a
     graph (the model called from a compiled function, or a ``torch.nn`` container compiled
-    whole), Dynamo traces :func:`_no_hook` in its place (``torch.compiler.substitute_in_graph``):
+    whole), Dynamo traces :func:`optcheck.pytorch.dynamo_safe._no_hook` in its place (``torch.compiler.substitute_in_graph``):
     no graph break, no guard, and the hook does not run. The call goes through
     ``functools.partial``'s C-level ``__call__`` (no Python frame of optcheck's for the frame
-    callback). ``torch.save(model)`` pickles it as ``getattr(owner, name)`` (the probes unpickle
-    as no-ops), and ``copy.deepcopy(model)`` keeps it (the owner ignores modules it was not
-    built for)."""
+    callback). ``torch.save(model)``, ``pickle`` and ``copy.deepcopy(model)`` leave it out
+    (``unsaved.py``); where a module's own ``__getstate__`` bypasses that, it pickles as
+    ``getattr(owner, name)`` (the probes unpickle as no-ops) and a deep copy keeps it (the owner
+    ignores modules it was not built for)."""
 
     def __new__(cls, owner: object, name: str):
-        self = super().__new__(cls, _ENTRY, getattr(owner, name))
+        self = super().__new__(cls, HOOK_RUNNER, getattr(owner, name))
         self.owner, self.name = owner, name
         return self
 

@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from optcheck.pytorch.hazards._tensors import MAX_SAMPLES, _tensors
+from optcheck.pytorch.hazards._tensors import MAX_SAMPLES, _float_tensors, _ptr, _tensors
 from optcheck.pytorch.hazards.source import (_CUTTING, _backward_caller, _code_of, _function_span, _line_text,
                                              _user_frame, _where)
 
@@ -73,10 +73,15 @@ class GraphCutProbe:
                           "source_module": self._calls[src] if src is not None else None,
                           "where": where, "code": code, "why": how})
 
-    def _maybe_cut(self, module, args, idx: int) -> None:
+    def _maybe_cut(self, module, args, idx: int, out=None) -> None:
+        """A module's floating output needs no grad: a cut when an input or one of its own
+        parameters required grad; otherwise its output is data (a frozen embedding's), and a
+        later module taking it is no detached input (:meth:`_detached_input`)."""
         inputs_rg = any(t.requires_grad for t in _tensors(args))
         own = [p for p in module.parameters() if p.requires_grad]
         if not inputs_rg and not own:
+            for t in _float_tensors(out):
+                self._clean_ptrs.setdefault(_ptr(t), t)  # (the reference keeps the address from being reused)
             return
         frame = _user_frame(sys._getframe(1))
         code = _code_of(module)

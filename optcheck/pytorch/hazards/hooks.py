@@ -18,6 +18,7 @@ import torch
 from optcheck.pytorch.hazards._tensors import (_VERSION, _clean, _float_outputs, _float_tensors, _grad_fns, _ptr,
                                                _storage_ptr, _tensors)
 from optcheck.pytorch.hazards.arming import MODES, ArmingPolicy, _hooks_owner
+from optcheck.pytorch.dynamo_safe import COMPILED_FORWARD_NOTE
 from optcheck.pytorch.hazards.compiled import EntryHook, compiled_modules, is_compile_wrapper
 from optcheck.pytorch.hazards.graph_cut import GraphCutProbe
 from optcheck.pytorch.hazards.checkpoints import NON_REENTRANT, REENTRANT, non_reentrant_frame, reentrant_forward
@@ -111,6 +112,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._slot, self._bw_slot = ModeSlot(self._watch), ModeSlot(self._watch)
         self._bw_pushed: list = []  # modules whose forward in backward() (a recompute) pushed the mode
         self.faults: list[str] = []  # optcheck's own errors inside the step (reported in not_checked)
+        self._compiled_saves = 0  # tensors a compiled graph saved while armed (not checked: dynamo_safe.py)
         self._replaying = False  # the armed re-run of an unarmed step's forward (replay.py)
         self._init_replay()
         # the saved-tensor hooks: one bound method each, the innermost hook is ours when it is this object;
@@ -142,7 +144,8 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
     @property
     def not_checked(self) -> list[str]:
         """What these probes do not check on this model (empty for an eager model)."""
-        return (list(NOT_CHECKED_UNDER_COMPILE) if self.compiled else []) + self.faults
+        hidden = [COMPILED_FORWARD_NOTE] if self._compiled_saves and not self.compiled else []
+        return (list(NOT_CHECKED_UNDER_COMPILE) if self.compiled else []) + hidden + self.faults
 
     def _watch_failed(self, e: BaseException) -> None:
         """The write log raised (optcheck's own error): said once, the step goes on."""
@@ -196,15 +199,19 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
             torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
 
     def _registered(self, module, name, submodule):
-        """Global module-registration hook: a sub-module was assigned to a watched module
-        (or a watched module was put into a new one). ``torch.compile(model)`` puts the model
+        """Global module-registration hook: a sub-module was assigned to a watched module (a
+        watched module put into a module outside the watched tree is no change of it). ``torch.compile(model)`` puts the model
         into an ``OptimizedModule``: from now on its call is a compiled region's entry, and
         every module hook comes off before it is first called (``compiled.py``)."""
         if submodule is self.model and is_compile_wrapper(module):
             self._root_compiled = True
             self._scan()
             return None
-        if id(module) in self._names or (submodule is not None and id(submodule) in self._names):
+        # only a change of the watched tree itself: a watched module registered into a container outside
+        # it (``self.layers[:n]`` makes a new ModuleList each forward in HF Llama-family models, a temporary
+        # ``nn.Sequential(*blocks)``) changes nothing the probes watch (``m.blocks = Wrapper(m.blocks)``
+        # still reaches here as the wrapper's registration into ``m``)
+        if id(module) in self._names:
             self._dirty = True
             self._arm_now()
         return None
@@ -231,6 +238,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._last = ("start", -1)  # last boundary: ("pre"|"post"|"loss"|"start", call index)
         self._roots: list = []  # grad_fns of module outputs (graph walk on detection only)
         self._grad_ptrs: dict[int, tuple] = {}  # data_ptr of outputs that require grad -> (call, tensor)
+        self._clean_ptrs: dict[int, torch.Tensor] = {}  # data_ptr of float tensors no cut made (graph_cut.py)
         self._introspecting = False
         self._kept: dict[tuple, dict] = {}  # inputs checkpoints keep for their recompute (checkpoints.py)
         self._ck_seen: dict[int, object] = {}  # the checkpoint calls whose inputs were read this step
@@ -354,13 +362,22 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._cur = idx
         self._last = ("pre", idx)
         if module is self.model:  # a new forward pass: its inputs are data, earlier outputs are another pass's
-            self._grad_ptrs = {}
-        elif self._grad_ptrs and args:
+            self._grad_ptrs, self._clean_ptrs = {}, {}
+        elif args:
             a = args[0]
             if isinstance(a, torch.Tensor) and not a.requires_grad and a.is_floating_point() \
                     and torch.is_grad_enabled():
-                src = self._grad_ptrs.get(_ptr(a))
-                self._detached_input(idx, src[0] if src else None)
+                ptr = _ptr(a)
+                src = self._grad_ptrs.get(ptr) if self._grad_ptrs else None
+                if src is not None:
+                    self._detached_input(idx, src[0])
+                elif not self._grad_ptrs:  # made before any output of this pass required grad: no cut
+                    self._clean_ptrs[ptr] = a  # (the reference keeps the address from being reused)
+                elif ptr not in self._clean_ptrs:
+                    # (a frozen module's input that an earlier module took before anything required grad,
+                    # or that a module without trainable inputs made, is data: PEFT LoRA's frozen k_proj
+                    # reads what the LoRA-targeted q_proj read)
+                    self._detached_input(idx, None)
         return None
 
     @unmoded
@@ -401,7 +418,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
                 self._roots.extend(v.grad_fn for v in (out.values() if isinstance(out, dict) else out)
                                    if isinstance(v, torch.Tensor) and v.grad_fn is not None)
         elif has_float:
-            self._maybe_cut(module, args, idx)
+            self._maybe_cut(module, args, idx, out)
         if not self._stack and idx in self._cut_passes:  # a pass with cut records ends: keep what it gave
             outs = _float_tensors(out)
             self._pass_out[idx] = (rg, _grad_fns(out) if rg else [], outs)  # outs: their addresses stay theirs
@@ -419,6 +436,10 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         it once for both (``optcheck/pytorch/deferred.py``)."""
         self._step = step
         self._fresh = False
+        if self._active and self._compiled_saves and not self._calls and not self._hook_traced:
+            # the model ran inside a compiled function (its hooks traced as nothing, its tensors saved by
+            # the compiled graph): Dynamo guards on the hooks it inlined, so they stay as they are now
+            self.compiled = self._hook_traced = True
         self._before_backward_grads()
         if not self.armed and not self._removed:
             self._watch_foreign_hooks()
@@ -553,13 +574,14 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         return out
 
     def __deepcopy__(self, memo):
-        """``copy.deepcopy(model)`` (a best-model copy, ``AveragedModel``) copies the
-        module hooks, which are bound to these probes: the copy shares the probes,
-        whose hooks ignore modules they were not built for."""
+        """``copy.deepcopy(model)`` (a best-model copy, ``AveragedModel``) leaves optcheck's
+        hooks out (``unsaved.py``); where a module's own ``__getstate__`` bypasses that, the
+        copy's hooks share these probes, whose hooks ignore modules they were not built for."""
         return self
 
     def __reduce__(self):
-        """``torch.save(model)`` pickles the module hooks: they unpickle as no-ops."""
+        """``torch.save(model)`` leaves optcheck's hooks out (``unsaved.py``); where a module's
+        own ``__getstate__`` bypasses that, they unpickle as no-ops."""
         return (_inert_probes, ())
 
     def remove(self) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from optcheck.pytorch.dynamo_safe import saved_by_compiled_graph
 from optcheck.pytorch.hazards._tensors import _VERSION, _parameter_like, _ptr, _safe, _storage_ptr
 from optcheck.pytorch.hazards.checkpoints import NON_REENTRANT, kept_inputs, recompute_kind
 from optcheck.pytorch.hazards.source import _frame_text, _internal, _line_text, _user_frames, _where
@@ -64,6 +65,9 @@ class InplaceProbe:
         # user's frame reads one dict per frame (code object -> inside torch or optcheck), no string
         # work; a parameter (or a view of one) is left out of the eager version check
         f = first = sys._getframe(1)
+        if saved_by_compiled_graph(first):  # a compiled graph's tensors: its versions are no evidence
+            self._compiled_saves += 1
+            return (t if t.grad_fn is None else t.detach(), None)
         internal_code = self._internal_code
         while f is not None:
             code = f.f_code
@@ -106,6 +110,8 @@ class InplaceProbe:
         if self._pending is not None and not self._introspecting:
             self._raise_pending()
         t, v = rec[0], rec[1]
+        if v is None:  # saved by a compiled graph (_pack)
+            return t
         if t._version != v and not self._introspecting:
             self._mutated(rec, detected_at="unpack in backward (the saved tensor was needed)")
         return t

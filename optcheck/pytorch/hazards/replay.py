@@ -29,6 +29,7 @@ import sys
 import torch
 
 from optcheck.errors import StepStopped
+from optcheck.pytorch.hazards import unsaved
 from optcheck.pytorch.hazards.compiled import EntryHook
 from optcheck.pytorch.guard import raised_by_signal_handler
 
@@ -42,7 +43,10 @@ class ForwardReplay:
         self._passes: list[tuple] = []
         self._replay_code = ForwardReplay._replay_passes.__code__  # a write's frames stop there (inplace.py)
         # the model's first hook on every call, outside Dynamo when the call is compiled (compiled.py)
-        self._pass_hook = self.model.register_forward_pre_hook(EntryHook(self, "_log_pass"), with_kwargs=True)
+        # (unsaved.py: none of optcheck's hooks in what torch.save, pickle or deepcopy make of the model)
+        unsaved.install()
+        self._pass_hook = unsaved.own(self.model.register_forward_pre_hook(EntryHook(self, "_log_pass"),
+                                                                           with_kwargs=True))
 
     def _log_pass(self, module, args, kwargs):
         if module is not self.model:

@@ -14,6 +14,8 @@ import torch
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PKG_DIR = os.path.dirname(__file__) + os.sep  # optcheck/pytorch/hazards/: the probes' own frames
 _OPTCHECK_DIR = os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep  # optcheck/
+#: the runner every probe hook is called through (optcheck/pytorch/dynamo_safe.py): one of the probes' frames
+_HOOK_RUNNER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "dynamo_safe.py")
 # a statement that cuts the graph (graph_cut.py reads the lines of a module's forward)
 _CUTTING = re.compile(r"\.detach\(|\.data\b|no_grad|inference_mode|\.numpy\(|\.item\(|\.tolist\(")
 
@@ -25,7 +27,7 @@ def _where(code, lineno) -> str | None:
 
 
 def _internal(filename: str) -> bool:
-    return filename.startswith(_TORCH_DIR) or filename.startswith(_PKG_DIR)
+    return filename.startswith(_TORCH_DIR) or filename.startswith(_PKG_DIR) or filename == _HOOK_RUNNER
 
 
 def _user_frame(f):
