@@ -20,6 +20,9 @@ With ``--optcheck``, for each test (``docs/guide/pytest.md``):
   pytest-xdist passes from each worker to the controller and ``--junitxml`` writes; the terminal
   summary (on the controller under ``-n``) lists every test that stepped an optimizer.
 
+The autograd hazard probes are on for every step (``--optcheck-hazards always``, where a Monitor
+arms them on the steps that need them: a test's loop is short, and an in-place write to a tensor
+saved for backward is then stopped naming the op and the test's line that wrote it).
 ``@pytest.mark.optcheck(off=True)`` leaves a test unwatched; ``@pytest.mark.optcheck(fail_on="error")``
 sets its level (``info``, ``warning``, ``error``). Findings are only recorded while the test runs
 (``on_finding="ignore"``): no ``OptcheckWarning`` reaches the test's own warning filters.
@@ -72,6 +75,9 @@ def pytest_addoption(parser) -> None:
                          "absent; default: a new temporary folder)")
     group.addoption("--optcheck-fail-on", choices=SEVERITIES, default="warning",
                     help="the lowest severity that fails a test (default: warning)")
+    group.addoption("--optcheck-hazards", choices=("always", "auto", "off"), default="always",
+                    help="the autograd hazard probes: always (default: a test's loop is short; an in-place "
+                         "write is named with its op and line), auto (as a Monitor), off")
 
 
 def pytest_configure(config) -> None:
@@ -109,6 +115,8 @@ class OptcheckPlugin:
     def __init__(self, config):
         self.config = config
         self.fail_on = config.getoption("optcheck_fail_on")
+        hazards = config.getoption("optcheck_hazards")
+        self.hazards = False if hazards == "off" else hazards
         self.root = Path(str(config.rootpath))
         self.out = self._session_dir(config)
         self.watch = None  # the current test's _TestWatch
@@ -188,7 +196,7 @@ class OptcheckPlugin:
         while out.exists():  # the same test run again in this session (a rerun plugin, a repeat)
             k += 1
             out = self.out / f"{name}-{k}"
-        watch = _TestWatch(out, every=EVERY, fail_on=level, on_finding="ignore")
+        watch = _TestWatch(out, every=EVERY, fail_on=level, on_finding="ignore", hazards=self.hazards)
         watch.level = level
         watch.in_call = True
         self.watch = watch.install()

@@ -7,8 +7,9 @@ optimizer exists (fails with OC101's text, as ``optcheck check`` prints it, at t
 warning: fails by default, passes under ``@pytest.mark.optcheck(fail_on="error")``), an
 optimizer swapped mid-loop (OC209, info: passes by default, fails under ``fail_on="info"``),
 the replaced layer under ``off=True`` (passes), a test with no optimizer (not listed), a test
-that fails by its own assertion (its failure kept, the findings beside it) and a bad marker
-(its set-up fails in one line). Each run's outcomes are read from ``--junitxml``.
+that fails by its own assertion (its failure kept, the findings beside it), an in-place write
+to a tensor saved for backward (stopped, the op and line named) and a bad marker (its set-up
+fails in one line). Each run's outcomes are read from ``--junitxml``.
 """
 
 from __future__ import annotations
@@ -103,6 +104,20 @@ def test_own_failure():
     assert loss < 0, "the test's own assertion"
 
 
+def test_inplace_write():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Sigmoid(), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(12):
+        h = model[1](model[0](torch.randn(8, 4)))
+        if step == 5:
+            h.mul_(2)  # INPLACE LINE: Sigmoid saved its output for its backward
+        loss = model[2](h).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
 @pytest.mark.optcheck(fail_on="fatal")
 def test_bad_marker():
     assert train() < 10
@@ -112,10 +127,12 @@ def test_bad_marker():
 WATCHED = {"test_clean": "passed", "test_replaced_layer": "failed", "test_replaced_layer_off": "passed",
            "test_unused_module": "failed", "test_unused_module_error_level": "passed",
            "test_switched_optimizer": "passed", "test_switched_optimizer_info_level": "failed",
-           "test_no_optimizer": "passed", "test_own_failure": "failed", "test_bad_marker": "error"}
-#: without --optcheck only the test's own assertion fails
-INERT = {**{name: "passed" for name in WATCHED}, "test_own_failure": "failed"}
-STEP_LINE = next(i for i, line in enumerate(TESTS.splitlines(), 1) if "# STEP LINE" in line)
+           "test_no_optimizer": "passed", "test_own_failure": "failed", "test_inplace_write": "failed",
+           "test_bad_marker": "error"}
+#: without --optcheck only the test's own assertion and PyTorch's own error in backward() fail
+INERT = {**{name: "passed" for name in WATCHED}, "test_own_failure": "failed", "test_inplace_write": "failed"}
+STEP_LINE, INPLACE_LINE = (next(i for i, line in enumerate(TESTS.splitlines(), 1) if mark in line)
+                           for mark in ("# STEP LINE", "# INPLACE LINE"))
 
 
 @pytest.fixture
@@ -127,14 +144,14 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def run_pytest(project: Path, *args: str, timeout: float = 240, **env_extra: str) \
+def run_pytest(project: Path, *args: str, timeout: float = 240, target: str = "test_train.py", **env_extra: str) \
         -> tuple[subprocess.CompletedProcess, dict]:
-    """``python -m pytest ARGS test_train.py --junitxml`` in ``project``: the process and
+    """``python -m pytest ARGS TARGET --junitxml`` in ``project``: the process and
     {test name: (outcome, failure text, optcheck property or None)}."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "OPTCHECK_RUN"))}
     env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **env_extra)
     xml = project / "report.xml"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args, "test_train.py",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args, target,
                            f"--junitxml={xml}"], cwd=project, env=env, capture_output=True, text=True,
                           timeout=timeout)
     cases = {}
@@ -190,10 +207,15 @@ def assert_watched(proc, cases, out: Path | None) -> None:
     own = cases["test_own_failure"][1]
     assert "the test's own assertion" in own and "optcheck: 3 finding(s)" not in own.split("\n")[0], own
     assert "Captured optcheck call" in proc.stdout and "OC101 stale-param" in proc.stdout, said(proc)
+    # an in-place write to a tensor saved for backward: the step is stopped (optcheck.StepStopped) naming the op
+    # and the test's line that wrote it (--optcheck-hazards always), where PyTorch's own error names neither
+    inplace = cases["test_inplace_write"][1]
+    assert "StepStopped" in inplace and f"written in place by mul_ at test_train.py:{INPLACE_LINE}" in inplace, inplace
+    assert "step 6 (pre-step) OC301 inplace-on-saved [error]" in proc.stdout, said(proc)
     # a bad marker: its set-up fails in one line
     assert "@pytest.mark.optcheck(fail_on='fatal'): one of info, warning, error" in cases["test_bad_marker"][1]
     # the terminal summary: the tests that stepped an optimizer, and their findings
-    summary = proc.stdout.split("optcheck: 7 test(s) stepped an optimizer, 6 with findings", 1)
+    summary = proc.stdout.split("optcheck: 8 test(s) stepped an optimizer, 7 with findings", 1)
     assert len(summary) == 2, said(proc)
     tail = summary[1]
     assert "test_train.py::test_clean [PASSED]: SGD over Net, 12 steps" in tail, tail
@@ -237,10 +259,12 @@ def test_without_the_flag_the_plugin_is_inert(project):
 
 def test_under_optcheck_run_the_plugin_steps_aside(project):
     # `optcheck run -- pytest --optcheck`: the run's watch (OPTCHECK_RUN) is in the process already
-    proc, cases = run_pytest(project, "-p", PLUGIN, "--optcheck", "-k", "replaced_layer and not off",
+    (project / "test_plain.py").write_text("def test_plain():\n    assert True\n")
+    proc, cases = run_pytest(project, "-p", PLUGIN, "--optcheck", target="test_plain.py",
                              OPTCHECK_RUN='{"out": "unused"}')
     assert "optcheck: optcheck run already watches this process; --optcheck is off" in proc.stdout, said(proc)
-    assert {k: v[0] for k, v in cases.items()} == {"test_replaced_layer": "passed"}, said(proc)
+    assert {k: v[0] for k, v in cases.items()} == {"test_plain": "passed"}, said(proc)
+    assert "stepped an optimizer" not in proc.stdout, said(proc)
 
 
 def test_optcheck_out_not_empty_is_one_line(project):
@@ -261,3 +285,11 @@ def test_through_the_installed_entry_point(project):
     assert "OC101 stale-param [error]" in cases["test_replaced_layer"][1]
     proc, cases = run_pytest(project, "-p", PLUGIN, "--optcheck", "-k", "clean")  # both ways at once: one plugin
     assert proc.returncode == 0 and cases["test_clean"][0] == "passed", said(proc)
+
+
+def test_run_directory_names_of_test_ids():
+    from optcheck.integrations.pytest_plugin import _dir_name
+
+    assert _dir_name("tests/test_x.py::test_y[a-b]") == "tests_test_x.py_test_y_a-b"
+    long_a, long_b = (f"tests/test_x.py::test_y[{'p' * 200}{k}]" for k in "ab")
+    assert len(_dir_name(long_a)) <= 100 and _dir_name(long_a) != _dir_name(long_b)  # cut, told apart by a hash
