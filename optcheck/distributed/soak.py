@@ -276,23 +276,30 @@ def _summarise(cfg: SoakConfig, nproc: int, out: Path, proc, sig, hung: dict | N
     log = out / "launcher.log"
     beats = heartbeats(out, nproc)
     returncode = proc.returncode if proc is not None else None
-    fault = None
+    fault = rank_signal = None
     if hung is not None:
         how = "was stopped (SIGSTOP)" if hung["stopped"] else "made no progress"
         fault = {"rank": hung["rank"], "step": hung["step"] + 1, "exc_type": "Hang",
                  "message": f"rank {hung['rank']} {how} for {cfg.run.step_timeout_s:g} s (--step-timeout) after step "
                             f"{hung['step']}; every rank was stopped"}
-    elif not sig.count and returncode not in (0, None):
+    ranks, folded, notes = merge.read_ranks(out, nproc)
+    if hung is None and not sig.count and returncode not in (0, None):
         cause = root_cause(log.read_text(encoding="utf-8", errors="replace"))
+        first = ranks[cause["rank"]] if cause is not None and 0 <= cause["rank"] < nproc else None
         if cause is not None and cause["signal"] in ("SIGKILL", "SIGSEGV", "SIGABRT", "SIGBUS"):
             step = beats[cause["rank"]].step if cause["rank"] in beats else 0
             fault = {"rank": cause["rank"], "step": step + 1, "exc_type": cause["signal"], "signal": cause["signal"],
                      "message": f"rank {cause['rank']} was killed by {cause['signal']} in step {step + 1}; "
                                 f"torch.distributed.run stopped the other ranks"}
-    ranks, folded, notes = merge.read_ranks(out, nproc)
+        elif cause is not None and cause["signal"] is not None:  # SIGTERM, SIGINT... to one rank, not to optcheck
+            rank_signal = {"rank": cause["rank"], "signal": cause["signal"]}
+        elif first is not None and first.get("status") == "interrupted" and first.get("interrupted_by"):
+            # the first rank to fail recorded a signal (its Monitor's handler ran, then it exited 1): not the
+            # launcher's, which stops ranks only after a failure, nor optcheck's (sig.count is 0)
+            rank_signal = {"rank": cause["rank"], "signal": first["interrupted_by"]}
     summary = RankRecorder(out, source="soak", knock_on=merge.knock_on).fold(
         ranks, folded, notes, heartbeats={r: b.step for r, b in beats.items()}, interrupted_by=sig.name,
-        fault=fault, launcher_exit=returncode, launcher_log=str(log), elapsed_s=elapsed,
+        fault=fault, rank_signal=rank_signal, launcher_exit=returncode, launcher_log=str(log), elapsed_s=elapsed,
         steps_requested=cfg.run.steps, fail_on=fail_on,
         config={k: v for k, v in cfg.to_wire().items() if k != "inject"}, started=started, finished=utc_now(),
         nproc=nproc, inject=[f"{i.name}@{i.step}" for i in cfg.checks.inject], signals=sig.count)

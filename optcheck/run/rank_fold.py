@@ -51,14 +51,30 @@ def _entry(rank: int, s: dict | None) -> dict:
             "findings_by_code": s.get("findings_by_code"), "interrupted_by": s.get("interrupted_by")}
 
 
+def _signalled(rank: int, sig: str, last_step: int | None) -> dict:
+    """The ``crash`` of a run whose rank ``rank`` got signal ``sig`` (not from optcheck) after step
+    ``last_step`` (None or 0 with no step recorded: at start-up, before its first step)."""
+    step = (last_step or 0) + 1
+    when = f"in step {step}" if last_step else "at start-up, before its first step"
+    return {"rank": rank, "step": step, "exc_type": sig, "signal": sig,
+            "message": f"rank {rank} got {sig} (not from optcheck) {when}; the other ranks were stopped"}
+
+
 def fold_ranks(ranks: list[dict | None], findings: list[dict], notes: list[str], *, out: str | Path,
                source: str = "monitor", knock_on: Callable[[dict], bool] | None = None,
                heartbeats: dict[int, int] | None = None, interrupted_by: str | None = None,
                fault: dict | None = None, launcher_exit: int | None = None, launcher_log: str | None = None,
-               elapsed_s: float | None = None, **fields) -> dict:
+               elapsed_s: float | None = None, rank_signal: dict | None = None, **fields) -> dict:
     """The merged summary of ``ranks`` (each rank's checked ``summary.json``, None when it
     has none) and their ``findings`` (each with its ``rank``), as the module docstring says.
     ``fields`` are set last (the supervisor's config, steps asked for, times...).
+
+    ``rank_signal``: ``{"rank", "signal"}``, the rank that ended first, by a signal that was not
+    optcheck's nor a kill (a SIGTERM to rank 1), as the launcher's "Root Cause" report names it
+    (``optcheck.distributed.soak.root_cause``). That rank and signal are the run's story
+    (interrupted, 130, ``crash`` naming them), whatever the ranks recorded: the rank may have
+    ended before its Monitor ran (no summary), and the others record the launcher's SIGTERM
+    that followed as an interruption of their own.
 
     Raises:
         AttributeError: a field in ``fields`` that no summary has.
@@ -86,6 +102,14 @@ def fold_ranks(ranks: list[dict | None], findings: list[dict], notes: list[str],
         status, code = "interrupted", exitcodes.INTERRUPTED
     elif fault is not None:  # a rank killed or hung, seen from outside: the others' ends are its knock-on
         status, code, crash = "crashed", exitcodes.CRASHED, fault
+    elif rank_signal is not None:  # the launcher's root cause: one rank signalled first, the rest its knock-on
+        r, interrupted_by = rank_signal["rank"], rank_signal["signal"]
+        status, code = "interrupted", exitcodes.INTERRUPTED
+        entry = per[r] if 0 <= r < len(per) else {"last_step": None}
+        last = entry["last_step"] if isinstance(entry["last_step"], int) else (heartbeats or {}).get(r)
+        crash = _signalled(r, interrupted_by, last)
+        if r in missing:  # it ended before its Monitor wrote anything
+            entry["interrupted_by"] = interrupted_by
     elif own and signalled:  # a rank's own exception; the launcher then stopped the others (SIGTERM)
         rest = [e for e in per if e not in signalled]
         status = exitcodes.worst_status([*(e["status"] for e in rest), "crashed"])
@@ -93,10 +117,7 @@ def fold_ranks(ranks: list[dict | None], findings: list[dict], notes: list[str],
     elif signalled and len(signalled) < len(per):  # a signal to some ranks, not to optcheck: name them
         first = signalled[0]
         interrupted_by = first["interrupted_by"]
-        step = (first["last_step"] or 0) + 1
-        crash = {"rank": first["rank"], "step": step, "exc_type": interrupted_by, "signal": interrupted_by,
-                 "message": f"rank {first['rank']} got {interrupted_by} (not from optcheck) in step {step}; "
-                            f"the other ranks were stopped"}
+        crash = _signalled(first["rank"], interrupted_by, first["last_step"] or 0)
     elif signalled:  # every rank got it (a Ctrl-C to the whole job): the job was interrupted
         interrupted_by = signalled[0]["interrupted_by"]
     elif launcher_exit not in (0, None) and exitcodes.worst([code, exitcodes.CRASHED]) == exitcodes.CRASHED:
