@@ -147,6 +147,28 @@ def test_sigterm_to_one_rank_names_the_rank_and_the_signal(tmp_path, start):
     assert "INTERRUPTED (exit 130)" in stdout and "rank 1 got SIGTERM" in stdout, stdout
 
 
+def test_sigterm_to_one_rank_at_start_up_names_the_rank_and_the_signal(tmp_path, start):
+    """Issue 48 point 1: SIGTERM to rank 1 as soon as its heartbeat exists (step 0, before its Monitor
+    runs) read "CRASHED (exit 3)", ``crash.rank`` 0 (the rank not signalled), ``interrupted_by`` null
+    in 7 of 7 trials. The launcher's Root Cause names rank 1 and SIGTERM: so does the summary."""
+    out = tmp_path / "run"
+    proc = start(out, "--every", "5", "-q")
+    deadline = time.monotonic() + START_CAP_S
+    while True:
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr").read_text()[-2000:]
+        try:
+            pid = int((out / "rank-1" / "heartbeat").read_text().split()[2])
+            break
+        except (OSError, ValueError, IndexError):
+            time.sleep(0.01)
+    os.kill(pid, signal.SIGTERM)
+    assert proc.wait(timeout=START_CAP_S) == 130, (tmp_path / "stderr").read_text()[-2000:]
+    s = read_summary(out)
+    assert (s["status"], s["exit_code"], s["interrupted_by"]) == ("interrupted", 130, "SIGTERM"), s
+    assert (s["crash"]["rank"], s["crash"]["signal"]) == (1, "SIGTERM"), s["crash"]
+    assert "rank 1 got SIGTERM (not from optcheck)" in (tmp_path / "stdout").read_text()
+
+
 def test_a_killed_optcheck_takes_its_launcher_and_ranks_with_it(tmp_path, start):
     out = tmp_path / "run"
     proc = start(out, "--every", "10", "-q")
