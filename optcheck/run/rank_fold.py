@@ -135,6 +135,9 @@ def fold_ranks(ranks: list[dict | None], findings: list[dict], notes: list[str],
              crash=crash, lead_time=lead_time(ordered, crash), missing_ranks=missing, ranks=per, notes=notes,
              peak_rss_bytes=max(peaks, default=s.get("peak_rss_bytes") or 0), interrupted_by=interrupted_by
              if interrupted_by is not None else s.get("interrupted_by"))
+    failed = [(r, x["record_error"]) for r, x in enumerate(ranks) if x and x.get("record_error")]
+    if failed:  # the first rank whose records stopped, and where (optcheck.run.recorder: "nothing recorded after")
+        s["record_error"] = f"rank {failed[0][0]}: {failed[0][1]}"
     if elapsed_s is not None:
         s.update(elapsed_s=round(elapsed_s, 3), steps_per_s=round(s["last_step"] / elapsed_s, 2) if elapsed_s else None)
     for k, v in fields.items():
