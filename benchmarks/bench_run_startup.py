@@ -12,10 +12,13 @@ medians of both sides their ratio.
   pool): what every process of the command pays;
 - ``torch`` (``--torch``): ``python -c "import torch"``: a process that imports torch and never
   steps an optimizer (a DataLoader worker under spawn, the torchrun launcher): the hook plus the
-  watch's install (``optcheck.autowatch.attach`` imported, three global hooks registered).
+  watch's install (``optcheck.autowatch.attach`` imported, three global hooks registered);
+- ``--forward``: in this process, what the watch's global forward pre-hook adds to each module
+  call (a 64-layer ``Sequential`` of tiny ``Linear`` layers, CPU time, alternating rounds with
+  and without the hooks): the price per module call of a watched program, Monitor aside.
 
     python benchmarks/bench_run_startup.py                 # 40 pairs of python -c pass
-    python benchmarks/bench_run_startup.py --pairs 10 --torch
+    python benchmarks/bench_run_startup.py --pairs 10 --torch --forward
 """
 
 from __future__ import annotations
@@ -67,10 +70,44 @@ def measure(code: str, pairs: int, out: str) -> dict:
             "ratio": statistics.median(b) / statistics.median(a)}
 
 
+def forward_hook_cost(modules: int = 64, calls: int = 300, rounds: int = 20) -> dict:
+    """What the watch's global forward pre-hook adds per module call: a ``Sequential`` of
+    ``modules`` tiny ``Linear`` layers called ``calls`` times, with the hooks installed and
+    without, in alternating rounds (CPU time, ``time.process_time_ns``); ns per module call."""
+    import torch
+
+    from optcheck.autowatch.attach import AutoWatch
+
+    torch.set_num_threads(1)
+    net = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(modules)])
+    x = torch.randn(1, 4)
+
+    def block() -> float:
+        t0 = time.process_time_ns()
+        with torch.no_grad():
+            for _ in range(calls):
+                net(x)
+        return (time.process_time_ns() - t0) / (calls * (modules + 1))
+
+    block()
+    plain, hooked = [], []
+    for i in range(rounds):
+        for side in ((plain, hooked) if i % 2 else (hooked, plain)):
+            w = AutoWatch(None).install() if side is hooked else None
+            side.append(block())
+            if w is not None:
+                w.uninstall()
+    diffs = [h - p for p, h in zip(plain, hooked)]
+    return {"plain_ns_per_call": statistics.median(plain), "hooked_ns_per_call": statistics.median(hooked),
+            "added_ns_per_call": statistics.fmean(diffs),
+            "added_ci95_ns": 1.96 * statistics.stdev(diffs) / math.sqrt(len(diffs))}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=40)
     ap.add_argument("--torch", action="store_true", help="also python -c 'import torch'")
+    ap.add_argument("--forward", action="store_true", help="also the forward hook's cost per module call")
     args = ap.parse_args(argv)
     import tempfile
 
@@ -82,6 +119,11 @@ def main(argv=None) -> None:
         print(f"python -c {r['code']!r:16} plain {r['plain_median_ms']:7.1f} ms  hooked {r['hooked_median_ms']:7.1f} ms"
               f"  added {r['added_ms']:+6.2f} ± {r['added_ci95_ms']:.2f} ms (median {r['added_median_ms']:+.2f})"
               f"  ratio {r['ratio']:.3f}x  ({r['pairs']} pairs)")
+    if args.forward:
+        f = forward_hook_cost()
+        print(f"forward pre-hook: {f['plain_ns_per_call']:.0f} ns per module call plain, "
+              f"{f['hooked_ns_per_call']:.0f} hooked: +{f['added_ns_per_call']:.0f} ± {f['added_ci95_ns']:.0f} ns")
+        rows.append(f)
     print(json.dumps(rows))
 
 

@@ -10,6 +10,10 @@
   first covering them all (a ``DistributedDataParallel``/``OptimizedModule``/PEFT wrapper
   is such a top-level module; the Monitor unwraps it, ``optcheck/pytorch/unwrap.py``).
 
+Once every optimizer that stepped is watched, the forward hook is removed (module calls take
+torch's fast path again, ``benchmarks/bench_run_startup.py --forward``); an optimizer that
+steps later registers it again, so its model is found at its first or a following step.
+
 The ``optcheck.Monitor`` for that pair is opened at the next module forward (torch
 copies the global forward hooks before calling them, while a hook that registers a
 step hook inside ``Optimizer.step``'s own hook loop would change the dict torch is
@@ -85,6 +89,7 @@ class AutoWatch:
         self._stepping: set[int] = set()  # id(optimizer) of the steps under way (a closure's forward runs in one)
         self._tracked: dict[int, weakref.ref] = {}  # id(optimizer) -> optimizer, for _tries/_done (ids are reused)
         self._handles: list = []
+        self._forward = None  # the forward pre-hook's handle while it is registered
         self._lock = threading.RLock()
         self._busy = False  # opening a Monitor: its own forwards/steps are not the user's
         self.installed = False
@@ -95,17 +100,29 @@ class AutoWatch:
         """Register the global hooks (idempotent). Returns self."""
         if self.installed:
             return self
-        from torch.nn.modules.module import register_module_forward_pre_hook
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         # torch.compile's OptimizedModule warns at each call while any global module hook exists (its hooks
         # would fire twice: harmless here, both are remembered); the program must not see optcheck's
         warnings.filterwarnings("ignore", message=COMPILE_WARNING, category=UserWarning)
-        self._handles = [register_module_forward_pre_hook(self._forward_pre),
-                         register_optimizer_step_pre_hook(self._step_pre),
+        self._handles = [register_optimizer_step_pre_hook(self._step_pre),
                          register_optimizer_step_post_hook(self._step_post)]
         self.installed = True
+        self._arm()
         return self
+
+    def _arm(self) -> None:
+        """Register the global forward pre-hook (until every optimizer that stepped is watched)."""
+        if self._forward is None and self.installed:
+            from torch.nn.modules.module import register_module_forward_pre_hook
+
+            self._forward = register_module_forward_pre_hook(self._forward_pre)
+
+    def _disarm(self) -> None:
+        """Remove it: torch's module calls take their fast path again (no global hook left of ours)."""
+        if self._forward is not None:
+            self._forward.remove()
+            self._forward = None
 
     def uninstall(self) -> list[dict]:
         """Remove the hooks and close every Monitor (each writes its summary); returns their
@@ -117,6 +134,10 @@ class AutoWatch:
             except Exception:  # noqa: BLE001 - never into the user's program
                 pass
         self._handles = []
+        try:
+            self._disarm()
+        except Exception:  # noqa: BLE001
+            pass
         self.installed = False
         try:
             self._open_pending()  # stepped, never reached another forward: still a record of its steps
@@ -180,6 +201,8 @@ class AutoWatch:
             self._done[key] += 1
             if key in self._tries and not self._busy:  # its closure ran the forward inside step() (LBFGS, Lightning)
                 self._guarded(self._first_step, optimizer, False)
+        if self._forward is not None and not self._pending and not self._tries and self.monitors and not self._busy:
+            self._disarm()  # every optimizer that stepped is watched: module calls cost nothing of optcheck's
         return None
 
     # -- finding the model ---------------------------------------------------------
@@ -197,6 +220,7 @@ class AutoWatch:
         if not params:
             self._give_up(optimizer, f"optimizer {name} has no parameters: not watched")
             return
+        self._arm()  # (a new optimizer after the others were watched: module forwards are remembered again)
         if self._watched(params):  # a wrapper's inner optimizer, or one swapped in: its Monitor follows it
             self._forget(optimizer)
             return

@@ -61,10 +61,10 @@ def _call_hook_unless_compiling(hook, *args, **kwargs):
 
 if hasattr(torch.compiler, "substitute_in_graph"):  # torch >= 2.5
     #: run outside Dynamo when called as a frame; traced as :func:`_no_hook` when inlined
-    _ENTRY = torch.compiler.substitute_in_graph(torch.compiler.disable(_call_hook),
+    HOOK_RUNNER = torch.compiler.substitute_in_graph(torch.compiler.disable(_call_hook),
                                                 skip_signature_check=True)(_no_hook)
 else:  # pragma: no cover - torch < 2.5: traced as a no-op both ways (one frame per hook under compile)
-    _ENTRY = _call_hook_unless_compiling
+    HOOK_RUNNER = _call_hook_unless_compiling
 
 
 
@@ -96,7 +96,7 @@ class EagerHook(functools.partial):
     ``copy.deepcopy`` keeps it (one hook object per optimizer); pickled as ``fn`` itself."""
 
     def __new__(cls, fn):
-        self = super().__new__(cls, _ENTRY, fn)
+        self = super().__new__(cls, HOOK_RUNNER, fn)
         self.fn = fn
         return self
 

@@ -109,3 +109,14 @@ def test_a_compiled_model_is_found_and_unwrapped(watch):
             opt.zero_grad()
     (mon,) = watch.monitors  # found as the OptimizedModule that ran; the Monitor unwraps it
     assert mon.model is model and mon.step_count == 3
+
+
+def test_the_forward_hook_is_removed_once_every_optimizer_is_watched_and_comes_back_for_a_new_one(watch):
+    from torch.nn.modules.module import _has_any_global_hook  # noqa: PLC2701 - torch's own test of its fast path
+
+    model = _net()
+    _loop(model, torch.optim.SGD(model.parameters(), lr=0.01), steps=3)
+    assert len(watch.monitors) == 1 and not _has_any_global_hook()  # module calls take torch's fast path
+    late = _net()
+    _loop(late, torch.optim.Adam(late.parameters(), lr=0.01), steps=4)  # created later: followed all the same
+    assert len(watch.monitors) == 2 and watch.monitors[1].model is late and not _has_any_global_hook()

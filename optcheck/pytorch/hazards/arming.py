@@ -160,14 +160,12 @@ class ArmingPolicy:
         for key, ref in self._mods.items():
             m = ref()
             have = self._hooked.get(key)
-            # (once the hooks were traced inside a compiled function, none is added: Dynamo guards on them)
+            # (none added once traced inside a compiled function: Dynamo guards on them)
             if m is not None and key not in compiled and (have is None or have[0]() is not m) \
                     and not self._hook_traced:
-                # every hook an EntryHook: a module called from a compiled function (or a compiled train
-                # step) traces it as nothing, eagerly it runs outside Dynamo (optcheck/pytorch/dynamo_safe.py)
-                pre, post = self._entry_pre, self._entry_post
-                self._hooked[key] = (ref, (own(m.register_forward_pre_hook(pre)),  # (unsaved.py)
-                                           own(m.register_forward_hook(post, always_call=True))))
+                # EntryHooks: traced as nothing from a compiled function, eagerly outside Dynamo (dynamo_safe.py)
+                self._hooked[key] = (ref, (own(m.register_forward_pre_hook(self._entry_pre)),  # (unsaved.py)
+                                           own(m.register_forward_hook(self._entry_post, always_call=True))))
         for key in [k for k in self._hooked if k not in self._mods or k in compiled]:
             for h in self._hooked.pop(key)[1]:
                 h.remove()

@@ -34,7 +34,7 @@ from operator import methodcaller
 
 import torch
 
-from optcheck.pytorch.dynamo_safe import _ENTRY  # the hook runner, shared with the optimizer step hooks
+from optcheck.pytorch.dynamo_safe import HOOK_RUNNER  # the hook runner, shared with the optimizer step hooks
 
 #: the attribute ``Module.compile()`` sets (``torch/nn/modules/module.py``; None until then)
 _IN_PLACE = "_compiled_call_impl"
@@ -117,7 +117,7 @@ class EntryHook(functools.partial):
     ignores modules it was not built for)."""
 
     def __new__(cls, owner: object, name: str):
-        self = super().__new__(cls, _ENTRY, getattr(owner, name))
+        self = super().__new__(cls, HOOK_RUNNER, getattr(owner, name))
         self.owner, self.name = owner, name
         return self
 
