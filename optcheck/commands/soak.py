@@ -47,7 +47,8 @@ def _say_record_error(summary: dict) -> bool:
     """One line on stderr when the run directory stopped taking writes; True then."""
     if not summary.get("record_error"):
         return False
-    where = f"the worker was stopped at step {summary.get('last_step', 0):,}"
+    where = (f"the ranks trained on to step {summary.get('last_step', 0):,}" if (summary.get("world") or 1) > 1
+             else f"the worker was stopped at step {summary.get('last_step', 0):,}")
     if summary.get("summary_error"):
         where += f"; {summary['summary_error']} (summary.json keeps its last state)"
     else:

@@ -50,7 +50,7 @@ from optcheck.distributed import lifetime, merge
 from optcheck.distributed.limits import check_capacity, env_timeout_s
 from optcheck.errors import InputError
 from optcheck.findings import Finding
-from optcheck.run import exitcodes, rundir as rd
+from optcheck.run import rundir as rd
 from optcheck.run.recorder import RankRecorder
 from optcheck.record.summary import Summary, utc_now
 
@@ -65,9 +65,6 @@ class Beat(NamedTuple):
     stage: int
     pid: int | None
 
-
-#: signals that stop a rank from outside (a user's or a scheduler's), named when a rank exits by one
-STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
 
 #: seconds the ranks get to close after SIGTERM before SIGKILL (see _stop)
 RANK_GRACE_S = 30.0
@@ -279,29 +276,30 @@ def _summarise(cfg: SoakConfig, nproc: int, out: Path, proc, sig, hung: dict | N
     log = out / "launcher.log"
     beats = heartbeats(out, nproc)
     returncode = proc.returncode if proc is not None else None
-    fault = None
+    fault = rank_signal = None
     if hung is not None:
         how = "was stopped (SIGSTOP)" if hung["stopped"] else "made no progress"
         fault = {"rank": hung["rank"], "step": hung["step"] + 1, "exc_type": "Hang",
                  "message": f"rank {hung['rank']} {how} for {cfg.run.step_timeout_s:g} s (--step-timeout) after step "
                             f"{hung['step']}; every rank was stopped"}
-    first_failed = None
+    ranks, folded, notes = merge.read_ranks(out, nproc)
     if hung is None and not sig.count and returncode not in (0, None):
         cause = root_cause(log.read_text(encoding="utf-8", errors="replace"))
-        if cause is not None and (cause["signal"] in STOP_SIGNALS or cause["exitcode"] == exitcodes.INTERRUPTED):
-            # a rank stopped from outside (before its Monitor ran: -15; after: its handler's 130); the
-            # launcher's SIGTERM to the others came after it (issue 48)
-            first_failed = {"rank": cause["rank"], "signal": cause["signal"] if cause["signal"] in STOP_SIGNALS
-                            else None}
+        first = ranks[cause["rank"]] if cause is not None and 0 <= cause["rank"] < nproc else None
         if cause is not None and cause["signal"] in ("SIGKILL", "SIGSEGV", "SIGABRT", "SIGBUS"):
             step = beats[cause["rank"]].step if cause["rank"] in beats else 0
             fault = {"rank": cause["rank"], "step": step + 1, "exc_type": cause["signal"], "signal": cause["signal"],
                      "message": f"rank {cause['rank']} was killed by {cause['signal']} in step {step + 1}; "
                                 f"torch.distributed.run stopped the other ranks"}
-    ranks, folded, notes = merge.read_ranks(out, nproc)
+        elif cause is not None and cause["signal"] is not None:  # SIGTERM, SIGINT... to one rank, not to optcheck
+            rank_signal = {"rank": cause["rank"], "signal": cause["signal"]}
+        elif first is not None and first.get("status") == "interrupted" and first.get("interrupted_by"):
+            # the first rank to fail recorded a signal (its Monitor's handler ran, then it exited 1): not the
+            # launcher's, which stops ranks only after a failure, nor optcheck's (sig.count is 0)
+            rank_signal = {"rank": cause["rank"], "signal": first["interrupted_by"]}
     summary = RankRecorder(out, source="soak", knock_on=merge.knock_on).fold(
         ranks, folded, notes, heartbeats={r: b.step for r, b in beats.items()}, interrupted_by=sig.name,
-        fault=fault, launcher_exit=returncode, launcher_log=str(log), elapsed_s=elapsed, first_failed=first_failed,
+        fault=fault, rank_signal=rank_signal, launcher_exit=returncode, launcher_log=str(log), elapsed_s=elapsed,
         steps_requested=cfg.run.steps, fail_on=fail_on,
         config={k: v for k, v in cfg.to_wire().items() if k != "inject"}, started=started, finished=utc_now(),
         nproc=nproc, inject=[f"{i.name}@{i.step}" for i in cfg.checks.inject], signals=sig.count)

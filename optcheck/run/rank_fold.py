@@ -51,17 +51,30 @@ def _entry(rank: int, s: dict | None) -> dict:
             "findings_by_code": s.get("findings_by_code"), "interrupted_by": s.get("interrupted_by")}
 
 
+def _signalled(rank: int, sig: str, last_step: int | None) -> dict:
+    """The ``crash`` of a run whose rank ``rank`` got signal ``sig`` (not from optcheck) after step
+    ``last_step`` (None or 0 with no step recorded: at start-up, before its first step)."""
+    step = (last_step or 0) + 1
+    when = f"in step {step}" if last_step else "at start-up, before its first step"
+    return {"rank": rank, "step": step, "exc_type": sig, "signal": sig,
+            "message": f"rank {rank} got {sig} (not from optcheck) {when}; the other ranks were stopped"}
+
+
 def fold_ranks(ranks: list[dict | None], findings: list[dict], notes: list[str], *, out: str | Path,
                source: str = "monitor", knock_on: Callable[[dict], bool] | None = None,
                heartbeats: dict[int, int] | None = None, interrupted_by: str | None = None,
                fault: dict | None = None, launcher_exit: int | None = None, launcher_log: str | None = None,
-               elapsed_s: float | None = None, first_failed: dict | None = None, **fields) -> dict:
+               elapsed_s: float | None = None, rank_signal: dict | None = None, **fields) -> dict:
     """The merged summary of ``ranks`` (each rank's checked ``summary.json``, None when it
     has none) and their ``findings`` (each with its ``rank``), as the module docstring says.
     ``fields`` are set last (the supervisor's config, steps asked for, times...).
-    ``first_failed``: ``{"rank", "signal"}``, the rank ``torch.distributed.run`` saw fail first (its log's
-    "Root Cause") when optcheck itself was not signalled, and the stop signal that ended it (``signal``: the
-    exit was -N) or None: that rank is the cause; ranks the launcher stopped afterwards (SIGTERM) are not.
+
+    ``rank_signal``: ``{"rank", "signal"}``, the rank that ended first, by a signal that was not
+    optcheck's nor a kill (a SIGTERM to rank 1), as the launcher's "Root Cause" report names it
+    (``optcheck.distributed.soak.root_cause``). That rank and signal are the run's story
+    (interrupted, 130, ``crash`` naming them), whatever the ranks recorded: the rank may have
+    ended before its Monitor ran (no summary), and the others record the launcher's SIGTERM
+    that followed as an interruption of their own.
 
     Raises:
         AttributeError: a field in ``fields`` that no summary has.
@@ -84,37 +97,27 @@ def fold_ranks(ranks: list[dict | None], findings: list[dict], notes: list[str],
     crashes.sort(key=knock_on)  # the root cause first: a rank's own exception, not what it left the others in
     own = [c for c in crashes if not knock_on(c)]
     crash = crashes[0] if crashes else None
-    cause = per[first_failed["rank"]] if first_failed and 0 <= first_failed.get("rank", -1) < len(per) else None
-    if cause is not None and first_failed.get("signal") and (ranks[cause["rank"]] is None
-                                                             or cause["status"] in ("running", "stopped")):
-        # killed by a stop signal before its Monitor could record it (no handler yet: exit -15)
-        cause.update(status="interrupted", exit_code=exitcodes.INTERRUPTED, crash=None,
-                     interrupted_by=first_failed["signal"])
-        if cause["last_step"] is None and heartbeats and cause["rank"] in heartbeats:
-            cause["last_step"] = heartbeats[cause["rank"]]
     signalled = [e for e in per if e["status"] == "interrupted" and e.get("interrupted_by")]
-    if cause is not None and cause in signalled:
-        # the rank that died first is the one signalled from outside; the others got the launcher's SIGTERM
-        signalled = [cause]
-        crashes = [c for c in crashes if c["rank"] != cause["rank"]]
-        own = []
     if interrupted_by is not None:  # optcheck itself was signalled: every rank is being stopped
         status, code = "interrupted", exitcodes.INTERRUPTED
     elif fault is not None:  # a rank killed or hung, seen from outside: the others' ends are its knock-on
         status, code, crash = "crashed", exitcodes.CRASHED, fault
-    elif own and signalled and signalled[0] is not cause:  # a rank's own exception; the launcher stopped the others
+    elif rank_signal is not None:  # the launcher's root cause: one rank signalled first, the rest its knock-on
+        r, interrupted_by = rank_signal["rank"], rank_signal["signal"]
+        status, code = "interrupted", exitcodes.INTERRUPTED
+        entry = per[r] if 0 <= r < len(per) else {"last_step": None}
+        last = entry["last_step"] if isinstance(entry["last_step"], int) else (heartbeats or {}).get(r)
+        crash = _signalled(r, interrupted_by, last)
+        if r in missing:  # it ended before its Monitor wrote anything
+            entry["interrupted_by"] = interrupted_by
+    elif own and signalled:  # a rank's own exception; the launcher then stopped the others (SIGTERM)
         rest = [e for e in per if e not in signalled]
         status = exitcodes.worst_status([*(e["status"] for e in rest), "crashed"])
         code = exitcodes.worst([*(e["exit_code"] for e in rest if isinstance(e["exit_code"], int)), exitcodes.CRASHED])
-    elif signalled and (len(signalled) < len(per) or signalled[0] is cause):  # some ranks, not optcheck: name them
+    elif signalled and len(signalled) < len(per):  # a signal to some ranks, not to optcheck: name them
         first = signalled[0]
-        if first is cause:
-            status, code = "interrupted", exitcodes.INTERRUPTED
         interrupted_by = first["interrupted_by"]
-        step = (first["last_step"] or 0) + 1
-        crash = {"rank": first["rank"], "step": step, "exc_type": interrupted_by, "signal": interrupted_by,
-                 "message": f"rank {first['rank']} got {interrupted_by} (not from optcheck) in step {step}; "
-                            f"the other ranks were stopped"}
+        crash = _signalled(first["rank"], interrupted_by, first["last_step"] or 0)
     elif signalled:  # every rank got it (a Ctrl-C to the whole job): the job was interrupted
         interrupted_by = signalled[0]["interrupted_by"]
     elif launcher_exit not in (0, None) and exitcodes.worst([code, exitcodes.CRASHED]) == exitcodes.CRASHED:
@@ -132,6 +135,9 @@ def fold_ranks(ranks: list[dict | None], findings: list[dict], notes: list[str],
              crash=crash, lead_time=lead_time(ordered, crash), missing_ranks=missing, ranks=per, notes=notes,
              peak_rss_bytes=max(peaks, default=s.get("peak_rss_bytes") or 0), interrupted_by=interrupted_by
              if interrupted_by is not None else s.get("interrupted_by"))
+    failed = [(r, x["record_error"]) for r, x in enumerate(ranks) if x and x.get("record_error")]
+    if failed:  # the first rank whose records stopped, and where (optcheck.run.recorder: "nothing recorded after")
+        s["record_error"] = f"rank {failed[0][0]}: {failed[0][1]}"
     if elapsed_s is not None:
         s.update(elapsed_s=round(elapsed_s, 3), steps_per_s=round(s["last_step"] / elapsed_s, 2) if elapsed_s else None)
     for k, v in fields.items():

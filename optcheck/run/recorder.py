@@ -83,6 +83,7 @@ class RunRecorder:
         self.on_record_error = on_record_error
         self.on_fill, self.on_failure = on_fill, on_failure
         self.record_error: RecordError | None = None
+        self.recorded_to: int | None = None  # the last step reached when the first record failed
         self.rundir = (RunDir(out, append=append, force=force, reuse_hint=reuse_hint, option=option)
                        if out is not None else None)
         if self.rundir is not None:
@@ -122,6 +123,7 @@ class RunRecorder:
         if self.record_error is not None:
             return
         self.record_error = e
+        self.recorded_to = self.summary.last_step
         if self.on_failure is not None:
             self.on_failure(e)
 
@@ -258,7 +260,9 @@ class RunRecorder:
         sm.cost = {**cost_dict(self.snapshot_cost, self.checker.cost), "steps": old.get("steps"),
                    "train_cpu_s": old.get("train_cpu_s"),
                    **{k: v for k, v in old.items() if k not in ("snapshots", "checks", "steps", "train_cpu_s")}}
-        sm.record_error = str(self.record_error) if self.record_error else sm.record_error
+        # where the records stop: a Monitor trains on after it (recorded in memory), so last_step says nothing
+        sm.record_error = (f"{self.record_error}; nothing recorded after step {self.recorded_to}"
+                           if self.record_error else sm.record_error)
         if not running:
             sm.finished = sm.finished or utc_now()
         return sm.to_dict()
@@ -297,7 +301,7 @@ class RunRecorder:
             summary["summary_error"] = str(e)
             if self.record_error is None:
                 self._failed(e)
-                summary["record_error"] = str(e)
+                summary["record_error"] = f"{e}; nothing recorded after step {self.recorded_to}"
                 summary["status"] = "record-failed" if status is None else status
                 summary["exit_code"] = self.exit_code = self.exit_code_now(crashed=crashed, interrupted=interrupted)
         return summary

@@ -544,6 +544,17 @@ def summary_temps(path: str | os.PathLike) -> list[str]:
         return []
 
 
+def _rewrite_in_place(target: Path, data: bytes) -> None:
+    """Overwrite the existing regular file ``target`` with ``data`` (no new file made: written from
+    its start, then cut to the new length; never through a symlink). Raises OSError."""
+    fd = _open_regular(target, os.O_WRONLY)
+    try:
+        _write_all(fd, data)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+
+
 def write_summary(path: str | os.PathLike, summary: dict) -> None:
     """Atomically replace the summary file of run directory ``path`` (a temporary file of this
     process and thread alone, :func:`summary_temp_name`, then rename(2); never through a symlink):
@@ -551,8 +562,14 @@ def write_summary(path: str | os.PathLike, summary: dict) -> None:
     Called by ``optcheck/run/recorder.py`` only: the one writer of a run's summary
     (``tests/unit/test_layout.py``).
 
+    A folder that takes no new file any more (made read-only mid-run, ``chmod 555``: ``EACCES``,
+    ``EPERM``) while ``summary.json`` itself can still be written: the summary is rewritten in
+    place (:func:`_rewrite_in_place`; not atomic, the one way left), so that it never keeps a
+    ``running`` that readers would take for a killed run.
+
     Raises:
-        RecordError: the temporary file could not be written or renamed.
+        RecordError: the temporary file could not be written or renamed (nor, in such a folder,
+            the summary rewritten in place).
     """
     summary = {"schema": SUMMARY_SCHEMA, **summary}
     target = Path(path) / "summary.json"
@@ -560,7 +577,13 @@ def write_summary(path: str | os.PathLike, summary: dict) -> None:
     data = (strict_json(summary, indent=2, default=str) + "\n").encode("utf-8")
     made = False
     try:
-        fd = _open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            fd = _open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        except PermissionError as e:  # the folder takes no new file: the summary in place, or the first error
+            try:
+                return _rewrite_in_place(target, data)
+            except OSError:
+                raise e from None
         made = True
         try:
             _write_all(fd, data)

@@ -121,6 +121,25 @@ def test_disk_fills_mid_run_on_a_300k_tmpfs(tmpfs):
     assert_record_failed(res, out, "ENOSPC")
 
 
+def test_a_full_disk_under_nproc_says_where_the_records_stop(tmpfs):
+    """Issue 48 point 5: with --nproc the ranks' Monitors train on after a full disk (recorded in
+    memory); the error said "stopped at step 400" where the ranks stopped recording at 170. It says
+    the step after which nothing was recorded, the one the rank's own records end at."""
+    out = tmpfs("size=600k") / "run"
+    res = run(soak_cmd(out, "--nproc", "2", steps=300, every=5), timeout=600)
+    assert res.returncode == exitcodes.RECORD_FAILED, res.stderr
+    line = one_error_line(res.stderr)
+    s = summary(out)
+    assert s["status"] == "record-failed" and "ENOSPC" in s["record_error"], s
+    import re
+    m = re.search(r"rank (\d+): cannot record to .*; nothing recorded after step (\d+);", line)
+    assert m and "the ranks trained on to step" in line, line
+    rank, recorded = int(m.group(1)), int(m.group(2))
+    metrics = whole_lines(out / f"rank-{rank}" / "metrics.jsonl")
+    assert recorded < s["last_step"] and metrics[-1]["step"] <= recorded, (recorded, metrics[-1], s["last_step"])
+    assert s["record_error"].endswith(f"nothing recorded after step {recorded}")
+
+
 def test_file_size_limit_stops_the_run_with_exit_4(tmp_path):
     """RLIMIT_FSIZE (ulimit -f) in the optcheck process: the same path as a full
     disk, on every machine (writes fail with EFBIG; Python ignores SIGXFSZ)."""
