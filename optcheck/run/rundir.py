@@ -573,4 +573,26 @@ def write_summary(path: str | os.PathLike, summary: dict) -> None:
                 os.unlink(tmp)
             except OSError:
                 pass
+        if e.errno in (errno.EACCES, errno.EPERM) and _rewrite_in_place(target, data):
+            return  # the folder took no new file (made read-only mid-run): the summary says the end all the same
         raise RecordError(target, e) from None
+
+
+def _rewrite_in_place(target: Path, data: bytes) -> bool:
+    """Overwrite an existing regular ``summary.json`` in place (not atomic; never through a symlink), for a
+    folder that takes no new file but whose files still take writes (``chmod 555`` mid-run): its status then
+    says how the run ended instead of staying ``running`` (issue 48). True when written."""
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        _write_all(fd, data)
+        os.ftruncate(fd, len(data))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
