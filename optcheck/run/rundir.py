@@ -579,7 +579,7 @@ def write_summary(path: str | os.PathLike, summary: dict) -> None:
 
 
 def _rewrite_in_place(target: Path, data: bytes) -> bool:
-    """Overwrite an existing regular ``summary.json`` in place (not atomic; never through a symlink), for a
+    """Replace the bytes of an existing regular summary file in place (not atomic; never through a symlink), for a
     folder that takes no new file but whose files still take writes (``chmod 555`` mid-run): its status then
     says how the run ended instead of staying ``running`` (issue 48). True when written."""
     try:
