@@ -120,7 +120,7 @@ def test_always_arms_every_step_and_names_the_write_site(tmp_path):
     (f,) = [f for f in found if f["code"] == "OC301"]
     assert f["step"] == BUG_AT and "s.mul_(2.0)" in f["message"]
     hz = mon.summary()["hazards"]
-    assert hz["mode"] == "always" and hz["armed_steps"] == hz["steps"] == BUG_AT - 1
+    assert hz["mode"] == "always" and hz["armed_steps"] == hz["steps"] == BUG_AT  # the stopped step too (issue 46)
 
 
 @pytest.mark.parametrize("frozen", [False, True], ids=["one-map-shared", "own-maps"])
@@ -252,7 +252,7 @@ def test_a_non_reentrant_checkpoint_keeps_the_probes_armed_and_finds_a_later_sil
     (f,) = [f for f in mon.findings if f.code == "OC301"]
     assert f.step == 20 and f.detail["phase"] == "backward (recompute)" and "silently" in f.next_failure
     hz = mon.summary()["hazards"]
-    assert hz["stays_armed"] == "checkpoint (non-reentrant)" and hz["armed_steps"] == hz["steps"] == 19
+    assert hz["stays_armed"] == "checkpoint (non-reentrant)" and hz["armed_steps"] == hz["steps"] == 20  # 20 stopped
 
 
 # --------------------------------------------------------------------------- the soak's replay
@@ -289,7 +289,8 @@ def test_the_soak_replays_an_unarmed_step_and_names_the_write_site():
     assert exc.value.event["step"] == 5 and d["replayed"] and d["written"]["code"].startswith("s.mul_(2.0)")
     assert exc.value.event["where"].startswith("test_hazards_arming.py:")
     assert "is at version 1; expected version 0 instead." in d["pytorch_error"]  # what PyTorch said at step 5
-    assert tr.hazards.stats()["reasons"] == {"start": 1}  # step 5's replay is not counted: it did not step
+    # step 5 did not step, but it was stopped: counted (issue 46), armed by the replay that named the write
+    assert tr.hazards.stats()["reasons"] == {"start": 1, "replay": 1}
 
 
 def test_the_soak_replays_a_one_off_cut_at_its_step():
