@@ -15,6 +15,12 @@ from optcheck.rules.base import Rule, RuleContext, register
 from optcheck.wording import describe_inplace  # noqa: F401 - OC301's sentence, shared with the probes
 
 
+#: After a version-check error predicted at the write (not read from PyTorch's own): the versions it quotes are
+#: those the write left; PyTorch checks at backward(), after any later write (issue 46)
+PREDICTED_AT_WRITE = (" [versions as this write left them: another in-place write before backward() raises the "
+                      "first, and PyTorch names the first written tensor backward() unpacks]")
+
+
 @register
 class InplaceOnSaved(Rule):
     """A tensor autograd saved for backward was written in place before backward used it.
@@ -87,7 +93,9 @@ class InplaceOnSaved(Rule):
             subjects = list(dict.fromkeys(s for s in (saved.get("module"), written.get("module")) if s))
             out.append(self.finding(
                 snap, msg, subjects=subjects, key=f"{saved.get('where')}->{written.get('where')}",
-                next_failure=("backward() raises RuntimeError: " + d["pytorch_error"]) if d.get("pytorch_error")
+                next_failure=("backward() raises RuntimeError: " + d["pytorch_error"]
+                              + ("" if d.get("found_by") == "pytorch" else PREDICTED_AT_WRITE))
+                if d.get("pytorch_error")
                 else (f"backward() runs the checkpoint's recompute on the written values without an error "
                       f"(PyTorch compares no version counter of {saved.get('argument')}): wrong gradients, "
                       f"silently") if saved.get("kept_by")
@@ -98,5 +106,6 @@ class InplaceOnSaved(Rule):
                      "by an inplace operation",
                 first_step=e.get("step"), stopped=d.get("stopped"), phase=d.get("phase"),
                 saved_by=saved, written=written, tensor=t, count=e.get("count", 1),
-                **({"checkpoint": d["checkpoint"]} if d.get("checkpoint") else {})))
+                **({"checkpoint": d["checkpoint"]} if d.get("checkpoint") else {}),
+                **({"found_by": d["found_by"]} if d.get("found_by") else {})))
         return out
