@@ -35,7 +35,11 @@ snapshots; ``optcheck/run/recorder.py``: the rule check and ``summary.json``):
   naming neither module nor line); ``Tensor.backward`` and
   ``torch.autograd.backward`` (a tensor or a sequence, with ``grad_tensors``)
   are wrapped while a monitor is open (``optcheck/pytorch/monitor_hooks.py``);
-- gradients left from the previous step (``optcheck/pytorch/grad_clear.py``).
+- gradients left from the previous step (``optcheck/pytorch/grad_clear.py``);
+- under ``torch.compile`` in any form (the model, a function calling it, ``optimizer.step``, a
+  whole train step) every hook runs eagerly outside Dynamo and is traced as nothing
+  (``optcheck/pytorch/dynamo_safe.py``); a step a compiled region hides is counted at the next
+  eager point (the next ``backward()`` or ``close()``; docs/hazards.md, "`torch.compile`").
 
 Findings go to ``out/findings.jsonl`` as they happen and, by default, are shown
 as an :class:`OptcheckWarning` attributed to the user's own line

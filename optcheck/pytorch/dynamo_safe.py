@@ -96,7 +96,7 @@ def caller_outside(frame):
 class EagerHook(functools.partial):
     """A hook ``fn(*args)`` run eagerly outside Dynamo, traced as nothing (module docstring).
 
-    ``copy.deepcopy`` keeps it (one hook object per optimizer); pickled as ``fn`` itself."""
+    ``copy.deepcopy`` keeps it (one hook object per optimizer); it unpickles as a hook that does nothing."""
 
     def __new__(cls, fn):
         self = super().__new__(cls, HOOK_RUNNER, fn)
@@ -104,7 +104,7 @@ class EagerHook(functools.partial):
         return self
 
     def __reduce__(self):
-        return _inert, ()
+        return _inert_hook, ()
 
     def __deepcopy__(self, memo):
         return self
@@ -113,6 +113,11 @@ class EagerHook(functools.partial):
 def _inert(*args, **kwargs):
     """What an :class:`EagerHook` unpickles as: a hook that does nothing."""
     return None
+
+
+def _inert_hook():
+    """(the unpickler's call: returns :func:`_inert`)"""
+    return _inert
 
 
 def eager_call(fn):
