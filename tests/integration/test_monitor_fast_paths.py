@@ -13,8 +13,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -22,6 +20,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import optcheck  # noqa: E402
+from compile_forms import Dynamo  # noqa: E402  (what Dynamo did while a block ran)
 
 torch.set_num_threads(1)
 
@@ -122,45 +121,6 @@ class _OwnBlocks(nn.Module):
         return self.head(h)
 
 
-class _Dynamo:
-    """What Dynamo did while the block ran: ``frames`` (``counters["frames"]["total"]``: frames it
-    compiled, recompilations included), ``recompiles`` (guard failures that made it compile a
-    frame again, ``torch._dynamo.utils.guard_failures``), ``graph_breaks``, ``unique_graphs``,
-    and ``optcheck``: the names of optcheck's functions it traced, as frames or inlined (every
-    code object of each frame's ``TracingContext.traced_code``, read from each context made
-    while the block ran: there is no public API for it). Private torch names: tests only."""
-
-    def __enter__(self):
-        from torch._dynamo.utils import counters, guard_failures
-        from torch._guards import TracingContext
-
-        torch._dynamo.reset()
-        counters.clear()
-        guard_failures.clear()
-        self._contexts, init = [], TracingContext.__init__
-
-        def record(ctx, *args, **kwargs):
-            init(ctx, *args, **kwargs)
-            self._contexts.append(ctx)
-
-        self._restore = lambda: setattr(TracingContext, "__init__", init)
-        TracingContext.__init__ = record
-        return self
-
-    def __exit__(self, *exc):
-        from torch._dynamo.utils import counters, guard_failures
-
-        self._restore()
-        root = os.path.dirname(optcheck.__file__) + os.sep
-        self.counts = {"frames": counters["frames"]["total"],
-                       "recompiles": sum(len(v) for v in guard_failures.values()),
-                       "graph_breaks": sum(counters["graph_break"].values()),
-                       "unique_graphs": counters["stats"]["unique_graphs"]}
-        self.optcheck = sorted({f"{c.co_name} ({os.path.relpath(c.co_filename, root)}:{c.co_firstlineno})"
-                                for ctx in self._contexts for c in ctx.traced_code if c.co_filename.startswith(root)})
-        return False
-
-
 def _compiled(hazards, order="before", steps=14):
     """The causal Transformer trained ``steps`` steps under ``torch.compile`` (aot_eager; inductor
     builds C++ per graph, minutes here), the Monitor (``hazards``; None: no Monitor) made in
@@ -171,7 +131,7 @@ def _compiled(hazards, order="before", steps=14):
     torch.manual_seed(0)
     model = _OwnBlocks() if order == "blocks" else _Causal()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    with _Dynamo() as dynamo:
+    with Dynamo() as dynamo:
         def watch(m):
             return None if hazards is None else optcheck.Monitor(m, opt, every=3, hazards=hazards,
                                                                  on_finding="ignore", ignore_config=False)
