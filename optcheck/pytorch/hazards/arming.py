@@ -159,11 +159,9 @@ class ArmingPolicy:
         compiled = self._compiled_ids
         for key, ref in self._mods.items():
             m = ref()
-            have = self._hooked.get(key)
-            # (none added once traced inside a compiled function: Dynamo guards on them)
+            have = self._hooked.get(key)  # (none added once traced in a compiled function: Dynamo guards on them)
             if m is not None and key not in compiled and (have is None or have[0]() is not m) \
-                    and not self._hook_traced:
-                # EntryHooks: traced as nothing from a compiled function, eagerly outside Dynamo (dynamo_safe.py)
+                    and not self._hook_traced:  # EntryHooks: nothing traced, eager outside Dynamo (dynamo_safe)
                 self._hooked[key] = (ref, (own(m.register_forward_pre_hook(self._entry_pre)),  # (unsaved.py)
                                            own(m.register_forward_hook(self._entry_post, always_call=True))))
         for key in [k for k in self._hooked if k not in self._mods or k in compiled]:
