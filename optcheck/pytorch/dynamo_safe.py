@@ -178,15 +178,16 @@ _EVAL_FRAME = os.path.join(_TORCH, "_dynamo", "eval_frame.py")
 
 
 def _in_compiled_call(frame, depth: int = 32) -> bool:
-    """Two or more frames of Dynamo's wrappers (``eval_frame.py``) within ``depth`` frames above
-    ``frame``: the code runs inside a compiled function's call, eagerly (past a graph break;
-    the first such frame is the ``torch.compiler.disable`` wrapper of optcheck's own backward)."""
-    f, n, seen = frame, 0, 0
+    """A frame of a compiled function's wrapper (``eval_frame.py``, its context not a
+    ``DisableContext``) within ``depth`` frames above ``frame``: the code runs inside a compiled
+    function's call, eagerly (past a graph break). ``torch.compiler.disable`` wrappers (optcheck's
+    own backward, an optimizer's or library's disabled ``step``, as LBFGS's closure runs under) are
+    no compiled call."""
+    f, n = frame, 0
     while f is not None and n < depth:
-        if f.f_code.co_filename == _EVAL_FRAME:
-            seen += 1
-            if seen == 2:
-                return True
+        if f.f_code.co_filename == _EVAL_FRAME and \
+                type(f.f_locals.get("self")).__name__ != "DisableContext":
+            return True
         f, n = f.f_back, n + 1
     return False
 
