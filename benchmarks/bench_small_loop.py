@@ -102,7 +102,7 @@ def build_loop(total: int, device: str = "cpu", bound: bool = False):
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
     g = torch.Generator().manual_seed(0)
-    backward, clip = torch.autograd.backward, torch.nn.utils.clip_grad_norm_
+    update = updater(model, opt, sched, bound)  # (backward and clip bound now, before any Monitor)
 
     def step():
         i = torch.randint(0, len(data) - SEQ - 1, (BATCH,), generator=g)
@@ -111,6 +111,21 @@ def build_loop(total: int, device: str = "cpu", bound: bool = False):
         if device != "cpu":
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         loss = F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
+        update(loss)
+        return loss
+
+    return model, opt, step
+
+
+def updater(model, opt, sched, bound: bool):
+    """The update half of a benchmark step, ``update(loss)``: ``zero_grad``, backward, clip to
+    1.0, ``opt.step()``, ``sched.step()``. ``bound``: ``torch.autograd.backward`` and
+    ``clip_grad_norm_`` as they are now (call before the Monitor exists), else looked up per step."""
+    import torch
+
+    backward, clip = torch.autograd.backward, torch.nn.utils.clip_grad_norm_
+
+    def update(loss) -> None:
         opt.zero_grad(set_to_none=True)
         if bound:
             backward(loss)
@@ -120,9 +135,8 @@ def build_loop(total: int, device: str = "cpu", bound: bool = False):
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        return loss
 
-    return model, opt, step
+    return update
 
 
 def child(config: str, steps: int, every: int, out: str, marks=None, calibrate: bool = False) -> dict:

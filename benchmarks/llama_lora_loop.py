@@ -9,6 +9,8 @@ Needs ``transformers`` and ``peft`` (the test extras)."""
 
 from __future__ import annotations
 
+from bench_small_loop import updater  # (the update half of a step, shared with the small loop)
+
 SEQ, BATCH, VOCAB = 32, 8, 256
 
 
@@ -36,20 +38,12 @@ def build_loop(total: int, device: str = "cpu", bound: bool = False):
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
     g = torch.Generator().manual_seed(0)
-    backward, clip = torch.autograd.backward, torch.nn.utils.clip_grad_norm_
+    update = updater(model, opt, sched, bound)  # (backward and clip bound now, before any Monitor)
 
     def step():
         x = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g).to(device)
         loss = model(input_ids=x, labels=x).loss
-        opt.zero_grad(set_to_none=True)
-        if bound:
-            backward(loss)
-            clip(model.parameters(), 1.0)
-        else:
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        update(loss)
         return loss
 
     return model, opt, step
