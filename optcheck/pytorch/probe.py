@@ -85,7 +85,7 @@ class _Layout:
 
     def __init__(self, model: torch.nn.Module) -> None:
         mods = list(model.modules())
-        _KNOWN.update(map(id, mods))
+        _KNOWN.update((id(m), weakref.ref(m)) for m in mods)
         self.model = weakref.ref(model, _forget_layout)
         self.at = _Layout.generation
         # a module without children or parameters gets them through the hooks; a deletion
@@ -115,13 +115,15 @@ def same_objects(a: list, b: list) -> bool:
     return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
-#: ids of the modules of every layout made (only added to: an id of a module gone since costs at most
-#: a walk again, when a new module there gains a child or parameter)
-_KNOWN: "set[int]" = set()
+#: id -> weak reference of the modules of every layout made (only added to: an entry whose module is
+#: gone is told apart from a new module at its address by the reference, so a temporary module built
+#: there later walks nothing again)
+_KNOWN: "dict[int, weakref.ref]" = {}
 
 
 def _registered(module, *_args) -> None:
-    if id(module) in _KNOWN:  # (a module outside every layout gains it: no layout changes)
+    ref = _KNOWN.get(id(module))
+    if ref is not None and ref() is module:  # (a module outside every layout gains it: no layout changes)
         _Layout.generation += 1
 
 

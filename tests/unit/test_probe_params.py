@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -148,3 +150,25 @@ def test_snapshot_body_says_identity_is_by_ref():
     model = torch.nn.Linear(2, 2)
     body = probe.snapshot_body(model, torch.optim.SGD(model.parameters(), lr=0.1), census=False)
     assert body["optimizer"]["identity"] == "ref"
+
+
+def test_a_new_module_at_a_gone_models_address_walks_nothing_again():
+    """A module made where a watched model's module was freed (CPython reuses addresses) is
+    outside every layout: a registration into it leaves the cached layouts as they are (the
+    CI run at dfc4c6b failed the test above on such a reused address)."""
+    gone = torch.nn.Sequential(torch.nn.Linear(4, 4), *(torch.nn.Identity() for _ in range(200)))
+    probe.fingerprint(gone, torch.optim.SGD(gone.parameters(), lr=0.1))
+    ids = {id(m) for m in gone.modules()}
+    del gone
+    gc.collect()
+    made, reused = [], None
+    for _ in range(10_000):  # (kept alive, so each takes a new address until a freed one comes up)
+        made.append(torch.nn.Identity())
+        if id(made[-1]) in ids:
+            reused = made[-1]
+            break
+    assert reused is not None, "no module was made at a freed module's address"
+    gen = probe._Layout.generation
+    reused.register_parameter("w", torch.nn.Parameter(torch.zeros(1)))
+    reused.add_module("child", torch.nn.Identity())
+    assert probe._Layout.generation == gen
