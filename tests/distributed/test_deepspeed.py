@@ -74,6 +74,7 @@ def check_stage(run: Path, stage: int, dtype: bool = True) -> None:
         assert {p["dtype"] for p in snapshots(run / "dtype", rank)[-1]["params"]} == {"float32"}
 
 
+@pytest.mark.slow
 def test_zero2_clean_is_silent_and_a_replaced_layer_is_named_at_its_step(zero2):
     check_stage(zero2, 2)
 

@@ -97,7 +97,8 @@ def gone(pids: list[int], within: float) -> bool:
     return True
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)],
+                         ids=lambda s: s.name)
 def test_a_signal_ends_the_run_interrupted_130_with_no_rank_left(tmp_path, start, sig):
     out = tmp_path / "run"
     proc = start(out, "--every", "5", "--inject", "rank1-lr@3")
@@ -180,6 +181,7 @@ def test_sigterm_to_one_rank_at_start_up_names_the_rank_and_the_signal(tmp_path,
     _assert_rank_1_and_sigterm_named(tmp_path, out, proc)
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_rank_while_the_other_is_stopped_names_the_first(tmp_path, start):
     """Issue 48 point 2: rank 0 held by SIGSTOP, SIGTERM to rank 1, SIGCONT to rank 0 8 s later: rank 0 then
     records the launcher's SIGTERM as an interruption of its own. The rank that died first (rank 1, the
@@ -197,6 +199,7 @@ def test_sigterm_to_one_rank_while_the_other_is_stopped_names_the_first(tmp_path
     _assert_rank_1_and_sigterm_named(tmp_path, out, proc)
 
 
+@pytest.mark.slow
 def test_a_killed_optcheck_takes_its_launcher_and_ranks_with_it(tmp_path, start):
     out = tmp_path / "run"
     proc = start(out, "--every", "10", "-q")
@@ -206,6 +209,7 @@ def test_a_killed_optcheck_takes_its_launcher_and_ranks_with_it(tmp_path, start)
     assert gone(pids, GRACE_S), [(p, proc_state(p)) for p in pids]
 
 
+@pytest.mark.slow
 def test_a_stopped_rank_is_blamed_by_step_timeout_and_every_rank_killed(tmp_path, start):
     out = tmp_path / "run"
     proc = start(out, "--every", "10", "--step-timeout", "15", "-q")

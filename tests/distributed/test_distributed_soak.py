@@ -57,6 +57,7 @@ def test_soak_nproc_2_flags_rank_1s_learning_rate_at_the_next_exchange(tmp_path)
     assert "rank 0 step 21 (pre-step) OC702 rank-group-mismatch [error]" in text and "2 ranks," in text
 
 
+@pytest.mark.slow
 def test_rank_1s_replaced_parameter_fires_what_the_catalogue_lists_each_row_filled(tmp_path):
     out = tmp_path / "run"
     proc = soak("--nproc", "2", "--steps", "40", "--every", "10", "--inject", "rank1-param-replaced@12", "--out",
@@ -86,6 +87,7 @@ def test_a_killed_rank_is_named_with_its_step_and_exit_3(tmp_path):
         lines(out / f"rank-{rank}" / "metrics.jsonl")
 
 
+@pytest.mark.slow
 def test_a_hung_rank_is_named_through_step_timeout_and_exit_3(tmp_path):
     out = tmp_path / "run"
     proc = soak("--nproc", "2", "--steps", "40", "--every", "10", "--inject", "rank1-hang@12", "--step-timeout", "15",
@@ -135,6 +137,7 @@ def test_scenarios_lists_the_distributed_ones():
         assert name in text
 
 
+@pytest.mark.slow
 def test_without_optcheck_rank_1s_learning_rate_trains_on_silently_into_different_replicas(tmp_path):
     """The measured outcome ``optcheck scenarios`` shows for rank1-lr (and, the same way, no-sync-forever and
     rank1-skip-step): the job ends normally and nothing says the replicas differ."""
@@ -170,6 +173,7 @@ def test_a_clean_nproc_run_checks_clean_rank_by_rank(tmp_path):
         chk.stdout + chk.stderr
 
 
+@pytest.mark.slow
 def test_soak_nproc_2_hazards_always_arms_every_step_on_every_rank(tmp_path):
     """``--hazards always`` reaches each rank's Monitor as the mode, not as "on" (which is auto)."""
     out = tmp_path / "run"

@@ -29,6 +29,7 @@ def test_the_paired_benchmark_prints_a_ratio_for_each_configuration():
     assert bad.returncode != 0 and "unknown configuration(s) ['fast']" in bad.stderr
 
 
+@pytest.mark.slow
 def test_the_floor_benchmark_prints_its_five_configurations():
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_floor.py"), "--pairs", "1", "--block", "6",
                         "--every", "3"], capture_output=True, text=True, timeout=600, cwd=ROOT)
@@ -104,6 +105,7 @@ def test_the_gradient_objects_benchmark_prints_each_piece():
     assert bad.returncode == 2 and "--steps must be at least 1" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_the_speed_pairs_benchmark_prints_each_pair_and_the_spread(tmp_path):
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_speed_pairs.py"), "--pairs", "3", "--steps",
                         "30", "--n-layer", "1", "--n-embd", "32", "--out", str(tmp_path)],
@@ -120,6 +122,7 @@ def test_the_speed_pairs_benchmark_prints_each_pair_and_the_spread(tmp_path):
         "bench_speed_pairs: --pairs must be >= 1 and --steps >= 30 (two 10-step blocks after the first)"]
 
 
+@pytest.mark.slow
 def test_the_twins_benchmark_prints_each_configuration_and_its_floor(tmp_path):
     """Scaled down: every configuration's row, the table less the plain floor, each step's time in
     the JSON, and the twins' weights bit-equal at the end (the Monitor changed nothing A computed)."""

@@ -12,6 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_the_gpu_check_runs_every_part_a_cpu_can_run(tmp_path):
     out = tmp_path / "check"
     p = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(out), "--device", "cpu",

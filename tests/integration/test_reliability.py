@@ -121,6 +121,7 @@ def test_disk_fills_mid_run_on_a_300k_tmpfs(tmpfs):
     assert_record_failed(res, out, "ENOSPC")
 
 
+@pytest.mark.slow
 def test_a_full_disk_under_nproc_says_where_the_records_stop(tmpfs):
     """Issue 48 point 5: with --nproc the ranks' Monitors train on after a full disk (recorded in
     memory); the error said "stopped at step 400" where the ranks stopped recording at 170. It says

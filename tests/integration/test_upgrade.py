@@ -34,6 +34,7 @@ def soaks(tmp_path_factory):
     return {name: root / name for name in extras}
 
 
+@pytest.mark.slow
 def test_same_run_twice_is_identical(soaks):
     res = compare_runs(soaks["base"], soaks["again"])
     v = res.verdict
@@ -44,6 +45,7 @@ def test_same_run_twice_is_identical(soaks):
                                            f"parameter fingerprints"
 
 
+@pytest.mark.slow
 def test_two_threads_are_within_noise_with_the_size(soaks):
     res = compare_runs(soaks["base"], soaks["threads2"])
     v = res.verdict
@@ -55,6 +57,7 @@ def test_two_threads_are_within_noise_with_the_size(soaks):
                            f"difference {v.max_abs_diff:.2g}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, lr", [("lr1.2", "0.0012"), ("lr1.01", "0.00101")])
 def test_a_changed_learning_rate_diverges_and_is_named(soaks, name, lr):
     res = compare_runs(soaks["base"], soaks[name])
@@ -70,6 +73,7 @@ def test_a_changed_learning_rate_diverges_and_is_named(soaks, name, lr):
     assert res.render().splitlines()[1].startswith(f"DIVERGED from step {v.first_step:,}: loss ")
 
 
+@pytest.mark.slow
 def test_one_perturbed_parameter_is_named_with_its_step(soaks):
     res = compare_runs(soaks["base"], soaks["perturb"])
     v = res.verdict
@@ -91,6 +95,7 @@ def _wrapper(path: Path, body: str = "") -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_upgrade_with_another_interpreter(tmp_path):
     """The candidate runs under an interpreter given by path (here this one, through a
     wrapper script): same torch, so identical; its versions are recorded."""
@@ -119,6 +124,7 @@ def test_a_candidate_without_torch_is_refused_before_anything_runs(tmp_path):
     assert not (tmp_path / "u").exists()
 
 
+@pytest.mark.slow
 def test_memory_and_speed_regressions_are_named_in_the_verdict(tmp_path):
     """The candidate interpreter carries 600 MiB of ballast and an optimizer step pre-hook that
     burns 15 ms of CPU (a sitecustomize.py on its PYTHONPATH): it trains bit-for-bit the same, but
@@ -157,6 +163,7 @@ def test_memory_and_speed_regressions_are_named_in_the_verdict(tmp_path):
     assert cases["baseline findings"].find("failure") is None
 
 
+@pytest.mark.slow
 def test_a_speed_regression_the_interleaved_pairs_do_not_repeat_is_no_regression(tmp_path):
     """Load that changed between the two runs, not the candidate: the candidate's first training
     process burns 15 ms of CPU per optimizer step (a sitecustomize.py whose hook claims a marker
@@ -243,6 +250,7 @@ def test_the_scenario_plan_leaves_out_the_nproc_only_ones():
     assert all(n in every for n in plan_scenarios(ts, None)) and len(plan_scenarios(ts, None)) < len(every)
 
 
+@pytest.mark.slow
 def test_upgrade_scenario_matrix_and_junit(tmp_path):
     xml = tmp_path / "upgrade.xml"
     rc, stdout, stderr = run_cli(["upgrade", "-q", "--steps", "10", "--every", "5", "--out", str(tmp_path / "u"),
@@ -269,6 +277,7 @@ def test_upgrade_scenario_matrix_and_junit(tmp_path):
     assert props["scenario.perturb-param.inject"] == "perturb-param@4"
 
 
+@pytest.mark.slow
 def test_seed_bands(tmp_path):
     """soak --seeds writes one run per seed; compare judges the candidate seeds against the
     baseline seeds' band: other seeds pass, a 10x learning rate does not."""
@@ -302,6 +311,7 @@ def test_upgrade_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     assert not (tmp_path / "u").exists()  # nothing ran
 
 
+@pytest.mark.slow
 @pytest.mark.dotnet
 def test_torchsharp_sides_through_the_stand_in(tmp_path):
     """Two TorchSharp sides (the .NET stand-in loop of tests/dotnet/TestLoop.cs, compiled with
@@ -348,6 +358,7 @@ def _summary(path) -> dict:
     return json.loads((Path(path) / "summary.json").read_text())
 
 
+@pytest.mark.slow
 def test_soak_seeds_keep_the_ignore_option_and_the_config_file(tmp_path, monkeypatch):
     """no-zero-grad makes OC204 at step 5 (an error) in every seed: --ignore OC204, and the
     same entry in [tool.optcheck] ignore of the nearest pyproject.toml, accept it in each
@@ -369,6 +380,7 @@ def test_soak_seeds_keep_the_ignore_option_and_the_config_file(tmp_path, monkeyp
     assert all(_summary(tmp_path / "config" / f"seed-{s}")["suppressed"] == {"OC204": 1} for s in (1, 2))
 
 
+@pytest.mark.slow
 def test_upgrade_passes_ignore_fail_on_and_memory_budget_to_every_run(tmp_path, monkeypatch):
     """The no-zero-grad scenario on both sides, with --ignore OC204 --fail-on error
     --memory-budget 1GiB: every soak (baseline, candidate, both scenario runs) gets the

@@ -169,6 +169,7 @@ def test_check_works_from_history_without_a_previous_call():
     assert [f.key for f in found] == ["rss_bytes"]
 
 
+@pytest.mark.slow
 def test_cost_is_bounded_on_20000_snapshots(monkeypatch):
     """Re-tests grow geometrically: a 20,000-snapshot stream runs the trend test a
     few hundred times per metric, not 20,000 times."""
