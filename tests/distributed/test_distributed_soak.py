@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from optcheck.report.reader import read_summary
 from optcheck.scenarios import CATALOGUE
 

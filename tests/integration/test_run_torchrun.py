@@ -53,3 +53,44 @@ def test_torchrun_two_ranks_gloo(tmp_path, fault):
         assert s["status"] == "crashed" and s["config"]["command_exit"] == 1
         for rank in ("rank-0", "rank-1"):  # the layer replaced on every rank: each names it at its step
             assert [f["step"] for f in findings(out / rank) if f["code"] == "OC101"] == [11]
+
+
+# -- accelerate launch, two processes -------------------------------------------------------------
+ACCELERATE_2 = """
+import sys, torch
+from accelerate import Accelerator
+torch.set_num_threads(1); torch.manual_seed(0)
+acc = Accelerator(cpu=True)
+net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+x = torch.randn(640, 8)
+dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=16)
+model, opt, dl = acc.prepare(net, torch.optim.AdamW(net.parameters(), lr=1e-3), dl)
+assert acc.num_processes == 2, acc.num_processes
+for step, (xb, yb) in enumerate(dl, 1):
+    loss = torch.nn.functional.mse_loss(model(xb), yb)
+    opt.zero_grad(); acc.backward(loss); opt.step()
+    if "fault" in sys.argv and step == 10:
+        net[2] = torch.nn.Linear(16, 1)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", [False, True], ids=["clean", "replaced-layer"])
+def test_accelerate_launch_two_processes(tmp_path, fault):
+    """``accelerate launch --multi_gpu --num_processes 2`` on a machine without a GPU: accelerate's
+    MULTI_CPU (gloo) through ``torch.distributed.run``; its dataloader shards 40 batches into 20 a rank."""
+    pytest.importorskip("accelerate")
+    script(tmp_path, "train.py", ACCELERATE_2)
+    rc, stdout, stderr, out = optcheck_run(
+        tmp_path, sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+        str(_free_port()), "train.py", *(["fault"] if fault else []), timeout=300)
+    s = summary(out)
+    assert s["world"] == 2 and sorted(d.name for d in out.glob("rank-*")) == ["rank-0", "rank-1"], stderr
+    if not fault:
+        assert rc == 0 and s["findings"] == 0, stderr
+        assert [r["last_step"] for r in s["ranks"]] == [20, 20]
+    else:  # accelerate's DDP never had the new layer: torch raises in the next forward; optcheck named it first
+        assert rc == 1 and s["status"] == "crashed", stderr
+        for rank in ("rank-0", "rank-1"):
+            assert [f["step"] for f in findings(out / rank) if f["code"] == "OC101"] == [11]
