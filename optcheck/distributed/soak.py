@@ -47,6 +47,7 @@ from typing import NamedTuple
 
 from optcheck.config import SoakConfig
 from optcheck.distributed import lifetime, merge
+from optcheck.distributed.launcher_report import knocked_on_judge, root_cause
 from optcheck.distributed.limits import check_capacity, env_timeout_s
 from optcheck.errors import InputError
 from optcheck.findings import Finding
@@ -86,24 +87,6 @@ def heartbeats(out: Path, world: int) -> dict[int, Beat]:
         except (OSError, ValueError, IndexError):
             continue
     return beats
-
-
-def root_cause(log: str) -> dict | None:
-    """The failed rank and its exit code from ``torch.distributed.run``'s "Root Cause"
-    report (``torch/distributed/elastic/multiprocessing/errors``): ``{"rank", "exitcode",
-    "signal"}`` or None."""
-    import re
-
-    part = log.split("Root Cause", 1)
-    if len(part) < 2:
-        return None
-    rank = re.search(r"rank\s*:\s*(\d+)", part[1])
-    code = re.search(r"exitcode\s*:\s*(-?\d+)", part[1])
-    if not (rank and code):
-        return None
-    exitcode = int(code.group(1))
-    sig = signal.Signals(-exitcode).name if exitcode < 0 and -exitcode in signal.valid_signals() else None
-    return {"rank": int(rank.group(1)), "exitcode": exitcode, "signal": sig}
 
 
 class _Claim:
@@ -284,7 +267,7 @@ def _summarise(cfg: SoakConfig, nproc: int, out: Path, proc, sig, hung: dict | N
                             f"{hung['step']}; every rank was stopped"}
     ranks, folded, notes = merge.read_ranks(out, nproc)
     if hung is None and not sig.count and returncode not in (0, None):
-        cause = root_cause(log.read_text(encoding="utf-8", errors="replace"))
+        cause = root_cause(log.read_text(encoding="utf-8", errors="replace"), knocked_on_judge(ranks))
         first = ranks[cause["rank"]] if cause is not None and 0 <= cause["rank"] < nproc else None
         if cause is not None and cause["signal"] in ("SIGKILL", "SIGSEGV", "SIGABRT", "SIGBUS"):
             step = beats[cause["rank"]].step if cause["rank"] in beats else 0

@@ -71,7 +71,7 @@ def fold_ranks(ranks: list[dict | None], findings: list[dict], notes: list[str],
 
     ``rank_signal``: ``{"rank", "signal"}``, the rank that ended first, by a signal that was not
     optcheck's nor a kill (a SIGTERM to rank 1), as the launcher's "Root Cause" report names it
-    (``optcheck.distributed.soak.root_cause``). That rank and signal are the run's story
+    (``optcheck.distributed.launcher_report.root_cause``). That rank and signal are the run's story
     (interrupted, 130, ``crash`` naming them), whatever the ranks recorded: the rank may have
     ended before its Monitor ran (no summary), and the others record the launcher's SIGTERM
     that followed as an interruption of their own.

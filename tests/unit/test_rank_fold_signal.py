@@ -1,12 +1,12 @@
 """Issue 48 points 1-2: which rank a signal stopped first, as ``optcheck soak --nproc`` folds the
 ranks (``optcheck.run.rank_fold.fold_ranks``'s ``rank_signal``, read from the launcher's "Root
-Cause" report by ``optcheck.distributed.soak.root_cause``). The report below is torch 2.13's
+Cause" report by ``optcheck.distributed.launcher_report.root_cause``). The report below is torch 2.13's
 ``torch.distributed.run`` text for a SIGTERM to rank 1 at start-up (copied from a real run's
 ``launcher.log``)."""
 
 from __future__ import annotations
 
-from optcheck.distributed.soak import root_cause
+from optcheck.distributed.launcher_report import root_cause
 from optcheck.record.summary import Summary
 from optcheck.run import exitcodes
 from optcheck.run.rank_fold import fold_ranks
@@ -38,7 +38,7 @@ def _rank(status: str, code: int, last: int, interrupted_by: str | None = None, 
 
 
 def test_the_launchers_root_cause_names_a_sigterm():
-    assert root_cause(REPORT) == {"rank": 1, "exitcode": -15, "signal": "SIGTERM"}
+    assert {k: root_cause(REPORT)[k] for k in ("rank", "exitcode", "signal")} == {"rank": 1, "exitcode": -15, "signal": "SIGTERM"}
 
 
 def test_a_rank_signalled_at_start_up_is_named_not_the_rank_that_was_not():
@@ -71,3 +71,57 @@ def test_a_killed_rank_and_a_rank_own_exception_are_unchanged():
     s = fold_ranks([_rank("crashed", 3, 2, crash=boom), _rank("interrupted", 130, 2, "SIGTERM")], [], [],
                    out="run", source="soak")
     assert (s["status"], s["exit_code"], s["crash"]["rank"], s["crash"]["exc_type"]) == ("crashed", 3, 0, "ValueError")
+
+
+#: torch.distributed.run's report when rank 1 got SIGTERM at start-up and rank 0's rendezvous failed on it in
+#: the same second: the two failures tie on their whole-second timestamps and the lower rank is the "Root
+#: Cause" (``ChildFailedError.get_first_failure``; the CI rehearsal at bd45ebe read it "CRASHED (exit 3)")
+TIED = """E1202 18:01:40.000000 1200 torch/distributed/elastic/multiprocessing/api.py:900] failed (exitcode: 1) local_rank: 0 (pid: 1207) of binary: python
+============================================================
+optcheck.distributed.worker FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-02_18:01:40
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -15 (pid: 1208)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 1208
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-02_18:01:40
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 1207)
+  error_file: /tmp/torchelastic_x/none_y/attempt_0/0/error.json
+  traceback : RuntimeError: Connection closed by peer [127.0.0.1]:29500
+============================================================
+"""
+
+
+def test_a_tie_with_the_peer_knocked_on_names_the_signalled_rank():
+    from optcheck.distributed.launcher_report import knocked_on_judge, launcher_failures
+
+    def brief(f):
+        return f and {k: f[k] for k in ("rank", "exitcode", "signal")}
+
+    assert [brief(f) for f in launcher_failures(TIED)] == [{"rank": 0, "exitcode": 1, "signal": None},
+                                                           {"rank": 1, "exitcode": -15, "signal": "SIGTERM"}]
+    assert launcher_failures(TIED)[0]["traceback"] == "RuntimeError: Connection closed by peer [127.0.0.1]:29500"
+    assert brief(root_cause(TIED)) == {"rank": 0, "exitcode": 1, "signal": None}  # as the launcher says, unjudged
+    sigterm = {"rank": 1, "exitcode": -15, "signal": "SIGTERM"}
+    # rank 0 left no record: its traceback in the report is the peer's end, so rank 1's signal is the cause
+    assert brief(root_cause(TIED, knocked_on_judge([None, None]))) == sigterm
+    # rank 0 recorded the peer's end as its crash: the same
+    knocked = _rank("crashed", 3, 4, crash={"exc_type": "RuntimeError", "message": "Connection closed by peer"})
+    assert brief(root_cause(TIED, knocked_on_judge([knocked, None]))) == sigterm
+    # rank 0's own exception, or a signal rank 0 recorded (its Monitor's handler ran, it exited 1), stays the cause
+    own = _rank("crashed", 3, 4, crash={"exc_type": "ValueError", "message": "bad batch"})
+    assert brief(root_cause(TIED, knocked_on_judge([own, None])))["rank"] == 0
+    assert brief(root_cause(TIED, knocked_on_judge([_rank("interrupted", 130, 4, "SIGTERM"), None])))["rank"] == 0
+    own_start = TIED.replace("RuntimeError: Connection closed by peer [127.0.0.1]:29500", "ImportError: no module x")
+    assert brief(root_cause(own_start, knocked_on_judge([None, None])))["rank"] == 0
+    assert brief(root_cause(REPORT, knocked_on_judge([None, None]))) == sigterm
+    assert root_cause("no report") is None and launcher_failures("") == []
