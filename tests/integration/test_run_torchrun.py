@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from test_run_command import findings, optcheck_run, script, summary
+from test_run_command import ACCELERATE, findings, optcheck_run, script, summary
 
 # -- torchrun ---------------------------------------------------------------------------------
 DDP = """
@@ -56,22 +56,7 @@ def test_torchrun_two_ranks_gloo(tmp_path, fault):
 
 
 # -- accelerate launch, two processes -------------------------------------------------------------
-ACCELERATE_2 = """
-import sys, torch
-from accelerate import Accelerator
-torch.set_num_threads(1); torch.manual_seed(0)
-acc = Accelerator(cpu=True)
-net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-x = torch.randn(640, 8)
-dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=16)
-model, opt, dl = acc.prepare(net, torch.optim.AdamW(net.parameters(), lr=1e-3), dl)
-assert acc.num_processes == 2, acc.num_processes
-for step, (xb, yb) in enumerate(dl, 1):
-    loss = torch.nn.functional.mse_loss(model(xb), yb)
-    opt.zero_grad(); acc.backward(loss); opt.step()
-    if "fault" in sys.argv and step == 10:
-        net[2] = torch.nn.Linear(16, 1)
-"""
+ACCELERATE_2 = ACCELERATE + "assert acc.num_processes == 2, acc.num_processes\n"  # (the single-process script)
 
 
 @pytest.mark.slow
