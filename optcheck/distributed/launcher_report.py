@@ -5,6 +5,7 @@ multiprocessing/errors/__init__.py``), as ``optcheck soak --nproc`` writes it to
 
 from __future__ import annotations
 
+import re
 import signal
 from typing import Callable
 
@@ -16,8 +17,6 @@ def launcher_failures(log: str) -> list[dict]:
     (``torch/distributed/elastic/multiprocessing/errors``), the "Root Cause" one first: each
     ``{"rank", "exitcode", "signal", "traceback"}`` (``signal`` a name, or None for an exit code
     >= 0; ``traceback`` the report's text for it: the rank's error file's message, or the signal)."""
-    import re
-
     head, sep, root = log.rpartition("Root Cause")
     if not sep:
         return []

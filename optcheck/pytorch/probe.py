@@ -85,7 +85,7 @@ class _Layout:
 
     def __init__(self, model: torch.nn.Module) -> None:
         mods = list(model.modules())
-        _KNOWN.update((id(m), weakref.ref(m)) for m in mods)
+        _KNOWN.update((id(m), m) for m in mods)
         self.model = weakref.ref(model, _forget_layout)
         self.at = _Layout.generation
         # a module without children or parameters gets them through the hooks; a deletion
@@ -115,15 +115,13 @@ def same_objects(a: list, b: list) -> bool:
     return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
-#: id -> weak reference of the modules of every layout made (only added to: an entry whose module is
-#: gone is told apart from a new module at its address by the reference, so a temporary module built
-#: there later walks nothing again)
-_KNOWN: "dict[int, weakref.ref]" = {}
+#: id -> module, of the modules of every layout made, held weakly: an entry goes with its module, so a
+#: temporary module built later at a freed one's address is not taken for it and walks nothing again
+_KNOWN: "weakref.WeakValueDictionary[int, torch.nn.Module]" = weakref.WeakValueDictionary()
 
 
 def _registered(module, *_args) -> None:
-    ref = _KNOWN.get(id(module))
-    if ref is not None and ref() is module:  # (a module outside every layout gains it: no layout changes)
+    if _KNOWN.get(id(module)) is module:  # (a module outside every layout gains it: no layout changes)
         _Layout.generation += 1
 
 
