@@ -21,7 +21,12 @@ over 1,000 pairs the mean difference is known to about ±20 µs (95 %) on a 7 ms
   ``fused-hazards``: ``fused`` plus the least the hazard probes must do on an unarmed step
   (``bench_floor.py``), the floor of ``auto``;
 - ``off`` / ``auto``: ``optcheck.Monitor(every=...)`` on A with ``hazards=False`` / every
-  probe (``bench_small_loop.CONFIGS``), made after the warm-up steps, outside the timed loop.
+  probe (``bench_small_loop.CONFIGS``), made after the warm-up steps, outside the timed loop;
+- ``run``: A watched as ``optcheck run`` watches a script (issue 47): the global hooks of
+  ``optcheck.autowatch.attach.AutoWatch`` installed after the warm-up, B left to itself
+  (``AutoWatch.leave``), A's Monitor (``hazards="auto"``) opened by them at A's next steps
+  (two untimed steps). Against ``auto`` it reads what attaching through torch's global hooks
+  adds to the Monitor's cost.
 
 ``--compile BACKEND`` (issue 45): each twin's whole train step (forward, ``backward()``,
 ``clip_grad_norm_``, ``optimizer.step()``, ``zero_grad()``, the scheduler) is
@@ -53,8 +58,9 @@ round, so that where their tensors land in memory does not favour one):
   time inside optcheck's hooks, including reads the user's code would otherwise pay for
   (the first read of each new ``.grad``: ``bench_grad_objects.py``).
 
-    python benchmarks/bench_twins.py                                   # plain, burn, fused, off, auto; 3 rounds of 1,000 pairs
+    python benchmarks/bench_twins.py                                   # plain, burn, fused, off, auto, run; 3 rounds of 1,000 pairs
     python benchmarks/bench_twins.py --configs off --rounds 5 --steps 2000
+    python benchmarks/bench_twins.py --configs plain,auto,run --rounds 4 --steps 1000   # optcheck run against Monitor
     python benchmarks/bench_twins.py --loop llama-lora --configs plain,off,auto --steps 200 --rounds 2 --every 10
     python benchmarks/bench_twins.py --configs plain,off,auto --compile aot_eager --rounds 1 --steps 150 --every 50
     python benchmarks/bench_twins.py --configs plain,fused,fused-no-fingerprint,fused-ids-only,fused-no-arrival,\
@@ -81,7 +87,7 @@ from bench_small_loop import CONFIGS  # noqa: E402  (the loop, written for issue
 #: ``llama-lora``: ``llama_lora_loop.py``, tiny Llama + PEFT LoRA, issue 46)
 LOOPS = {"small": "bench_small_loop", "llama-lora": "llama_lora_loop"}
 
-TWIN_CONFIGS = ("plain", "burn", "fused", "off", "auto")
+TWIN_CONFIGS = ("plain", "burn", "fused", "off", "auto", "run")
 #: on request only: ``fused`` less one of its reads (``bench_floor.ABLATIONS``), and ``fused-hazards``
 ABLATION_CONFIGS = ("fused-no-fingerprint", "fused-ids-only", "fused-no-arrival", "fused-arrival-hooks", "fused-no-copy",
                     "fused-hazards")
@@ -117,7 +123,7 @@ def child(config: str, steps: int, every: int, burn_us: float, built_first: str 
     for _ in range(20):
         a_step()
         b_step()
-    mon, hook = None, None
+    mon, hook, watch = None, None, None
     floor = config == "fused" or config in ABLATION_CONFIGS  # bench_floor's watchers: their own timer is own_ns
     with tempfile.TemporaryDirectory() as out:
         if config == "burn":
@@ -126,6 +132,15 @@ def child(config: str, steps: int, every: int, burn_us: float, built_first: str 
             from bench_floor import ABLATIONS, Watcher
 
             mon = ABLATIONS.get(config, Watcher)(a_model, a_opt, every, fused=True, hazards=config == "fused-hazards")
+        elif config == "run":  # optcheck run's watch: torch's global hooks find A's model at its next steps
+            from optcheck.autowatch.attach import AutoWatch
+
+            watch = AutoWatch(out, every=every, hazards="auto", on_finding="ignore").install()
+            watch.leave(b_opt)
+            for _ in range(2):  # A's first step finds its model, its next forward opens the Monitor
+                a_step()
+                b_step()
+            mon = watch.monitors[0]
         elif CONFIGS.get(config) is not None:
             import optcheck
 
@@ -147,7 +162,8 @@ def child(config: str, steps: int, every: int, burn_us: float, built_first: str 
             mon.close()
         elif mon is not None:
             own = mon.step_cost.to_dict()["mean_us"]
-            armed = ((mon.close() or {}).get("hazards") or {}).get("armed_steps")
+            summary = watch.uninstall()[0] if watch is not None else mon.close()
+            armed = ((summary or {}).get("hazards") or {}).get("armed_steps")
         if hook is not None:
             hook.remove()
     same = all(torch.equal(x, y) for x, y in zip(a_model.parameters(), b_model.parameters()))

@@ -161,6 +161,13 @@ class AutoWatch:
         except OSError:
             pass
 
+    def leave(self, optimizer) -> None:
+        """Never watch ``optimizer`` (its steps then cost one dict lookup in each step hook):
+        an optimizer the program steps that is not to be judged, e.g. the unwatched twin of
+        ``benchmarks/bench_twins.py``'s ``run`` configuration. Never raises."""
+        with self._lock:
+            self._forget(optimizer)
+
     def findings(self) -> list:
         """Every Monitor's findings (``optcheck.findings.Finding``), in the Monitors' order."""
         return [f for mon in self.monitors for f in mon.findings]

@@ -130,18 +130,18 @@ def test_the_twins_benchmark_prints_each_configuration_and_its_floor(tmp_path):
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_twins.py"), "--steps", "12", "--rounds", "2",
                         "--every", "4", "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
-    rows = re.findall(r"^\| (plain|burn|fused|off|auto) \| [0-9.]+ \| [0-9.]+x \([0-9.]+-[0-9.]+\) \| [0-9., ]+ \| .* \| (yes|NO) \|$",
+    rows = re.findall(r"^\| (plain|burn|fused|off|auto|run) \| [0-9.]+ \| [0-9.]+x \([0-9.]+-[0-9.]+\) \| [0-9., ]+ \| .* \| (yes|NO) \|$",
                       p.stdout, re.M)
-    assert [c for c, _ in rows] == ["plain", "burn", "fused", "off", "auto"] and {s for _, s in rows} == {"yes"}, p.stdout
-    floor = re.findall(r"^\| (burn|fused|off|auto) \| [0-9.]+x ± [0-9.]+ \| [-+][0-9]+ ± [0-9]+ \|$", p.stdout, re.M)
-    assert floor == ["burn", "fused", "off", "auto"], p.stdout
+    assert [c for c, _ in rows] == ["plain", "burn", "fused", "off", "auto", "run"] and {s for _, s in rows} == {"yes"}, p.stdout
+    floor = re.findall(r"^\| (burn|fused|off|auto|run) \| [0-9.]+x ± [0-9.]+ \| [-+][0-9]+ ± [0-9]+ \|$", p.stdout, re.M)
+    assert floor == ["burn", "fused", "off", "auto", "run"], p.stdout
     import json
 
     got = json.loads(out.read_text())
-    assert [f["config"] for f in got["figures"]] == ["plain", "burn", "fused", "off", "auto"]
+    assert [f["config"] for f in got["figures"]] == ["plain", "burn", "fused", "off", "auto", "run"]
     for config, runs in got["runs"].items():
         assert len(runs) == 2 and all(len(r["a"]) == len(r["b"]) == 12 and min(r["a"] + r["b"]) > 0 for r in runs)
-        assert all(r["own_us"] is not None for r in runs) == (config in ("fused", "off", "auto")), (config, runs)
+        assert all(r["own_us"] is not None for r in runs) == (config in ("fused", "off", "auto", "run")), (config, runs)
     ablations = ["fused-no-fingerprint", "fused-ids-only", "fused-no-arrival", "fused-arrival-hooks", "fused-no-copy",
                  "fused-hazards"]
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_twins.py"), "--steps", "6", "--rounds", "1",
@@ -183,3 +183,40 @@ def test_the_plain_twin_does_not_pass_through_the_monitor(tmp_path):
     t0 = time.thread_time_ns()
     spin(2000)
     assert time.thread_time_ns() - t0 >= 2_000_000
+
+
+def test_the_plain_twin_is_left_by_optcheck_runs_watch(tmp_path):
+    """The ``run`` configuration's premise: ``AutoWatch`` installed over both twins, with B left
+    (``AutoWatch.leave``), opens one Monitor, on A's model and optimizer, and B's steps add nothing
+    to its own timer; without ``leave`` B would be watched too (the control)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from bench_small_loop import build_loop
+    finally:
+        sys.path.pop(0)
+    from optcheck.autowatch.attach import AutoWatch
+
+    for leave in (True, False):
+        a_model, a_opt, a_step = build_loop(20)
+        b_model, b_opt, b_step = build_loop(20, bound=True)
+        watch = AutoWatch(str(tmp_path / f"run-{leave}"), every=100, on_finding="ignore").install()
+        try:
+            if leave:
+                watch.leave(b_opt)
+            for _ in range(3):
+                a_step()
+                b_step()
+            watched = [m.optimizer for m in watch.monitors]
+            if not leave:
+                assert watched == [a_opt, b_opt]
+                continue
+            assert watched == [a_opt] and watch.notes == []
+            mon = watch.monitors[0]
+            before, count = mon.step_cost.ns, mon.step_count
+            for _ in range(3):
+                b_step()
+            assert mon.step_count == count and mon.step_cost.ns == before
+            a_step()
+            assert mon.step_count == count + 1 and mon.step_cost.ns > before
+        finally:
+            watch.uninstall()
