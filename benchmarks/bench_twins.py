@@ -112,12 +112,16 @@ def child(config: str, steps: int, every: int, burn_us: float, built_first: str 
     import torch
 
     build_loop = importlib.import_module(LOOPS[loop]).build_loop
+    # the schedule outlasts every step taken (20 warm-up, up to 7 untimed, ``steps``): its learning rate
+    # never reaches 0, where a compiled AdamW step turns the rows that get no gradient into NaN (torch
+    # 2.13, CPU, aot_eager; eager keeps them: docs/guide/monitor.md, "torch.compile")
+    total = steps + 30
     if built_first == "a":
-        a_model, a_opt, a_step = build_loop(steps + 20)
-        b_model, b_opt, b_step = build_loop(steps + 20, bound=True)
+        a_model, a_opt, a_step = build_loop(total)
+        b_model, b_opt, b_step = build_loop(total, bound=True)
     else:
-        b_model, b_opt, b_step = build_loop(steps + 20, bound=True)
-        a_model, a_opt, a_step = build_loop(steps + 20)
+        b_model, b_opt, b_step = build_loop(total, bound=True)
+        a_model, a_opt, a_step = build_loop(total)
     if compile_backend:  # each twin's whole train step compiled (its own Dynamo frames: two step functions)
         a_step, b_step = (torch.compile(f, backend=compile_backend) for f in (a_step, b_step))
     for _ in range(20):
@@ -166,7 +170,9 @@ def child(config: str, steps: int, every: int, burn_us: float, built_first: str 
             armed = ((summary or {}).get("hazards") or {}).get("armed_steps")
         if hook is not None:
             hook.remove()
-    same = all(torch.equal(x, y) for x, y in zip(a_model.parameters(), b_model.parameters()))
+    same = all(torch.equal(x.detach().contiguous().view(torch.int32), y.detach().contiguous().view(torch.int32))  # bit-equal, NaN too
+               if x.dtype == torch.float32 else torch.equal(x, y)
+               for x, y in zip(a_model.parameters(), b_model.parameters()))
     return {"a": a_ns, "b": b_ns, "own_us": own, "armed": armed, "same_weights": same}
 
 

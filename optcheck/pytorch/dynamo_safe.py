@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 
 import torch
 
@@ -69,6 +70,31 @@ if hasattr(torch.compiler, "substitute_in_graph"):  # torch >= 2.5
 else:  # pragma: no cover - torch < 2.5: traced as a no-op both ways (one frame per hook under compile)
     HOOK_RUNNER = _call_hook_unless_compiling
 
+
+
+def _call_unpack(hook, packed):
+    return hook(packed)
+
+
+def _unpacked(hook, packed):
+    """What Dynamo traces in place of optcheck's saved-tensor unpack hook (compiled autograd
+    traces ``backward()``): the saved tensor, unchecked (``packed[0]``, hazards/inplace.py)."""
+    return packed[0]
+
+
+if hasattr(torch.compiler, "substitute_in_graph"):  # torch >= 2.5
+    #: ``UNPACK_RUNNER(hook, packed)``: ``hook(packed)`` outside Dynamo, traced as :func:`_unpacked`
+    UNPACK_RUNNER = torch.compiler.substitute_in_graph(torch.compiler.disable(_call_unpack),
+                                                       skip_signature_check=True)(_unpacked)
+else:  # pragma: no cover - torch < 2.5
+    UNPACK_RUNNER = torch.compiler.disable(_call_unpack)
+
+
+def compiled_autograd_on() -> bool:
+    """Whether compiled autograd is on (``torch._dynamo.config.compiled_autograd``: Dynamo then
+    traces ``backward()`` and every tensor hook it runs); False while Dynamo is not imported."""
+    config = sys.modules.get("torch._dynamo.config")
+    return bool(getattr(config, "compiled_autograd", False))
 
 
 #: what a compiled region hides from the Monitor (summary ``not_checked``), by form

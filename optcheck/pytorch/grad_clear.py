@@ -72,6 +72,7 @@ from itertools import compress, repeat
 import torch
 
 from optcheck.pytorch.deferred import DeviceLedger
+from optcheck.pytorch.dynamo_safe import EagerHook
 from optcheck.pytorch import step_hooks
 from optcheck.pytorch.unwrap import ZeroOptimizer
 
@@ -151,7 +152,8 @@ class GradClearProbe:
             if self._small_handle is not None:
                 self._small_handle.remove()
             self._small_i, self._small = small_i, self._params[small_i]
-            self._small_handle = self._small.register_hook(self._small_hook)
+            # run outside Dynamo, traced as nothing (compiled autograd traces backward(): dynamo_safe.py)
+            self._small_handle = self._small.register_hook(EagerHook(self._small_hook))
             self._handles.append(self._small_handle)
 
     def adopt(self, optimizer) -> None:

@@ -56,8 +56,13 @@ import operator
 import torch
 
 from optcheck.pytorch import step_hooks
+from optcheck.pytorch.dynamo_safe import EagerHook, compiled_autograd_on
 
 _VERSION = operator.attrgetter("_version")
+
+
+def _same(hook):
+    return hook
 
 
 def _trackable(p) -> bool:
@@ -111,9 +116,12 @@ class BackwardSteps:
         self._handles = []
         self._params = params
         self._arrived.clear()
+        # under compiled autograd Dynamo would trace each hook (a graph break apiece): run outside it,
+        # traced as nothing (dynamo_safe.py; steps inside a compiled backward are not told apart)
+        eager = EagerHook if compiled_autograd_on() else _same
         for i, p in enumerate(params):  # C-level: no Python frame per parameter per pass
             self._handles.append(p.register_post_accumulate_grad_hook(
-                functools.partial(operator.setitem, self._arrived, i)))
+                eager(functools.partial(operator.setitem, self._arrived, i))))
 
     def _members(self) -> list:
         seen, out = set(), []

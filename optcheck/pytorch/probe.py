@@ -36,6 +36,7 @@ from optcheck import heap
 from optcheck.pytorch import other_optimizers, state_read
 from optcheck.pytorch.guard import raised_by_signal_handler
 from optcheck.pytorch.census import CENSUS
+from optcheck.pytorch.dynamo_safe import EagerHook
 from optcheck.pytorch.shards import local  # FSDP2: a DTensor's shard on this rank
 from optcheck.pytorch.names import model_name, under_fsdp1
 
@@ -125,8 +126,11 @@ def _registered(module, *_args) -> None:
         _Layout.generation += 1
 
 
-torch.nn.modules.module.register_module_parameter_registration_hook(_registered)
-torch.nn.modules.module.register_module_module_registration_hook(_registered)
+# global hooks (for the process): run outside Dynamo and traced as nothing where a compiled region
+# registers a module or parameter (compiled autograd's fx modules, a module made inside a compiled
+# function): traced, ``_registered`` would read ``_KNOWN`` into the graph (dynamo_safe.py)
+torch.nn.modules.module.register_module_parameter_registration_hook(EagerHook(_registered))
+torch.nn.modules.module.register_module_module_registration_hook(EagerHook(_registered))
 #: id(model) -> its _Layout (a plain dict: looked up every step; the entry goes with the model,
 #: and a new model at a freed one's address is told apart by ``_Layout.model``)
 _LAYOUTS: "dict[int, _Layout]" = {}

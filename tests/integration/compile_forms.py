@@ -22,6 +22,11 @@ import optcheck
 from optcheck.pytorch.gpt import GPT, GPTConfig
 
 FORMS = ("step", "opt", "fn")  # and "eager": the same loop uncompiled (the reference)
+#: more forms, run as ``run(form, ...)`` too: ``"blocks"``: each transformer block compiled in place with
+#: ``fullgraph=True`` (as torchtitan compiles a model: ``block.compile(fullgraph=True)``), the rest eager;
+#: ``"fn-fullgraph"``: the ``"fn"`` form with ``fullgraph=True``; ``"step-autograd"``: the ``"step"`` form
+#: under compiled autograd (``torch._dynamo.config.compiled_autograd``: Dynamo traces ``backward()`` too)
+MORE_FORMS = ("blocks", "fn-fullgraph", "step-autograd")
 FAULTS = ("replace", "float64", "built-before-to", "freeze", "nan")
 
 
@@ -79,9 +84,17 @@ def _fault(model, fault, where):
 
 
 def run(form: str, *, monitor: bool, steps: int = 12, every: int = 4, backend: str = "aot_eager",
-        fault: str | None = None, at: int = 6, hazards="auto", **kw):
-    """Train the tiny GPT ``steps`` steps compiled in ``form`` with ``backend``; ``fault`` planted
-    at step ``at`` (1-based). Returns ``(monitor or None, Dynamo, losses, error or None)``."""
+        fault: str | None = None, at: int = 6, hazards="auto", mode: str | None = None, **kw):
+    """Train the tiny GPT ``steps`` steps compiled in ``form`` (:data:`FORMS`, :data:`MORE_FORMS`)
+    with ``backend`` (``mode``: torch.compile's, inductor only); ``fault`` planted at step ``at``
+    (1-based). Returns ``(monitor or None, Dynamo, losses, error or None)``."""
+    if form == "step-autograd":
+        with torch._dynamo.config.patch(compiled_autograd=True):
+            return run("step", monitor=monitor, steps=steps, every=every, backend=backend, fault=fault, at=at,
+                       hazards=hazards, mode=mode, **kw)
+    how = {"backend": backend, **({"mode": mode} if mode else {})}
+    if form == "fn-fullgraph":
+        form, how = "fn", {**how, "fullgraph": True}
     model = tiny_gpt()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     if fault == "built-before-to":  # .to() after the optimizer, making new Parameter objects (as on a
@@ -112,14 +125,18 @@ def run(form: str, *, monitor: bool, steps: int = 12, every: int = 4, backend: s
                 opt.zero_grad(set_to_none=True)
                 return loss.detach()
 
-            train_step = torch.compile(train_step, backend=backend)
+            train_step = torch.compile(train_step, **how)
         elif form == "opt":
-            opt.step = torch.compile(opt.step, backend=backend)
+            opt.step = torch.compile(opt.step, **how)
             compiled = forward
         elif form == "eager":
             compiled = forward
+        elif form == "blocks":
+            for block in model.h:
+                block.compile(fullgraph=True, **how)
+            compiled = forward
         else:
-            compiled = torch.compile(lambda x, y: model(x, y)[1], backend=backend)
+            compiled = torch.compile(lambda x, y: model(x, y)[1], **how)
         try:
             for i, xb in enumerate(batches, start=1):
                 x, y = xb, torch.roll(xb, -1, 1)

@@ -7,6 +7,7 @@ Over 400 lines: HazardProbes composes the probe mixins (inplace, graph_cut, nonf
 
 from __future__ import annotations
 
+import functools
 import sys
 import weakref
 from itertools import chain, compress
@@ -18,7 +19,7 @@ import torch
 from optcheck.pytorch.hazards._tensors import (_VERSION, _clean, _float_outputs, _float_tensors, _grad_fns, _ptr,
                                                _storage_ptr, _tensors)
 from optcheck.pytorch.hazards.arming import MODES, ArmingPolicy, _hooks_owner
-from optcheck.pytorch.dynamo_safe import COMPILED_FORWARD_NOTE
+from optcheck.pytorch.dynamo_safe import COMPILED_FORWARD_NOTE, UNPACK_RUNNER, compiled_autograd_on
 from optcheck.pytorch.hazards.compiled import EntryHook, compiled_modules, is_compile_wrapper
 from optcheck.pytorch.hazards.graph_cut import GraphCutProbe
 from optcheck.pytorch.hazards.checkpoints import NON_REENTRANT, REENTRANT, non_reentrant_frame, reentrant_forward
@@ -119,7 +120,8 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         # the saved-tensor hooks: one bound method each, the innermost hook is ours when it is this object;
         # the torch.compiler.disable'd pair once a module runs compiled (_saved_hooks_outside)
         self._pack_plain = self._pack_hook = self._pack
-        self._unpack_hook = self._unpack
+        # under compiled autograd (Dynamo traces backward()) the unpack hook is traced as the saved tensor
+        self._unpack_hook = functools.partial(UNPACK_RUNNER, self._unpack) if compiled_autograd_on() else self._unpack
         self.rescans = 0
         self._scan()
         # a sub-module assigned later (``ff[1] = Gate()``, ``m.blocks = Wrapper(m.blocks)``) marks the
@@ -191,7 +193,8 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         the first frame it meets is ours). This step's pair, when it is the innermost, is swapped."""
         if self._pack_hook is not self._pack_plain:
             return
-        pack, unpack = torch.compiler.disable(self._pack), torch.compiler.disable(self._unpack)
+        # the unpack hook traced as the saved tensor itself where Dynamo inlines it (compiled autograd)
+        pack, unpack = torch.compiler.disable(self._pack), functools.partial(UNPACK_RUNNER, self._unpack)
         pack.optcheck = True  # (ours: not someone else's hooks, arming.py)
         self._pack_hook, self._unpack_hook = pack, unpack
         top = _top_hooks(False)
