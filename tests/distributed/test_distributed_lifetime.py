@@ -222,6 +222,7 @@ def test_a_stopped_rank_is_blamed_by_step_timeout_and_every_rank_killed(tmp_path
     assert "rank 1 was stopped (SIGSTOP)" in (tmp_path / "stdout").read_text()
 
 
+@pytest.mark.slow
 def test_nproc_force_never_removes_a_folder_another_soak_writes(tmp_path):
     out = tmp_path / "run"
     one = subprocess.Popen([sys.executable, "-m", "optcheck", "soak", *SMALL, "--steps", "100000", "--out", str(out),

@@ -29,6 +29,7 @@ def lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]  # every line parses: nothing torn
 
 
+@pytest.mark.slow
 def test_soak_nproc_2_flags_rank_1s_learning_rate_at_the_next_exchange(tmp_path):
     out = tmp_path / "run"
     proc = soak("--nproc", "2", "--steps", "40", "--every", "10", "--inject", "rank1-lr@15", "--out", str(out))

@@ -82,6 +82,7 @@ def test_oc706_an_unused_parameter_without_find_unused_raises_at_the_next_forwar
         assert r["iteration"] == 2  # the forward after the first backward
 
 
+@pytest.mark.slow
 def test_oc707_a_killed_rank_makes_the_others_next_collective_fail_at_once(tmp_path):
     assert "fails: at once when the lost rank died" in predicted("OC707")
     rank0, rank1 = ranks_alone(tmp_path, "--plain", "--scenario", "kill", "--timeout", "120")

@@ -107,6 +107,7 @@ def test_clean_rerun_of_the_baseline_passes(base, tmp_path):
     assert checks["baseline loss"].find("system-out").text.startswith("ok")
 
 
+@pytest.mark.slow
 def test_another_seed_inside_the_seed_band_is_reported_not_failed(base, tmp_path):
     rc, out, md = _soak(tmp_path, base, "--seed", "3", *NOT_SPEED)
     assert rc == exitcodes.CLEAN, out
@@ -117,6 +118,7 @@ def test_another_seed_inside_the_seed_band_is_reported_not_failed(base, tmp_path
         assert "trajectory differs (reported, not failed)" in md
 
 
+@pytest.mark.slow
 def test_trajectory_that_differs_inside_the_band_is_reported_not_failed(base, tmp_path):
     """Same seed, lr x 1.01: the losses leave float-rounding noise from step 2 (docs/verdict.md),
     as when a dependency changes the numerics, but end inside the band: exit 0, said so."""
@@ -141,6 +143,7 @@ def test_planted_fault_fails_with_the_new_finding(base, tmp_path):
     assert not _failed(cases["baseline loss"])
 
 
+@pytest.mark.slow
 def test_findings_the_baseline_has_are_not_junit_failures(base, tmp_path):
     """A baseline that has OC204 (the same planted fault, kept last night): tonight's OC204
     does not fail the job (exit 0), so the JUnit file lists it in <system-out> "in the
@@ -157,6 +160,7 @@ def test_findings_the_baseline_has_are_not_junit_failures(base, tmp_path):
     assert not _failed(cases["baseline findings"])
 
 
+@pytest.mark.slow
 def test_slower_worker_fails_on_speed(base, tmp_path):
     d = tmp_path / "slow"
     d.mkdir()

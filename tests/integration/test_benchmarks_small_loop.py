@@ -18,6 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_the_paired_benchmark_prints_a_ratio_for_each_configuration():
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_paired.py"), "--pairs", "1", "--block", "6",
                         "--every", "3"], capture_output=True, text=True, timeout=600, cwd=ROOT)
@@ -92,6 +93,7 @@ def test_the_quiet_machine_script_runs_its_three_methods(tmp_path):
         assert re.search(r"^\| auto\b", text, re.M) and re.search(r"^\| off\b", text, re.M), (name, text[-2000:])
 
 
+@pytest.mark.slow
 def test_the_gradient_objects_benchmark_prints_each_piece():
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_grad_objects.py"), "--steps", "2"],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)

@@ -143,7 +143,7 @@ def test_compiled_train_step_records_each_loss(tmp_path):
 
 
 #: (fault, form) run by default; the rest under -m slow
-_DEFAULT = {("nan", "step"), ("replace", "opt"), ("replace", "blocks"), ("replace", "step-autograd")}
+_DEFAULT = {("nan", "step"), ("replace", "opt")}
 
 
 def _fault_cases():

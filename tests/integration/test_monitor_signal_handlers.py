@@ -61,6 +61,7 @@ def _loop(mon_dir, delay_s: float, max_steps: int = 400) -> tuple[int, bool, opt
     return step, in_optcheck, mon
 
 
+@pytest.mark.slow
 def test_a_handlers_exception_always_reaches_the_loop(tmp_path):
     prev = signal.signal(signal.SIGALRM, _handler)
     try:

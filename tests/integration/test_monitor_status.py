@@ -114,6 +114,7 @@ def test_keyboard_interrupt_inside_with_is_interrupted_not_clean(tmp_path):
     assert res.stdout.split() == ["130"]
 
 
+@pytest.mark.slow
 def test_sigint_to_a_loop_without_with_is_interrupted(tmp_path):
     proc, out = _start(tmp_path, LOOP_FOREVER)
     proc.send_signal(signal.SIGINT)
@@ -135,6 +136,7 @@ def test_sigterm_is_interrupted_and_the_process_still_dies_by_it(tmp_path):
     assert not (out / ".optcheck.lock").exists()
 
 
+@pytest.mark.slow
 def test_sigterm_chains_to_the_users_handler_which_keeps_training(tmp_path):
     proc, out = _start(tmp_path, """
         stop = []
@@ -204,6 +206,7 @@ def test_an_exception_is_crashed_and_the_losses_before_it_are_kept(tmp_path):
     assert last["loss"] == s["loss_last"]
 
 
+@pytest.mark.slow
 def test_sys_exit_0_inside_with_is_clean_and_sys_exit_1_is_crashed(tmp_path):
     res, out = _run(tmp_path, _ends_at(10, "sys.exit(0)"))
     assert res.returncode == 0, res.stderr
@@ -214,6 +217,7 @@ def test_sys_exit_0_inside_with_is_clean_and_sys_exit_1_is_crashed(tmp_path):
     assert _summary(out)["status"] == "crashed"
 
 
+@pytest.mark.slow
 def test_a_loop_that_dies_in_its_thread_is_crashed(tmp_path):
     res, out = _run(tmp_path, """
         def train():
@@ -232,6 +236,7 @@ def test_a_loop_that_dies_in_its_thread_is_crashed(tmp_path):
     assert _metric_steps(out) == list(range(1, 12))  # the losses of steps 11 (and 10) kept at the crash
 
 
+@pytest.mark.slow
 def test_a_forked_child_never_writes_to_the_parents_run(tmp_path):
     res, out = _run(tmp_path, """
         mon = optcheck.Monitor(model, opt, every=2, out=OUT)
@@ -293,6 +298,7 @@ def test_sigkill_is_reported_as_ended_without_closing_by_every_reader(tmp_path):
     assert "Traceback" not in res.stderr and "ended without closing" in res.stderr
 
 
+@pytest.mark.slow
 def test_a_fatal_signal_leaves_its_python_stack_in_fatal_log(tmp_path):
     res, out = _run(tmp_path, """
         mon = optcheck.Monitor(model, opt, every=5, out=OUT)

@@ -266,6 +266,7 @@ FUSED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_oc107_resize_token_embeddings_mid_run_raises_or_crashes_the_process_as_predicted():
     pytest.importorskip("transformers")
     watched, exc = resize_loop(True)

@@ -225,6 +225,7 @@ def assert_watched(proc, cases, out: Path | None) -> None:
     assert "test_no_optimizer" not in tail and "test_replaced_layer_off" not in tail, tail
 
 
+@pytest.mark.slow
 def test_clean_passes_replaced_layer_fails_with_oc101(project):
     out = project / "optcheck-runs"
     proc, cases = run_pytest(project, "-p", PLUGIN, "--optcheck", "--optcheck-out", str(out))
@@ -232,6 +233,7 @@ def test_clean_passes_replaced_layer_fails_with_oc101(project):
     assert f"run directories in {out.resolve()}" in proc.stdout, said(proc)
 
 
+@pytest.mark.slow
 def test_under_xdist_each_worker_watches_and_the_controller_sums_up(project):
     proc, cases = run_pytest(project, "-p", PLUGIN, "--optcheck", "-n", "2")
     assert_watched(proc, cases, None)
@@ -275,14 +277,28 @@ def test_optcheck_out_not_empty_is_one_line(project):
     assert "--optcheck-out busy: not an empty folder" in proc.stderr and "Traceback" not in proc.stderr, said(proc)
 
 
-def test_through_the_installed_entry_point(project):
+def test_the_entry_point_is_declared_and_installed():
+    """``pytest --optcheck`` without ``-p``: the ``pytest11`` entry point names the plugin's module (one
+    plugin either way) and ``scripts/setup.sh`` installed it (the run through it: the next test, ``-m slow``)."""
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["pytest11"]
     assert declared == {PLUGIN: PLUGIN}  # named as its module: `-p` and the entry point are one plugin
+    installed = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="pytest11")}
+    assert installed.get(PLUGIN) == PLUGIN, "re-run `pip install -e .` (scripts/setup.sh)"
+
+
+@pytest.mark.slow
+def test_through_the_installed_entry_point(project):
     if PLUGIN not in {ep.name for ep in importlib.metadata.entry_points(group="pytest11")}:
         pytest.skip("the pytest11 entry point is not installed yet: re-run `pip install -e .` (scripts/setup.sh)")
     proc, cases = run_pytest(project, "--optcheck")
     assert {k: v[0] for k, v in cases.items()} == WATCHED, said(proc)
     assert "OC101 stale-param [error]" in cases["test_replaced_layer"][1]
+
+
+@pytest.mark.slow
+def test_the_entry_point_and_dash_p_at_once_are_one_plugin(project):
+    if PLUGIN not in {ep.name for ep in importlib.metadata.entry_points(group="pytest11")}:
+        pytest.skip("the pytest11 entry point is not installed yet: re-run `pip install -e .` (scripts/setup.sh)")
     proc, cases = run_pytest(project, "-p", PLUGIN, "--optcheck", "-k", "clean")  # both ways at once: one plugin
     assert proc.returncode == 0 and cases["test_clean"][0] == "passed", said(proc)
 

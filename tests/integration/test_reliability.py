@@ -141,6 +141,7 @@ def test_a_full_disk_under_nproc_says_where_the_records_stop(tmpfs):
     assert s["record_error"].endswith(f"nothing recorded after step {recorded}")
 
 
+@pytest.mark.slow
 def test_file_size_limit_stops_the_run_with_exit_4(tmp_path):
     """RLIMIT_FSIZE (ulimit -f) in the optcheck process: the same path as a full
     disk, on every machine (writes fail with EFBIG; Python ignores SIGXFSZ)."""
@@ -167,6 +168,7 @@ def test_zero_bytes_free_is_refused_before_the_run(tmpfs):
     assert not (d / "run").exists()
 
 
+@pytest.mark.slow
 def test_inodes_running_out_before_the_final_summary_still_give_a_summary(tmpfs):
     d = tmpfs("size=20m,nr_inodes=40")
     out = d / "run"
@@ -190,6 +192,7 @@ def test_inodes_running_out_before_the_final_summary_still_give_a_summary(tmpfs)
 
 # -- row 2 and 3: one writer, no overwrite, no symlink ---------------------------------------
 
+@pytest.mark.slow
 def test_second_writer_is_refused_naming_the_pid_and_the_lock_goes_with_the_process(tmp_path):
     out = tmp_path / "run"
     first = start(out)
@@ -270,6 +273,7 @@ def test_bad_option_is_one_line_exit_2_and_no_run_dir(tmp_path, args, needle):
     assert not out.exists() and not (tmp_path / "missing").exists()
 
 
+@pytest.mark.slow
 def test_junit_and_plot_inside_the_new_run_dir_are_fine(tmp_path):
     out = tmp_path / "run"
     rc, stdout, _ = run_cli(["soak", "-q", "--steps", "20", "--every", "10", "--out", str(out), *SMALL,
@@ -299,6 +303,7 @@ def test_vocabulary_problems_are_exit_2(tmp_path, meta, vocab, needle):
 
 # -- rows 10 to 13: signals, hangs -----------------------------------------------------------------
 
+@pytest.mark.slow
 def test_stopped_worker_then_three_sigints_escalate_and_the_summary_is_written(tmp_path):
     out = tmp_path / "run"
     proc = start(out)
@@ -351,6 +356,7 @@ def test_step_timeout_kills_a_hung_worker_with_exit_3(tmp_path):
     assert "no step for" in stdout and waited < 60
 
 
+@pytest.mark.slow
 def test_step_timeout_is_silent_on_a_healthy_run(tmp_path):
     res = run(soak_cmd(tmp_path / "run", "--step-timeout", "30", steps=100, every=50))
     assert res.returncode == 0 and summary(tmp_path / "run")["crash"] is None

@@ -142,6 +142,7 @@ def test_worst_exit_code_is_one_policy():
     assert upgrade.worst is exitcodes.worst
 
 
+@pytest.mark.slow
 @pytest.mark.dotnet
 def test_two_backends_one_ending_with_exit_4_is_exit_4_not_a_traceback(tmp_path):
     """``--backend pytorch,torchsharp`` (TorchSharp: the .NET stand-in) under a file-size
