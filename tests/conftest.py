@@ -78,7 +78,6 @@ THINNED = {
     "tests/integration/test_monitor_optimizers.py::test_warmup_from_zero_is_silent": 4,
     "tests/integration/test_monitor_optimizers.py::test_bf16_parameters_are_silent": 3,
     "tests/integration/test_optimizer_zoo_thirdparty.py::test_clean_loop_is_silent": 4,
-    "tests/integration/test_monitor_zoo.py::test_planted_bug_is_named": 2,
     "tests/integration/test_monitor_zoo.py::test_clean_loop_has_no_finding": 2,
     "tests/integration/test_monitor_memory.py::test_clean_loop_is_silent": 2,
     "tests/unit/test_state_read.py::test_wrappers_and_duck_typed_optimizers_are_watched": 2,

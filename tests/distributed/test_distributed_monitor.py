@@ -189,7 +189,6 @@ def test_an_unused_parameter_under_ddp_is_OC706_one_forward_before_ddp_raises(tm
     assert merged(tmp_path)["exit_code"] == 3
 
 
-@pytest.mark.slow
 def test_a_rank_killed_under_the_monitor_is_OC707_naming_it(tmp_path):
     """Without torch.distributed.run, whose SIGTERM to rank 0 races rank 0's next exchange (on a loaded
     machine it came first, and rank 0 stopped before it could see rank 1 gone): the kernel closes the

@@ -19,7 +19,7 @@ import torch
 from optcheck.pytorch.hazards._tensors import (_VERSION, _clean, _float_outputs, _float_tensors, _grad_fns, _ptr,
                                                _storage_ptr, _tensors)
 from optcheck.pytorch.hazards.arming import MODES, ArmingPolicy, _hooks_owner
-from optcheck.pytorch.dynamo_safe import COMPILED_FORWARD_NOTE, UNPACK_RUNNER, compiled_autograd_on
+from optcheck.pytorch.dynamo_safe import COMPILED_FORWARD_NOTE, UNPACK_RUNNER, EagerHook, compiled_autograd_on
 from optcheck.pytorch.hazards.compiled import EntryHook, compiled_modules, is_compile_wrapper
 from optcheck.pytorch.hazards.graph_cut import GraphCutProbe
 from optcheck.pytorch.hazards.checkpoints import NON_REENTRANT, REENTRANT, non_reentrant_frame, reentrant_forward
@@ -128,7 +128,10 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         # names stale; the next hooked forward re-scans (torch/nn/modules/module.py: register_module runs
         # the global module-registration hooks on every sub-module assignment)
         self._dirty = False
-        self._handles.append(torch.nn.modules.module.register_module_module_registration_hook(self._registered))
+        # (process-wide: run outside Dynamo and traced as nothing where a compiled region registers a
+        # module, as compiled autograd's fx modules are: dynamo_safe.py)
+        self._handles.append(torch.nn.modules.module.register_module_module_registration_hook(
+            EagerHook(self._registered)))
         self._handles += step_hooks.register(optimizer, self._before_step, self._after_step,  # once per outer step()
                                              wrap=hook_wrap)
         self._internal_code: dict[Any, bool] = {}
