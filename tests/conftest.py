@@ -50,6 +50,29 @@ if _WORKER and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.fixture(autouse=True)
+def _no_write_log_mode_left_behind():
+    """A test that leaves optcheck's write-log mode (``optcheck/pytorch/hazards/writes.py``) on this
+    thread's torch-function mode stack fails at teardown, naming itself; the mode is taken out, so
+    the tests after it on this worker start clean (left there, every later ``torch.compile`` would
+    trace it)."""
+    yield
+    writes = sys.modules.get("optcheck.pytorch.hazards.writes")
+    if writes is None:
+        return
+    from torch.overrides import _get_current_function_mode_stack
+
+    left = [m for m in _get_current_function_mode_stack() if isinstance(m, writes.WriteWatch)]
+    if left:
+        import torch
+
+        kept = [torch._C._pop_torch_function_stack() for _ in range(torch._C._len_torch_function_stack())][::-1]
+        for m in kept:
+            if not isinstance(m, writes.WriteWatch):
+                torch._C._push_on_torch_function_stack(m)
+        pytest.fail(f"optcheck's write-log mode left on the torch-function mode stack ({len(left)})", pytrace=False)
+
+
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

@@ -603,7 +603,11 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         self._pass_hook.remove()
         self._forget_passes()
         self._unhook_modules()
-        self._slot.pop()
+        # the write log's mode out of this thread's stack, both slots, even inside backward() (a Monitor
+        # closed there, or after a backward() an exception ended, would leave it on the user's stack:
+        # traced by every torch.compile after, and a torch function detour on every op)
+        self._slot.release()
+        self._bw_slot.release()
         self._hooks_on = False
         self._remove_warning_hook()
         self._active = False

@@ -187,6 +187,14 @@ class ModeSlot:
         self.pop_here()
         return True
 
+    def release(self) -> None:
+        """For good (the probes are removed): take the mode out of this thread's stack now, even
+        inside ``backward()``, when this thread put it in; from another thread, as :meth:`pop`."""
+        if self._thread == threading.get_ident():
+            self.pop_here()
+        else:
+            self.pop()
+
     def pop_here(self) -> None:
         """Take the mode out of this thread's stack now (inside backward(): at the end of the
         module forward that put it in)."""
