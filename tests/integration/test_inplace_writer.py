@@ -408,3 +408,61 @@ def test_a_write_in_the_checkpoint_recompute_is_named_as_such(reentrant):
     assert w["phase"] == "backward (recompute)" and d["checkpoint"] == ("reentrant" if reentrant else "non-reentrant")
     kind = "a reentrant" if reentrant else "a non-reentrant"
     assert f"in {kind} checkpoint's recompute of block's forward during backward()" in f.message
+
+
+def test_a_step_that_raises_inside_a_checkpoint_recompute_leaves_no_mode_behind():
+    """A recompute forward that raises inside ``backward()`` (the user's module fails on its second
+    call) ends the step before the write log's mode pushed for it is taken out; closing the Monitor
+    takes it out (``ModeSlot.release``): the user's thread is left with no mode of optcheck's, which
+    every later ``torch.compile`` would otherwise trace. Before, it stayed."""
+    from torch.utils.checkpoint import checkpoint
+
+    class FailsOnRecompute(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.calls = nn.Linear(8, 8), 0
+
+        def forward(self, x):
+            self.calls += 1
+            if self.calls == 2:
+                raise RuntimeError("the user's module fails when it is recomputed")
+            return torch.tanh(self.lin(x))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.head = FailsOnRecompute(), nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.head(checkpoint(self.inner, x, use_reentrant=False))
+
+    def stack() -> list:
+        return [type(torch._C._get_function_stack_at(i)).__name__ for i in range(torch._C._len_torch_function_stack())]
+
+    torch.manual_seed(0)
+    model = Model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(RuntimeError, match="fails when it is recomputed"):
+        with optcheck.Monitor(model, opt, every=2, on_finding="ignore", hazards="always"):
+            model(torch.randn(4, 8)).sum().backward()
+    assert stack() == []
+
+
+def test_a_backward_bound_before_the_monitor_leaves_no_mode_behind():
+    """A loop whose ``torch.autograd.backward`` was bound before the Monitor wrapped it (a library's
+    ``from torch.autograd import backward``) runs its backward through the write log's own mode, which
+    torch takes off the stack for that call: the probes' pop at backward's start found nothing and the
+    mode came back for good, on the user's thread after ``close()`` (found by the conftest check on
+    ``bench_twins``' plain twin). The pop is kept for later, and the stack is empty at the end."""
+    bound = torch.autograd.backward
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 8), torch.randn(16, 1)
+    with optcheck.Monitor(model, opt, every=2, on_finding="ignore", hazards="always") as mon:
+        for _ in range(3):
+            opt.zero_grad()
+            bound(F.mse_loss(model(x), y))
+            opt.step()
+    assert mon.findings == [] and mon.step_count == 3
+    assert torch._C._len_torch_function_stack() == 0

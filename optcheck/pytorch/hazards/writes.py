@@ -165,8 +165,12 @@ class ModeSlot:
         #: the mode is in this slot (an attribute, not a property: read by every probe hook, issue 34)
         self.on = False
 
+    def _pushed(self) -> bool:
+        """The mode is on this thread's stack now."""
+        return any(_stack_at(i) is self.mode for i in range(_stack_len()))
+
     def push(self) -> None:
-        if self._thread is not None:
+        if self._thread is not None and self._pushed():
             return
         modes = _take_all()
         k = 0
@@ -200,9 +204,13 @@ class ModeSlot:
         module forward that put it in)."""
         if self._thread is None:
             return
-        if any(_stack_at(i) is self.mode for i in range(_stack_len())):
-            for m in [m for m in _take_all() if m is not self.mode]:
-                _push(m)
+        if not self._pushed():
+            # not on the stack here: torch took it out for the length of the torch call this runs in (a
+            # torch.autograd.backward the mode itself handles, bound before the Monitor wrapped it) and
+            # puts it back after; the next pop or release finds it (before, it stayed on for good)
+            return
+        for m in [m for m in _take_all() if m is not self.mode]:
+            _push(m)
         self._thread = None
         self.on = False
 
