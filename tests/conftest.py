@@ -125,17 +125,21 @@ THINNED = {
 }
 
 
+def _path(item) -> str:
+    """The test file of ``item``, relative to the checkout (as given where it lies outside)."""
+    try:
+        return Path(str(item.path)).resolve().relative_to(ROOT).as_posix()
+    except ValueError:  # a test file outside the checkout
+        return str(item.path)
+
+
 def _thin(items) -> None:
     """Mark ``slow`` the cases :data:`THINNED` leaves out of the default run."""
     seen: dict[str, int] = {}
     for item in items:
         if getattr(item, "callspec", None) is None:
             continue
-        try:
-            path = Path(str(item.path)).resolve().relative_to(ROOT).as_posix()
-        except ValueError:
-            continue
-        key = f"{path}::{item.originalname}"
+        key = f"{_path(item)}::{item.originalname}"
         k = THINNED.get(key)
         if k:
             i = seen[key] = seen.get(key, -1) + 1
@@ -153,10 +157,7 @@ def pytest_collection_modifyitems(config, items):
     group_of = {f: g for g, files in SERIAL_GROUPS.items() for f in files}
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            try:
-                path = Path(str(item.path)).resolve().relative_to(ROOT).as_posix()
-            except ValueError:  # a test file outside the checkout
-                path = str(item.path)
+            path = _path(item)
             item.add_marker(pytest.mark.xdist_group(group_of.get(path, path)))
 
 def pytest_terminal_summary(terminalreporter):

@@ -120,8 +120,10 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         # the saved-tensor hooks: one bound method each, the innermost hook is ours when it is this object;
         # the torch.compiler.disable'd pair once a module runs compiled (_saved_hooks_outside)
         self._pack_plain = self._pack_hook = self._pack
-        # under compiled autograd (Dynamo traces backward()) the unpack hook is traced as the saved tensor
-        self._unpack_hook = functools.partial(UNPACK_RUNNER, self._unpack) if compiled_autograd_on() else self._unpack
+        # the unpack hook run outside Dynamo, traced as the saved tensor where Dynamo inlines it: under
+        # compiled autograd (Dynamo traces backward()) and once a module runs compiled
+        self._unpack_outside = functools.partial(UNPACK_RUNNER, self._unpack)
+        self._unpack_hook = self._unpack_outside if compiled_autograd_on() else self._unpack
         self.rescans = 0
         self._scan()
         # a sub-module assigned later (``ff[1] = Gate()``, ``m.blocks = Wrapper(m.blocks)``) marks the
@@ -196,8 +198,7 @@ class HazardProbes(ArmingPolicy, ForwardReplay, InplaceProbe, GraphCutProbe, Non
         the first frame it meets is ours). This step's pair, when it is the innermost, is swapped."""
         if self._pack_hook is not self._pack_plain:
             return
-        # the unpack hook traced as the saved tensor itself where Dynamo inlines it (compiled autograd)
-        pack, unpack = torch.compiler.disable(self._pack), functools.partial(UNPACK_RUNNER, self._unpack)
+        pack, unpack = torch.compiler.disable(self._pack), self._unpack_outside
         pack.optcheck = True  # (ours: not someone else's hooks, arming.py)
         self._pack_hook, self._unpack_hook = pack, unpack
         top = _top_hooks(False)

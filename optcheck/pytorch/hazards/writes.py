@@ -170,7 +170,7 @@ class ModeSlot:
         return any(_stack_at(i) is self.mode for i in range(_stack_len()))
 
     def push(self) -> None:
-        if self._thread is not None and self._pushed():
+        if self._thread is not None:
             return
         modes = _take_all()
         k = 0
