@@ -65,16 +65,32 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     torch.set_num_threads(cfg.run.threads)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.timeout))
     try:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.timeout))
         code = _train(cfg, Path(a.out), a.fail_on, torch, dist, monitor=not a.no_monitor)
         # every rank done (and every file written) before any leaves: a rank that tears the gloo
         # group down while another is still in its last collective makes that one abort
         dist.barrier()
-    except BaseException:  # the Monitor has written this rank's crash; tearing the group down with a
+    except BaseException as e:  # the Monitor has written this rank's crash; tearing the group down with a
         traceback.print_exc()  # peer gone or stuck in a collective can block: leave as a finished rank does
+        _record_for_the_launcher(e)
         _leave(1)
     _leave(code)
+
+
+def _record_for_the_launcher(e: BaseException) -> None:
+    """Write this rank's exception to ``torch.distributed.run``'s error file (``TORCHELASTIC_ERROR_FILE``,
+    through torch's public ``ErrorHandler``, as its ``@record`` does): the launcher's report then
+    gives the rank's error ("RuntimeError: ... Connection reset by peer") instead of "To enable
+    traceback see ...". A rank that fails before its Monitor writes anything (a peer killed at
+    start-up, the Monitor's first collective broken) is judged by that text alone: a knock-on or
+    its own fault (``optcheck.distributed.launcher_report.knocked_on_judge``). Never raises."""
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(e)
+    except Exception:  # noqa: BLE001 - the report is a courtesy; the rank's exit code says it failed
+        pass
 
 
 def _leave(code: int) -> None:

@@ -181,6 +181,31 @@ def test_sigterm_to_one_rank_at_start_up_names_the_rank_and_the_signal(tmp_path,
     _assert_rank_1_and_sigterm_named(tmp_path, out, proc)
 
 
+def test_a_rank_that_fails_before_its_monitor_gives_the_launcher_its_error(tmp_path):
+    """The CI failure of stop 53 (1 run in 3 here): rank 1 killed at start-up, rank 0's first collective
+    broken by it ("Connection reset by peer") in the same second. Neither rank had a record, and the
+    launcher's report said only "To enable traceback see ..." for rank 0, so its end could not be told
+    from a fault of its own and rank 0 was the crash (CRASHED, exit 3). A rank that fails now writes
+    torch's error file, and the report carries its error. Real ``torch.distributed.run``, one rank
+    whose corpus does not exist."""
+    from optcheck.config import SoakConfig
+    from optcheck.distributed.launcher_report import launcher_failures
+    from optcheck.distributed.soak import free_port
+
+    cfg = SoakConfig()
+    cfg.data.path = str(tmp_path / "no-such-corpus.txt")
+    (tmp_path / "config.json").write_text(cfg.to_json())
+    log = subprocess.run([sys.executable, "-m", "optcheck.distributed.launch", "--nproc-per-node", "1",
+                          "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "optcheck.distributed.worker",
+                          "--config", str(tmp_path / "config.json"), "--out", str(tmp_path / "run")], env=ENV,
+                         capture_output=True, text=True, timeout=START_CAP_S)
+    assert log.returncode != 0
+    failures = launcher_failures(log.stdout + log.stderr)
+    assert [(f["rank"], f["exitcode"]) for f in failures] == [(0, 1)], log.stderr[-3000:]
+    assert "no-such-corpus.txt" in failures[0]["traceback"], failures[0]["traceback"]
+    assert "To enable traceback" not in failures[0]["traceback"]
+
+
 @pytest.mark.slow
 def test_sigterm_to_one_rank_while_the_other_is_stopped_names_the_first(tmp_path, start):
     """Issue 48 point 2: rank 0 held by SIGSTOP, SIGTERM to rank 1, SIGCONT to rank 0 8 s later: rank 0 then
