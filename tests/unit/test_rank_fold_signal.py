@@ -130,36 +130,29 @@ def test_a_tie_with_the_peer_knocked_on_names_the_signalled_rank():
 # torch 2.13's report (trimmed from a real run's launcher.log, stop 53's CI failure) for a SIGTERM to rank 1 after
 # its SIGTERM handler was installed but before its Monitor wrote anything: rank 1 raised LauncherStopped (exit 1,
 # an error file), the launcher then stopped rank 0 (its "Sending process ... closing signal") and listed it too.
-HANDLED = """W1203 10:31:27.618000 31059 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 31061 closing signal SIGTERM
-============================================================
-optcheck.distributed.worker FAILED
-------------------------------------------------------------
-Failures:
-[1]:
-  time      : 2026-12-03_10:31:27
+def _stopped_block(rank: int, pid: int) -> str:
+    """One failure of the report: rank ``rank`` (PID ``pid``) raised LauncherStopped, exit 1, an error file."""
+    return f"""  time      : 2026-12-03_10:31:27
   host      : localhost
-  rank      : 0 (local_rank: 0)
-  exitcode  : 1 (pid: 31061)
-  error_file: /tmp/torchelastic_11gvgqxh/none_h4x9bcbo/attempt_0/0/error.json
+  rank      : {rank} (local_rank: {rank})
+  exitcode  : 1 (pid: {pid})
+  error_file: /tmp/torchelastic_11gvgqxh/none_h4x9bcbo/attempt_0/{rank}/error.json
   traceback : Traceback (most recent call last):
     File "/work/main/optcheck/distributed/watch.py", line 265, in _on_sigterm
       raise LauncherStopped("SIGTERM from the launcher (torch.distributed.run stops every rank when one fails)")
   optcheck.distributed.watch.LauncherStopped: SIGTERM from the launcher (torch.distributed.run stops every rank when one fails)
-
-------------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-12-03_10:31:27
-  host      : localhost
-  rank      : 1 (local_rank: 1)
-  exitcode  : 1 (pid: 31062)
-  error_file: /tmp/torchelastic_11gvgqxh/none_h4x9bcbo/attempt_0/1/error.json
-  traceback : Traceback (most recent call last):
-    File "/work/main/optcheck/distributed/watch.py", line 265, in _on_sigterm
-      raise LauncherStopped("SIGTERM from the launcher (torch.distributed.run stops every rank when one fails)")
-  optcheck.distributed.watch.LauncherStopped: SIGTERM from the launcher (torch.distributed.run stops every rank when one fails)
-============================================================
 """
+
+
+def _handled(root: tuple[int, int], other: tuple[int, int]) -> str:
+    """The report with ``root`` (rank, PID) as the "Root Cause" and ``other`` under "Failures"."""
+    return ("W1203 10:31:27.618000 31059 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 31061 "
+            "closing signal SIGTERM\n" + "=" * 60 + "\noptcheck.distributed.worker FAILED\n" + "-" * 60
+            + "\nFailures:\n[1]:\n" + _stopped_block(*other) + "\n" + "-" * 60
+            + "\nRoot Cause (first observed failure):\n[0]:\n" + _stopped_block(*root) + "=" * 60 + "\n")
+
+
+HANDLED = _handled(root=(1, 31062), other=(0, 31061))
 
 
 def test_a_handled_sigterm_the_launcher_did_not_send_is_the_signal_and_the_launchers_stops_are_not():
@@ -171,10 +164,7 @@ def test_a_handled_sigterm_the_launcher_did_not_send_is_the_signal_and_the_launc
     sigterm = {"rank": 1, "exitcode": 1, "signal": "SIGTERM"}
     assert {k: root_cause(HANDLED, knocked_on_judge([None, None]))[k] for k in sigterm} == sigterm
     # the same seconds with the tie to the lower rank: the launcher's stop of rank 0 as the "Root Cause"
-    a, b = HANDLED.index("[1]:"), HANDLED.index("------------------------------------------------------------\nRoot")
-    rank0 = HANDLED[a + len("[1]:"):b]
-    r, c = HANDLED.index("[0]:", b), HANDLED.rindex("====")
-    tied = HANDLED[:a] + "[1]:" + HANDLED[r + len("[0]:"):c] + HANDLED[b:r] + "[0]:" + rank0 + HANDLED[c:]
+    tied = _handled(root=(0, 31061), other=(1, 31062))
     assert [f["rank"] for f in launcher_failures(tied)] == [0, 1]
     assert {k: root_cause(tied, knocked_on_judge([None, None]))[k] for k in sigterm} == sigterm
     # a LauncherStopped the launcher did send (its "closing signal" line for that PID) is no signal of the user's
