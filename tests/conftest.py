@@ -40,6 +40,13 @@ SERIAL_GROUPS = {"torchrun": ("tests/distributed/test_distributed_monitor.py",
 # becoming a note that only says the hook's checks were skipped (optcheck/pytorch/guard.py)
 os.environ.setdefault("OPTCHECK_RAISE_INTERNAL", "1")
 
+# Bytecode caches (git-ignored __pycache__/) are written as a plain Python writes them: with
+# PYTHONDONTWRITEBYTECODE set, as on this project's machines, each xdist worker rewrote every test
+# module's asserts again and every Python process a test starts (hundreds of soaks, workers and
+# scripts) compiled optcheck from source again (issue 48 point 9, docs/guide/testing.md).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if _WORKER and "OPTCHECK_TESTLOOP_CACHE" not in os.environ:
     # the .NET test loop is built per source hash; each worker compiles into its own folder

@@ -37,7 +37,7 @@ import pytest
 from conftest import ROOT
 
 README = ROOT / "README.md"
-MAX_STEPS = 200
+MAX_STEPS = 120
 #: README stand-in -> what this test runs instead, and why
 PLACEHOLDERS = {
     # `optcheck upgrade --candidate-python`: another venv's interpreter; here this one (same torch:
