@@ -98,7 +98,13 @@ def test_clean_compiled_loop_is_silent_untraced_and_counts_as_eager(form, eager)
                    for s in mon.summary()["not_checked"])
 
 
-@pytest.mark.parametrize("form", cf.MORE_FORMS)
+#: compiled autograd (11 s: backward compiled per set of hooks) runs under -m slow; the default run keeps it
+#: compiled by :func:`test_a_closed_monitor_leaves_nothing_dynamo_traces` (issue 48 point 9)
+_SLOW_FORMS = {"step-autograd"}
+
+
+@pytest.mark.parametrize("form", [pytest.param(f, marks=(pytest.mark.slow,) if f in _SLOW_FORMS else ())
+                                  for f in cf.MORE_FORMS])
 def test_more_compile_forms_are_silent_untraced_and_count_as_eager(form, eager):
     """Each transformer block compiled in place with ``fullgraph=True`` (torchtitan's way), the model
     called from a ``fullgraph=True`` function, and the whole train step under compiled autograd:
@@ -142,8 +148,9 @@ def test_compiled_train_step_records_each_loss(tmp_path):
     shutil.rmtree(out, ignore_errors=True)
 
 
-#: (fault, form) run by default; the rest under -m slow
-_DEFAULT = {("nan", "step"), ("replace", "opt")}
+#: (fault, form) run by default: a layer replaced inside a compiled whole train step (seed 003's class
+#: where Dynamo guards the most); the rest under -m slow
+_DEFAULT = {("replace", "step")}
 
 
 def _fault_cases():

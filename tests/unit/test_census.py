@@ -14,7 +14,9 @@ from optcheck.pytorch import census, probe  # noqa: E402
 
 @pytest.fixture
 def fresh():
+    """A process nobody froze (tests/conftest.py freezes each test's heap: undone here)."""
     census.release()
+    gc.unfreeze()
     yield census.CENSUS
     census.release()
 
@@ -92,3 +94,53 @@ def test_meta_and_fake_tensors_are_counted_without_bytes_and_without_a_warning(f
     assert (n1 - n0, b1 - b0) == (3, 1024)
     assert not [w for w in recwarn if "data pointer" in str(w.message)]
     del fake, meta, real
+
+
+def test_a_programs_own_freeze_is_left_as_it_is_and_what_it_made_after_is_counted(fresh):
+    """A program that froze its set-up (``gc.freeze()``) before the first census: the census freezes
+    nothing, counts the tensors made since (not those inside what the program froze), and ``release``
+    (``Monitor.close``) leaves the program's objects frozen. Before, it unfroze them."""
+    setup = [torch.ones(256) for _ in range(3)]  # frozen by the program: not counted
+    gc.collect()
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    n0, b0 = probe.tensor_census()
+    assert gc.get_freeze_count() == frozen  # nothing more frozen by the census
+    made = [torch.ones(512) for _ in range(4)]
+    assert probe.tensor_census() == (n0 + 4, b0 + 4 * 2048)
+
+    class Holder:
+        pass
+
+    h = Holder()
+    h.me, h.t = h, torch.zeros(100)  # garbage waiting for the cycle collector: not counted
+    del h
+    assert probe.tensor_census() == (n0 + 4, b0 + 4 * 2048)
+    census.release()
+    assert gc.get_freeze_count() == frozen
+    gc.unfreeze()
+    del setup, made
+
+
+def test_a_watched_loop_in_a_program_that_froze_its_set_up_finds_a_leak_and_leaves_the_freeze(fresh, tmp_path):
+    """End to end, a real Monitor: the program's freeze survives ``close()``, and a loop that keeps every
+    step's loss with its graph is still OC401 (the census counts what the loop made)."""
+    import optcheck
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    gc.collect()
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    kept = []
+    with optcheck.Monitor(model, opt, every=5, on_finding="log", out=str(tmp_path / "run")) as mon:
+        for _ in range(300):
+            loss = model(torch.randn(8, 16)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            kept.append(model(torch.randn(8, 16)).sum())  # a graph kept every step
+    assert gc.get_freeze_count() > 0.99 * frozen  # (a few frozen objects freed by refcount meanwhile)
+    assert "OC401" in {f.code for f in mon.findings}, [f.code for f in mon.findings]
+    gc.unfreeze()
