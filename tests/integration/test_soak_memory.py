@@ -12,18 +12,18 @@ from optcheck.record.snapshot import read_jsonl
 
 def test_state_leak_is_flagged_with_a_projected_step(tmp_path):
     out = tmp_path / "leak"
-    rc, stdout, _ = run_cli(["soak", "-q", "--steps", "2000", "--every", "50", "--val-every", "0",
-                             "--inject", "state-leak@200", "--memory-budget", "8GiB", "--out", str(out), *SMALL])
+    rc, stdout, _ = run_cli(["soak", "-q", "--steps", "1000", "--every", "25", "--val-every", "0",
+                             "--inject", "state-leak@100", "--memory-budget", "8GiB", "--out", str(out), *SMALL])
     found = [f for f in read_jsonl(out / "findings.jsonl") if f["code"] == "OC401"]
     assert rc == exitcodes.FINDINGS and found, stdout
     f = found[0]
-    assert 200 < f["step"] <= 2000 and f["detail"]["projected_step"] > f["step"]
+    assert 100 < f["step"] <= 1000 and f["detail"]["projected_step"] > f["step"]
     assert "8 GiB budget at step" in f["message"]
 
 
 def test_same_soak_without_the_leak_is_silent(tmp_path):
     out = tmp_path / "clean"
-    rc, stdout, _ = run_cli(["soak", "-q", "--steps", "2000", "--every", "50", "--val-every", "0",
+    rc, stdout, _ = run_cli(["soak", "-q", "--steps", "1000", "--every", "25", "--val-every", "0",
                              "--memory-budget", "8GiB", "--out", str(out), *SMALL])
     assert rc == exitcodes.CLEAN, stdout
     assert list(read_jsonl(out / "findings.jsonl")) == []
