@@ -65,13 +65,11 @@ class Census:
         if not self._frozen:
             if self._theirs is None:
                 self._theirs = gc.get_freeze_count() > 0
-            if self._theirs:  # the program's own freeze: walk what it left unfrozen, freeze nothing
-                gc.collect()
-                return _count(_tensors(gc.get_objects()))
-            self._freeze()
+            if not self._theirs:  # (the program's own freeze: walk what it left unfrozen, freeze nothing)
+                self._freeze()
         gc.collect()  # the unfrozen generations: what was made since the freeze
         objects = gc.get_objects()
-        if any(obj is self._sentinel for obj in objects):  # someone called gc.unfreeze(): start again
+        if self._frozen and any(obj is self._sentinel for obj in objects):  # someone called gc.unfreeze(): start again
             del objects
             self._freeze()
             gc.collect()

@@ -84,21 +84,27 @@ def test_rule_lives_in_the_module_of_its_family(cls):
 
 # -- every rule fires in a real run ---------------------------------------------------------
 
-#: Collects the named test files (``pytest --collect-only``) and prints, per test item, its
-#: function's source and its parametrize values: the catalogue test reads these, not the files' text.
+def _described(item) -> dict:
+    """A collected test item as the catalogue test reads it: its function's source and its
+    parametrize values (repr), not the file's text."""
+    cs = getattr(item, "callspec", None)
+    return {"source": inspect.getsource(item.function),
+            "params": {k: repr(v) for k, v in (cs.params if cs else {}).items()}}
+
+
+#: Collects the named test files (``pytest --collect-only``) and writes :func:`_described` of each item.
 _COLLECT = textwrap.dedent("""
     import inspect, json, sys
     import pytest
+
+""") + inspect.getsource(_described) + textwrap.dedent("""
 
     class Items:
         out = {}
 
         def pytest_collection_finish(self, session):
             for item in session.items:
-                cs = getattr(item, "callspec", None)
-                self.out[item.nodeid] = {
-                    "source": inspect.getsource(item.function),
-                    "params": {k: repr(v) for k, v in (cs.params if cs else {}).items()}}
+                self.out[item.nodeid] = _described(item)
 
     items = Items()
     rc = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *sys.argv[2:]], plugins=[items])
@@ -115,10 +121,7 @@ def collected(request, tmp_path_factory):
     either way, so a real run moved under ``-m slow`` is missing in both."""
     mine = {item.nodeid: item for item in request.session.items}
     if all(node in mine for node in REAL_RUNS.values()):
-        return {node: {"source": inspect.getsource(mine[node].function),
-                       "params": {k: repr(v) for k, v in mine[node].callspec.params.items()}
-                       if hasattr(mine[node], "callspec") else {}}
-                for node in REAL_RUNS.values()}
+        return {node: _described(mine[node]) for node in REAL_RUNS.values()}
     files = sorted({node.split("::")[0] for node in REAL_RUNS.values()})
     out = tmp_path_factory.mktemp("collect") / "items.json"
     proc = subprocess.run([sys.executable, "-c", _COLLECT, str(out), *files], cwd=ROOT, capture_output=True,
