@@ -149,7 +149,10 @@ def test_finite_fp32_tensor_whose_norm_overflows_is_no_finding():
 def test_16_bit_parameters(dtype):
     model = torch.nn.Linear(4, 4).to(dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    trained(model, opt, torch.randn(3, 4, dtype=dtype))
+    # a fixed input: AdamW's eps (1e-8) is 0 in 16 bits, so a gradient whose square underflows there (|g| < 2.4e-4
+    # in float16; a column sum of random inputs, now and then) makes a real inf, and this test a flaky one
+    x = torch.tensor([[0.5, -1.0, 0.25, 2.0], [1.5, 0.75, -0.5, 1.0], [-0.25, 1.25, 1.0, 0.5]], dtype=dtype)
+    trained(model, opt, x)
     assert snapshot(model, opt)[1] == []
     with torch.no_grad():
         model.weight[1, 1] = float("nan")
