@@ -43,6 +43,7 @@ def test_same_init_without_a_torchsharp_build_is_one_line(tmp_path):
 
 
 @pytest.mark.dotnet
+@pytest.mark.slow  # the default run pairs the backends on real TorchSharp (test_real_soak.py) and fires OC601 in compare
 def test_two_backends_run_one_after_the_other_and_are_compared(tmp_path):
     """PyTorch's GPT beside the .NET stand-in loop (tests/dotnet): both run directories are
     written, then compared; a different model must diverge (OC601, exit 1)."""

@@ -92,6 +92,7 @@ def test_standin_state_leak_is_a_steady_rise_of_live_tensors(tmp_path):
 
 
 @pytest.mark.dotnet
+@pytest.mark.slow  # silent in the default run: the stand-in's clean soak (test_bridge_worker.py) and real TorchSharp's
 def test_standin_clean_soak_has_no_memory_finding(tmp_path):
     found, snaps = standin_soak(tmp_path, [])
     assert found == []
