@@ -13,9 +13,9 @@ How a command is made to run here, in a temporary folder holding links to ``exam
 ``scripts/``, ``tests/`` and ``pyproject.toml`` of this checkout (the run directories land
 in the temporary folder), with this checkout's optcheck (``PYTHONPATH``) and one thread:
 
-- ``--steps N`` above :data:`MAX_STEPS` becomes ``MAX_STEPS``, and a ``NAME@STEP``
-  injection moves in proportion (``--steps 3000 --inject param-rebind@1000`` → 200 and
-  ``@66``);
+- ``--steps N`` above :data:`MAX_STEPS` (:data:`NPROC_STEPS` with ``--nproc``) becomes it, and a
+  ``NAME@STEP`` injection moves in proportion (``--steps 3000 --inject param-rebind@1000`` → 40 and
+  ``@13``);
 - :data:`PLACEHOLDERS` replaces the README's stand-ins with what exists here;
 - the setup commands (``bash scripts/setup.sh [--test]``) are checked, not rerun (they
   install with pip): the line parses (``bash -n``) and ``scripts/setup.sh`` exists and
@@ -37,7 +37,10 @@ import pytest
 from conftest import ROOT
 
 README = ROOT / "README.md"
-MAX_STEPS = 120
+MAX_STEPS = 40
+#: ``--nproc`` lines scale to this instead: ranks are compared before every ``every``-th backward pass (100 by
+#: default) and not at close, so a difference planted after pass 1 is found only in a run longer than 101 steps
+NPROC_STEPS = 120
 #: README stand-in -> what this test runs instead, and why
 PLACEHOLDERS = {
     # `optcheck upgrade --candidate-python`: another venv's interpreter; here this one (same torch:
@@ -114,23 +117,25 @@ def test_how_a_readme_line_is_read_and_scaled():
     assert scaled(shlex.split(got[0].line)[1:]) == ["soak", "--steps", str(MAX_STEPS), "--inject",
                                                     f"param-rebind@{1000 * MAX_STEPS // 3000}", "--out", "r"]
     assert scaled(["upgrade", "--candidate-python", "/venvs/torch-new/bin/python"])[-1] == sys.executable
+    assert scaled(["soak", "--nproc", "2", "--steps", "2000", "--inject", "rank1-lr@500"]) == \
+        ["soak", "--nproc", "2", "--steps", str(NPROC_STEPS), "--inject", f"rank1-lr@{500 * NPROC_STEPS // 2000}"]
     assert _norm("changed identity since step 900, the") == "changed identity since step N, the"
 
 
 def scaled(argv: list[str]) -> list[str]:
-    """``--steps`` down to MAX_STEPS, injections moved in proportion."""
+    """``--steps`` down to MAX_STEPS (NPROC_STEPS with ``--nproc``), injections moved in proportion."""
     argv = [PLACEHOLDERS.get(a, a) for a in argv]
     if "--steps" not in argv:
         return argv
     i = argv.index("--steps")
-    n = int(argv[i + 1])
-    if n <= MAX_STEPS:
+    n, most = int(argv[i + 1]), NPROC_STEPS if "--nproc" in argv else MAX_STEPS
+    if n <= most:
         return argv
-    argv[i + 1] = str(MAX_STEPS)
+    argv[i + 1] = str(most)
     for k, a in enumerate(argv):
         if k and argv[k - 1] == "--inject" and "@" in a:
             name, step = a.rsplit("@", 1)
-            argv[k] = f"{name}@{max(1, int(step) * MAX_STEPS // n)}"
+            argv[k] = f"{name}@{max(1, int(step) * most // n)}"
     return argv
 
 

@@ -31,20 +31,31 @@ def _injected(scenario: str, out: Path) -> list[str]:
 SOAKS = {
     "run": lambda out: ["--steps", "300", "--every", "50"],
     "param-rebind": lambda out: _injected("param-rebind", out),
-    "tie-after-optimizer": lambda out: _injected("tie-after-optimizer", out),
     "life": lambda out: ["--steps", "240", "--every", "60", "--eval-every", "50", "--checkpoint-every", "70",
                          "--resume-at", "150"],
     "to": lambda out: ["--steps", "200", "--every", "50", "--inject", "module-to-after-optimizer@60"],
 }
 
 
+#: under -m slow: tie-after-optimizer's OC101 fires in the default run through `soak --ignore` (test_monitor_api.py)
+SLOW_SOAKS = {"tie-after-optimizer": lambda out: _injected("tie-after-optimizer", out)}
+
+
+def _run(root: Path, soaks: dict) -> dict[str, tuple[Path, int, str]]:
+    done = run_clis({name: ["soak", "-q", *args(root / name), "--out", str(root / name), *SMALL]
+                     for name, args in soaks.items()})
+    return {name: (root / name, rc, stdout) for name, (rc, stdout, _) in done.items()}
+
+
 @pytest.fixture(scope="module")
 def soaks(tmp_path_factory) -> dict[str, tuple[Path, int, str]]:
     """{name: (run directory, exit code, stdout)} of :data:`SOAKS`."""
-    root = tmp_path_factory.mktemp("soaks")
-    done = run_clis({name: ["soak", "-q", *args(root / name), "--out", str(root / name), *SMALL]
-                     for name, args in SOAKS.items()})
-    return {name: (root / name, rc, stdout) for name, (rc, stdout, _) in done.items()}
+    return _run(tmp_path_factory.mktemp("soaks"), SOAKS)
+
+
+@pytest.fixture(scope="module")
+def slow_soaks(tmp_path_factory) -> dict[str, tuple[Path, int, str]]:
+    return _run(tmp_path_factory.mktemp("slow-soaks"), SLOW_SOAKS)
 
 
 def test_clean_soak_writes_the_run_dir_and_the_loss_falls(soaks):
@@ -66,10 +77,10 @@ def test_clean_soak_writes_the_run_dir_and_the_loss_falls(soaks):
 
 @pytest.mark.parametrize("scenario,expected", [
     ("param-rebind", {"OC101", "OC102", "OC104"}),
-    ("tie-after-optimizer", {"OC101"}),
+    pytest.param("tie-after-optimizer", {"OC101"}, marks=pytest.mark.slow),
 ])
-def test_injected_fault_is_flagged_at_its_step(soaks, scenario, expected):
-    out, rc, stdout = soaks[scenario]
+def test_injected_fault_is_flagged_at_its_step(request, scenario, expected):
+    out, rc, stdout = request.getfixturevalue("slow_soaks" if scenario in SLOW_SOAKS else "soaks")[scenario]
     assert rc == exitcodes.FINDINGS, stdout
     import xml.etree.ElementTree as ET
 
