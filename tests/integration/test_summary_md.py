@@ -12,23 +12,26 @@ from conftest import SMALL, run_cli, run_clis
 from optcheck.run import exitcodes
 
 
+EARLIER = "# earlier step\n"
+
+
 @pytest.fixture(scope="module")
 def soaks(tmp_path_factory):
-    """The module's three soaks, independent of each other, run side by side once:
-    {name: (folder holding run/ and the Markdown file, exit code, stdout)}."""
+    """The module's two soaks, independent of each other, run side by side once:
+    {name: (folder holding run/ and the Markdown file, exit code, stdout)}. The fault soak's Markdown file is
+    also its ``$GITHUB_STEP_SUMMARY``, which an earlier step of the job wrote to: appended to, not replaced."""
     root = tmp_path_factory.mktemp("summary_md")
-    clean, fault, gh = root / "clean", root / "fault", root / "gh"
-    for d in (clean, fault, gh):
+    clean, fault = root / "clean", root / "fault"
+    for d in (clean, fault):
         d.mkdir()
-    (gh / "step_summary").write_text("# earlier step\n", encoding="utf-8")
+    (fault / "summary.md").write_text(EARLIER, encoding="utf-8")
     done = run_clis({
         "clean": ["soak", "-q", "--steps", "60", "--every", "20", "--val-every", "30", "--out", str(clean / "run"),
                   "--summary-md", str(clean / "summary.md"), "--plot", str(clean / "run.png"),
                   *[a for a in SMALL if a not in ("--val-every", "100")]],
-        "fault": ["soak", "-q", "--steps", "60", "--every", "20", "--inject", "param-rebind@40",
-                  "--out", str(fault / "run"), "--summary-md", str(fault / "summary.md"), *SMALL],
-        "gh": (["soak", "-q", "--steps", "20", "--every", "10", "--out", str(gh / "run"),
-                "--summary-md", str(gh / "step_summary"), *SMALL], {"GITHUB_STEP_SUMMARY": str(gh / "step_summary")}),
+        "fault": (["soak", "-q", "--steps", "60", "--every", "20", "--inject", "param-rebind@40",
+                   "--out", str(fault / "run"), "--summary-md", str(fault / "summary.md"), *SMALL],
+                  {"GITHUB_STEP_SUMMARY": str(fault / "summary.md")}),
     })
     return {name: (root / name, rc, stdout) for name, (rc, stdout, _) in done.items()}
 
@@ -50,7 +53,7 @@ def test_planted_fault_names_code_step_and_parameter(soaks, tmp_path):
     folder, rc, stdout = soaks["fault"]
     out, md = folder / "run", folder / "summary.md"
     assert rc == exitcodes.FINDINGS, stdout
-    text = md.read_text(encoding="utf-8")
+    text = md.read_text(encoding="utf-8").removeprefix(EARLIER)  # (the job's earlier step: see below)
     assert text.startswith("## ❌ optcheck soak: FINDINGS (exit 1)")
     rows = [line for line in text.splitlines() if line.startswith("| OC")]
     assert {r.split(" | ")[0][2:] for r in rows} == {"OC101", "OC102", "OC104"}
@@ -68,11 +71,11 @@ def test_planted_fault_names_code_step_and_parameter(soaks, tmp_path):
 
 
 def test_github_step_summary_is_appended_to(soaks):
-    folder, rc, stdout = soaks["gh"]
-    md = folder / "step_summary"  # written with GITHUB_STEP_SUMMARY set to it
-    assert rc == exitcodes.CLEAN, stdout
+    folder, rc, stdout = soaks["fault"]
+    md = folder / "summary.md"  # written with GITHUB_STEP_SUMMARY set to it
+    assert rc == exitcodes.FINDINGS, stdout
     text = md.read_text(encoding="utf-8")
-    assert text.startswith("# earlier step\n## ✅ optcheck soak: CLEAN")
+    assert text.startswith(EARLIER + "## ❌ optcheck soak: FINDINGS (exit 1)") and text.count("optcheck soak:") == 1
 
 
 @pytest.mark.parametrize("target,needle", [
