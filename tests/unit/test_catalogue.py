@@ -6,20 +6,15 @@ TorchSharp — whose test asserts its code (``REAL_RUNS``)."""
 from __future__ import annotations
 
 import ast
-import inspect
-import json
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
+from collected_items import collect, described
 from optcheck import rules
 from optcheck.findings import SEVERITIES
 from optcheck.rules._fixtures import Invalid, Valid
 
-ROOT = Path(__file__).resolve().parents[2]
 
 #: code -> the pytest node id of a test that runs a real training loop (or reads a run
 #: recorded on TorchSharp) and asserts that the rule fires there. OC7xx: real 2-rank
@@ -84,35 +79,6 @@ def test_rule_lives_in_the_module_of_its_family(cls):
 
 # -- every rule fires in a real run ---------------------------------------------------------
 
-def _described(item) -> dict:
-    """A collected test item as the catalogue test reads it: its function's source and its
-    parametrize values (repr), not the file's text."""
-    cs = getattr(item, "callspec", None)
-    return {"source": inspect.getsource(item.function),
-            "params": {k: repr(v) for k, v in (cs.params if cs else {}).items()}}
-
-
-#: Collects the named test files (``pytest --collect-only``) and writes :func:`_described` of each item.
-_COLLECT = textwrap.dedent("""
-    import inspect, json, sys
-    import pytest
-
-""") + inspect.getsource(_described) + textwrap.dedent("""
-
-    class Items:
-        out = {}
-
-        def pytest_collection_finish(self, session):
-            for item in session.items:
-                self.out[item.nodeid] = _described(item)
-
-    items = Items()
-    rc = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *sys.argv[2:]], plugins=[items])
-    with open(sys.argv[1], "w") as f:
-        json.dump({"rc": int(rc), "items": items.out}, f)
-""")
-
-
 def _own_id(item) -> str:
     """``item``'s node id as written in :data:`REAL_RUNS`: under ``--dist loadgroup`` pytest-xdist appends
     ``@<group>`` to the node id of every item with an ``xdist_group`` marker (tests/conftest.py gives each one)."""
@@ -126,19 +92,13 @@ def _own_id(item) -> str:
 def collected(request, tmp_path_factory):
     """Each real run's test: its function's source and parametrize values. From this session's own
     items when it selected every one of them (a full run: one collecting subprocess less, about 6 CPU-s),
-    else from ``pytest --collect-only`` over their files (:data:`_COLLECT`) — the default selection
+    else from ``pytest --collect-only`` over their files (tests/collected_items.py) — the default selection
     either way, so a real run moved under ``-m slow`` is missing in both."""
     mine = {_own_id(item): item for item in request.session.items}
     if all(node in mine for node in REAL_RUNS.values()):
-        return {node: _described(mine[node]) for node in REAL_RUNS.values()}
+        return {node: described(mine[node]) for node in REAL_RUNS.values()}
     files = sorted({node.split("::")[0] for node in REAL_RUNS.values()})
-    out = tmp_path_factory.mktemp("collect") / "items.json"
-    proc = subprocess.run([sys.executable, "-c", _COLLECT, str(out), *files], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
-    assert out.exists(), proc.stdout[-2000:] + proc.stderr[-2000:]
-    res = json.loads(out.read_text())
-    assert res["rc"] == 0, proc.stdout[-2000:]
-    return res["items"]
+    return collect(tmp_path_factory.mktemp("collect") / "items.json", *files)
 
 
 def asserts_code(source: str, params: dict[str, str], code: str) -> bool:

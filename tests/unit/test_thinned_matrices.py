@@ -4,11 +4,10 @@ a parametrized test that exists, and the hook keeps every k-th case and marks th
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
 
 import conftest
+from collected_items import collect
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,25 +27,12 @@ def test_every_thinned_entry_is_a_parametrized_test_and_keeps_at_least_one_case_
         assert isinstance(k, int) and k >= 2, key
 
 
-#: collects the tests named in argv[1] with every case selected, and prints each with its tier
-_COLLECT = """
-import sys, pytest
-class Tiers:
-    def pytest_collection_finish(self, session):
-        for item in session.items:
-            print("ITEM", "slow" if item.get_closest_marker("slow") else "default", item.nodeid)
-sys.exit(pytest.main(["--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider", "-m", "slow or not slow",
-                      sys.argv[1]], plugins=[Tiers()]))
-"""
-
-
-def test_the_default_run_keeps_every_kth_case_and_slow_runs_the_rest():
+def test_the_default_run_keeps_every_kth_case_and_slow_runs_the_rest(tmp_path):
     """Collected for real, in one subprocess: of the warm-up matrix (8 cases, every 4th kept) the
     default run (``-m 'not slow'``) keeps 2, the first and the fifth, and marks the other 6 ``slow``."""
     node = "tests/integration/test_monitor_optimizers.py::test_warmup_from_zero_is_silent"
     assert conftest.THINNED[node] == 4
-    p = subprocess.run([sys.executable, "-c", _COLLECT, node], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    tiers = [line.split(" ", 2)[1:] for line in p.stdout.splitlines() if line.startswith("ITEM ")]
-    assert len(tiers) == 8 and all(nodeid.startswith(node + "[") for _, nodeid in tiers), p.stdout[-2000:]
+    items = collect(tmp_path / "items.json", "-n", "0", "-m", "slow or not slow", node)
+    tiers = [("slow" if d["slow"] else "default", nodeid) for nodeid, d in items.items()]
+    assert len(tiers) == 8 and all(nodeid.startswith(node + "[") for _, nodeid in tiers), list(items)
     assert [i for i, (tier, _) in enumerate(tiers) if tier == "default"] == [0, 4]
