@@ -39,6 +39,15 @@ class NonFinite(Rule):
     norm, ``log`` of 0, an overflow in float16 without loss scaling, bad input
     data); skip steps with non-finite gradients (``GradScaler`` does) or lower the
     learning rate.
+
+    Adam and AdamW on float16 parameters (``model.half()`` without float32
+    master weights) meet it at the first step: the default ``eps=1e-8`` is 0 in
+    float16 (its smallest subnormal is 6e-8), and ``(1 - beta2) * grad**2``
+    underflows to 0 for any gradient below about 5e-3, so such an element
+    becomes ``-inf`` or ``inf`` and an element whose gradient is 0 becomes NaN
+    (0 / 0; measured on torch 2.13, both the for-loop and foreach paths).
+    The finding is true. Keep float32 weights (``torch.autocast``, or
+    bfloat16) or raise ``eps`` to about 1e-4.
     """
 
     code, symbol, severity, family = "OC501", "non-finite", "error", "values"

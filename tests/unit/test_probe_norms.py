@@ -149,8 +149,9 @@ def test_finite_fp32_tensor_whose_norm_overflows_is_no_finding():
 def test_16_bit_parameters(dtype):
     model = torch.nn.Linear(4, 4).to(dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    # a fixed input: AdamW's eps (1e-8) is 0 in 16 bits, so a gradient whose square underflows there (|g| < 2.4e-4
-    # in float16; a column sum of random inputs, now and then) makes a real inf, and this test a flaky one
+    # a fixed input: AdamW's eps (1e-8) is 0 in 16 bits, so a gradient whose (1 - beta2) * g**2 underflows there
+    # (|g| below about 5e-3 in float16; a column sum of random inputs, now and then) makes a real inf, and this test
+    # a flaky one (test_float16_adamw_with_its_default_eps below)
     x = torch.tensor([[0.5, -1.0, 0.25, 2.0], [1.5, 0.75, -0.5, 1.0], [-0.25, 1.25, 1.0, 0.5]], dtype=dtype)
     trained(model, opt, x)
     assert snapshot(model, opt)[1] == []
@@ -158,6 +159,21 @@ def test_16_bit_parameters(dtype):
         model.weight[1, 1] = float("nan")
         opt.state[model.bias]["exp_avg"][0] = float("-inf")
     assert nonfinite(snapshot(model, opt)[1]) == {"param": ["weight"], "optimizer_state": ["bias:exp_avg"]}
+
+
+@pytest.mark.parametrize("eps, expect", [(1e-8, {"param": ["weight"]}), (1e-4, {})])
+def test_float16_adamw_with_its_default_eps(eps, expect):
+    """OC501's docstring: on float16 parameters AdamW's default eps is 0, so a gradient of 1e-3 gives -inf and one
+    of 0 gives NaN (0 / 0) at the first step; both are found. eps 1e-4 steps the same gradients finitely."""
+    model = torch.nn.Linear(4, 4).half()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=eps)
+    model.weight.grad = torch.ones(4, 4, dtype=torch.float16)
+    model.weight.grad[0, :2] = torch.tensor([1e-3, 0.0])
+    model.bias.grad = torch.ones(4, dtype=torch.float16)
+    opt.step()
+    w = model.weight.detach()[0, :2].tolist()
+    assert (w[0] == float("-inf") and w[1] != w[1]) if expect else all(abs(v) < 2 for v in w)
+    assert nonfinite(snapshot(model, opt)[1]) == expect
 
 
 def test_sparse_gradients():
